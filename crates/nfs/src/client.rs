@@ -1,0 +1,393 @@
+//! An async ONC RPC client over one stream connection, with many calls in
+//! flight matched by XID (RFC 5531 section 9: the xid pairs a reply with its
+//! call), reconnection and retransmission.
+//!
+//! A call is encoded once. If its connection drops, it is sent again, with
+//! the same xid, on the next connection, so a server's duplicate-request
+//! cache can recognise a retransmitted non-idempotent call. A call that gets
+//! no reply within `retransmit_after` is sent again on the same connection.
+//! A call that cannot complete within `give_up_after` fails with
+//! [`ClientError::Unavailable`]; `None` waits like a hard mount.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::record::{RecordLimits, RecordReader};
+use crate::rpc::{self, Credentials, ReplyError};
+use crate::service::BoxFuture;
+
+/// A bidirectional byte stream the client can run over (TCP, TLS, ...).
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+/// A boxed [`Stream`].
+pub type BoxStream = Box<dyn Stream>;
+
+/// Opens connections to one server; asked again after every drop.
+pub trait Connector: Send + Sync + 'static {
+    /// Opens a new connection.
+    fn connect(&self) -> BoxFuture<'_, io::Result<BoxStream>>;
+    /// Where this connects, for messages.
+    fn describe(&self) -> String;
+}
+
+/// Connects over plain TCP to a fixed address.
+#[derive(Debug, Clone)]
+pub struct TcpConnector {
+    /// The server's address.
+    pub addr: std::net::SocketAddr,
+}
+
+impl Connector for TcpConnector {
+    fn connect(&self) -> BoxFuture<'_, io::Result<BoxStream>> {
+        Box::pin(async move {
+            let s = tokio::net::TcpStream::connect(self.addr).await?;
+            s.set_nodelay(true)?;
+            Ok(Box::new(s) as BoxStream)
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+/// Timeouts and limits of an [`RpcClient`].
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Longest wait for one connection attempt.
+    pub connect_timeout: Duration,
+    /// Resend a call that has had no reply for this long.
+    pub retransmit_after: Duration,
+    /// Fail a call that has not completed after this long; `None` retries
+    /// forever (hard-mount behaviour).
+    pub give_up_after: Option<Duration>,
+    /// Most calls in flight at once; more wait their turn.
+    pub max_in_flight: usize,
+    /// Caps on incoming reply records.
+    pub limits: RecordLimits,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            retransmit_after: Duration::from_secs(30),
+            give_up_after: Some(Duration::from_secs(60)),
+            max_in_flight: 128,
+            limits: RecordLimits::for_payload(1 << 20),
+        }
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The server could not be reached, or did not answer, in time.
+    #[error("{server} unavailable after {waited:?}: {last_error}")]
+    Unavailable {
+        /// Where the client connects.
+        server: String,
+        /// How long the call waited.
+        waited: Duration,
+        /// The last connection or I/O error seen.
+        last_error: String,
+    },
+    /// The server answered with an RPC-level error.
+    #[error("{server}: {error}")]
+    Rpc {
+        /// Where the client connects.
+        server: String,
+        /// The RPC error.
+        error: ReplyError,
+    },
+}
+
+/// Counters of an [`RpcClient`].
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    /// Calls started.
+    pub calls: AtomicU64,
+    /// Calls sent again after a timeout or a dropped connection.
+    pub retransmits: AtomicU64,
+    /// Connections opened.
+    pub connects: AtomicU64,
+}
+
+/// A multiplexing RPC client. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct RpcClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connector: Box<dyn Connector>,
+    cfg: ClientConfig,
+    next_xid: AtomicU32,
+    in_flight: Semaphore,
+    conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
+    stats: ClientStats,
+}
+
+type Pending = Mutex<HashMap<u32, oneshot::Sender<Vec<u8>>>>;
+
+struct Conn {
+    out: mpsc::Sender<Arc<Vec<u8>>>,
+    pending: Arc<Pending>,
+    dead: Arc<AtomicBool>,
+    reader: tokio::task::JoinHandle<()>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+impl std::fmt::Debug for RpcClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcClient")
+            .field("server", &self.inner.connector.describe())
+            .finish()
+    }
+}
+
+impl RpcClient {
+    /// A client that connects through `connector` on first use.
+    pub fn new(connector: impl Connector, cfg: ClientConfig) -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
+            .unwrap_or(1);
+        Self {
+            inner: Arc::new(Inner {
+                connector: Box::new(connector),
+                in_flight: Semaphore::new(cfg.max_in_flight.max(1)),
+                cfg,
+                next_xid: AtomicU32::new(seed ^ std::process::id()),
+                conn: tokio::sync::Mutex::new(None),
+                stats: ClientStats::default(),
+            }),
+        }
+    }
+
+    /// Where this client connects.
+    pub fn server(&self) -> String {
+        self.inner.connector.describe()
+    }
+
+    /// The client's counters.
+    pub fn stats(&self) -> &ClientStats {
+        &self.inner.stats
+    }
+
+    /// Connects now (if not connected) and reports failure, to check an
+    /// upstream at start-up.
+    pub async fn connect(&self) -> Result<(), ClientError> {
+        let start = Instant::now();
+        self.inner
+            .connection(Some(start + self.inner.cfg.connect_timeout), start)
+            .await
+            .map(|_| ())
+    }
+
+    /// Calls `prog`/`vers`/`proc_` with XDR-encoded `args` and returns the
+    /// XDR-encoded results of a successful reply.
+    pub async fn call(
+        &self,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        cred: &Credentials,
+        args: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
+        let inner = &self.inner;
+        let _permit = inner.in_flight.acquire().await.map_err(|_| ClientError::Unavailable {
+            server: inner.connector.describe(),
+            waited: Duration::ZERO,
+            last_error: "client closed".into(),
+        })?;
+        inner.stats.calls.fetch_add(1, Ordering::Relaxed);
+        let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
+        let mut record = rpc::call_record(xid, prog, vers, proc_, cred);
+        record.extend_from_slice(args);
+        let record = Arc::new(rpc::seal(record));
+        let start = Instant::now();
+        let deadline = inner.cfg.give_up_after.map(|d| start + d);
+        let mut attempt = 0u32;
+        loop {
+            if attempt > 0 {
+                inner.stats.retransmits.fetch_add(1, Ordering::Relaxed);
+            }
+            attempt += 1;
+            let conn = inner.connection(deadline, start).await?;
+            let (tx, rx) = oneshot::channel();
+            lock(&conn.pending).insert(xid, tx);
+            if conn.out.send(record.clone()).await.is_err() {
+                lock(&conn.pending).remove(&xid);
+                conn.dead.store(true, Ordering::Release);
+                continue;
+            }
+            let wait = match deadline {
+                Some(d) => inner.cfg.retransmit_after.min(d.saturating_duration_since(Instant::now())),
+                None => inner.cfg.retransmit_after,
+            };
+            match tokio::time::timeout(wait, rx).await {
+                Ok(Ok(reply)) => return self.finish(&reply),
+                // The connection died and dropped our slot: resend on a new one.
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    lock(&conn.pending).remove(&xid);
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(inner.unavailable(start, "no reply".into()));
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&self, reply: &[u8]) -> Result<Vec<u8>, ClientError> {
+        rpc::parse_reply(reply)
+            .map(<[u8]>::to_vec)
+            .map_err(|error| ClientError::Rpc {
+                server: self.inner.connector.describe(),
+                error,
+            })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Inner {
+    fn unavailable(&self, start: Instant, last_error: String) -> ClientError {
+        ClientError::Unavailable {
+            server: self.connector.describe(),
+            waited: start.elapsed(),
+            last_error,
+        }
+    }
+
+    /// The live connection, opening one (with backoff) if there is none.
+    async fn connection(
+        &self,
+        deadline: Option<Instant>,
+        start: Instant,
+    ) -> Result<Arc<Conn>, ClientError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref() {
+            if !c.dead.load(Ordering::Acquire) {
+                return Ok(c.clone());
+            }
+        }
+        *slot = None;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let budget = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(self.unavailable(start, "deadline passed".into()));
+                    }
+                    left.min(self.cfg.connect_timeout)
+                }
+                None => self.cfg.connect_timeout,
+            };
+            let err = match tokio::time::timeout(budget, self.connector.connect()).await {
+                Ok(Ok(stream)) => {
+                    self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                    let conn = Arc::new(Conn::start(stream, self.cfg.limits));
+                    *slot = Some(conn.clone());
+                    return Ok(conn);
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("connect timed out after {budget:?}"),
+            };
+            tracing::debug!(server = %self.connector.describe(), error = %err, "connect failed");
+            let sleep = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(self.unavailable(start, err));
+                    }
+                    backoff.min(left)
+                }
+                None => backoff,
+            };
+            tokio::time::sleep(sleep).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
+impl Conn {
+    fn start(stream: BoxStream, limits: RecordLimits) -> Self {
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let pending: Arc<Pending> = Arc::default();
+        let dead = Arc::new(AtomicBool::new(false));
+        let (out, mut out_rx) = mpsc::channel::<Arc<Vec<u8>>>(64);
+        let writer = {
+            let (dead, pending_w) = (dead.clone(), pending.clone());
+            tokio::spawn(async move {
+                while let Some(rec) = out_rx.recv().await {
+                    if wr.write_all(&rec).await.is_err() {
+                        break;
+                    }
+                }
+                dead.store(true, Ordering::Release);
+                lock(&pending_w).clear();
+                let _ = wr.shutdown().await;
+            })
+        };
+        let reader = {
+            let (pending, dead) = (pending.clone(), dead.clone());
+            tokio::spawn(async move {
+                let mut records = RecordReader::new(limits);
+                let mut buf = vec![0u8; 64 * 1024];
+                'read: loop {
+                    let n = match rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let mut chunk = &buf[..n];
+                    while !chunk.is_empty() {
+                        match records.feed(chunk) {
+                            Ok(used) => chunk = &chunk[used..],
+                            Err(e) => {
+                                tracing::warn!(error = %e, "dropping connection to server");
+                                break 'read;
+                            }
+                        }
+                        if let Some(rec) = records.take_record() {
+                            let Some(xid) = rpc::reply_xid(&rec) else { continue };
+                            if let Some(tx) = lock(&pending).remove(&xid) {
+                                let _ = tx.send(rec);
+                            }
+                        }
+                    }
+                }
+                dead.store(true, Ordering::Release);
+                // Dropping the senders wakes every waiting call to resend.
+                lock(&pending).clear();
+            })
+        };
+        Self {
+            out,
+            pending,
+            dead,
+            reader,
+            writer,
+        }
+    }
+}

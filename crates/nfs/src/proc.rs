@@ -1,0 +1,392 @@
+//! The 22 procedures of NFS version 3 (RFC 1813 section 3.3) as typed
+//! requests and replies, with their XDR codecs.
+//!
+//! Requests and replies own their data (`'static` lifetimes) so they can
+//! cross task boundaries and sit in caches. File handles are carried as the
+//! opaque bytes the upstream issued; nothing here interprets them.
+
+use nfs3_types::nfs3::*;
+use nfs3_types::xdr_codec::Void;
+
+use crate::xdr::{XdrError, decode_exact, encode_into};
+
+/// Longest file handle NFSv3 allows (RFC 1813 section 2.3.3).
+pub const MAX_FH_LEN: usize = NFS3_FHSIZE;
+
+/// A reply with the given error status and empty (absent) attributes, for
+/// answering any procedure when the layer below could not.
+trait EmptyFailure {
+    fn empty() -> Self;
+}
+
+macro_rules! empty_failure {
+    ($($t:ty),* $(,)?) => { $(impl EmptyFailure for $t { fn empty() -> Self { Self::default() } })* };
+}
+
+empty_failure!(
+    Void,
+    ACCESS3resfail,
+    CREATE3resfail,
+    FSINFO3resfail,
+    FSSTAT3resfail,
+    LOOKUP3resfail,
+    MKDIR3resfail,
+    PATHCONF3resfail,
+    READ3resfail,
+    READDIR3resfail,
+    READDIRPLUS3resfail,
+    READLINK3resfail,
+    REMOVE3resfail,
+    RENAME3resfail,
+    SETATTR3resfail,
+    SYMLINK3resfail,
+    WRITE3resfail,
+);
+
+impl EmptyFailure for COMMIT3resfail {
+    fn empty() -> Self {
+        Self {
+            file_wcc: wcc_data::default(),
+        }
+    }
+}
+impl EmptyFailure for LINK3resfail {
+    fn empty() -> Self {
+        Self {
+            file_attributes: post_op_attr::None,
+            linkdir_wcc: wcc_data::default(),
+        }
+    }
+}
+impl EmptyFailure for MKNOD3resfail {
+    fn empty() -> Self {
+        Self {
+            dir_wcc: wcc_data::default(),
+        }
+    }
+}
+impl EmptyFailure for RMDIR3resfail {
+    fn empty() -> Self {
+        Self {
+            dir_wcc: wcc_data::default(),
+        }
+    }
+}
+
+/// Why call arguments or reply results could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Procedure number outside 0..=21.
+    #[error("no NFSv3 procedure {0}")]
+    UnknownProcedure(u32),
+    /// The bytes are not valid XDR for the procedure.
+    #[error("malformed arguments or results: {0}")]
+    Garbage(#[from] XdrError),
+    /// A file handle longer than 64 bytes.
+    #[error("file handle of {0} bytes exceeds 64")]
+    HandleTooLong(usize),
+}
+
+macro_rules! nfs_procedures {
+    ($( $num:literal $variant:ident $name:literal ($args:ty, $res:ty) ),* $(,)?) => {
+        /// An NFSv3 procedure number.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum NfsProc { $(
+            #[doc = concat!("NFSPROC3_", $name)]
+            $variant = $num,
+        )* }
+
+        impl NfsProc {
+            /// Every procedure, in number order.
+            pub const ALL: [NfsProc; 22] = [$(NfsProc::$variant),*];
+
+            /// The procedure with number `n`.
+            pub fn from_u32(n: u32) -> Option<Self> {
+                match n { $($num => Some(Self::$variant),)* _ => None }
+            }
+
+            /// The procedure's name as RFC 1813 spells it.
+            pub fn name(self) -> &'static str {
+                match self { $(Self::$variant => $name,)* }
+            }
+        }
+
+        /// The arguments of one NFSv3 call.
+        #[derive(Debug)]
+        #[allow(missing_docs)]
+        pub enum NfsRequest { $( $variant($args), )* }
+
+        /// The results of one NFSv3 call.
+        #[derive(Debug)]
+        #[allow(missing_docs)]
+        pub enum NfsReply { $( $variant($res), )* }
+
+        impl NfsRequest {
+            /// Which procedure this calls.
+            pub fn proc_(&self) -> NfsProc {
+                match self { $(Self::$variant(_) => NfsProc::$variant,)* }
+            }
+
+            /// Decodes the arguments of procedure `proc_num`.
+            pub fn decode(proc_num: u32, bytes: &[u8]) -> Result<Self, DecodeError> {
+                let p = NfsProc::from_u32(proc_num).ok_or(DecodeError::UnknownProcedure(proc_num))?;
+                let req = match p { $(NfsProc::$variant => Self::$variant(decode_exact(bytes)?),)* };
+                req.check_handles()?;
+                Ok(req)
+            }
+
+            /// Appends the XDR arguments to `out`.
+            pub fn encode(&self, out: &mut Vec<u8>) {
+                match self { $(Self::$variant(a) => encode_into(out, a),)* }
+            }
+        }
+
+        impl NfsReply {
+            /// Which procedure this answers.
+            pub fn proc_(&self) -> NfsProc {
+                match self { $(Self::$variant(_) => NfsProc::$variant,)* }
+            }
+
+            /// Decodes the results of procedure `p`.
+            pub fn decode(p: NfsProc, bytes: &[u8]) -> Result<Self, DecodeError> {
+                Ok(match p { $(NfsProc::$variant => Self::$variant(decode_exact(bytes)?),)* })
+            }
+
+            /// Appends the XDR results to `out`.
+            pub fn encode(&self, out: &mut Vec<u8>) {
+                match self { $(Self::$variant(r) => encode_into(out, r),)* }
+            }
+
+            /// A reply to `p` carrying `status` and no attributes. NULL has
+            /// no status; its "error" is its ordinary empty reply.
+            pub fn error(p: NfsProc, status: nfsstat3) -> Self {
+                error_reply(p, status)
+            }
+        }
+    };
+}
+
+nfs_procedures! {
+    0 Null "NULL" (Void, Void),
+    1 Getattr "GETATTR" (GETATTR3args, GETATTR3res),
+    2 Setattr "SETATTR" (SETATTR3args, SETATTR3res),
+    3 Lookup "LOOKUP" (LOOKUP3args<'static>, LOOKUP3res),
+    4 Access "ACCESS" (ACCESS3args, ACCESS3res),
+    5 Readlink "READLINK" (READLINK3args, READLINK3res<'static>),
+    6 Read "READ" (READ3args, READ3res<'static>),
+    7 Write "WRITE" (WRITE3args<'static>, WRITE3res),
+    8 Create "CREATE" (CREATE3args<'static>, CREATE3res),
+    9 Mkdir "MKDIR" (MKDIR3args<'static>, MKDIR3res),
+    10 Symlink "SYMLINK" (SYMLINK3args<'static>, SYMLINK3res),
+    11 Mknod "MKNOD" (MKNOD3args<'static>, MKNOD3res),
+    12 Remove "REMOVE" (REMOVE3args<'static>, REMOVE3res),
+    13 Rmdir "RMDIR" (RMDIR3args<'static>, RMDIR3res),
+    14 Rename "RENAME" (RENAME3args<'static, 'static>, RENAME3res),
+    15 Link "LINK" (LINK3args<'static>, LINK3res),
+    16 Readdir "READDIR" (READDIR3args, READDIR3res<'static>),
+    17 Readdirplus "READDIRPLUS" (READDIRPLUS3args, READDIRPLUS3res<'static>),
+    18 Fsstat "FSSTAT" (FSSTAT3args, FSSTAT3res),
+    19 Fsinfo "FSINFO" (FSINFO3args, FSINFO3res),
+    20 Pathconf "PATHCONF" (PATHCONF3args, PATHCONF3res),
+    21 Commit "COMMIT" (COMMIT3args, COMMIT3res),
+}
+
+fn error_reply(p: NfsProc, status: nfsstat3) -> NfsReply {
+    fn e<T, E: EmptyFailure>(status: nfsstat3) -> Nfs3Result<T, E> {
+        Nfs3Result::Err((status, E::empty()))
+    }
+    match p {
+        NfsProc::Null => NfsReply::Null(Void),
+        NfsProc::Getattr => NfsReply::Getattr(e(status)),
+        NfsProc::Setattr => NfsReply::Setattr(e(status)),
+        NfsProc::Lookup => NfsReply::Lookup(e(status)),
+        NfsProc::Access => NfsReply::Access(e(status)),
+        NfsProc::Readlink => NfsReply::Readlink(e(status)),
+        NfsProc::Read => NfsReply::Read(e(status)),
+        NfsProc::Write => NfsReply::Write(e(status)),
+        NfsProc::Create => NfsReply::Create(e(status)),
+        NfsProc::Mkdir => NfsReply::Mkdir(e(status)),
+        NfsProc::Symlink => NfsReply::Symlink(e(status)),
+        NfsProc::Mknod => NfsReply::Mknod(e(status)),
+        NfsProc::Remove => NfsReply::Remove(e(status)),
+        NfsProc::Rmdir => NfsReply::Rmdir(e(status)),
+        NfsProc::Rename => NfsReply::Rename(e(status)),
+        NfsProc::Link => NfsReply::Link(e(status)),
+        NfsProc::Readdir => NfsReply::Readdir(e(status)),
+        NfsProc::Readdirplus => NfsReply::Readdirplus(e(status)),
+        NfsProc::Fsstat => NfsReply::Fsstat(e(status)),
+        NfsProc::Fsinfo => NfsReply::Fsinfo(e(status)),
+        NfsProc::Pathconf => NfsReply::Pathconf(e(status)),
+        NfsProc::Commit => NfsReply::Commit(e(status)),
+    }
+}
+
+impl NfsRequest {
+    /// True for procedures whose repetition changes the outcome, whose
+    /// retransmissions the duplicate-request cache must answer from memory.
+    pub fn is_non_idempotent(&self) -> bool {
+        matches!(
+            self.proc_(),
+            NfsProc::Setattr
+                | NfsProc::Write
+                | NfsProc::Create
+                | NfsProc::Mkdir
+                | NfsProc::Symlink
+                | NfsProc::Mknod
+                | NfsProc::Remove
+                | NfsProc::Rmdir
+                | NfsProc::Rename
+                | NfsProc::Link
+        )
+    }
+
+    /// The file handles this call names.
+    pub fn handles(&self) -> Vec<&nfs_fh3> {
+        match self {
+            Self::Null(_) => vec![],
+            Self::Getattr(a) => vec![&a.object],
+            Self::Setattr(a) => vec![&a.object],
+            Self::Lookup(a) => vec![&a.what.dir],
+            Self::Access(a) => vec![&a.object],
+            Self::Readlink(a) => vec![&a.symlink],
+            Self::Read(a) => vec![&a.file],
+            Self::Write(a) => vec![&a.file],
+            Self::Create(a) => vec![&a.where_.dir],
+            Self::Mkdir(a) => vec![&a.where_.dir],
+            Self::Symlink(a) => vec![&a.where_.dir],
+            Self::Mknod(a) => vec![&a.where_.dir],
+            Self::Remove(a) => vec![&a.object.dir],
+            Self::Rmdir(a) => vec![&a.object.dir],
+            Self::Rename(a) => vec![&a.from.dir, &a.to.dir],
+            Self::Link(a) => vec![&a.file, &a.link.dir],
+            Self::Readdir(a) => vec![&a.dir],
+            Self::Readdirplus(a) => vec![&a.dir],
+            Self::Fsstat(a) => vec![&a.fsroot],
+            Self::Fsinfo(a) => vec![&a.fsroot],
+            Self::Pathconf(a) => vec![&a.object],
+            Self::Commit(a) => vec![&a.file],
+        }
+    }
+
+    fn check_handles(&self) -> Result<(), DecodeError> {
+        for fh in self.handles() {
+            if fh.data.len() > MAX_FH_LEN {
+                return Err(DecodeError::HandleTooLong(fh.data.len()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl NfsReply {
+    /// The status of the reply (`NFS3_OK` for NULL).
+    pub fn status(&self) -> nfsstat3 {
+        macro_rules! st {
+            ($r:expr) => {
+                match $r {
+                    Nfs3Result::Ok(_) => nfsstat3::NFS3_OK,
+                    Nfs3Result::Err((s, _)) => *s,
+                }
+            };
+        }
+        match self {
+            Self::Null(_) => nfsstat3::NFS3_OK,
+            Self::Getattr(r) => st!(r),
+            Self::Setattr(r) => st!(r),
+            Self::Lookup(r) => st!(r),
+            Self::Access(r) => st!(r),
+            Self::Readlink(r) => st!(r),
+            Self::Read(r) => st!(r),
+            Self::Write(r) => st!(r),
+            Self::Create(r) => st!(r),
+            Self::Mkdir(r) => st!(r),
+            Self::Symlink(r) => st!(r),
+            Self::Mknod(r) => st!(r),
+            Self::Remove(r) => st!(r),
+            Self::Rmdir(r) => st!(r),
+            Self::Rename(r) => st!(r),
+            Self::Link(r) => st!(r),
+            Self::Readdir(r) => st!(r),
+            Self::Readdirplus(r) => st!(r),
+            Self::Fsstat(r) => st!(r),
+            Self::Fsinfo(r) => st!(r),
+            Self::Pathconf(r) => st!(r),
+            Self::Commit(r) => st!(r),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nfs3_types::xdr_codec::Opaque;
+    use proptest::prelude::*;
+
+    fn fh(bytes: Vec<u8>) -> nfs_fh3 {
+        nfs_fh3 { data: Opaque::owned(bytes) }
+    }
+
+    #[test]
+    fn every_procedure_error_reply_round_trips() {
+        for p in NfsProc::ALL {
+            let reply = NfsReply::error(p, nfsstat3::NFS3ERR_IO);
+            let mut out = Vec::new();
+            reply.encode(&mut out);
+            let back = NfsReply::decode(p, &out).unwrap();
+            assert_eq!(back.proc_(), p);
+            if p != NfsProc::Null {
+                assert_eq!(back.status(), nfsstat3::NFS3ERR_IO, "{}", p.name());
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_handle_is_refused() {
+        let mut out = Vec::new();
+        NfsRequest::Getattr(GETATTR3args { object: fh(vec![1; 65]) }).encode(&mut out);
+        assert_eq!(NfsRequest::decode(1, &out).unwrap_err(), DecodeError::HandleTooLong(65));
+    }
+
+    #[test]
+    fn unknown_procedure_is_reported() {
+        assert_eq!(NfsRequest::decode(22, &[]).unwrap_err(), DecodeError::UnknownProcedure(22));
+    }
+
+    proptest! {
+        #[test]
+        fn write_args_round_trip(h in prop::collection::vec(any::<u8>(), 0..=64), offset: u64,
+                                 data in prop::collection::vec(any::<u8>(), 0..5000)) {
+            let req = NfsRequest::Write(WRITE3args {
+                file: fh(h.clone()), offset, count: data.len() as u32,
+                stable: stable_how::UNSTABLE, data: Opaque::owned(data.clone()),
+            });
+            let mut out = Vec::new();
+            req.encode(&mut out);
+            match NfsRequest::decode(7, &out).unwrap() {
+                NfsRequest::Write(w) => {
+                    prop_assert_eq!(w.file.data.to_vec(), h);
+                    prop_assert_eq!(w.offset, offset);
+                    prop_assert_eq!(w.data.to_vec(), data);
+                }
+                other => prop_assert!(false, "decoded {:?}", other.proc_()),
+            }
+        }
+
+        /// Arbitrary bytes as arguments of any procedure never panic.
+        #[test]
+        fn garbage_args_never_panic(p in 0u32..23, bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = NfsRequest::decode(p, &bytes);
+            if let Some(p) = NfsProc::from_u32(p) { let _ = NfsReply::decode(p, &bytes); }
+        }
+
+        /// A forged length in an opaque field does not allocate it: decoding
+        /// 8 bytes that announce a 4 GiB name fails fast.
+        #[test]
+        fn forged_lengths_fail_fast(p in 0u32..22) {
+            let mut bytes = vec![0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+            bytes.extend_from_slice(&[0xFF; 8]);
+            let _ = NfsRequest::decode(p, &bytes);
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The one procedure-level interface every gvfs layer implements.
+//!
+//! A proxy is a stack: front end -> metadata actions -> block cache ->
+//! upstream. Each layer is an [`NfsService`] that holds the layer below it,
+//! handles the procedures it cares about and forwards the rest, so a stack
+//! is assembled in one place and any layer can be tested against a fake
+//! below it.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use nfs3_types::mount::mountstat3;
+use nfs3_types::nfs3::{nfs_fh3, nfsstat3};
+
+use crate::proc::{NfsProc, NfsReply, NfsRequest};
+use crate::rpc::Credentials;
+
+/// A boxed, sendable future: what [`NfsService`] methods return, so a stack
+/// can be built from `Arc<dyn NfsService>` at run time.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a layer knows about the call it is running.
+#[derive(Debug, Clone, Default)]
+pub struct CallContext {
+    /// The caller's credentials, as sent (or as mapped by a tunnel).
+    pub cred: Credentials,
+    /// Where the call came from, when it came over a socket.
+    pub peer: Option<SocketAddr>,
+    /// The caller's transaction id.
+    pub xid: u32,
+}
+
+impl CallContext {
+    /// A context with `cred` and nothing else, for internal calls and tests.
+    pub fn with_cred(cred: Credentials) -> Self {
+        Self {
+            cred,
+            ..Self::default()
+        }
+    }
+}
+
+/// Why a layer produced no NFS reply at all. Errors that NFS can express
+/// travel inside [`NfsReply`] as an `nfsstat3`; these are the rest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The upstream could not be reached within the configured time.
+    #[error("upstream {upstream} unavailable: {reason}")]
+    UpstreamUnavailable {
+        /// Which upstream.
+        upstream: String,
+        /// What went wrong last.
+        reason: String,
+    },
+    /// The upstream answered, but not with a usable reply.
+    #[error("upstream {upstream} broke protocol: {reason}")]
+    UpstreamProtocol {
+        /// Which upstream.
+        upstream: String,
+        /// What was wrong with the reply.
+        reason: String,
+    },
+    /// The upstream's MOUNT service refused the export.
+    #[error("upstream refused the mount: {0}")]
+    MountRefused(MountStatus),
+    /// A local failure (I/O on the proxy's own files).
+    #[error("local failure: {0}")]
+    Local(String),
+}
+
+/// A `mountstat3` that is `Clone + Eq` and prints its RFC name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MountStatus(pub u32);
+
+impl std::fmt::Display for MountStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match mount_status_from_u32(self.0) {
+            Some(s) => write!(f, "{s}"),
+            None => write!(f, "mount status {}", self.0),
+        }
+    }
+}
+
+impl ServiceError {
+    /// The NFS status a client sees for this error. This is the only place
+    /// the front end turns a layer's failure into an `nfsstat3`.
+    pub fn nfsstat(&self) -> nfsstat3 {
+        match self {
+            Self::UpstreamUnavailable { .. } | Self::Local(_) => nfsstat3::NFS3ERR_IO,
+            Self::UpstreamProtocol { .. } => nfsstat3::NFS3ERR_SERVERFAULT,
+            Self::MountRefused(_) => nfsstat3::NFS3ERR_STALE,
+        }
+    }
+
+    /// The MOUNT status a client sees for this error.
+    pub fn mountstat(&self) -> mountstat3 {
+        match self {
+            Self::MountRefused(s) => {
+                mount_status_from_u32(s.0).unwrap_or(mountstat3::MNT3ERR_SERVERFAULT)
+            }
+            Self::UpstreamUnavailable { .. } | Self::Local(_) => mountstat3::MNT3ERR_IO,
+            Self::UpstreamProtocol { .. } => mountstat3::MNT3ERR_SERVERFAULT,
+        }
+    }
+
+    /// The reply a client sees for `p` when a layer failed with this error.
+    pub fn to_reply(&self, p: NfsProc) -> NfsReply {
+        NfsReply::error(p, self.nfsstat())
+    }
+}
+
+fn mount_status_from_u32(v: u32) -> Option<mountstat3> {
+    use mountstat3::*;
+    Some(match v {
+        0 => MNT3_OK,
+        1 => MNT3ERR_PERM,
+        2 => MNT3ERR_NOENT,
+        5 => MNT3ERR_IO,
+        13 => MNT3ERR_ACCES,
+        20 => MNT3ERR_NOTDIR,
+        22 => MNT3ERR_INVAL,
+        63 => MNT3ERR_NAMETOOLONG,
+        10004 => MNT3ERR_NOTSUPP,
+        10006 => MNT3ERR_SERVERFAULT,
+        _ => return None,
+    })
+}
+
+/// One layer of a proxy: runs NFSv3 calls and hands out the root handle.
+pub trait NfsService: Send + Sync + 'static {
+    /// Runs one NFSv3 call on behalf of `cx`.
+    fn call<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>>;
+
+    /// The file handle of the root of what this layer serves (what MOUNT's
+    /// MNT hands the client).
+    fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>>;
+
+    /// A one-line description for logs and `gvfsctl status`.
+    fn describe(&self) -> String;
+}
+
+impl<T: NfsService + ?Sized> NfsService for Arc<T> {
+    fn call<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+        (**self).call(cx, req)
+    }
+
+    fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+        (**self).root(cx)
+    }
+
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}

@@ -1,0 +1,5 @@
+//! gvfs-proxy: an NFSv3 forwarding and caching proxy.
+
+#![warn(missing_docs)]
+
+pub mod upstream;

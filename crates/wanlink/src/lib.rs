@@ -1,0 +1,45 @@
+//! A WAN link emulator for machines without `tc netem`: a TCP relay that
+//! gives every connection through it a one-way delay and a bandwidth limit
+//! per direction, and can cut the link (reset or blackhole) and restore it.
+//!
+//! Each chunk read from one side is delivered to the other no earlier than
+//! its arrival plus the one-way delay, after queueing behind earlier chunks
+//! for its serialisation time at the configured rate:
+//! `delivery = max(arrival, link_free) + bytes * 8 / rate + delay`.
+//! Bytes read but not yet delivered are capped per direction (about twice
+//! the bandwidth-delay product), so a fast sender is back-pressured through
+//! TCP and memory stays bounded.
+//!
+//! ```no_run
+//! # async fn demo() -> gvfs_wanlink::Result<()> {
+//! use std::time::Duration;
+//! use gvfs_wanlink::{LinkConfig, WanLink};
+//!
+//! let config = LinkConfig::from_rtt(Duration::from_millis(40), Some(50_000_000));
+//! let link = WanLink::start(
+//!     "127.0.0.1:0".parse().expect("address"),
+//!     "127.0.0.1:2049".parse().expect("address"),
+//!     config,
+//! )
+//! .await?;
+//! // Point the client at link.local_addr(); later:
+//! link.cut();
+//! link.restore();
+//! link.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
+
+mod clock;
+mod config;
+pub mod control;
+mod error;
+mod link;
+mod pipe;
+mod state;
+
+pub use config::{CutMode, DirectionConfig, LinkConfig};
+pub use error::{Error, Result};
+pub use link::{LinkStats, WanLink};

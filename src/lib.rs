@@ -1,0 +1,1 @@
+//! Test fixtures for gvfs (real peers: nfs-ganesha, libnfs, QEMU).
