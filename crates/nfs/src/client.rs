@@ -212,11 +212,15 @@ impl RpcClient {
         args: &[u8],
     ) -> Result<Vec<u8>, ClientError> {
         let inner = &self.inner;
-        let _permit = inner.in_flight.acquire().await.map_err(|_| ClientError::Unavailable {
-            server: inner.connector.describe(),
-            waited: Duration::ZERO,
-            last_error: "client closed".into(),
-        })?;
+        let _permit = inner
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| ClientError::Unavailable {
+                server: inner.connector.describe(),
+                waited: Duration::ZERO,
+                last_error: "client closed".into(),
+            })?;
         inner.stats.calls.fetch_add(1, Ordering::Relaxed);
         let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
         let mut record = rpc::call_record(xid, prog, vers, proc_, cred);
@@ -239,7 +243,10 @@ impl RpcClient {
                 continue;
             }
             let wait = match deadline {
-                Some(d) => inner.cfg.retransmit_after.min(d.saturating_duration_since(Instant::now())),
+                Some(d) => inner
+                    .cfg
+                    .retransmit_after
+                    .min(d.saturating_duration_since(Instant::now())),
                 None => inner.cfg.retransmit_after,
             };
             match tokio::time::timeout(wait, rx).await {
@@ -286,10 +293,10 @@ impl Inner {
         start: Instant,
     ) -> Result<Arc<Conn>, ClientError> {
         let mut slot = self.conn.lock().await;
-        if let Some(c) = slot.as_ref() {
-            if !c.dead.load(Ordering::Acquire) {
-                return Ok(c.clone());
-            }
+        if let Some(c) = slot.as_ref()
+            && !c.dead.load(Ordering::Acquire)
+        {
+            return Ok(c.clone());
         }
         *slot = None;
         let mut backoff = Duration::from_millis(50);
@@ -370,7 +377,9 @@ impl Conn {
                             }
                         }
                         if let Some(rec) = records.take_record() {
-                            let Some(xid) = rpc::reply_xid(&rec) else { continue };
+                            let Some(xid) = rpc::reply_xid(&rec) else {
+                                continue;
+                            };
                             if let Some(tx) = lock(&pending).remove(&xid) {
                                 let _ = tx.send(rec);
                             }

@@ -324,7 +324,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn fh(bytes: Vec<u8>) -> nfs_fh3 {
-        nfs_fh3 { data: Opaque::owned(bytes) }
+        nfs_fh3 {
+            data: Opaque::owned(bytes),
+        }
     }
 
     #[test]
@@ -344,13 +346,22 @@ mod tests {
     #[test]
     fn oversized_handle_is_refused() {
         let mut out = Vec::new();
-        NfsRequest::Getattr(GETATTR3args { object: fh(vec![1; 65]) }).encode(&mut out);
-        assert_eq!(NfsRequest::decode(1, &out).unwrap_err(), DecodeError::HandleTooLong(65));
+        NfsRequest::Getattr(GETATTR3args {
+            object: fh(vec![1; 65]),
+        })
+        .encode(&mut out);
+        assert_eq!(
+            NfsRequest::decode(1, &out).unwrap_err(),
+            DecodeError::HandleTooLong(65)
+        );
     }
 
     #[test]
     fn unknown_procedure_is_reported() {
-        assert_eq!(NfsRequest::decode(22, &[]).unwrap_err(), DecodeError::UnknownProcedure(22));
+        assert_eq!(
+            NfsRequest::decode(22, &[]).unwrap_err(),
+            DecodeError::UnknownProcedure(22)
+        );
     }
 
     proptest! {

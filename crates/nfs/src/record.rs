@@ -217,7 +217,13 @@ mod tests {
     fn oversized_fragment_is_refused_before_allocation() {
         let mut r = RecordReader::new(LIMITS);
         let err = r.feed(&0xFFFF_FFFFu32.to_be_bytes()).unwrap_err();
-        assert!(matches!(err, RecordError::PeerSentOversizedFragment { len: 0x7FFF_FFFF, .. }));
+        assert!(matches!(
+            err,
+            RecordError::PeerSentOversizedFragment {
+                len: 0x7FFF_FFFF,
+                ..
+            }
+        ));
         assert!(r.record.capacity() < 2500);
     }
 
@@ -230,7 +236,10 @@ mod tests {
             bytes.extend_from_slice(&[7u8; 900]);
         }
         let err = read_all(&mut r, &bytes).unwrap_err();
-        assert!(matches!(err, RecordError::PeerSentOversizedRecord { len: 2700, .. }));
+        assert!(matches!(
+            err,
+            RecordError::PeerSentOversizedRecord { len: 2700, .. }
+        ));
     }
 
     #[test]

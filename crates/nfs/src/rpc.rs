@@ -280,7 +280,18 @@ pub mod auth_stat {
 /// Builds a complete reply record (record-marking header included) with
 /// `results` appended after the header when the status is `Success`.
 pub fn reply_record(xid: u32, status: ReplyStatus, results: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + 24 + results.len());
+    let mut out = reply_start(xid, status, results.len());
+    if status == ReplyStatus::Success {
+        out.extend_from_slice(results);
+    }
+    seal(out)
+}
+
+/// Starts a reply record: header space and the reply header for `status`.
+/// For `Success`, append the XDR results, then pass it to [`seal`];
+/// `capacity` is a hint for the results' size.
+pub fn reply_start(xid: u32, status: ReplyStatus, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 24 + capacity);
     out.extend_from_slice(&[0; 4]);
     xdr::put_u32(&mut out, xid);
     xdr::put_u32(&mut out, 1); // REPLY
@@ -301,10 +312,7 @@ pub fn reply_record(xid: u32, status: ReplyStatus, results: &[u8]) -> Vec<u8> {
             xdr::put_u32(&mut out, flavor::NONE); // verifier
             xdr::put_u32(&mut out, 0);
             match accepted {
-                ReplyStatus::Success => {
-                    xdr::put_u32(&mut out, 0);
-                    out.extend_from_slice(results);
-                }
+                ReplyStatus::Success => xdr::put_u32(&mut out, 0),
                 ReplyStatus::ProgUnavail => xdr::put_u32(&mut out, 1),
                 ReplyStatus::ProgMismatch { low, high } => {
                     xdr::put_u32(&mut out, 2);
@@ -317,7 +325,7 @@ pub fn reply_record(xid: u32, status: ReplyStatus, results: &[u8]) -> Vec<u8> {
             }
         }
     }
-    seal(out)
+    out
 }
 
 /// Starts an outgoing call record: header space, xid and call header with
@@ -406,9 +414,22 @@ mod tests {
     fn arb_cred() -> impl Strategy<Value = Credentials> {
         prop_oneof![
             Just(Credentials::None),
-            (any::<u32>(), prop::collection::vec(any::<u8>(), 0..=255), any::<u32>(), any::<u32>(),
-             prop::collection::vec(any::<u32>(), 0..=16))
-                .prop_map(|(stamp, machine, uid, gid, gids)| Credentials::Unix(AuthUnix { stamp, machine, uid, gid, gids })),
+            (
+                any::<u32>(),
+                prop::collection::vec(any::<u8>(), 0..=255),
+                any::<u32>(),
+                any::<u32>(),
+                prop::collection::vec(any::<u32>(), 0..=16)
+            )
+                .prop_map(|(stamp, machine, uid, gid, gids)| Credentials::Unix(
+                    AuthUnix {
+                        stamp,
+                        machine,
+                        uid,
+                        gid,
+                        gids
+                    }
+                )),
         ]
     }
 
@@ -453,11 +474,16 @@ mod tests {
             assert_eq!(parse_reply(&rec[4..]), Err(ReplyError::Accepted(st)));
         }
         let rec = reply_record(7, ReplyStatus::RpcMismatch, &[]);
-        assert_eq!(parse_reply(&rec[4..]), Err(ReplyError::Denied(ReplyStatus::RpcMismatch)));
+        assert_eq!(
+            parse_reply(&rec[4..]),
+            Err(ReplyError::Denied(ReplyStatus::RpcMismatch))
+        );
         let rec = reply_record(7, ReplyStatus::AuthError(auth_stat::BADCRED), &[]);
         assert_eq!(
             parse_reply(&rec[4..]),
-            Err(ReplyError::Denied(ReplyStatus::AuthError(auth_stat::BADCRED)))
+            Err(ReplyError::Denied(ReplyStatus::AuthError(
+                auth_stat::BADCRED
+            )))
         );
     }
 

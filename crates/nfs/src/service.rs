@@ -15,7 +15,7 @@ use nfs3_types::mount::mountstat3;
 use nfs3_types::nfs3::{nfs_fh3, nfsstat3};
 
 use crate::proc::{NfsProc, NfsReply, NfsRequest};
-use crate::rpc::Credentials;
+use crate::rpc::{Credentials, ReplyStatus};
 
 /// A boxed, sendable future: what [`NfsService`] methods return, so a stack
 /// can be built from `Arc<dyn NfsService>` at run time.
@@ -63,6 +63,16 @@ pub enum ServiceError {
         /// What was wrong with the reply.
         reason: String,
     },
+    /// The upstream did not run the call: it answered with an RPC-level
+    /// error (PROC_UNAVAIL, GARBAGE_ARGS, an auth error...), which the front
+    /// end passes on to its own client unchanged.
+    #[error("upstream {upstream} did not run the call: {status:?}")]
+    UpstreamRejected {
+        /// Which upstream.
+        upstream: String,
+        /// The RPC status it answered with.
+        status: ReplyStatus,
+    },
     /// The upstream's MOUNT service refused the export.
     #[error("upstream refused the mount: {0}")]
     MountRefused(MountStatus),
@@ -90,7 +100,9 @@ impl ServiceError {
     pub fn nfsstat(&self) -> nfsstat3 {
         match self {
             Self::UpstreamUnavailable { .. } | Self::Local(_) => nfsstat3::NFS3ERR_IO,
-            Self::UpstreamProtocol { .. } => nfsstat3::NFS3ERR_SERVERFAULT,
+            Self::UpstreamProtocol { .. } | Self::UpstreamRejected { .. } => {
+                nfsstat3::NFS3ERR_SERVERFAULT
+            }
             Self::MountRefused(_) => nfsstat3::NFS3ERR_STALE,
         }
     }
@@ -102,7 +114,18 @@ impl ServiceError {
                 mount_status_from_u32(s.0).unwrap_or(mountstat3::MNT3ERR_SERVERFAULT)
             }
             Self::UpstreamUnavailable { .. } | Self::Local(_) => mountstat3::MNT3ERR_IO,
-            Self::UpstreamProtocol { .. } => mountstat3::MNT3ERR_SERVERFAULT,
+            Self::UpstreamProtocol { .. } | Self::UpstreamRejected { .. } => {
+                mountstat3::MNT3ERR_SERVERFAULT
+            }
+        }
+    }
+
+    /// The RPC-level status to answer with instead of an NFS reply, when
+    /// the upstream refused the call at the RPC level.
+    pub fn rpc_status(&self) -> Option<ReplyStatus> {
+        match self {
+            Self::UpstreamRejected { status, .. } => Some(*status),
+            _ => None,
         }
     }
 

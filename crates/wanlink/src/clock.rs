@@ -123,7 +123,9 @@ mod tests {
     fn back_to_back_chunks_queue_behind_each_other() {
         let config = DirectionConfig::new(20 * MS, Some(8_000_000));
         let mut tx = Transmitter::default();
-        let deliveries: Vec<_> = (0..4).map(|_| tx.schedule(0 * MS, 2000, &config)).collect();
+        let deliveries: Vec<_> = (0..4)
+            .map(|_| tx.schedule(Duration::ZERO, 2000, &config))
+            .collect();
         assert_eq!(deliveries, [22 * MS, 24 * MS, 26 * MS, 28 * MS]);
     }
 
@@ -140,7 +142,7 @@ mod tests {
         let mut tx = Transmitter::default();
         let slow = DirectionConfig::new(50 * MS, None);
         let fast = DirectionConfig::new(MS, None);
-        assert_eq!(tx.schedule(0 * MS, 10, &slow), 50 * MS);
+        assert_eq!(tx.schedule(Duration::ZERO, 10, &slow), 50 * MS);
         assert_eq!(tx.schedule(10 * MS, 10, &fast), 50 * MS);
         assert_eq!(tx.schedule(60 * MS, 10, &fast), 61 * MS);
     }

@@ -62,7 +62,8 @@ impl DirectionConfig {
         match self.effective_rate_bps() {
             None => MAX_CHUNK,
             Some(bps) => {
-                let bytes = u128::from(bps) * CHUNK_SERIALISATION_TIME.as_nanos() / 8 / 1_000_000_000;
+                let bytes =
+                    u128::from(bps) * CHUNK_SERIALISATION_TIME.as_nanos() / 8 / 1_000_000_000;
                 usize::try_from(bytes)
                     .unwrap_or(MAX_CHUNK)
                     .clamp(MIN_CHUNK, MAX_CHUNK)
@@ -179,7 +180,10 @@ mod tests {
         let d = DirectionConfig::new(Duration::ZERO, Some(8_000_000));
         assert_eq!(d.serialisation_time(1_000), Duration::from_millis(1));
         let fifty = DirectionConfig::new(Duration::ZERO, Some(50_000_000));
-        assert_eq!(fifty.serialisation_time(4 << 20), Duration::from_nanos(671_088_640));
+        assert_eq!(
+            fifty.serialisation_time(4 << 20),
+            Duration::from_nanos(671_088_640)
+        );
     }
 
     #[test]

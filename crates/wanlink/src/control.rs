@@ -3,13 +3,13 @@
 //!
 //! One command per line, one acknowledgement line back:
 //!
-//! | command                      | reply                                      |
-//! |------------------------------|--------------------------------------------|
-//! | `cut` [`reset`\|`blackhole`] | `cut`                                      |
-//! | `restore`                    | `restored`                                 |
-//! | `stats`                      | `stats up=N down=N accepted=N active=N reset=N` |
-//! | `quit`                       | `bye`                                      |
-//! | `help`                       | the list of commands                       |
+//! | command                   | reply                                           |
+//! |---------------------------|-------------------------------------------------|
+//! | `cut`, `cut reset`, `cut blackhole` | `cut`                                 |
+//! | `restore`                 | `restored`                                      |
+//! | `stats`                   | `stats up=N down=N accepted=N active=N reset=N` |
+//! | `quit`                    | `bye`                                           |
+//! | `help`                    | the list of commands                            |
 
 use std::str::FromStr;
 
@@ -112,14 +112,26 @@ mod tests {
 
     #[test]
     fn parses_commands_and_rejects_others() {
-        assert_eq!("cut".parse::<ControlCommand>().ok(), Some(ControlCommand::Cut(None)));
+        assert_eq!(
+            "cut".parse::<ControlCommand>().ok(),
+            Some(ControlCommand::Cut(None))
+        );
         assert_eq!(
             "  cut   blackhole ".parse::<ControlCommand>().ok(),
             Some(ControlCommand::Cut(Some(CutMode::Blackhole)))
         );
-        assert_eq!("restore\n".parse::<ControlCommand>().ok(), Some(ControlCommand::Restore));
-        assert_eq!("stats".parse::<ControlCommand>().ok(), Some(ControlCommand::Stats));
-        assert_eq!("quit".parse::<ControlCommand>().ok(), Some(ControlCommand::Quit));
+        assert_eq!(
+            "restore\n".parse::<ControlCommand>().ok(),
+            Some(ControlCommand::Restore)
+        );
+        assert_eq!(
+            "stats".parse::<ControlCommand>().ok(),
+            Some(ControlCommand::Stats)
+        );
+        assert_eq!(
+            "quit".parse::<ControlCommand>().ok(),
+            Some(ControlCommand::Quit)
+        );
         for bad in ["cut sideways", "restor", "stats now", "CUT"] {
             assert!(bad.parse::<ControlCommand>().is_err(), "{bad:?} parsed");
         }
@@ -140,14 +152,22 @@ mod tests {
         assert_eq!(reply.line.as_deref(), Some("cut"));
         assert_eq!(link.cut_state(), Some(CutMode::Blackhole));
 
-        assert_eq!(handle_line(&link, "restore").line.as_deref(), Some("restored"));
+        assert_eq!(
+            handle_line(&link, "restore").line.as_deref(),
+            Some("restored")
+        );
         assert_eq!(link.cut_state(), None);
 
         let stats = handle_line(&link, "stats").line.expect("stats line");
         assert!(stats.starts_with("stats up=0 down=0 "), "{stats}");
 
         let error = handle_line(&link, "frobnicate");
-        assert!(error.line.as_deref().is_some_and(|l| l.starts_with("error: ")));
+        assert!(
+            error
+                .line
+                .as_deref()
+                .is_some_and(|l| l.starts_with("error: "))
+        );
         assert!(!error.quit);
 
         assert_eq!(handle_line(&link, "   ").line, None);

@@ -8,7 +8,9 @@
 //! `delivery = max(arrival, link_free) + bytes * 8 / rate + delay`.
 //! Bytes read but not yet delivered are capped per direction (about twice
 //! the bandwidth-delay product), so a fast sender is back-pressured through
-//! TCP and memory stays bounded.
+//! TCP and memory stays bounded. Delivery times are kept by a dedicated
+//! timer thread, because tokio's millisecond timer would add about 1 ms to
+//! every one-way delay.
 //!
 //! ```no_run
 //! # async fn demo() -> gvfs_wanlink::Result<()> {
@@ -39,6 +41,7 @@ mod error;
 mod link;
 mod pipe;
 mod state;
+mod timer;
 
 pub use config::{CutMode, DirectionConfig, LinkConfig};
 pub use error::{Error, Result};

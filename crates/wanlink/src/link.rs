@@ -18,6 +18,7 @@ use crate::config::{CutMode, Direction, LinkConfig};
 use crate::error::{Error, Result};
 use crate::pipe::relay_direction;
 use crate::state::LinkState;
+use crate::timer::{Timer, TimerThread};
 
 /// Pause after a failed `accept` (say, out of file descriptors) before
 /// trying again, so the loop does not spin.
@@ -35,6 +36,8 @@ pub struct WanLink {
     shared: Arc<Shared>,
     cancel: CancellationToken,
     tasks: TaskTracker,
+    /// Stops the timer thread when the link goes.
+    _timer_thread: Option<TimerThread>,
 }
 
 /// What the accept loop and every connection share.
@@ -42,6 +45,7 @@ pub struct WanLink {
 struct Shared {
     target: SocketAddr,
     state: watch::Sender<LinkState>,
+    timer: Timer,
     upstream_bytes: AtomicU64,
     downstream_bytes: AtomicU64,
     connections_accepted: AtomicU64,
@@ -101,9 +105,17 @@ impl WanLink {
         let local_addr = listener.local_addr().map_err(Error::LocalAddr)?;
         let connection_limit = Arc::new(Semaphore::new(config.max_connections.max(1)));
         let (state, _) = watch::channel(LinkState::new(config, Instant::now()));
+        let (timer_thread, timer) = match TimerThread::start() {
+            Ok((thread, timer)) => (Some(thread), Timer::Precise(timer)),
+            Err(error) => {
+                warn!(%error, "no timer thread: delays will be up to 2 ms long");
+                (None, Timer::Tokio)
+            }
+        };
         let shared = Arc::new(Shared {
             target,
             state,
+            timer,
             upstream_bytes: AtomicU64::new(0),
             downstream_bytes: AtomicU64::new(0),
             connections_accepted: AtomicU64::new(0),
@@ -124,6 +136,7 @@ impl WanLink {
             shared,
             cancel,
             tasks,
+            _timer_thread: timer_thread,
         })
     }
 
@@ -179,9 +192,7 @@ impl WanLink {
     /// keep their delivery time. An open connection keeps the in-flight
     /// budget it started with, and `max_connections` is fixed at start.
     pub fn set_config(&self, config: LinkConfig) {
-        self.shared
-            .state
-            .send_modify(|state| state.config = config);
+        self.shared.state.send_modify(|state| state.config = config);
     }
 
     /// Counters since the link started.
@@ -296,7 +307,7 @@ async fn serve(
         target = connect_target(shared) => match target {
             Ok(target) => target,
             Err(error) => {
-                warn!(%peer, error = %error, "not relaying connection");
+                warn!(%peer, %error, "not relaying connection");
                 abort(client);
                 return;
             }
@@ -319,6 +330,7 @@ async fn serve(
             target_write,
             Direction::Upstream,
             shared.state.subscribe(),
+            &shared.timer,
             &shared.upstream_bytes,
         );
         let downstream = relay_direction(
@@ -326,6 +338,7 @@ async fn serve(
             client_write,
             Direction::Downstream,
             shared.state.subscribe(),
+            &shared.timer,
             &shared.downstream_bytes,
         );
         tokio::select! {

@@ -91,8 +91,8 @@ impl Args {
             (None, None) => 0.0,
         };
         let direction = |delay_ms: Option<f64>, rate_mbit: Option<f64>, name: &str| {
-            let delay = millis(delay_ms.unwrap_or(both_delay))
-                .with_context(|| format!("{name} delay"))?;
+            let delay =
+                millis(delay_ms.unwrap_or(both_delay)).with_context(|| format!("{name} delay"))?;
             let rate_bps = rate_mbit
                 .or(self.rate_mbit)
                 .map(mbit_to_bps)
@@ -213,7 +213,8 @@ async fn shutdown_signal() -> anyhow::Result<()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
         tokio::select! {
             result = tokio::signal::ctrl_c() => result.context("waiting for SIGINT"),
             _ = terminate.recv() => Ok(()),
@@ -230,14 +231,27 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> anyhow::Result<LinkConfig> {
-        let mut argv = vec!["gvfs-wanlink", "--listen", "127.0.0.1:0", "--target", "127.0.0.1:1"];
+        let mut argv = vec![
+            "gvfs-wanlink",
+            "--listen",
+            "127.0.0.1:0",
+            "--target",
+            "127.0.0.1:1",
+        ];
         argv.extend_from_slice(args);
         Args::try_parse_from(argv)?.link_config()
     }
 
     #[test]
     fn rtt_is_split_and_rates_are_megabits() -> anyhow::Result<()> {
-        let config = parse(&["--rtt-ms", "40", "--rate-mbit", "50", "--down-rate-mbit", "0"])?;
+        let config = parse(&[
+            "--rtt-ms",
+            "40",
+            "--rate-mbit",
+            "50",
+            "--down-rate-mbit",
+            "0",
+        ])?;
         assert_eq!(config.upstream.delay, Duration::from_millis(20));
         assert_eq!(config.downstream.delay, Duration::from_millis(20));
         assert_eq!(config.upstream.rate_bps, Some(50_000_000));
@@ -247,7 +261,14 @@ mod tests {
 
     #[test]
     fn per_direction_delay_overrides_both() -> anyhow::Result<()> {
-        let config = parse(&["--delay-ms", "5", "--down-delay-ms", "0.5", "--cut-mode", "blackhole"])?;
+        let config = parse(&[
+            "--delay-ms",
+            "5",
+            "--down-delay-ms",
+            "0.5",
+            "--cut-mode",
+            "blackhole",
+        ])?;
         assert_eq!(config.upstream.delay, Duration::from_millis(5));
         assert_eq!(config.downstream.delay, Duration::from_micros(500));
         assert_eq!(config.cut_mode, CutMode::Blackhole);

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::clock::Transmitter;
 use crate::config::{Direction, MAX_CHUNK};
 use crate::state::LinkState;
+use crate::timer::Timer;
 
 /// Most chunks queued per direction. The byte budget is the real bound; this
 /// only caps the bookkeeping when a sender trickles tiny writes.
@@ -35,23 +36,36 @@ struct Segment {
 
 /// Relays `reader` to `writer` as `direction` of the link until the reader's
 /// end of stream has been delivered (then `writer` is shut down) or either
-/// side fails. Delivered bytes are added to `delivered`.
+/// side fails. Delivered bytes are added to `delivered`; `timer` waits for
+/// each chunk's delivery time.
 pub(crate) async fn relay_direction<R, W>(
     reader: R,
     writer: W,
     direction: Direction,
     state: watch::Receiver<LinkState>,
+    timer: &Timer,
     delivered: &AtomicU64,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let budget_bytes = state.borrow().config.direction(direction).in_flight_budget();
+    let budget_bytes = state
+        .borrow()
+        .config
+        .direction(direction)
+        .in_flight_budget();
     let budget = Arc::new(Semaphore::new(budget_bytes));
     let (queue_tx, queue_rx) = mpsc::channel(QUEUE_SLOTS);
-    let transmit = transmit(reader, queue_tx, direction, state.clone(), budget, budget_bytes);
-    let deliver = deliver(writer, queue_rx, state, delivered);
+    let transmit = transmit(
+        reader,
+        queue_tx,
+        direction,
+        state.clone(),
+        budget,
+        budget_bytes,
+    );
+    let deliver = deliver(writer, queue_rx, state, timer, delivered);
     tokio::try_join!(transmit, deliver).map(|((), ())| ())
 }
 
@@ -107,13 +121,14 @@ async fn deliver<W>(
     mut writer: W,
     mut queue: mpsc::Receiver<Segment>,
     mut state: watch::Receiver<LinkState>,
+    timer: &Timer,
     delivered: &AtomicU64,
 ) -> io::Result<()>
 where
     W: AsyncWrite + Unpin,
 {
     while let Some(segment) = queue.recv().await {
-        wait_for_link_time(&mut state, segment.deliver_at).await;
+        wait_for_link_time(&mut state, timer, segment.deliver_at).await;
         if segment.data.is_empty() {
             writer.shutdown().await?;
             return Ok(());
@@ -126,18 +141,18 @@ where
 
 /// Waits until link time reaches `at`. While the link is blackholed the clock
 /// is frozen and this waits for a restore.
-async fn wait_for_link_time(state: &mut watch::Receiver<LinkState>, at: Duration) {
+async fn wait_for_link_time(state: &mut watch::Receiver<LinkState>, timer: &Timer, at: Duration) {
     loop {
         let deadline = state.borrow_and_update().clock.wall_deadline(at);
         match deadline {
             Some(deadline) if deadline <= Instant::now() => return,
             Some(deadline) => {
                 tokio::select! {
-                    () = tokio::time::sleep_until(deadline) => {}
+                    () = timer.sleep_until(deadline) => {}
                     changed = state.changed() => {
                         if changed.is_err() {
                             // The link is gone; nothing will move the clock again.
-                            tokio::time::sleep_until(deadline).await;
+                            timer.sleep_until(deadline).await;
                             return;
                         }
                     }
@@ -184,7 +199,16 @@ mod tests {
         let delivered = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&delivered);
         let relay = tokio::spawn(async move {
-            relay_direction(relay_in, relay_out, Direction::Upstream, state_rx, &counter).await
+            let timer = Timer::Tokio;
+            relay_direction(
+                relay_in,
+                relay_out,
+                Direction::Upstream,
+                state_rx,
+                &timer,
+                &counter,
+            )
+            .await
         });
         Harness {
             sender,
@@ -246,11 +270,13 @@ mod tests {
         let mut h = harness(DirectionConfig::new(20 * MS, None), 1 << 16);
         h.sender.write_all(b"before").await.expect("write");
         tokio::time::sleep(5 * MS).await;
-        h.state.send_modify(|s| s.cut(CutMode::Blackhole, Instant::now()));
+        h.state
+            .send_modify(|s| s.cut(CutMode::Blackhole, Instant::now()));
         h.sender.write_all(b"during").await.expect("write");
 
         let mut buf = [0u8; 12];
-        let stalled = tokio::time::timeout(Duration::from_secs(10), h.receiver.read(&mut buf)).await;
+        let stalled =
+            tokio::time::timeout(Duration::from_secs(10), h.receiver.read(&mut buf)).await;
         assert!(stalled.is_err(), "delivered while blackholed");
 
         let restored_at = Instant::now();
@@ -281,7 +307,10 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let accepted = accepted.load(Ordering::Relaxed);
         let bound = budget + direction.read_chunk_size() + 3 * socket_buffer + 1024;
-        assert!(accepted <= bound, "sender got {accepted} bytes in, bound {bound}");
+        assert!(
+            accepted <= bound,
+            "sender got {accepted} bytes in, bound {bound}"
+        );
         assert!(accepted >= budget, "sender got only {accepted} bytes in");
         drop(h.receiver);
     }

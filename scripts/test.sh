@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the system packages the tests need, then runs every test.
+# Usage: scripts/test.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# QEMU loads its nfs:// driver (block-nfs.so, in qemu-block-extra) only when
+# it was built for the same QEMU version, so qemu-block-extra must come from
+# the same suite as the installed qemu-utils (bookworm-backports on images
+# that ship QEMU 10 from there).
+backports=()
+if dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null | grep -q 'bpo12'; then
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      | sudo_ tee /etc/apt/sources.list.d/gvfs-backports.sources >/dev/null
+  fi
+  backports=(-t bookworm-backports)
+fi
+sudo_ apt-get update -qq
+sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${backports[@]}" \
+  nfs-ganesha nfs-ganesha-vfs libnfs-utils qemu-utils qemu-block-extra >/dev/null
+
+# The integration tests run the real gvfs-proxy binary: build it first.
+cargo build --locked --bins
+cargo test --locked --workspace "$@"
