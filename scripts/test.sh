@@ -23,5 +23,5 @@ sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${backports[@]}
   nfs-ganesha nfs-ganesha-vfs libnfs-utils qemu-utils qemu-block-extra >/dev/null
 
 # The integration tests run the real gvfs-proxy binary: build it first.
-cargo build --locked --bins
+cargo build --locked --workspace --bins
 cargo test --locked --workspace "$@"

@@ -1,1 +1,33 @@
-//! Test fixtures for gvfs (real peers: nfs-ganesha, libnfs, QEMU).
+//! Test fixtures for gvfs: real peers (nfs-ganesha, libnfs, QEMU) and the
+//! proxy binary, run on loopback from integration tests.
+//!
+//! - [`portmap`]: a loopback-only portmapper (PORTMAP v2, rpcbind v3/v4) in
+//!   background threads, which ganesha needs to start.
+//! - [`ganesha`]: nfs-ganesha serving a temporary directory over NFSv3.
+//! - [`libnfs`]: `nfs-cp`, `nfs-cat`, `nfs-ls` and `qemu-img` wrappers and
+//!   the libnfs URL builder.
+//! - [`nfsclient`]: an async NFSv3 client (gvfs_nfs' RPC client) for calls
+//!   libnfs cannot make.
+//! - [`proxy`]: the `gvfs-proxy` binary as a child process.
+//! - [`data`]: deterministic file contents, sparse files, comparisons.
+//! - [`process`]: child processes with deadlines.
+//! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
+//!
+//! The fixtures are synchronous (all but [`nfsclient`]): tests call them
+//! from plain `#[test]` functions.
+//! Every child process is stopped on drop and every wait has a timeout.
+
+#![warn(missing_docs)]
+
+pub mod data;
+pub mod ganesha;
+pub mod libnfs;
+pub mod nfsclient;
+pub mod portmap;
+pub mod process;
+pub mod proxy;
+pub mod rpc_client;
+
+pub use ganesha::Ganesha;
+pub use portmap::Portmapper;
+pub use proxy::{Proxy, ProxyArgs};

@@ -1,5 +1,297 @@
-//! gvfs-proxy: an NFSv3 forwarding and caching proxy.
+//! gvfs-proxy: a user-level NFSv3 forwarding and caching proxy.
+//!
+//! A proxy is a stack of [`gvfs_nfs::NfsService`] layers behind an RPC
+//! front end: [`front`] decodes calls and routes NFS v3, MOUNT v3 and
+//! PORTMAP v2; [`server`] is its tokio edge; [`upstream`] is what sits at
+//! the bottom (a local directory or an NFSv3 server). [`run`] assembles a
+//! stack from a [`config::Config`] and serves it until shutdown.
 
 #![warn(missing_docs)]
 
+pub mod config;
+pub mod control;
+pub mod drc;
+pub mod front;
+pub mod server;
+pub mod shutdown;
 pub mod upstream;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use gvfs_nfs::client::RpcClient;
+use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, UpstreamChoice};
+use crate::front::FrontEnd;
+use crate::server::ServerStats;
+use crate::upstream::UpstreamUrl;
+use crate::upstream::dir::DirUpstream;
+use crate::upstream::nfs::{NfsUpstream, UpstreamTimeouts};
+
+/// Why a proxy could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// The listening address could not be bound.
+    #[error("cannot listen on {addr}: {source}{hint}", hint = bind_hint(.source))]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The `dir:` upstream could not be opened.
+    #[error("{0}")]
+    Dir(#[from] upstream::dir::DirError),
+    /// The sample directory could not be created.
+    #[error("cannot create the sample directory {path}: {source}")]
+    Sample {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The upstream did not answer or refused the export at start-up.
+    #[error("upstream check failed: {0}")]
+    Upstream(ServiceError),
+    /// The control socket could not be set up.
+    #[error("{0}")]
+    Control(#[from] control::ControlError),
+    /// Signal handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+fn bind_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => " (the port is in use; pick another with --listen)",
+        std::io::ErrorKind::PermissionDenied => {
+            " (ports below 1024 need root or CAP_NET_BIND_SERVICE)"
+        }
+        std::io::ErrorKind::AddrNotAvailable => " (no such local address)",
+        _ => "",
+    }
+}
+
+/// What a started proxy tells its caller.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The export clients mount.
+    pub export: String,
+    /// The control socket.
+    pub control: PathBuf,
+    /// What is served, for humans.
+    pub upstream: String,
+}
+
+/// The bottom layer of the stack, and the RPC client when it has one.
+struct Bottom {
+    service: Arc<dyn NfsService>,
+    client: Option<RpcClient>,
+}
+
+async fn build_upstream(cfg: &Config) -> Result<Bottom, ProxyError> {
+    match &cfg.upstream {
+        UpstreamChoice::Sample(dir) => {
+            make_sample(dir).map_err(|source| ProxyError::Sample {
+                path: dir.clone(),
+                source,
+            })?;
+            Ok(Bottom {
+                service: Arc::new(DirUpstream::open(dir)?),
+                client: None,
+            })
+        }
+        UpstreamChoice::Url(UpstreamUrl::Dir(dir)) => Ok(Bottom {
+            service: Arc::new(DirUpstream::open(dir)?),
+            client: None,
+        }),
+        UpstreamChoice::Url(UpstreamUrl::Nfs(url)) => {
+            let up = NfsUpstream::new(
+                url.clone(),
+                UpstreamTimeouts {
+                    connect: cfg.connect_timeout,
+                    give_up_after: cfg.upstream_timeout,
+                },
+            );
+            // Fail fast with a clear error rather than serve a dead upstream.
+            let cx = CallContext::with_cred(Credentials::unix(0, 0));
+            let deadline = cfg.connect_timeout * 2;
+            match tokio::time::timeout(deadline, up.check(&cx)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(ProxyError::Upstream(e)),
+                Err(_) => {
+                    return Err(ProxyError::Upstream(ServiceError::UpstreamUnavailable {
+                        upstream: up.describe(),
+                        reason: format!("no answer within {deadline:?}"),
+                    }));
+                }
+            }
+            let client = up.client().clone();
+            Ok(Bottom {
+                service: Arc::new(up),
+                client: Some(client),
+            })
+        }
+    }
+}
+
+/// Creates the sample directory with a few files, if it does not exist.
+fn make_sample(dir: &Path) -> std::io::Result<()> {
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir.join("images"))?;
+    std::fs::write(
+        dir.join("README.txt"),
+        "This directory is served by gvfs-proxy (the embedded dir: origin).\n\
+         Files you copy in through NFS land here.\n",
+    )?;
+    // A small sparse "disk image": 64 MiB, mostly holes, a marker at 1 MiB.
+    let f = std::fs::File::create(dir.join("images/sample.img"))?;
+    f.set_len(64 << 20)?;
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"gvfs sample image\n", 1 << 20)?;
+    Ok(())
+}
+
+/// Runs a proxy until `shutdown` is cancelled. `on_ready` is called once the
+/// listener and control socket are bound and the upstream answered.
+pub async fn run(
+    cfg: Config,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(&Ready),
+) -> Result<(), ProxyError> {
+    let bottom = build_upstream(&cfg).await?;
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| ProxyError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ProxyError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let front = Arc::new(FrontEnd::new(
+        bottom.service.clone(),
+        cfg.export.clone(),
+        addr.port(),
+    ));
+    let control_path = cfg
+        .control
+        .clone()
+        .unwrap_or_else(|| config::default_control_path(addr));
+    let control_listener = control::bind(&control_path).await?;
+    let stats = Arc::new(ServerStats::default());
+    let ready = Ready {
+        addr,
+        export: cfg.export.clone(),
+        control: control_path.clone(),
+        upstream: bottom.service.describe(),
+    };
+    let status = StatusSource {
+        ready: ready.clone(),
+        front: front.clone(),
+        server: stats.clone(),
+        client: bottom.client,
+        started: Instant::now(),
+    };
+    let control_task = tokio::spawn(control::serve(
+        control_listener,
+        control_path,
+        move |req: &Value| status.handle(req),
+        shutdown.clone(),
+    ));
+    tracing::info!(%addr, upstream = %ready.upstream, export = %ready.export, "serving");
+    on_ready(&ready);
+
+    let tasks = TaskTracker::new();
+    server::serve(
+        listener,
+        front,
+        cfg.limits,
+        stats,
+        shutdown.clone(),
+        tasks.clone(),
+    )
+    .await;
+    shutdown::drain(&tasks, cfg.drain_timeout).await;
+    shutdown.cancel();
+    let _ = control_task.await;
+    Ok(())
+}
+
+/// Answers control requests from live counters.
+struct StatusSource {
+    ready: Ready,
+    front: Arc<FrontEnd>,
+    server: Arc<ServerStats>,
+    client: Option<RpcClient>,
+    started: Instant,
+}
+
+impl StatusSource {
+    fn handle(&self, req: &Value) -> Result<Value, String> {
+        match req["cmd"].as_str() {
+            Some("status") => Ok(self.status()),
+            Some(other) => Err(format!(
+                "unknown command {other:?}; this proxy knows: status"
+            )),
+            None => Err("request has no \"cmd\"".into()),
+        }
+    }
+
+    fn status(&self) -> Value {
+        let f = self.front.stats();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let calls: serde_json::Map<String, Value> = f
+            .nfs_calls
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| load(c) > 0)
+            .map(|(i, c)| (front::proc_name(i).to_string(), json!(load(c))))
+            .collect();
+        let upstream_client = self.client.as_ref().map(|c| {
+            let s = c.stats();
+            json!({
+                "server": c.server(),
+                "calls": load(&s.calls),
+                "retransmits": load(&s.retransmits),
+                "connects": load(&s.connects),
+            })
+        });
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "listen": self.ready.addr.to_string(),
+            "export": self.ready.export,
+            "upstream": self.ready.upstream,
+            "uptime_secs": self.started.elapsed().as_secs(),
+            "connections": {
+                "open": load(&self.server.open),
+                "accepted": load(&self.server.accepted),
+                "closed_oversized": load(&self.server.oversized),
+            },
+            "nfs_calls": calls,
+            "mount_calls": load(&f.mount_calls),
+            "portmap_calls": load(&f.portmap_calls),
+            "read_bytes": load(&f.read_bytes),
+            "write_bytes": load(&f.write_bytes),
+            "rpc_errors": load(&f.rpc_errors),
+            "service_errors": load(&f.service_errors),
+            "drc_hits": load(&f.drc_hits),
+            "upstream_client": upstream_client,
+        })
+    }
+}

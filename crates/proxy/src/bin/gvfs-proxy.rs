@@ -1,1 +1,176 @@
-fn main() {}
+//! gvfs-proxy: serve a directory or an NFSv3 server over NFSv3.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use gvfs_proxy::config::{Config, FileConfig, UpstreamChoice};
+use tokio_util::sync::CancellationToken;
+
+const ABOUT: &str = "A user-level NFSv3 caching proxy: serves a local directory (dir:PATH) or \
+another NFSv3 server (nfs://...) to unmodified NFS clients: the Linux kernel, libnfs, QEMU.";
+
+const AFTER_HELP: &str = "\
+UPSTREAM URLS:
+  dir:PATH                                  serve a local directory (the embedded origin)
+  nfs://HOST[:PORT]/EXPORT[?mountport=N]    forward to an NFSv3 server or another gvfs-proxy;
+                                            ports not given are asked of HOST's portmapper
+
+With no --upstream and no config file, the proxy serves ./gvfs-sample (created with sample
+files) so you can try it at once.
+
+The proxy answers PORTMAP on its own port, so listening on 127.0.0.N:111 (as root) lets
+clients that always ask the portmapper (QEMU's nfs:// driver) find it without rpcbind.
+
+EXAMPLES:
+  gvfs-proxy
+  gvfs-proxy --listen 127.0.0.1:2049 --upstream dir:/srv/images
+  gvfs-proxy --listen 127.0.0.2:111 --upstream nfs://filer/export --export /images
+  gvfs-proxy --config /etc/gvfs/proxy.toml";
+
+#[derive(Debug, Parser)]
+#[command(name = "gvfs-proxy", version, about = ABOUT, after_help = AFTER_HELP)]
+struct Cli {
+    /// Address to listen on [default: 127.0.0.1:2049]. Plain NFS binds only
+    /// loopback addresses unless --allow-remote is given.
+    #[arg(long, value_name = "IP:PORT")]
+    listen: Option<String>,
+
+    /// What to serve: dir:PATH or nfs://HOST[:PORT]/EXPORT[?mountport=N].
+    #[arg(long, value_name = "URL")]
+    upstream: Option<String>,
+
+    /// The export path clients mount [default: /export].
+    #[arg(long, value_name = "/NAME")]
+    export: Option<String>,
+
+    /// A TOML file with the same settings (command-line values win).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Control socket for gvfsctl [default: $XDG_RUNTIME_DIR or /tmp,
+    /// gvfs-proxy-IP-PORT.sock].
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+
+    /// Allow a plain (unencrypted) listener on a non-loopback address.
+    #[arg(long)]
+    allow_remote: bool,
+
+    /// Give up on an upstream call after SECS and report an I/O error to the
+    /// client; 0 waits forever like a hard mount [default: 120].
+    #[arg(long, value_name = "SECS")]
+    upstream_timeout: Option<u64>,
+
+    /// Timeout of one upstream connection attempt [default: 5].
+    #[arg(long, value_name = "SECS")]
+    connect_timeout: Option<u64>,
+
+    /// Client connections served at once [default: 256].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+
+    /// Calls in flight per client connection [default: 64].
+    #[arg(long, value_name = "N")]
+    max_in_flight: Option<usize>,
+
+    /// Log filter, e.g. info, debug, gvfs_proxy=trace [default: info, or RUST_LOG].
+    #[arg(long, value_name = "FILTER")]
+    log: Option<String>,
+}
+
+impl Cli {
+    fn file_config(&self) -> FileConfig {
+        FileConfig {
+            listen: self.listen.clone(),
+            upstream: self.upstream.clone(),
+            export: self.export.clone(),
+            control: self.control.clone(),
+            allow_remote: self.allow_remote.then_some(true),
+            upstream_timeout_secs: self.upstream_timeout,
+            connect_timeout_secs: self.connect_timeout,
+            max_connections: self.max_connections,
+            max_in_flight: self.max_in_flight,
+            drain_timeout_secs: None,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = cli
+        .log
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
+    match real_main(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gvfs-proxy: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    let file = match &cli.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
+    let cfg = Config::from_file_config(file.overridden_by(cli.file_config()))?;
+    let sample = matches!(cfg.upstream, UpstreamChoice::Sample(_));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        gvfs_proxy::shutdown::cancel_on_signals(shutdown.clone())
+            .map_err(gvfs_proxy::ProxyError::Signals)?;
+        gvfs_proxy::run(cfg, shutdown, |r| print_ready(r, sample)).await?;
+        Ok(())
+    })
+}
+
+fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
+    let (ip, port) = (r.addr.ip(), r.addr.port());
+    let host = if r.addr.is_ipv6() {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    };
+    let export = &r.export;
+    let libnfs_export = if export == "/" {
+        "/".to_string()
+    } else {
+        export.clone()
+    };
+    println!("listening on {}", r.addr);
+    println!(
+        "gvfs-proxy {}: serving {} as {export}",
+        env!("CARGO_PKG_VERSION"),
+        r.upstream
+    );
+    if sample {
+        println!("  (no --upstream given: this is the sample directory; see gvfs-proxy --help)");
+    }
+    println!("Use it:");
+    println!(
+        "  Linux:  sudo mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},nolock {host}:{export} /mnt"
+    );
+    println!(
+        "  libnfs: nfs-ls 'nfs://{host}{libnfs_export}?version=3&nfsport={port}&mountport={port}'"
+    );
+    if port == 111 {
+        println!("  QEMU:   qemu-img info nfs://{host}{export}/FILE");
+    }
+    println!("  status: gvfsctl --control {} status", r.control.display());
+    println!("Stop with Ctrl-C (or SIGTERM).");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+}

@@ -1,3 +1,39 @@
-//! What sits below a proxy: a local directory or an NFSv3 server.
+//! What sits below a proxy, chosen by URL: `dir:PATH` (a local directory,
+//! the embedded origin) or `nfs://HOST[:PORT]/EXPORT` (an NFSv3 server).
 
 pub mod dir;
+pub mod nfs;
+
+use std::path::PathBuf;
+
+/// A parsed `--upstream` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamUrl {
+    /// `dir:PATH`.
+    Dir(PathBuf),
+    /// `nfs://...`.
+    Nfs(nfs::NfsUrl),
+}
+
+impl std::str::FromStr for UpstreamUrl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix("dir:") {
+            if path.is_empty() {
+                return Err(format!(
+                    "bad upstream {s:?}: dir: needs a path, e.g. dir:/srv/images"
+                ));
+            }
+            return Ok(Self::Dir(PathBuf::from(path)));
+        }
+        if s.starts_with("nfs://") {
+            return nfs::NfsUrl::parse(s)
+                .map(Self::Nfs)
+                .map_err(|e| e.to_string());
+        }
+        Err(format!(
+            "bad upstream {s:?}: expected dir:PATH or nfs://HOST[:PORT]/EXPORT[?mountport=N]"
+        ))
+    }
+}

@@ -1,0 +1,313 @@
+//! Proxy configuration: the TOML file format, defaults, and validation.
+//!
+//! The command line and the file carry the same settings; a value on the
+//! command line wins. Validation turns every bad value into one clear line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::server::ServerLimits;
+use crate::upstream::UpstreamUrl;
+
+/// The default listening address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:2049";
+/// The default export name.
+pub const DEFAULT_EXPORT: &str = "/export";
+/// The directory served when no upstream is configured (created with sample
+/// files on first use).
+pub const SAMPLE_DIR: &str = "gvfs-sample";
+
+/// The settings as written in a TOML file (every key optional).
+///
+/// ```toml
+/// listen = "127.0.0.1:2049"
+/// upstream = "nfs://filer/srv/images"   # or "dir:/srv/images"
+/// export = "/export"
+/// control = "/run/gvfs/proxy.sock"
+/// allow_remote = false
+/// upstream_timeout_secs = 120          # 0 = wait forever, like a hard mount
+/// connect_timeout_secs = 5
+/// max_connections = 256
+/// max_in_flight = 64
+/// drain_timeout_secs = 10
+/// ```
+#[derive(Debug, Default, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address to listen on.
+    pub listen: Option<String>,
+    /// `dir:PATH` or `nfs://HOST[:PORT]/EXPORT[?mountport=N]`.
+    pub upstream: Option<String>,
+    /// The export path clients mount.
+    pub export: Option<String>,
+    /// Control socket path.
+    pub control: Option<PathBuf>,
+    /// Allow a plain listener on a non-loopback address.
+    pub allow_remote: Option<bool>,
+    /// Give up on an upstream call after this many seconds (0 = never).
+    pub upstream_timeout_secs: Option<u64>,
+    /// One upstream connection attempt, in seconds.
+    pub connect_timeout_secs: Option<u64>,
+    /// Client connections served at once.
+    pub max_connections: Option<usize>,
+    /// Calls in flight per client connection.
+    pub max_in_flight: Option<usize>,
+    /// On SIGTERM, wait this long for calls in flight.
+    pub drain_timeout_secs: Option<u64>,
+}
+
+impl FileConfig {
+    /// Reads and parses a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            reason: e.message().to_string(),
+        })
+    }
+
+    /// `other`'s values where set, ours elsewhere.
+    pub fn overridden_by(self, other: FileConfig) -> FileConfig {
+        FileConfig {
+            listen: other.listen.or(self.listen),
+            upstream: other.upstream.or(self.upstream),
+            export: other.export.or(self.export),
+            control: other.control.or(self.control),
+            allow_remote: other.allow_remote.or(self.allow_remote),
+            upstream_timeout_secs: other.upstream_timeout_secs.or(self.upstream_timeout_secs),
+            connect_timeout_secs: other.connect_timeout_secs.or(self.connect_timeout_secs),
+            max_connections: other.max_connections.or(self.max_connections),
+            max_in_flight: other.max_in_flight.or(self.max_in_flight),
+            drain_timeout_secs: other.drain_timeout_secs.or(self.drain_timeout_secs),
+        }
+    }
+}
+
+/// A bad configuration value, described in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The config file is not valid TOML for these settings.
+    #[error("bad config file {path}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A value is out of range or malformed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Where the upstream comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamChoice {
+    /// Configured explicitly.
+    Url(UpstreamUrl),
+    /// Nothing configured: serve the sample directory.
+    Sample(PathBuf),
+}
+
+/// A validated proxy configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// What to serve.
+    pub upstream: UpstreamChoice,
+    /// The export path clients mount (starts with `/`).
+    pub export: String,
+    /// Control socket path; `None` picks one from the bound address.
+    pub control: Option<PathBuf>,
+    /// Give up on an upstream call after this long; `None` waits forever.
+    pub upstream_timeout: Option<Duration>,
+    /// One upstream connection attempt.
+    pub connect_timeout: Duration,
+    /// Limits of the listening side.
+    pub limits: ServerLimits,
+    /// How long SIGTERM waits for calls in flight.
+    pub drain_timeout: Duration,
+}
+
+impl Config {
+    /// Validates `f`, filling in defaults.
+    pub fn from_file_config(f: FileConfig) -> Result<Self, ConfigError> {
+        let listen_s = f.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen: SocketAddr = listen_s.parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "bad listen address {listen_s:?}: expected IP:PORT, e.g. 127.0.0.1:2049"
+            ))
+        })?;
+        if !listen.ip().is_loopback() && !f.allow_remote.unwrap_or(false) {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on {listen}: plain NFS is unencrypted and unauthenticated, so \
+                 it binds only loopback addresses unless you pass --allow-remote"
+            )));
+        }
+        let upstream = match f.upstream {
+            Some(u) => UpstreamChoice::Url(u.parse().map_err(ConfigError::Invalid)?),
+            None => UpstreamChoice::Sample(PathBuf::from(SAMPLE_DIR)),
+        };
+        let export = f.export.unwrap_or_else(|| DEFAULT_EXPORT.to_string());
+        if !export.starts_with('/') || export.len() > 1024 || export.contains('\0') {
+            return Err(ConfigError::Invalid(format!(
+                "bad export {export:?}: must start with / (e.g. /export) and be at most 1024 bytes"
+            )));
+        }
+        let positive = |v: Option<usize>, default: usize, what: &str| match v {
+            Some(0) => Err(ConfigError::Invalid(format!("{what} must be at least 1"))),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        };
+        let defaults = ServerLimits::default();
+        let limits = ServerLimits {
+            max_connections: positive(
+                f.max_connections,
+                defaults.max_connections,
+                "max_connections",
+            )?,
+            max_in_flight: positive(f.max_in_flight, defaults.max_in_flight, "max_in_flight")?,
+            ..defaults
+        };
+        let connect_timeout = match f.connect_timeout_secs {
+            Some(0) => {
+                return Err(ConfigError::Invalid(
+                    "connect_timeout_secs must be at least 1".into(),
+                ));
+            }
+            Some(s) => Duration::from_secs(s),
+            None => Duration::from_secs(5),
+        };
+        Ok(Self {
+            listen,
+            upstream,
+            export,
+            control: f.control,
+            upstream_timeout: match f.upstream_timeout_secs {
+                Some(0) => None,
+                Some(s) => Some(Duration::from_secs(s)),
+                None => Some(Duration::from_secs(120)),
+            },
+            connect_timeout,
+            limits,
+            drain_timeout: Duration::from_secs(f.drain_timeout_secs.unwrap_or(10)),
+        })
+    }
+}
+
+/// The control socket path used when none is configured: one per listening
+/// address, in `$XDG_RUNTIME_DIR` (or `/tmp`), so `gvfsctl` can find it.
+pub fn default_control_path(listen: SocketAddr) -> PathBuf {
+    runtime_dir().join(format!("gvfs-proxy-{}-{}.sock", listen.ip(), listen.port()))
+}
+
+/// Where default control sockets live.
+pub fn runtime_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_serve_the_sample_on_loopback() {
+        let c = Config::from_file_config(FileConfig::default()).unwrap();
+        assert_eq!(c.listen, DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(
+            c.upstream,
+            UpstreamChoice::Sample(PathBuf::from(SAMPLE_DIR))
+        );
+        assert_eq!(c.export, "/export");
+    }
+
+    #[test]
+    fn plain_listener_stays_on_loopback_unless_allowed() {
+        let f = FileConfig {
+            listen: Some("0.0.0.0:2049".into()),
+            ..FileConfig::default()
+        };
+        let err = Config::from_file_config(f.clone()).unwrap_err().to_string();
+        assert!(err.contains("--allow-remote"), "{err}");
+        let ok = FileConfig {
+            allow_remote: Some(true),
+            ..f
+        };
+        assert!(Config::from_file_config(ok).is_ok());
+    }
+
+    #[test]
+    fn toml_round_trip_and_unknown_keys() {
+        let f: FileConfig = toml::from_str(
+            "listen = \"127.0.0.2:111\"\nupstream = \"dir:/srv\"\nupstream_timeout_secs = 0\n",
+        )
+        .unwrap();
+        let c = Config::from_file_config(f).unwrap();
+        assert_eq!(c.listen.port(), 111);
+        assert_eq!(c.upstream_timeout, None);
+        assert!(toml::from_str::<FileConfig>("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn bad_values_are_one_line_errors() {
+        for f in [
+            FileConfig {
+                listen: Some("nope".into()),
+                ..FileConfig::default()
+            },
+            FileConfig {
+                upstream: Some("ftp://x".into()),
+                ..FileConfig::default()
+            },
+            FileConfig {
+                upstream: Some("dir:".into()),
+                ..FileConfig::default()
+            },
+            FileConfig {
+                export: Some("export".into()),
+                ..FileConfig::default()
+            },
+            FileConfig {
+                max_in_flight: Some(0),
+                ..FileConfig::default()
+            },
+        ] {
+            let e = Config::from_file_config(f).unwrap_err().to_string();
+            assert!(!e.contains('\n') && !e.is_empty());
+        }
+    }
+
+    #[test]
+    fn command_line_wins() {
+        let file = FileConfig {
+            listen: Some("127.0.0.1:1".into()),
+            export: Some("/a".into()),
+            ..FileConfig::default()
+        };
+        let cli = FileConfig {
+            listen: Some("127.0.0.1:2".into()),
+            ..FileConfig::default()
+        };
+        let m = file.overridden_by(cli);
+        assert_eq!(m.listen.as_deref(), Some("127.0.0.1:2"));
+        assert_eq!(m.export.as_deref(), Some("/a"));
+    }
+}

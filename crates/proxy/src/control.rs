@@ -1,0 +1,171 @@
+//! The control socket: a Unix socket on which `gvfsctl` talks to a running
+//! proxy. One request per connection, one JSON line each way:
+//! `{"cmd":"status"}` -> `{"ok":true,"status":{...}}` or
+//! `{"ok":false,"error":"..."}`.
+//!
+//! The socket is created with mode 0600; requests are capped at
+//! [`MAX_REQUEST`] bytes and every read and write has a timeout.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+
+/// Longest request line accepted.
+pub const MAX_REQUEST: u64 = 64 * 1024;
+/// Longest reply line accepted by the client.
+pub const MAX_REPLY: u64 = 16 * 1024 * 1024;
+/// Per-request I/O timeout.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the control socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// Another live proxy answers on this path.
+    #[error("control socket {0} is in use by another running proxy; pass --control PATH")]
+    InUse(PathBuf),
+    /// Binding failed.
+    #[error("cannot create control socket {path}: {source}")]
+    Bind {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+/// Binds `path`, replacing a stale socket left by a proxy that died, but
+/// never one a live proxy still answers on.
+pub async fn bind(path: &Path) -> Result<UnixListener, ControlError> {
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(ControlError::InUse(path.to_path_buf()));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let bind_err = |source| ControlError::Bind {
+        path: path.to_path_buf(),
+        source,
+    };
+    let listener = UnixListener::bind(path).map_err(bind_err)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+    Ok(listener)
+}
+
+/// Answers requests with `handler` until `shutdown`; removes the socket file
+/// on the way out.
+pub async fn serve<F>(
+    listener: UnixListener,
+    path: PathBuf,
+    handler: F,
+    shutdown: CancellationToken,
+) where
+    F: Fn(&Value) -> Result<Value, String> + Send + Sync + 'static,
+{
+    let handler = std::sync::Arc::new(handler);
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "control accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(IO_TIMEOUT, answer(stream, &*handler)).await;
+        });
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn answer<F>(stream: UnixStream, handler: &F) -> io::Result<()>
+where
+    F: Fn(&Value) -> Result<Value, String>,
+{
+    let (rd, mut wr) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(rd.take(MAX_REQUEST))
+        .read_line(&mut line)
+        .await?;
+    let reply = match serde_json::from_str::<Value>(&line) {
+        Ok(req) => match handler(&req) {
+            Ok(v) => json!({"ok": true, "result": v}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+    };
+    let mut out = reply.to_string();
+    out.push('\n');
+    wr.write_all(out.as_bytes()).await?;
+    wr.shutdown().await
+}
+
+/// Sends one request to the proxy at `path` and returns its result.
+pub async fn request(path: &Path, req: &Value) -> Result<Value, String> {
+    let io = async {
+        let stream = UnixStream::connect(path).await.map_err(|e| {
+            format!(
+                "cannot reach a proxy at {}: {e} (is gvfs-proxy running?)",
+                path.display()
+            )
+        })?;
+        let (rd, mut wr) = stream.into_split();
+        let mut out = req.to_string();
+        out.push('\n');
+        wr.write_all(out.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        BufReader::new(rd.take(MAX_REPLY))
+            .read_line(&mut line)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::from_str::<Value>(&line).map_err(|e| format!("bad reply from proxy: {e}"))
+    };
+    let reply = tokio::time::timeout(IO_TIMEOUT, io).await.map_err(|_| {
+        format!(
+            "proxy at {} did not answer in {IO_TIMEOUT:?}",
+            path.display()
+        )
+    })??;
+    if reply["ok"].as_bool() == Some(true) {
+        Ok(reply["result"].clone())
+    } else {
+        Err(reply["error"]
+            .as_str()
+            .unwrap_or("proxy reported an unknown error")
+            .to_string())
+    }
+}
+
+/// Control sockets of running proxies found in the default runtime dir.
+pub fn discover() -> Vec<PathBuf> {
+    let dir = crate::config::runtime_dir();
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("gvfs-proxy-") && n.ends_with(".sock"))
+        })
+        .collect();
+    found.sort();
+    found
+}

@@ -1,0 +1,223 @@
+//! The RPC front end: turns one incoming call record into one reply record.
+//!
+//! Sans-IO apart from awaiting the service: [`FrontEnd::handle`] takes the
+//! bytes of a record and the caller's address and returns the reply record
+//! (or nothing, when the call must be dropped). It routes the three programs
+//! a proxy serves on its one port (NFS v3, MOUNT v3, PORTMAP v2) and answers
+//! RPC-level errors as RFC 5531 section 9 says: PROG_UNAVAIL, PROG_MISMATCH,
+//! PROC_UNAVAIL, GARBAGE_ARGS, RPC_MISMATCH and AUTH_ERROR.
+
+mod mount;
+mod portmap;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use gvfs_nfs::proc::{DecodeError, NfsProc};
+use gvfs_nfs::rpc::{self, CallError, CallHeader, ReplyStatus, auth_stat};
+use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
+
+use crate::drc::{Drc, DrcKey, Lookup};
+
+/// NFS program number.
+pub const NFS_PROGRAM: u32 = 100_003;
+/// MOUNT program number.
+pub const MOUNT_PROGRAM: u32 = 100_005;
+
+/// Counters kept by the front end, shown by `gvfsctl status`.
+#[derive(Debug, Default)]
+pub struct FrontStats {
+    /// NFS calls run, per procedure.
+    pub nfs_calls: [AtomicU64; 22],
+    /// NFS calls that failed below the front end (no reply from a layer).
+    pub service_errors: AtomicU64,
+    /// Retransmissions answered or dropped by the duplicate-request cache.
+    pub drc_hits: AtomicU64,
+    /// Calls answered GARBAGE_ARGS, PROC_UNAVAIL, PROG_* or AUTH_ERROR.
+    pub rpc_errors: AtomicU64,
+    /// MOUNT calls.
+    pub mount_calls: AtomicU64,
+    /// PORTMAP calls.
+    pub portmap_calls: AtomicU64,
+    /// Bytes returned by READ.
+    pub read_bytes: AtomicU64,
+    /// Bytes accepted by WRITE.
+    pub write_bytes: AtomicU64,
+}
+
+/// Serves NFS v3, MOUNT v3 and PORTMAP v2 for one export over `service`.
+pub struct FrontEnd {
+    service: Arc<dyn NfsService>,
+    export: String,
+    port: u16,
+    drc: Drc,
+    mounts: mount::MountTable,
+    stats: FrontStats,
+}
+
+impl std::fmt::Debug for FrontEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontEnd")
+            .field("export", &self.export)
+            .field("service", &self.service.describe())
+            .finish()
+    }
+}
+
+impl FrontEnd {
+    /// A front end exporting `service` as `export` (e.g. `/export`), whose
+    /// PORTMAP answers `port` for its programs.
+    pub fn new(service: Arc<dyn NfsService>, export: String, port: u16) -> Self {
+        Self {
+            service,
+            export,
+            port,
+            drc: Drc::new(4096, Duration::from_secs(300)),
+            mounts: mount::MountTable::default(),
+            stats: FrontStats::default(),
+        }
+    }
+
+    /// The export path clients mount.
+    pub fn export(&self) -> &str {
+        &self.export
+    }
+
+    /// The layer stack below.
+    pub fn service(&self) -> &Arc<dyn NfsService> {
+        &self.service
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &FrontStats {
+        &self.stats
+    }
+
+    /// Runs one call record from `peer` and returns the reply record, or
+    /// `None` when the message must be dropped (not a call, or a duplicate
+    /// whose original is still running).
+    pub async fn handle(&self, msg: &[u8], peer: Option<SocketAddr>) -> Option<Vec<u8>> {
+        let (hdr, args_at) = match rpc::parse_call(msg) {
+            Ok(v) => v,
+            Err(e) => return self.reject(e),
+        };
+        let args = &msg[args_at..];
+        let cx = CallContext {
+            cred: hdr.cred.clone(),
+            peer,
+            xid: hdr.xid,
+        };
+        match hdr.prog {
+            NFS_PROGRAM => self.nfs(&hdr, &cx, args).await,
+            MOUNT_PROGRAM => {
+                self.stats.mount_calls.fetch_add(1, Ordering::Relaxed);
+                Some(self.mount(&hdr, &cx, args).await)
+            }
+            gvfs_nfs::portmap::PROGRAM => {
+                self.stats.portmap_calls.fetch_add(1, Ordering::Relaxed);
+                Some(self.portmap(&hdr, args))
+            }
+            _ => Some(self.error(hdr.xid, ReplyStatus::ProgUnavail)),
+        }
+    }
+
+    fn reject(&self, e: CallError) -> Option<Vec<u8>> {
+        tracing::debug!(error = %e, "rejecting call");
+        let (xid, status) = match e {
+            CallError::RpcMismatch { xid, .. } => (xid, ReplyStatus::RpcMismatch),
+            CallError::BadCredential { xid } => (xid, ReplyStatus::AuthError(auth_stat::BADCRED)),
+            CallError::UnsupportedFlavor { xid, .. } => {
+                (xid, ReplyStatus::AuthError(auth_stat::TOOWEAK))
+            }
+            _ => return None,
+        };
+        Some(self.error(xid, status))
+    }
+
+    fn error(&self, xid: u32, status: ReplyStatus) -> Vec<u8> {
+        self.stats.rpc_errors.fetch_add(1, Ordering::Relaxed);
+        rpc::reply_record(xid, status, &[])
+    }
+
+    async fn nfs(&self, hdr: &CallHeader, cx: &CallContext, args: &[u8]) -> Option<Vec<u8>> {
+        if hdr.vers != 3 {
+            return Some(self.error(hdr.xid, ReplyStatus::ProgMismatch { low: 3, high: 3 }));
+        }
+        let req = match NfsRequest::decode(hdr.proc_, args) {
+            Ok(r) => r,
+            Err(DecodeError::UnknownProcedure(_)) => {
+                return Some(self.error(hdr.xid, ReplyStatus::ProcUnavail));
+            }
+            Err(e) => {
+                tracing::debug!(xid = hdr.xid, error = %e, "garbage arguments");
+                return Some(self.error(hdr.xid, ReplyStatus::GarbageArgs));
+            }
+        };
+        let p = req.proc_();
+        self.stats.nfs_calls[p as usize].fetch_add(1, Ordering::Relaxed);
+        if !req.is_non_idempotent() {
+            return Some(self.run(cx, req).await);
+        }
+        let key = DrcKey::new(cx.peer.map(|a| a.ip()), hdr.xid, hdr.prog, hdr.proc_, args);
+        match self.drc.begin(key) {
+            Lookup::New => {}
+            Lookup::InProgress => {
+                self.stats.drc_hits.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            Lookup::Replay(reply) => {
+                self.stats.drc_hits.fetch_add(1, Ordering::Relaxed);
+                return Some(reply.to_vec());
+            }
+        }
+        let reply = self.run(cx, req).await;
+        let shared = Arc::new(reply);
+        self.drc.finish(key, Some(shared.clone()));
+        Some(Arc::try_unwrap(shared).unwrap_or_else(|a| a.to_vec()))
+    }
+
+    /// Runs a decoded NFS call through the stack and encodes the reply.
+    async fn run(&self, cx: &CallContext, req: NfsRequest) -> Vec<u8> {
+        let p = req.proc_();
+        if let NfsRequest::Write(w) = &req {
+            self.stats
+                .write_bytes
+                .fetch_add(w.data.len() as u64, Ordering::Relaxed);
+        }
+        let reply = match self.service.call(cx, req).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.stats.service_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(proc = p.name(), xid = cx.xid, error = %e, "call failed below the front end");
+                if let Some(status) = e.rpc_status() {
+                    return self.error(cx.xid, status);
+                }
+                e.to_reply(p)
+            }
+        };
+        if let NfsReply::Read(nfs3_types::nfs3::Nfs3Result::Ok(ok)) = &reply {
+            self.stats
+                .read_bytes
+                .fetch_add(ok.data.len() as u64, Ordering::Relaxed);
+        }
+        encode_success(cx.xid, &reply)
+    }
+}
+
+/// A success reply record carrying `reply`.
+fn encode_success(xid: u32, reply: &NfsReply) -> Vec<u8> {
+    let hint = match reply {
+        NfsReply::Read(nfs3_types::nfs3::Nfs3Result::Ok(ok)) => ok.data.len() + 128,
+        _ => 256,
+    };
+    let mut out = rpc::reply_start(xid, ReplyStatus::Success, hint);
+    reply.encode(&mut out);
+    rpc::seal(out)
+}
+
+/// The NFS procedure named by `n`, for logs.
+pub fn proc_name(n: usize) -> &'static str {
+    NfsProc::ALL.get(n).map_or("?", |p| p.name())
+}

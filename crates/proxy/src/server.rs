@@ -1,0 +1,179 @@
+//! The tokio edge of the front end: accepts connections, reads records,
+//! runs calls concurrently and writes replies.
+//!
+//! Bounded everywhere: at most `max_connections` connections (further
+//! clients wait in the kernel's accept queue), at most `max_in_flight` calls
+//! per connection (the reader stops reading while that many run), a bounded
+//! reply queue, and record caps enforced before allocation. On shutdown the
+//! listener stops, readers stop taking new calls, calls in flight finish and
+//! their replies are written, within the drain deadline.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use gvfs_nfs::record::{RecordLimits, RecordReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::front::FrontEnd;
+
+/// Limits of the server edge.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Calls in flight per connection.
+    pub max_in_flight: usize,
+    /// Caps on incoming records.
+    pub records: RecordLimits,
+    /// A connection with no complete record for this long is closed.
+    pub idle_timeout: Duration,
+    /// Longest wait for one reply write before the connection is dropped.
+    pub write_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            max_in_flight: 64,
+            records: RecordLimits::for_payload(1 << 20),
+            idle_timeout: Duration::from_secs(3600),
+            write_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Connection counters.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    /// Connections open now.
+    pub open: AtomicU64,
+    /// Connections accepted since start.
+    pub accepted: AtomicU64,
+    /// Connections closed for exceeding a record cap.
+    pub oversized: AtomicU64,
+}
+
+/// Serves `front` on `listener` until `shutdown` is cancelled, then drains
+/// in-flight calls (tracked by `tasks`) and returns.
+pub async fn serve(
+    listener: TcpListener,
+    front: Arc<FrontEnd>,
+    limits: ServerLimits,
+    stats: Arc<ServerStats>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let conns = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = conns.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let (front, stats, shutdown) = (front.clone(), stats.clone(), shutdown.clone());
+        let conn_tasks = tasks.clone();
+        tasks.spawn(async move {
+            stats.accepted.fetch_add(1, Ordering::Relaxed);
+            stats.open.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, "connection opened");
+            serve_connection(
+                stream,
+                Some(peer),
+                front,
+                limits,
+                &stats,
+                shutdown,
+                conn_tasks,
+            )
+            .await;
+            stats.open.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!(%peer, "connection closed");
+            drop(permit);
+        });
+    }
+}
+
+/// Serves one connection until EOF, an error, or shutdown.
+pub async fn serve_connection<S>(
+    stream: S,
+    peer: Option<SocketAddr>,
+    front: Arc<FrontEnd>,
+    limits: ServerLimits,
+    stats: &ServerStats,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
+    let (reply_tx, mut reply_rx) = mpsc::channel::<Vec<u8>>(limits.max_in_flight.max(1));
+    let write_timeout = limits.write_timeout;
+    let writer = tokio::spawn(async move {
+        while let Some(rec) = reply_rx.recv().await {
+            match tokio::time::timeout(write_timeout, wr.write_all(&rec)).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+
+    let mut records = RecordReader::new(limits.records);
+    let mut buf = vec![0u8; 256 * 1024];
+    'conn: loop {
+        let n = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = tokio::time::timeout(limits.idle_timeout, rd.read(&mut buf)) => match r {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Err(_) => { tracing::debug!(?peer, "idle connection closed"); break }
+                Ok(Ok(n)) => n,
+            },
+        };
+        let mut chunk = &buf[..n];
+        while !chunk.is_empty() {
+            match records.feed(chunk) {
+                Ok(used) => chunk = &chunk[used..],
+                Err(e) => {
+                    stats.oversized.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(?peer, error = %e, "closing connection");
+                    break 'conn;
+                }
+            }
+            let Some(rec) = records.take_record() else {
+                continue;
+            };
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                break 'conn;
+            };
+            let (front, tx) = (front.clone(), reply_tx.clone());
+            tasks.spawn(async move {
+                if let Some(reply) = front.handle(&rec, peer).await {
+                    let _ = tx.send(reply).await;
+                }
+                drop(permit);
+            });
+        }
+    }
+    // Let calls in flight finish and queue their replies, then close.
+    drop(reply_tx);
+    let _ = writer.await;
+}

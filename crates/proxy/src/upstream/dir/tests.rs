@@ -1,0 +1,1353 @@
+//! The `dir:` upstream driven through `NfsService::call`, as the front end
+//! drives it, against a temporary directory.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+
+use gvfs_nfs::rpc::{AuthUnix, Credentials};
+use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
+use nfs3_types::nfs3::*;
+use nfs3_types::xdr_codec::Opaque;
+use tempfile::TempDir;
+
+use super::DirUpstream;
+
+macro_rules! reply {
+    ($reply:expr, $variant:ident) => {
+        match $reply {
+            NfsReply::$variant(Nfs3Result::Ok(ok)) => Ok(ok),
+            NfsReply::$variant(Nfs3Result::Err((s, _))) => Err(s),
+            other => panic!("unexpected reply to {:?}", other.proc_()),
+        }
+    };
+}
+
+fn cx(uid: u32, gid: u32) -> CallContext {
+    CallContext::with_cred(Credentials::unix(uid, gid))
+}
+
+fn root() -> CallContext {
+    cx(0, 0)
+}
+
+fn am_root() -> bool {
+    super::process_is_root()
+}
+
+fn name(n: &str) -> filename3<'static> {
+    filename3(Opaque::owned(n.as_bytes().to_vec()))
+}
+
+fn mode(m: u32) -> sattr3 {
+    sattr3 {
+        mode: Nfs3Option::Some(m),
+        ..sattr3::default()
+    }
+}
+
+struct Fixture {
+    tmp: TempDir,
+    up: DirUpstream,
+    root: nfs_fh3,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let tmp = TempDir::new().unwrap();
+        let up = DirUpstream::open(tmp.path()).unwrap();
+        let root = up.root(&root()).await.unwrap();
+        Self { tmp, up, root }
+    }
+
+    async fn call(&self, c: &CallContext, req: NfsRequest) -> NfsReply {
+        self.up.call(c, req).await.unwrap()
+    }
+
+    async fn lookup(
+        &self,
+        c: &CallContext,
+        dir: &nfs_fh3,
+        n: &str,
+    ) -> Result<(nfs_fh3, fattr3), nfsstat3> {
+        let r = self
+            .call(
+                c,
+                NfsRequest::Lookup(LOOKUP3args {
+                    what: diropargs3 {
+                        dir: dir.clone(),
+                        name: name(n),
+                    },
+                }),
+            )
+            .await;
+        reply!(r, Lookup).map(|ok| {
+            let Nfs3Option::Some(a) = ok.obj_attributes else {
+                panic!("LOOKUP without attributes")
+            };
+            (ok.object, a)
+        })
+    }
+
+    async fn create(
+        &self,
+        c: &CallContext,
+        dir: &nfs_fh3,
+        n: &str,
+        how: createhow3,
+    ) -> Result<(nfs_fh3, fattr3), nfsstat3> {
+        let r = self
+            .call(
+                c,
+                NfsRequest::Create(CREATE3args {
+                    where_: diropargs3 {
+                        dir: dir.clone(),
+                        name: name(n),
+                    },
+                    how,
+                }),
+            )
+            .await;
+        reply!(r, Create).map(|ok| match (ok.obj, ok.obj_attributes) {
+            (Nfs3Option::Some(fh), Nfs3Option::Some(a)) => (fh, a),
+            _ => panic!("CREATE without handle or attributes"),
+        })
+    }
+
+    async fn mkdir(
+        &self,
+        c: &CallContext,
+        dir: &nfs_fh3,
+        n: &str,
+    ) -> Result<(nfs_fh3, fattr3), nfsstat3> {
+        let r = self
+            .call(
+                c,
+                NfsRequest::Mkdir(MKDIR3args {
+                    where_: diropargs3 {
+                        dir: dir.clone(),
+                        name: name(n),
+                    },
+                    attributes: mode(0o755),
+                }),
+            )
+            .await;
+        reply!(r, Mkdir).map(|ok| match (ok.obj, ok.obj_attributes) {
+            (Nfs3Option::Some(fh), Nfs3Option::Some(a)) => (fh, a),
+            _ => panic!("MKDIR without handle or attributes"),
+        })
+    }
+
+    async fn write(
+        &self,
+        c: &CallContext,
+        fh: &nfs_fh3,
+        offset: u64,
+        data: &[u8],
+        stable: stable_how,
+    ) -> Result<WRITE3resok, nfsstat3> {
+        let r = self
+            .call(
+                c,
+                NfsRequest::Write(WRITE3args {
+                    file: fh.clone(),
+                    offset,
+                    count: data.len() as u32,
+                    stable,
+                    data: Opaque::owned(data.to_vec()),
+                }),
+            )
+            .await;
+        reply!(r, Write)
+    }
+
+    async fn read(
+        &self,
+        c: &CallContext,
+        fh: &nfs_fh3,
+        offset: u64,
+        count: u32,
+    ) -> Result<(Vec<u8>, bool), nfsstat3> {
+        let r = self
+            .call(
+                c,
+                NfsRequest::Read(READ3args {
+                    file: fh.clone(),
+                    offset,
+                    count,
+                }),
+            )
+            .await;
+        reply!(r, Read).map(|ok| {
+            assert_eq!(ok.count as usize, ok.data.len());
+            (ok.data.to_vec(), ok.eof)
+        })
+    }
+
+    async fn getattr(&self, fh: &nfs_fh3) -> Result<fattr3, nfsstat3> {
+        let r = self
+            .call(
+                &root(),
+                NfsRequest::Getattr(GETATTR3args { object: fh.clone() }),
+            )
+            .await;
+        reply!(r, Getattr).map(|ok| ok.obj_attributes)
+    }
+
+    async fn setattr(
+        &self,
+        c: &CallContext,
+        fh: &nfs_fh3,
+        s: sattr3,
+        guard: Option<nfstime3>,
+    ) -> Result<SETATTR3resok, nfsstat3> {
+        let r = self
+            .call(
+                c,
+                NfsRequest::Setattr(SETATTR3args {
+                    object: fh.clone(),
+                    new_attributes: s,
+                    guard: match guard {
+                        Some(t) => Nfs3Option::Some(t),
+                        None => Nfs3Option::None,
+                    },
+                }),
+            )
+            .await;
+        reply!(r, Setattr)
+    }
+
+    async fn remove(
+        &self,
+        c: &CallContext,
+        dir: &nfs_fh3,
+        n: &str,
+    ) -> Result<REMOVE3resok, nfsstat3> {
+        let r = self
+            .call(
+                c,
+                NfsRequest::Remove(REMOVE3args {
+                    object: diropargs3 {
+                        dir: dir.clone(),
+                        name: name(n),
+                    },
+                }),
+            )
+            .await;
+        reply!(r, Remove)
+    }
+
+    async fn rename(
+        &self,
+        from: &nfs_fh3,
+        f: &str,
+        to: &nfs_fh3,
+        t: &str,
+    ) -> Result<RENAME3resok, nfsstat3> {
+        let r = self
+            .call(
+                &root(),
+                NfsRequest::Rename(RENAME3args {
+                    from: diropargs3 {
+                        dir: from.clone(),
+                        name: name(f),
+                    },
+                    to: diropargs3 {
+                        dir: to.clone(),
+                        name: name(t),
+                    },
+                }),
+            )
+            .await;
+        reply!(r, Rename)
+    }
+
+    /// Every entry of `dir` by READDIR pages of `count` bytes; `between`
+    /// runs after each page.
+    async fn readdir_all(
+        &self,
+        dir: &nfs_fh3,
+        count: u32,
+        mut between: impl AsyncFnMut(usize),
+    ) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        let (mut cookie, mut verf) = (0, cookieverf3::default());
+        for page in 0.. {
+            let r = self
+                .call(
+                    &root(),
+                    NfsRequest::Readdir(READDIR3args {
+                        dir: dir.clone(),
+                        cookie,
+                        cookieverf: verf,
+                        count,
+                    }),
+                )
+                .await;
+            let ok = reply!(r, Readdir).unwrap();
+            assert_ne!(ok.cookieverf, cookieverf3::default());
+            verf = ok.cookieverf;
+            let mut size = 0;
+            for e in &ok.reply.entries.0 {
+                assert!(e.cookie > cookie, "cookies increase");
+                cookie = e.cookie;
+                size += 24 + e.name.len().div_ceil(4) * 4;
+                out.push((String::from_utf8(e.name.0.to_vec()).unwrap(), e.fileid));
+            }
+            assert!(
+                size + 108 <= count as usize,
+                "reply of {size} bytes exceeds count"
+            );
+            if ok.reply.eof {
+                break;
+            }
+            assert!(!ok.reply.entries.0.is_empty(), "no progress");
+            between(page).await;
+        }
+        out
+    }
+}
+
+fn unchecked(m: u32) -> createhow3 {
+    createhow3::UNCHECKED(mode(m))
+}
+
+#[tokio::test]
+async fn create_write_read_round_trip() {
+    let f = Fixture::new().await;
+    let (fh, attr) = f
+        .create(&root(), &f.root, "file", unchecked(0o644))
+        .await
+        .unwrap();
+    assert_eq!(attr.type_, ftype3::NF3REG);
+    assert_eq!(attr.mode, 0o644);
+    assert_eq!(attr.size, 0);
+    assert!(fh.data.len() <= 64);
+
+    let w = f
+        .write(&root(), &fh, 0, b"hello world", stable_how::FILE_SYNC)
+        .await
+        .unwrap();
+    assert_eq!(w.count, 11);
+    assert_eq!(w.committed, stable_how::FILE_SYNC);
+    let Nfs3Option::Some(before) = w.file_wcc.before else {
+        panic!("no pre-op attributes")
+    };
+    let Nfs3Option::Some(after) = w.file_wcc.after else {
+        panic!("no post-op attributes")
+    };
+    assert_eq!((before.size, after.size), (0, 11));
+
+    assert_eq!(
+        f.read(&root(), &fh, 0, 100).await.unwrap(),
+        (b"hello world".to_vec(), true)
+    );
+    assert_eq!(
+        f.read(&root(), &fh, 6, 5).await.unwrap(),
+        (b"world".to_vec(), true)
+    );
+    assert_eq!(
+        f.read(&root(), &fh, 0, 5).await.unwrap(),
+        (b"hello".to_vec(), false)
+    );
+    assert_eq!(f.read(&root(), &fh, 50, 5).await.unwrap(), (vec![], true));
+    assert_eq!(
+        std::fs::read(f.tmp.path().join("file")).unwrap(),
+        b"hello world"
+    );
+
+    // A READ larger than rtmax is cut to 1 MiB.
+    let big = vec![7u8; 1 << 20];
+    f.write(&root(), &fh, 0, &big, stable_how::UNSTABLE)
+        .await
+        .unwrap();
+    f.write(&root(), &fh, 1 << 20, &big, stable_how::UNSTABLE)
+        .await
+        .unwrap();
+    let (data, eof) = f.read(&root(), &fh, 0, 4 << 20).await.unwrap();
+    assert_eq!((data.len(), eof), (1 << 20, false));
+
+    let (found, _) = f.lookup(&root(), &f.root, "file").await.unwrap();
+    assert_eq!(found, fh);
+    assert_eq!(
+        f.lookup(&root(), &f.root, "nope").await.unwrap_err(),
+        nfsstat3::NFS3ERR_NOENT
+    );
+    assert_eq!(
+        f.read(&root(), &f.root, 0, 10).await.unwrap_err(),
+        nfsstat3::NFS3ERR_ISDIR
+    );
+    assert_eq!(
+        f.write(&root(), &f.root, 0, b"x", stable_how::UNSTABLE)
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_ISDIR
+    );
+}
+
+#[tokio::test]
+async fn unstable_write_then_commit() {
+    let f = Fixture::new().await;
+    let (fh, _) = f
+        .create(&root(), &f.root, "f", unchecked(0o644))
+        .await
+        .unwrap();
+    let w = f
+        .write(&root(), &fh, 0, b"abc", stable_how::UNSTABLE)
+        .await
+        .unwrap();
+    assert_eq!(w.committed, stable_how::UNSTABLE);
+    let w2 = f
+        .write(&root(), &fh, 3, b"def", stable_how::DATA_SYNC)
+        .await
+        .unwrap();
+    assert_eq!(w2.verf, w.verf, "one verifier per instance");
+    assert_ne!(w2.committed, stable_how::UNSTABLE);
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Commit(COMMIT3args {
+                file: fh.clone(),
+                offset: 0,
+                count: 0,
+            }),
+        )
+        .await;
+    let ok = reply!(r, Commit).unwrap();
+    assert_eq!(ok.verf, w.verf);
+    assert_eq!(std::fs::read(f.tmp.path().join("f")).unwrap(), b"abcdef");
+
+    let again = DirUpstream::open(f.tmp.path()).unwrap();
+    let r = again
+        .call(
+            &root(),
+            NfsRequest::Write(WRITE3args {
+                file: fh.clone(),
+                offset: 0,
+                count: 1,
+                stable: stable_how::UNSTABLE,
+                data: Opaque::owned(b"A".to_vec()),
+            }),
+        )
+        .await
+        .unwrap();
+    assert_ne!(
+        reply!(r, Write).unwrap().verf,
+        w.verf,
+        "a new instance has a new verifier"
+    );
+}
+
+#[tokio::test]
+async fn exclusive_create_semantics() {
+    let f = Fixture::new().await;
+    let a = createverf3(*b"verifier");
+    let b = createverf3(*b"another!");
+    let (fh, _) = f
+        .create(&root(), &f.root, "x", createhow3::EXCLUSIVE(a))
+        .await
+        .unwrap();
+    let (again, _) = f
+        .create(&root(), &f.root, "x", createhow3::EXCLUSIVE(a))
+        .await
+        .unwrap();
+    assert_eq!(again, fh, "a retransmission succeeds");
+    assert_eq!(
+        f.create(&root(), &f.root, "x", createhow3::EXCLUSIVE(b))
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_EXIST
+    );
+    assert_eq!(
+        f.create(&root(), &f.root, "x", createhow3::GUARDED(mode(0o600)))
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_EXIST
+    );
+    // Once written, even the same verifier is refused.
+    f.write(&root(), &fh, 0, b"data", stable_how::FILE_SYNC)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.create(&root(), &f.root, "x", createhow3::EXCLUSIVE(a))
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_EXIST
+    );
+    // UNCHECKED on an existing file applies only the size.
+    let trunc = sattr3 {
+        mode: Nfs3Option::Some(0o600),
+        size: Nfs3Option::Some(0),
+        ..sattr3::default()
+    };
+    let (same, attr) = f
+        .create(&root(), &f.root, "x", createhow3::UNCHECKED(trunc))
+        .await
+        .unwrap();
+    assert_eq!(same, fh);
+    assert_eq!(attr.size, 0);
+    f.mkdir(&root(), &f.root, "d").await.unwrap();
+    assert_eq!(
+        f.create(&root(), &f.root, "d", unchecked(0o644))
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_EXIST
+    );
+}
+
+#[tokio::test]
+async fn handles_survive_restart_and_renames() {
+    let f = Fixture::new().await;
+    let (a, _) = f.mkdir(&root(), &f.root, "a").await.unwrap();
+    let (b, _) = f.mkdir(&root(), &a, "b").await.unwrap();
+    let (file, _) = f.create(&root(), &b, "f", unchecked(0o644)).await.unwrap();
+    f.write(&root(), &file, 0, b"payload", stable_how::FILE_SYNC)
+        .await
+        .unwrap();
+
+    // Rename of an ancestor through NFS.
+    f.rename(&f.root, "a", &f.root, "a2").await.unwrap();
+    assert_eq!(f.read(&root(), &file, 0, 100).await.unwrap().0, b"payload");
+    assert_eq!(f.getattr(&b).await.unwrap().type_, ftype3::NF3DIR);
+
+    // A new instance on the same directory, after a rename behind its back.
+    std::fs::rename(f.tmp.path().join("a2"), f.tmp.path().join("a3")).unwrap();
+    let up = DirUpstream::open(f.tmp.path()).unwrap();
+    let g = Fixture {
+        root: up.root(&root()).await.unwrap(),
+        up,
+        tmp: TempDir::new().unwrap(),
+    };
+    assert_eq!(g.root, f.root, "the root handle is stable");
+    assert_eq!(g.read(&root(), &file, 0, 100).await.unwrap().0, b"payload");
+    assert_eq!(g.getattr(&a).await.unwrap().type_, ftype3::NF3DIR);
+    let (found, _) = g.lookup(&root(), &b, "f").await.unwrap();
+    assert_eq!(found, file);
+    // The first instance finds it too, though its index is out of date.
+    std::fs::rename(f.tmp.path().join("a3"), f.tmp.path().join("a4")).unwrap();
+    assert_eq!(f.getattr(&file).await.unwrap().size, 7);
+    let (dotdot, _) = f.lookup(&root(), &b, "..").await.unwrap();
+    assert_eq!(dotdot, a);
+}
+
+#[tokio::test]
+async fn stale_and_bad_handles() {
+    let f = Fixture::new().await;
+    let (fh, _) = f
+        .create(&root(), &f.root, "f", unchecked(0o644))
+        .await
+        .unwrap();
+    f.write(&root(), &fh, 0, b"x", stable_how::UNSTABLE)
+        .await
+        .unwrap();
+    let (d, _) = f.mkdir(&root(), &f.root, "d").await.unwrap();
+    f.remove(&root(), &f.root, "f").await.unwrap();
+    assert_eq!(f.getattr(&fh).await.unwrap_err(), nfsstat3::NFS3ERR_STALE);
+    assert_eq!(
+        f.read(&root(), &fh, 0, 1).await.unwrap_err(),
+        nfsstat3::NFS3ERR_STALE
+    );
+    assert_eq!(
+        f.remove(&root(), &f.root, "f").await.unwrap_err(),
+        nfsstat3::NFS3ERR_NOENT
+    );
+
+    // Removed behind the proxy's back, seen by a fresh instance.
+    std::fs::remove_dir(f.tmp.path().join("d")).unwrap();
+    let up = DirUpstream::open(f.tmp.path()).unwrap();
+    let r = up
+        .call(
+            &root(),
+            NfsRequest::Getattr(GETATTR3args { object: d.clone() }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply!(r, Getattr).unwrap_err(), nfsstat3::NFS3ERR_STALE);
+    assert_eq!(f.getattr(&d).await.unwrap_err(), nfsstat3::NFS3ERR_STALE);
+
+    for bad in [vec![], vec![1, 2, 3], vec![0; 64]] {
+        let fh = nfs_fh3 {
+            data: Opaque::owned(bad),
+        };
+        assert_eq!(
+            f.getattr(&fh).await.unwrap_err(),
+            nfsstat3::NFS3ERR_BADHANDLE
+        );
+    }
+    // A handle of another export is stale.
+    let other = Fixture::new().await;
+    let (theirs, _) = other
+        .create(&root(), &other.root, "f", unchecked(0o644))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.getattr(&theirs).await.unwrap_err(),
+        nfsstat3::NFS3ERR_STALE
+    );
+}
+
+#[tokio::test]
+async fn names_cannot_escape_the_root() {
+    let outer = TempDir::new().unwrap();
+    std::fs::write(outer.path().join("secret"), b"s").unwrap();
+    let export = outer.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    std::os::unix::fs::symlink(outer.path(), export.join("out")).unwrap();
+    let up = DirUpstream::open(&export).unwrap();
+    let f = Fixture {
+        root: up.root(&root()).await.unwrap(),
+        up,
+        tmp: outer,
+    };
+
+    let (dotdot, _) = f.lookup(&root(), &f.root, "..").await.unwrap();
+    assert_eq!(dotdot, f.root, "the root is its own parent");
+    let (dot, _) = f.lookup(&root(), &f.root, ".").await.unwrap();
+    assert_eq!(dot, f.root);
+    for bad in ["../secret", "out/secret", "/etc", "", "a\0b"] {
+        assert_eq!(
+            f.lookup(&root(), &f.root, bad).await.unwrap_err(),
+            nfsstat3::NFS3ERR_ACCES,
+            "{bad:?}"
+        );
+        assert!(
+            f.create(&root(), &f.root, bad, unchecked(0o644))
+                .await
+                .is_err(),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        f.lookup(&root(), &f.root, &"n".repeat(256))
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_NAMETOOLONG
+    );
+    for dots in [".", ".."] {
+        assert_eq!(
+            f.create(&root(), &f.root, dots, unchecked(0o644))
+                .await
+                .unwrap_err(),
+            nfsstat3::NFS3ERR_EXIST
+        );
+        assert_eq!(
+            f.remove(&root(), &f.root, dots).await.unwrap_err(),
+            nfsstat3::NFS3ERR_ACCES
+        );
+    }
+
+    // The symlink is an object of its own, never followed.
+    let (link, attr) = f.lookup(&root(), &f.root, "out").await.unwrap();
+    assert_eq!(attr.type_, ftype3::NF3LNK);
+    assert_eq!(
+        f.lookup(&root(), &link, "secret").await.unwrap_err(),
+        nfsstat3::NFS3ERR_NOTDIR
+    );
+    assert_eq!(
+        f.create(&root(), &link, "new", unchecked(0o644))
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_NOTDIR
+    );
+    assert_eq!(
+        f.read(&root(), &link, 0, 10).await.unwrap_err(),
+        nfsstat3::NFS3ERR_INVAL
+    );
+
+    // A directory swapped for a symlink behind the proxy's back is stale,
+    // not followed.
+    let (d, _) = f.mkdir(&root(), &f.root, "d").await.unwrap();
+    std::fs::remove_dir(export.join("d")).unwrap();
+    std::os::unix::fs::symlink(f.tmp.path(), export.join("d")).unwrap();
+    assert_eq!(
+        f.lookup(&root(), &d, "secret").await.unwrap_err(),
+        nfsstat3::NFS3ERR_STALE
+    );
+}
+
+#[tokio::test]
+async fn readdir_pages_see_every_name_once_while_the_directory_changes() {
+    let f = Fixture::new().await;
+    let (d, _) = f.mkdir(&root(), &f.root, "big").await.unwrap();
+    let dir = f.tmp.path().join("big");
+    for i in 0..300 {
+        std::fs::write(dir.join(format!("file-{i:03}")), b"").unwrap();
+    }
+    let before: Vec<String> = (0..300).map(|i| format!("file-{i:03}")).collect();
+    let seen = f
+        .readdir_all(&d, 1024, async |page| {
+            // Entries come and go between pages, through NFS and behind its
+            // back.
+            std::fs::write(dir.join(format!("new-{page}")), b"").unwrap();
+            f.create(&root(), &d, &format!("nfs-{page}"), unchecked(0o644))
+                .await
+                .unwrap();
+            if page == 3 {
+                std::fs::remove_file(dir.join("new-0")).unwrap();
+            }
+        })
+        .await;
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for (n, _) in &seen {
+        *counts.entry(n.as_str()).or_default() += 1;
+    }
+    assert!(counts.values().all(|&c| c == 1), "a name came twice");
+    for n in &before {
+        assert_eq!(counts.get(n.as_str()), Some(&1), "{n} missing");
+    }
+    assert_eq!(counts.get("."), Some(&1));
+    assert_eq!(counts.get(".."), Some(&1));
+    let (_, fattr) = f.lookup(&root(), &d, "file-007").await.unwrap();
+    assert!(seen.contains(&("file-007".to_string(), fattr.fileid)));
+
+    // Too small for a single entry.
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Readdir(READDIR3args {
+                dir: d.clone(),
+                cookie: 0,
+                cookieverf: cookieverf3::default(),
+                count: 100,
+            }),
+        )
+        .await;
+    assert_eq!(reply!(r, Readdir).unwrap_err(), nfsstat3::NFS3ERR_TOOSMALL);
+}
+
+#[tokio::test]
+async fn readdirplus_gives_handles_and_attributes() {
+    let f = Fixture::new().await;
+    let (sub, _) = f.mkdir(&root(), &f.root, "sub").await.unwrap();
+    for i in 0..50 {
+        let (fh, _) = f
+            .create(&root(), &sub, &format!("f{i}"), unchecked(0o600))
+            .await
+            .unwrap();
+        f.write(&root(), &fh, 0, &vec![1; i], stable_how::UNSTABLE)
+            .await
+            .unwrap();
+    }
+    let mut cookie = 0;
+    let mut names = Vec::new();
+    loop {
+        let r = f
+            .call(
+                &root(),
+                NfsRequest::Readdirplus(READDIRPLUS3args {
+                    dir: sub.clone(),
+                    cookie,
+                    cookieverf: cookieverf3::default(),
+                    dircount: 512,
+                    maxcount: 4096,
+                }),
+            )
+            .await;
+        let ok = reply!(r, Readdirplus).unwrap();
+        for e in ok.reply.entries.0 {
+            cookie = e.cookie;
+            let n = String::from_utf8(e.name.0.to_vec()).unwrap();
+            let (Nfs3Option::Some(fh), Nfs3Option::Some(attr)) = (e.name_handle, e.name_attributes)
+            else {
+                panic!("{n} without handle or attributes")
+            };
+            assert_eq!(attr.fileid, e.fileid);
+            let now = f.getattr(&fh).await.unwrap();
+            assert_eq!(now.fileid, attr.fileid);
+            if let Some(i) = n.strip_prefix('f') {
+                assert_eq!(attr.size, i.parse::<u64>().unwrap());
+            }
+            if n == ".." {
+                assert_eq!(fh, f.root);
+            }
+            if n == "." {
+                assert_eq!(fh, sub);
+            }
+            names.push(n);
+        }
+        if ok.reply.eof {
+            break;
+        }
+    }
+    assert_eq!(names.len(), 52);
+}
+
+#[tokio::test]
+async fn access_and_permissions_for_other_users() {
+    let f = Fixture::new().await;
+    if !am_root() {
+        return;
+    }
+    let path = f.tmp.path().join("private");
+    std::fs::write(&path, b"data").unwrap();
+    std::os::unix::fs::chown(&path, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    let (fh, _) = f.lookup(&root(), &f.root, "private").await.unwrap();
+    let access = async |c: &CallContext| {
+        let r = f
+            .call(
+                c,
+                NfsRequest::Access(ACCESS3args {
+                    object: fh.clone(),
+                    access: 0x3f,
+                }),
+            )
+            .await;
+        reply!(r, Access).unwrap().access
+    };
+    assert_eq!(access(&cx(2000, 2000)).await, 0);
+    let member = CallContext::with_cred(Credentials::Unix(AuthUnix {
+        uid: 2000,
+        gid: 2000,
+        gids: vec![1000],
+        ..AuthUnix::default()
+    }));
+    assert_eq!(access(&member).await, ACCESS3_READ);
+    assert_eq!(
+        access(&cx(1000, 1000)).await,
+        ACCESS3_READ | ACCESS3_MODIFY | ACCESS3_EXTEND
+    );
+    assert_eq!(
+        access(&root()).await,
+        ACCESS3_READ | ACCESS3_MODIFY | ACCESS3_EXTEND
+    );
+    assert_eq!(
+        access(&CallContext::default()).await,
+        0,
+        "AUTH_NONE is nobody"
+    );
+
+    assert_eq!(
+        f.read(&cx(2000, 2000), &fh, 0, 10).await.unwrap_err(),
+        nfsstat3::NFS3ERR_ACCES
+    );
+    assert_eq!(f.read(&member, &fh, 0, 10).await.unwrap().0, b"data");
+    assert_eq!(
+        f.write(&member, &fh, 0, b"x", stable_how::UNSTABLE)
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_ACCES
+    );
+    assert_eq!(
+        f.setattr(&member, &fh, mode(0o777), None)
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_PERM
+    );
+    assert_eq!(
+        f.create(&cx(2000, 2000), &f.root, "nope", unchecked(0o644))
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_ACCES,
+        "the root directory is not writable by others"
+    );
+    // The owner may chmod; giving the file away needs root.
+    f.setattr(&cx(1000, 1000), &fh, mode(0o600), None)
+        .await
+        .unwrap();
+    let give = sattr3 {
+        uid: Nfs3Option::Some(2000),
+        ..sattr3::default()
+    };
+    assert_eq!(
+        f.setattr(&cx(1000, 1000), &fh, give.clone(), None)
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_PERM
+    );
+    f.setattr(&root(), &fh, give, None).await.unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().uid(), 2000);
+
+    // In a sticky directory only the owner of an entry (or of the
+    // directory) may remove it.
+    let (tmp, _) = f.mkdir(&root(), &f.root, "tmp").await.unwrap();
+    f.setattr(&root(), &tmp, mode(0o1777), None).await.unwrap();
+    f.setattr(&root(), &f.root, mode(0o755), None)
+        .await
+        .unwrap();
+    f.create(&cx(1000, 1000), &tmp, "mine", unchecked(0o666))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.remove(&cx(2000, 2000), &tmp, "mine").await.unwrap_err(),
+        nfsstat3::NFS3ERR_PERM
+    );
+    f.remove(&cx(1000, 1000), &tmp, "mine").await.unwrap();
+}
+
+#[tokio::test]
+async fn created_objects_belong_to_the_caller() {
+    let f = Fixture::new().await;
+    if !am_root() {
+        return;
+    }
+    let user = cx(1000, 1000);
+    let (d, _) = f.mkdir(&root(), &f.root, "home").await.unwrap();
+    f.setattr(&root(), &d, mode(0o777), None).await.unwrap();
+    let (_, fattr) = f.create(&user, &d, "file", unchecked(0o640)).await.unwrap();
+    assert_eq!((fattr.uid, fattr.gid, fattr.mode), (1000, 1000, 0o640));
+    let (sub, dattr) = f.mkdir(&user, &d, "dir").await.unwrap();
+    assert_eq!((dattr.uid, dattr.gid, dattr.mode), (1000, 1000, 0o755));
+    let r = f
+        .call(
+            &user,
+            NfsRequest::Symlink(SYMLINK3args {
+                where_: diropargs3 {
+                    dir: sub.clone(),
+                    name: name("link"),
+                },
+                symlink: symlinkdata3 {
+                    symlink_attributes: sattr3::default(),
+                    symlink_data: nfspath3(Opaque::owned(b"../file".to_vec())),
+                },
+            }),
+        )
+        .await;
+    let ok = reply!(r, Symlink).unwrap();
+    let Nfs3Option::Some(link) = ok.obj else {
+        panic!("no handle")
+    };
+    let base = f.tmp.path().join("home");
+    for p in [base.join("file"), base.join("dir"), base.join("dir/link")] {
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        assert_eq!((m.uid(), m.gid()), (1000, 1000), "{}", p.display());
+    }
+    let r = f
+        .call(&user, NfsRequest::Readlink(READLINK3args { symlink: link }))
+        .await;
+    assert_eq!(reply!(r, Readlink).unwrap().data.0.to_vec(), b"../file");
+
+    // AUTH_NONE creates as nobody.
+    let (_, nattr) = f
+        .create(&CallContext::default(), &d, "anon", unchecked(0o600))
+        .await
+        .unwrap();
+    assert_eq!((nattr.uid, nattr.gid), (65534, 65534));
+}
+
+#[tokio::test]
+async fn symlink_link_and_mknod() {
+    let f = Fixture::new().await;
+    let (fh, _) = f
+        .create(&root(), &f.root, "target", unchecked(0o644))
+        .await
+        .unwrap();
+    f.write(&root(), &fh, 0, b"linked", stable_how::FILE_SYNC)
+        .await
+        .unwrap();
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Symlink(SYMLINK3args {
+                where_: diropargs3 {
+                    dir: f.root.clone(),
+                    name: name("sym"),
+                },
+                symlink: symlinkdata3 {
+                    symlink_attributes: sattr3::default(),
+                    symlink_data: nfspath3(Opaque::owned(b"/does/not/matter".to_vec())),
+                },
+            }),
+        )
+        .await;
+    let ok = reply!(r, Symlink).unwrap();
+    let Nfs3Option::Some(sym) = ok.obj else {
+        panic!("no handle")
+    };
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Readlink(READLINK3args { symlink: sym }),
+        )
+        .await;
+    assert_eq!(
+        reply!(r, Readlink).unwrap().data.0.to_vec(),
+        b"/does/not/matter"
+    );
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Readlink(READLINK3args {
+                symlink: fh.clone(),
+            }),
+        )
+        .await;
+    assert_eq!(reply!(r, Readlink).unwrap_err(), nfsstat3::NFS3ERR_INVAL);
+
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Link(LINK3args {
+                file: fh.clone(),
+                link: diropargs3 {
+                    dir: f.root.clone(),
+                    name: name("hard"),
+                },
+            }),
+        )
+        .await;
+    let ok = reply!(r, Link).unwrap();
+    let Nfs3Option::Some(attr) = ok.file_attributes else {
+        panic!("no attributes")
+    };
+    assert_eq!(attr.nlink, 2);
+    let (hard, _) = f.lookup(&root(), &f.root, "hard").await.unwrap();
+    assert_eq!(hard, fh, "one inode, one handle");
+    f.remove(&root(), &f.root, "target").await.unwrap();
+    assert_eq!(f.read(&root(), &fh, 0, 100).await.unwrap().0, b"linked");
+
+    let mknod_fifo = async |c: CallContext| {
+        let r = f
+            .call(
+                &c,
+                NfsRequest::Mknod(MKNOD3args {
+                    where_: diropargs3 {
+                        dir: f.root.clone(),
+                        name: name("fifo"),
+                    },
+                    what: mknoddata3::NF3FIFO(mode(0o600)),
+                }),
+            )
+            .await;
+        reply!(r, Mknod)
+    };
+    // A TempDir is 0700: others may not create in it.
+    assert_eq!(
+        mknod_fifo(cx(1000, 1000)).await.unwrap_err(),
+        nfsstat3::NFS3ERR_ACCES
+    );
+    let ok = mknod_fifo(root()).await.unwrap();
+    let Nfs3Option::Some(attr) = ok.obj_attributes else {
+        panic!("no attributes")
+    };
+    assert_eq!((attr.type_, attr.mode), (ftype3::NF3FIFO, 0o600));
+    let (fifo_fh, _) = f.lookup(&root(), &f.root, "fifo").await.unwrap();
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Mknod(MKNOD3args {
+                where_: diropargs3 {
+                    dir: f.root.clone(),
+                    name: name("sock"),
+                },
+                what: mknoddata3::NF3SOCK(mode(0o640)),
+            }),
+        )
+        .await;
+    let ok = reply!(r, Mknod).unwrap();
+    let Nfs3Option::Some(attr) = ok.obj_attributes else {
+        panic!("no attributes")
+    };
+    assert_eq!((attr.type_, attr.mode), (ftype3::NF3SOCK, 0o640));
+    assert_eq!(
+        f.read(&root(), &fifo_fh, 0, 1).await.unwrap_err(),
+        nfsstat3::NFS3ERR_INVAL
+    );
+    if am_root() {
+        f.setattr(&root(), &f.root, mode(0o777), None)
+            .await
+            .unwrap();
+        let r = f
+            .call(
+                &cx(1000, 1000),
+                NfsRequest::Mknod(MKNOD3args {
+                    where_: diropargs3 {
+                        dir: f.root.clone(),
+                        name: name("null"),
+                    },
+                    what: mknoddata3::NF3CHR(devicedata3 {
+                        dev_attributes: mode(0o666),
+                        spec: specdata3 {
+                            specdata1: 1,
+                            specdata2: 3,
+                        },
+                    }),
+                }),
+            )
+            .await;
+        assert_eq!(reply!(r, Mknod).unwrap_err(), nfsstat3::NFS3ERR_PERM);
+    }
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Mknod(MKNOD3args {
+                where_: diropargs3 {
+                    dir: f.root.clone(),
+                    name: name("reg"),
+                },
+                what: mknoddata3::default,
+            }),
+        )
+        .await;
+    assert_eq!(reply!(r, Mknod).unwrap_err(), nfsstat3::NFS3ERR_BADTYPE);
+}
+
+#[tokio::test]
+async fn rename_over_existing_and_rmdir() {
+    let f = Fixture::new().await;
+    let (a, _) = f
+        .create(&root(), &f.root, "a", unchecked(0o644))
+        .await
+        .unwrap();
+    let (b, _) = f
+        .create(&root(), &f.root, "b", unchecked(0o644))
+        .await
+        .unwrap();
+    f.write(&root(), &a, 0, b"AAA", stable_how::FILE_SYNC)
+        .await
+        .unwrap();
+    f.write(&root(), &b, 0, b"B", stable_how::FILE_SYNC)
+        .await
+        .unwrap();
+    let ok = f.rename(&f.root, "a", &f.root, "b").await.unwrap();
+    assert!(ok.fromdir_wcc.before.is_some() && ok.todir_wcc.after.is_some());
+    assert_eq!(f.getattr(&b).await.unwrap_err(), nfsstat3::NFS3ERR_STALE);
+    let (now_b, _) = f.lookup(&root(), &f.root, "b").await.unwrap();
+    assert_eq!(now_b, a);
+    assert_eq!(f.read(&root(), &a, 0, 10).await.unwrap().0, b"AAA");
+    assert_eq!(
+        f.rename(&f.root, "a", &f.root, "c").await.unwrap_err(),
+        nfsstat3::NFS3ERR_NOENT
+    );
+    assert_eq!(
+        f.rename(&f.root, ".", &f.root, "c").await.unwrap_err(),
+        nfsstat3::NFS3ERR_PERM
+    );
+
+    let (d, _) = f.mkdir(&root(), &f.root, "d").await.unwrap();
+    f.create(&root(), &d, "inside", unchecked(0o644))
+        .await
+        .unwrap();
+    let rmdir = async |n: &str| {
+        let r = f
+            .call(
+                &root(),
+                NfsRequest::Rmdir(RMDIR3args {
+                    object: diropargs3 {
+                        dir: f.root.clone(),
+                        name: name(n),
+                    },
+                }),
+            )
+            .await;
+        reply!(r, Rmdir)
+    };
+    assert_eq!(rmdir("d").await.unwrap_err(), nfsstat3::NFS3ERR_NOTEMPTY);
+    assert_eq!(rmdir("b").await.unwrap_err(), nfsstat3::NFS3ERR_NOTDIR);
+    assert_eq!(
+        f.remove(&root(), &f.root, "d").await.unwrap_err(),
+        nfsstat3::NFS3ERR_ISDIR
+    );
+    f.remove(&root(), &d, "inside").await.unwrap();
+    let ok = rmdir("d").await.unwrap();
+    assert!(ok.dir_wcc.before.is_some() && ok.dir_wcc.after.is_some());
+    assert_eq!(f.getattr(&d).await.unwrap_err(), nfsstat3::NFS3ERR_STALE);
+}
+
+#[tokio::test]
+async fn setattr_truncate_times_and_guard() {
+    let f = Fixture::new().await;
+    let (fh, _) = f
+        .create(&root(), &f.root, "f", unchecked(0o644))
+        .await
+        .unwrap();
+    f.write(&root(), &fh, 0, b"0123456789", stable_how::FILE_SYNC)
+        .await
+        .unwrap();
+    let attr = f.getattr(&fh).await.unwrap();
+    let wrong = nfstime3 {
+        seconds: attr.ctime.seconds.wrapping_add(1),
+        nseconds: attr.ctime.nseconds,
+    };
+    let truncate = sattr3 {
+        size: Nfs3Option::Some(4),
+        ..sattr3::default()
+    };
+    assert_eq!(
+        f.setattr(&root(), &fh, truncate.clone(), Some(wrong))
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_NOT_SYNC
+    );
+    assert_eq!(f.getattr(&fh).await.unwrap().size, 10);
+    let ok = f
+        .setattr(&root(), &fh, truncate, Some(attr.ctime))
+        .await
+        .unwrap();
+    let Nfs3Option::Some(after) = ok.obj_wcc.after else {
+        panic!("no post-op attributes")
+    };
+    assert_eq!(after.size, 4);
+    assert_eq!(std::fs::read(f.tmp.path().join("f")).unwrap(), b"0123");
+
+    let when = nfstime3 {
+        seconds: 1_000_000_000,
+        nseconds: 123,
+    };
+    let times = sattr3 {
+        mode: Nfs3Option::Some(0o4755),
+        atime: set_atime::SET_TO_CLIENT_TIME(when),
+        mtime: set_mtime::SET_TO_CLIENT_TIME(when),
+        ..sattr3::default()
+    };
+    f.setattr(&root(), &fh, times, None).await.unwrap();
+    let attr = f.getattr(&fh).await.unwrap();
+    assert_eq!((attr.mode, attr.atime, attr.mtime), (0o4755, when, when));
+    let now = sattr3 {
+        mtime: set_mtime::SET_TO_SERVER_TIME,
+        ..sattr3::default()
+    };
+    f.setattr(&root(), &fh, now, None).await.unwrap();
+    assert!(f.getattr(&fh).await.unwrap().mtime.seconds > when.seconds);
+    assert_eq!(
+        f.setattr(
+            &root(),
+            &f.root,
+            sattr3 {
+                size: Nfs3Option::Some(0),
+                ..sattr3::default()
+            },
+            None
+        )
+        .await
+        .unwrap_err(),
+        nfsstat3::NFS3ERR_ISDIR
+    );
+}
+
+#[tokio::test]
+async fn fsinfo_fsstat_pathconf() {
+    let f = Fixture::new().await;
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Fsinfo(FSINFO3args {
+                fsroot: f.root.clone(),
+            }),
+        )
+        .await;
+    let ok = reply!(r, Fsinfo).unwrap();
+    assert_eq!(
+        (ok.rtmax, ok.rtpref, ok.wtmax, ok.wtpref),
+        (1 << 20, 1 << 20, 1 << 20, 1 << 20)
+    );
+    assert_eq!(ok.dtpref, 64 * 1024);
+    assert_eq!(
+        ok.time_delta,
+        nfstime3 {
+            seconds: 0,
+            nseconds: 1
+        }
+    );
+    assert_eq!(
+        ok.properties,
+        FSF3_LINK | FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME
+    );
+    assert!(ok.maxfilesize >= 1 << 40);
+    let Nfs3Option::Some(attr) = ok.obj_attributes else {
+        panic!("no attributes")
+    };
+    assert_eq!(attr.type_, ftype3::NF3DIR);
+
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Fsstat(FSSTAT3args {
+                fsroot: f.root.clone(),
+            }),
+        )
+        .await;
+    let ok = reply!(r, Fsstat).unwrap();
+    assert!(ok.tbytes > 0 && ok.tbytes >= ok.fbytes && ok.fbytes >= ok.abytes);
+
+    let r = f
+        .call(
+            &root(),
+            NfsRequest::Pathconf(PATHCONF3args {
+                object: f.root.clone(),
+            }),
+        )
+        .await;
+    let ok = reply!(r, Pathconf).unwrap();
+    assert_eq!(ok.name_max, 255);
+    assert!(ok.no_trunc && ok.case_preserving && !ok.case_insensitive);
+
+    let r = f
+        .call(&root(), NfsRequest::Null(nfs3_types::xdr_codec::Void))
+        .await;
+    assert!(matches!(r, NfsReply::Null(_)));
+    assert!(f.up.describe().starts_with("dir:/"));
+}
+
+#[tokio::test]
+async fn open_refuses_what_cannot_be_served() {
+    let tmp = TempDir::new().unwrap();
+    let missing = tmp.path().join("missing");
+    let e = DirUpstream::open(&missing).unwrap_err().to_string();
+    assert!(e.contains("missing") && e.contains("No such file"), "{e}");
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    let e = DirUpstream::open(&file).unwrap_err().to_string();
+    assert!(e.contains("not a directory"), "{e}");
+}
+
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_name() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..300),
+            prop::collection::vec(
+                prop_oneof![Just(b'.'), Just(b'/'), Just(b'a'), Just(0u8)],
+                0..8
+            ),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Arbitrary names and handles never panic, and nothing appears
+        /// outside the export.
+        #[test]
+        fn arbitrary_names_and_handles(names in prop::collection::vec(arb_name(), 1..6),
+                                       handle in prop::collection::vec(any::<u8>(), 0..=64)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let outer = TempDir::new().unwrap();
+                let export = outer.path().join("export");
+                std::fs::create_dir(&export).unwrap();
+                let up = DirUpstream::open(&export).unwrap();
+                let root_fh = up.root(&root()).await.unwrap();
+                let bogus = nfs_fh3 { data: Opaque::owned(handle) };
+                for n in &names {
+                    let what = |dir: &nfs_fh3| diropargs3 { dir: dir.clone(), name: filename3(Opaque::owned(n.clone())) };
+                    for dir in [&root_fh, &bogus] {
+                        let reqs = vec![
+                            NfsRequest::Lookup(LOOKUP3args { what: what(dir) }),
+                            NfsRequest::Create(CREATE3args { where_: what(dir), how: unchecked(0o644) }),
+                            NfsRequest::Mkdir(MKDIR3args { where_: what(dir), attributes: mode(0o755) }),
+                            NfsRequest::Symlink(SYMLINK3args { where_: what(dir), symlink: symlinkdata3 {
+                                symlink_attributes: sattr3::default(),
+                                symlink_data: nfspath3(Opaque::owned(n.clone())) } }),
+                            NfsRequest::Rename(RENAME3args { from: what(dir), to: what(&root_fh) }),
+                            NfsRequest::Link(LINK3args { file: dir.clone(), link: what(&root_fh) }),
+                            NfsRequest::Remove(REMOVE3args { object: what(dir) }),
+                            NfsRequest::Rmdir(RMDIR3args { object: what(dir) }),
+                            NfsRequest::Readdirplus(READDIRPLUS3args { dir: dir.clone(), cookie: 0,
+                                cookieverf: cookieverf3::default(), dircount: 0, maxcount: 0 }),
+                            NfsRequest::Read(READ3args { file: dir.clone(), offset: u64::MAX, count: u32::MAX }),
+                            NfsRequest::Write(WRITE3args { file: dir.clone(), offset: u64::MAX, count: u32::MAX,
+                                stable: stable_how::FILE_SYNC, data: Opaque::owned(vec![1]) }),
+                        ];
+                        for req in reqs {
+                            up.call(&root(), req).await.unwrap();
+                        }
+                    }
+                }
+                let outside: Vec<_> = std::fs::read_dir(outer.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+                assert_eq!(outside, vec![std::ffi::OsString::from("export")]);
+            });
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The `nfs://HOST[:PORT]/EXPORT[?mountport=N]` upstream: any NFSv3 server
+//! (nfs-ganesha, Linux knfsd, another gvfs-proxy).
+//!
+//! Calls are forwarded with the caller's own credentials, and file handles
+//! pass through unchanged, so chains of proxies work with any handle size.
+//! One connection carries many calls at once (see `gvfs_nfs::client`); ports
+//! not given in the URL are asked of the server's portmapper at HOST:111 on
+//! every (re)connect, so a server that restarts on a new port is found again.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use gvfs_nfs::client::{BoxStream, ClientConfig, ClientError, Connector, RpcClient, TcpConnector};
+use gvfs_nfs::nfs3_types::nfs3::nfs_fh3;
+use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_nfs::portmap::{self, IPPROTO_TCP, Mapping};
+use gvfs_nfs::proc::MAX_FH_LEN;
+use gvfs_nfs::xdr::{self, XdrReader};
+use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
+
+use crate::front::{MOUNT_PROGRAM, NFS_PROGRAM};
+
+/// A parsed `nfs://` upstream URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NfsUrl {
+    /// Host name or address.
+    pub host: String,
+    /// NFS port; `None` asks the portmapper.
+    pub port: Option<u16>,
+    /// MOUNT port; `None` asks the portmapper.
+    pub mount_port: Option<u16>,
+    /// Export path to mount, starting with `/`.
+    pub export: String,
+}
+
+/// Why an upstream URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad nfs:// URL {url:?}: {reason}")]
+pub struct BadUrl {
+    url: String,
+    reason: String,
+}
+
+impl NfsUrl {
+    /// Parses `nfs://HOST[:PORT]/EXPORT[?mountport=N][&nfsport=N]`.
+    pub fn parse(url: &str) -> Result<Self, BadUrl> {
+        let bad = |reason: &str| BadUrl {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let rest = url
+            .strip_prefix("nfs://")
+            .ok_or_else(|| bad("must start with nfs://"))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let slash = rest
+            .find('/')
+            .ok_or_else(|| bad("missing /EXPORT after the host"))?;
+        let (authority, export) = rest.split_at(slash);
+        let (host, port) = split_host_port(authority).ok_or_else(|| bad("bad HOST[:PORT]"))?;
+        if host.is_empty() {
+            return Err(bad("missing host"));
+        }
+        let mut u = Self {
+            host: host.to_string(),
+            port,
+            mount_port: None,
+            export: export.to_string(),
+        };
+        for kv in query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter(|s| !s.is_empty())
+        {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad("query must be key=value"))?;
+            let port = || {
+                v.parse::<u16>()
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| bad("bad port number"))
+            };
+            match k {
+                "mountport" => u.mount_port = Some(port()?),
+                "nfsport" => u.port = Some(port()?),
+                "version" if v == "3" => {}
+                _ => return Err(bad(&format!("unknown or unsupported option {k}={v}"))),
+            }
+        }
+        Ok(u)
+    }
+}
+
+fn split_host_port(a: &str) -> Option<(&str, Option<u16>)> {
+    if let Some(rest) = a.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        return match after.strip_prefix(':') {
+            Some(p) => Some((host, Some(p.parse().ok().filter(|p| *p != 0)?))),
+            None if after.is_empty() => Some((host, None)),
+            None => None,
+        };
+    }
+    match a.rsplit_once(':') {
+        Some((h, p)) => Some((h, Some(p.parse().ok().filter(|p| *p != 0)?))),
+        None => Some((a, None)),
+    }
+}
+
+/// Timeouts for talking to the upstream.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamTimeouts {
+    /// One connection attempt.
+    pub connect: Duration,
+    /// Give up on a call after this long (`None`: wait like a hard mount).
+    pub give_up_after: Option<Duration>,
+}
+
+/// Connects to one program of the server, asking its portmapper for the
+/// port when the URL did not give one.
+struct ProgramConnector {
+    host: String,
+    port: Option<u16>,
+    prog: u32,
+    vers: u32,
+    connect_timeout: Duration,
+}
+
+impl ProgramConnector {
+    async fn resolve(&self, port: u16) -> std::io::Result<SocketAddr> {
+        tokio::net::lookup_host((self.host.as_str(), port))
+            .await?
+            .next()
+            .ok_or_else(|| std::io::Error::other(format!("{} has no address", self.host)))
+    }
+
+    async fn ask_portmapper(&self) -> std::io::Result<u16> {
+        let addr = self.resolve(111).await?;
+        let pm = RpcClient::new(
+            TcpConnector { addr },
+            ClientConfig {
+                connect_timeout: self.connect_timeout,
+                retransmit_after: self.connect_timeout,
+                give_up_after: Some(self.connect_timeout),
+                max_in_flight: 1,
+                ..ClientConfig::default()
+            },
+        );
+        let mut args = Vec::new();
+        Mapping {
+            prog: self.prog,
+            vers: self.vers,
+            prot: IPPROTO_TCP,
+            port: 0,
+        }
+        .encode(&mut args);
+        let reply = pm
+            .call(
+                portmap::PROGRAM,
+                portmap::VERSION,
+                portmap::procs::GETPORT,
+                &Default::default(),
+                &args,
+            )
+            .await
+            .map_err(|e| std::io::Error::other(format!("portmapper at {addr}: {e}")))?;
+        match portmap::decode_port(&reply) {
+            Ok(p) if p > 0 && p <= u32::from(u16::MAX) => Ok(p as u16),
+            Ok(_) => Err(std::io::Error::other(format!(
+                "portmapper at {addr} knows no program {} version {} over TCP",
+                self.prog, self.vers
+            ))),
+            Err(e) => Err(std::io::Error::other(format!("portmapper at {addr}: {e}"))),
+        }
+    }
+}
+
+impl Connector for ProgramConnector {
+    fn connect(&self) -> BoxFuture<'_, std::io::Result<BoxStream>> {
+        Box::pin(async move {
+            let port = match self.port {
+                Some(p) => p,
+                None => self.ask_portmapper().await?,
+            };
+            TcpConnector {
+                addr: self.resolve(port).await?,
+            }
+            .connect()
+            .await
+        })
+    }
+
+    fn describe(&self) -> String {
+        match self.port {
+            Some(p) => format!("{}:{p}", self.host),
+            None => format!("{} (port from portmapper)", self.host),
+        }
+    }
+}
+
+/// Forwards every call to an NFSv3 server.
+#[derive(Debug)]
+pub struct NfsUpstream {
+    url: NfsUrl,
+    nfs: RpcClient,
+    mount: RpcClient,
+}
+
+impl NfsUpstream {
+    /// An upstream for `url`; connects lazily (see [`check`](Self::check)).
+    pub fn new(url: NfsUrl, timeouts: UpstreamTimeouts) -> Self {
+        let client = |port, prog, vers, max_in_flight| {
+            RpcClient::new(
+                ProgramConnector {
+                    host: url.host.clone(),
+                    port,
+                    prog,
+                    vers,
+                    connect_timeout: timeouts.connect,
+                },
+                ClientConfig {
+                    connect_timeout: timeouts.connect,
+                    give_up_after: timeouts.give_up_after,
+                    max_in_flight,
+                    ..ClientConfig::default()
+                },
+            )
+        };
+        Self {
+            nfs: client(url.port, NFS_PROGRAM, 3, 128),
+            mount: client(url.mount_port, MOUNT_PROGRAM, 3, 4),
+            url,
+        }
+    }
+
+    /// The NFS client's counters.
+    pub fn client(&self) -> &RpcClient {
+        &self.nfs
+    }
+
+    /// Mounts the export once, to fail early with a clear message when the
+    /// upstream is unreachable or refuses the export.
+    pub async fn check(&self, cx: &CallContext) -> Result<(), ServiceError> {
+        self.root(cx).await.map(|_| ())
+    }
+
+    fn service_error(&self, e: ClientError) -> ServiceError {
+        let upstream = self.describe();
+        match e {
+            ClientError::Unavailable { .. } => ServiceError::UpstreamUnavailable {
+                upstream,
+                reason: e.to_string(),
+            },
+            ClientError::Rpc { error, .. } => match error {
+                gvfs_nfs::rpc::ReplyError::Accepted(status)
+                | gvfs_nfs::rpc::ReplyError::Denied(status) => {
+                    ServiceError::UpstreamRejected { upstream, status }
+                }
+                other => ServiceError::UpstreamProtocol {
+                    upstream,
+                    reason: other.to_string(),
+                },
+            },
+            _ => ServiceError::UpstreamProtocol {
+                upstream,
+                reason: e.to_string(),
+            },
+        }
+    }
+}
+
+impl NfsService for NfsUpstream {
+    fn call<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+        Box::pin(async move {
+            let p = req.proc_();
+            let mut args = Vec::new();
+            req.encode(&mut args);
+            drop(req);
+            let results = self
+                .nfs
+                .call(NFS_PROGRAM, 3, p as u32, &cx.cred, &args)
+                .await
+                .map_err(|e| self.service_error(e))?;
+            NfsReply::decode(p, &results).map_err(|e| ServiceError::UpstreamProtocol {
+                upstream: self.describe(),
+                reason: format!("{} reply: {e}", p.name()),
+            })
+        })
+    }
+
+    fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+        Box::pin(async move {
+            let mut args = Vec::new();
+            xdr::put_opaque(&mut args, self.url.export.as_bytes());
+            let reply = self
+                .mount
+                .call(MOUNT_PROGRAM, 3, 1, &cx.cred, &args)
+                .await
+                .map_err(|e| self.service_error(e))?;
+            let protocol = |reason: &str| ServiceError::UpstreamProtocol {
+                upstream: self.describe(),
+                reason: format!("MNT reply: {reason}"),
+            };
+            let mut r = XdrReader::new(&reply);
+            match r.u32().map_err(|_| protocol("truncated"))? {
+                0 => {
+                    let fh = r
+                        .opaque(MAX_FH_LEN)
+                        .map_err(|_| protocol("bad file handle"))?;
+                    Ok(nfs_fh3 {
+                        data: Opaque::owned(fh.to_vec()),
+                    })
+                }
+                status => Err(ServiceError::MountRefused(gvfs_nfs::service::MountStatus(
+                    status,
+                ))),
+            }
+        })
+    }
+
+    fn describe(&self) -> String {
+        let port = self.url.port.map(|p| format!(":{p}")).unwrap_or_default();
+        format!("nfs://{}{}{}", self.url.host, port, self.url.export)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let u = NfsUrl::parse("nfs://127.0.0.1:20490/export?mountport=20048").unwrap();
+        assert_eq!(u.host, "127.0.0.1");
+        assert_eq!((u.port, u.mount_port), (Some(20490), Some(20048)));
+        assert_eq!(u.export, "/export");
+        let u = NfsUrl::parse("nfs://filer/srv/images").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.export.as_str()),
+            ("filer", None, "/srv/images")
+        );
+        let u = NfsUrl::parse("nfs://[::1]:2049/").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.export.as_str()),
+            ("::1", Some(2049), "/")
+        );
+        let u = NfsUrl::parse("nfs://h/e?nfsport=1&mountport=2&version=3").unwrap();
+        assert_eq!((u.port, u.mount_port), (Some(1), Some(2)));
+    }
+
+    #[test]
+    fn refuses_bad_urls() {
+        for bad in [
+            "http://h/e",
+            "nfs://h",
+            "nfs:///e",
+            "nfs://h:0/e",
+            "nfs://h:99999/e",
+            "nfs://h/e?mountport=x",
+            "nfs://h/e?version=4",
+            "nfs://h/e?foo",
+        ] {
+            assert!(NfsUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Running child processes with a deadline.
+//!
+//! Every wait in the fixtures goes through here, so a hung peer fails a test
+//! with a message instead of hanging it.
+
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// How often a deadline loop polls.
+pub(crate) const POLL: Duration = Duration::from_millis(10);
+
+/// What a finished command printed, and how it exited.
+#[derive(Debug)]
+pub struct Output {
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Everything written to stdout.
+    pub stdout: Vec<u8>,
+    /// Everything written to stderr.
+    pub stderr: Vec<u8>,
+}
+
+impl Output {
+    /// Stderr as (lossy) text.
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
+    /// Stdout as (lossy) text.
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+/// `cmd` as a shell-like line, for error messages.
+pub fn describe(cmd: &Command) -> String {
+    let mut line = cmd.get_program().to_string_lossy().into_owned();
+    for arg in cmd.get_args() {
+        line.push(' ');
+        line.push_str(&arg.to_string_lossy());
+    }
+    line
+}
+
+/// Runs `cmd` to completion with stdin closed and both outputs captured.
+/// After `timeout` the child is killed and an error returned. A non-zero
+/// exit is not an error here (see [`run_ok`]).
+pub fn run(cmd: &mut Command, timeout: Duration) -> Result<Output> {
+    let line = describe(cmd);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawning `{line}`"))?;
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let status =
+        wait_timeout(&mut child, timeout).with_context(|| format!("waiting for `{line}`"))?;
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        let stderr = String::from_utf8_lossy(&stderr.join().unwrap_or_default()).into_owned();
+        bail!("`{line}` did not finish within {timeout:?} and was killed; stderr:\n{stderr}");
+    };
+    Ok(Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
+/// Like [`run`], but a non-zero exit is an error that quotes stderr.
+pub fn run_ok(cmd: &mut Command, timeout: Duration) -> Result<Output> {
+    let out = run(cmd, timeout)?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}); stderr:\n{}{}",
+            describe(cmd),
+            out.status,
+            out.stderr_text(),
+            if out.stdout.is_empty() {
+                String::new()
+            } else {
+                format!("\nstdout:\n{}", out.stdout_text())
+            }
+        );
+    }
+    Ok(out)
+}
+
+/// Reads a pipe to its end on a thread; join to get the bytes.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// Waits for `child` to exit for at most `timeout`; `None` if it has not.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> std::io::Result<Option<ExitStatus>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        thread::sleep(POLL);
+    }
+}
+
+/// Sends `signal` to `child` unless it has already been reaped.
+pub fn signal(child: &Child, signal: libc::c_int) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)?;
+    // SAFETY: plain syscall on a pid we spawned and have not reaped yet (a
+    // `Child` is only reaped by `wait`/`try_wait`, after which callers do
+    // not signal it).
+    let rc = unsafe { libc::kill(pid, signal) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Stops `child`: SIGTERM, up to `grace` to exit, then SIGKILL. Returns the
+/// exit status, and whether it had to be killed.
+pub fn terminate(child: &mut Child, grace: Duration) -> std::io::Result<(ExitStatus, bool)> {
+    if let Some(status) = child.try_wait()? {
+        return Ok((status, false));
+    }
+    signal(child, libc::SIGTERM)?;
+    if let Some(status) = wait_timeout(child, grace)? {
+        return Ok((status, false));
+    }
+    child.kill()?;
+    Ok((child.wait()?, true))
+}

@@ -1,0 +1,397 @@
+//! Running the `gvfs-proxy` binary in tests.
+//!
+//! The binary belongs to another package of the workspace (crates/proxy),
+//! so Cargo does not build it for this package's tests on its own: run
+//! `cargo build --bins` first (the CI script does). It is looked up next to
+//! the test executable's directory: `target/<profile>/gvfs-proxy` for a test
+//! in `target/<profile>/deps/`.
+//!
+//! CLI driven here: `gvfs-proxy --listen ADDR --upstream URL [--export /NAME]
+//! [--control PATH] [--allow-remote]`, where URL is `dir:PATH` or
+//! `nfs://HOST[:PORT]/EXPORT[?mountport=N]`. Once it serves, the proxy prints
+//! `listening on ADDR` (the bound socket address) on stdout; its output is
+//! kept in a buffer ([`Proxy::output`]) for diagnostics.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::libnfs::nfs_url;
+use crate::process;
+
+/// How long the proxy may take to print its `listening on` line.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a SIGTERM gets before SIGKILL in [`Proxy::terminate`].
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// The line prefix announcing the bound address.
+const READY_PREFIX: &str = "listening on ";
+/// The export name the proxy serves unless told otherwise.
+pub const DEFAULT_EXPORT: &str = "/export";
+/// Most bytes of proxy output kept for diagnostics (older output is cut).
+const MAX_OUTPUT: usize = 1 << 20;
+
+/// Arguments for [`Proxy::spawn`].
+#[derive(Debug, Clone)]
+pub struct ProxyArgs {
+    /// `--listen`; default `127.0.0.1:0` (a free port).
+    pub listen: SocketAddr,
+    /// `--upstream`: `dir:PATH` or `nfs://HOST[:PORT]/EXPORT[?mountport=N]`.
+    pub upstream: String,
+    /// `--export`; `None` leaves the proxy's default (`/export`).
+    pub export: Option<String>,
+    /// `--control`: path of the control socket; `None` puts it in a
+    /// temporary directory owned by the [`Proxy`].
+    pub control: Option<PathBuf>,
+    /// `--allow-remote`.
+    pub allow_remote: bool,
+    /// Further arguments, appended as given.
+    pub extra: Vec<String>,
+    /// Environment variables set for the proxy (e.g. `RUST_LOG`).
+    pub env: Vec<(String, String)>,
+}
+
+impl ProxyArgs {
+    /// Arguments for a proxy in front of `upstream`, listening on a free
+    /// port of 127.0.0.1.
+    pub fn new(upstream: impl Into<String>) -> Self {
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            upstream: upstream.into(),
+            export: None,
+            control: None,
+            allow_remote: false,
+            extra: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// A proxy serving the local directory `dir` (`--upstream dir:PATH`).
+    pub fn dir(dir: &Path) -> Self {
+        Self::new(format!("dir:{}", dir.display()))
+    }
+
+    /// Listens on `addr` instead (e.g. `127.0.0.2:111` for QEMU).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// Serves the export under `name` (starting with `/`).
+    pub fn export(mut self, name: impl Into<String>) -> Self {
+        self.export = Some(name.into());
+        self
+    }
+
+    /// Opens the control socket at `path`.
+    pub fn control(mut self, path: impl Into<PathBuf>) -> Self {
+        self.control = Some(path.into());
+        self
+    }
+
+    /// Passes `--allow-remote`.
+    pub fn allow_remote(mut self) -> Self {
+        self.allow_remote = true;
+        self
+    }
+
+    /// Appends a raw argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra.push(arg.into());
+        self
+    }
+
+    /// Sets an environment variable for the proxy.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// The command line arguments (without the program).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--listen".to_owned(),
+            self.listen.to_string(),
+            "--upstream".to_owned(),
+            self.upstream.clone(),
+        ];
+        if let Some(export) = &self.export {
+            args.extend(["--export".to_owned(), export.clone()]);
+        }
+        if let Some(control) = &self.control {
+            args.extend(["--control".to_owned(), control.display().to_string()]);
+        }
+        if self.allow_remote {
+            args.push("--allow-remote".to_owned());
+        }
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+}
+
+/// A running `gvfs-proxy`; killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Proxy {
+    child: Option<Child>,
+    control: PathBuf,
+    /// Holds the default control socket's directory until the proxy is gone
+    /// (declared after `child`, but `Drop` kills the child first anyway).
+    _control_dir: Option<tempfile::TempDir>,
+    addr: SocketAddr,
+    export: String,
+    output: Arc<Mutex<String>>,
+}
+
+/// Path of the `gvfs-proxy` binary built by `cargo build --bins` for the
+/// profile the current test runs in.
+pub fn proxy_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the test executable")?;
+    // target/<profile>/deps/<test> -> target/<profile>/gvfs-proxy
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable has no grandparent directory")?;
+    let bin = dir.join("gvfs-proxy");
+    if !bin.is_file() {
+        bail!(
+            "{} does not exist: run `cargo build --workspace --bins` (same profile and target dir) before the tests",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+impl Proxy {
+    /// Starts the proxy and waits (10 s at most) for its `listening on` line.
+    pub fn spawn(mut args: ProxyArgs) -> Result<Self> {
+        let bin = proxy_binary()?;
+        let control_dir = match args.control {
+            Some(_) => None,
+            None => {
+                let dir = tempfile::Builder::new()
+                    .prefix("gvfs-proxy-")
+                    .tempdir()
+                    .context("creating the control socket's directory")?;
+                args.control = Some(dir.path().join("control.sock"));
+                Some(dir)
+            }
+        };
+        let control = args.control.clone().unwrap_or_default();
+        let mut cmd = Command::new(&bin);
+        cmd.args(args.to_args())
+            .envs(args.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let line = process::describe(&cmd);
+        let mut child = cmd.spawn().with_context(|| format!("spawning `{line}`"))?;
+        let output = Arc::new(Mutex::new(String::new()));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        if let Some(stdout) = child.stdout.take() {
+            collect_lines(stdout, "", Arc::clone(&output), Some(ready_tx));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            collect_lines(stderr, "[stderr] ", Arc::clone(&output), None);
+        }
+        let mut proxy = Self {
+            child: Some(child),
+            control,
+            _control_dir: control_dir,
+            addr: args.listen,
+            export: args.export.unwrap_or_else(|| DEFAULT_EXPORT.to_owned()),
+            output,
+        };
+        match ready_rx.recv_timeout(READY_TIMEOUT) {
+            Ok(Ok(addr)) => {
+                proxy.addr = addr;
+                Ok(proxy)
+            }
+            Ok(Err(bad)) => {
+                proxy.kill();
+                bail!(
+                    "`{line}` printed an unparsable address in {bad:?}; output:\n{}",
+                    proxy.output()
+                )
+            }
+            Err(_) => {
+                let status = proxy
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten());
+                proxy.kill();
+                // Give the reader threads a moment to collect the last words.
+                thread::sleep(Duration::from_millis(50));
+                let why = match status {
+                    Some(status) => format!("exited ({status})"),
+                    None => format!("did not print `{READY_PREFIX}ADDR` within {READY_TIMEOUT:?}"),
+                };
+                bail!("`{line}` {why}; output:\n{}", proxy.output())
+            }
+        }
+    }
+
+    /// The address it listens on (as it reported it).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its IP address.
+    pub fn ip(&self) -> IpAddr {
+        self.addr.ip()
+    }
+
+    /// Its port (NFS and MOUNT share it).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The export name it serves.
+    pub fn export(&self) -> &str {
+        &self.export
+    }
+
+    /// A libnfs URL for `path` in the export, with nfsport and mountport
+    /// both set to the proxy's port.
+    pub fn url(&self, path: &str) -> String {
+        nfs_url(self.ip(), self.port(), self.port(), &self.export, path)
+    }
+
+    /// Path of its control socket (for `gvfsctl --control`).
+    pub fn control_path(&self) -> &Path {
+        &self.control
+    }
+
+    /// Pid of the running proxy, if running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Everything the proxy printed so far (stderr lines prefixed
+    /// `[stderr] `).
+    pub fn output(&self) -> String {
+        self.output.lock().map(|o| o.clone()).unwrap_or_default()
+    }
+
+    /// Kills it with SIGKILL (a crash, as far as the proxy can tell) and
+    /// reaps it. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Asks it to shut down (SIGTERM) and waits for it to exit; SIGKILL
+    /// after 10 s, reported as an error along with its output.
+    pub fn terminate(&mut self) -> Result<ExitStatus> {
+        let Some(mut child) = self.child.take() else {
+            bail!("the proxy is not running");
+        };
+        let (status, killed) =
+            process::terminate(&mut child, STOP_GRACE).context("stopping gvfs-proxy")?;
+        if killed {
+            bail!(
+                "gvfs-proxy ignored SIGTERM for {STOP_GRACE:?} and was killed; output:\n{}",
+                self.output()
+            );
+        }
+        Ok(status)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Copies lines from `pipe` into `output` (capped at [`MAX_OUTPUT`]); the
+/// first `listening on ADDR` line is sent to `ready` as soon as it is read.
+fn collect_lines(
+    pipe: impl Read + Send + 'static,
+    prefix: &'static str,
+    output: Arc<Mutex<String>>,
+    mut ready: Option<mpsc::Sender<Result<SocketAddr, String>>>,
+) {
+    thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim_end();
+            if let Some(tx) = ready.take_if(|_| text.starts_with(READY_PREFIX)) {
+                let _ = tx.send(parse_ready_line(text).ok_or_else(|| text.to_owned()));
+            }
+            if let Ok(mut out) = output.lock() {
+                if out.len() > MAX_OUTPUT {
+                    let cut = out.len() - MAX_OUTPUT / 2;
+                    let cut = (cut..out.len())
+                        .find(|&i| out.is_char_boundary(i))
+                        .unwrap_or(out.len());
+                    out.replace_range(..cut, "[...]\n");
+                }
+                out.push_str(prefix);
+                out.push_str(text);
+                out.push('\n');
+            }
+        }
+    });
+}
+
+/// The address in a `listening on ADDR` line (trailing words ignored).
+fn parse_ready_line(line: &str) -> Option<SocketAddr> {
+    let rest = line.strip_prefix(READY_PREFIX)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_line() {
+        assert_eq!(
+            parse_ready_line("listening on 127.0.0.1:40213"),
+            Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 40213)))
+        );
+        assert_eq!(
+            parse_ready_line("listening on 127.0.0.2:111 (nfs, mount, portmap)"),
+            Some(SocketAddr::from(([127, 0, 0, 2], 111)))
+        );
+        assert_eq!(parse_ready_line("listening on somewhere"), None);
+    }
+
+    #[test]
+    fn args() {
+        let a = ProxyArgs::dir(Path::new("/tmp/x"))
+            .export("/vm")
+            .control("/tmp/c.sock")
+            .allow_remote()
+            .to_args();
+        assert_eq!(
+            a,
+            [
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "dir:/tmp/x",
+                "--export",
+                "/vm",
+                "--control",
+                "/tmp/c.sock",
+                "--allow-remote"
+            ]
+        );
+    }
+}

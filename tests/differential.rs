@@ -1,0 +1,365 @@
+//! Differential fidelity: one seeded random workload of NFSv3 operations is
+//! applied directly to nfs-ganesha and, in lock step, through a chain of
+//! three gvfs proxies to a second nfs-ganesha. Every reply status must match,
+//! every payload that both servers should agree on must match, and at the
+//! end the two export trees must be identical.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use gvfs::nfsclient::NfsClient;
+use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_nfs::nfs3_types::nfs3::*;
+use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const OPS: usize = 2500;
+const NAMES: [&str; 6] = ["a", "b", "c", "dir", "x.img", "long-name-0123456789"];
+
+/// Spawns `n` proxies in a chain in front of `upstream`; the last one
+/// returned is the one clients talk to.
+fn chain(upstream: String, n: usize) -> Result<Vec<Proxy>> {
+    let mut proxies: Vec<Proxy> = Vec::new();
+    let mut up = upstream;
+    for _ in 0..n {
+        let p = Proxy::spawn(ProxyArgs::new(up.clone()).arg("--upstream-timeout").arg("30"))?;
+        let a = p.addr();
+        up = format!("nfs://{}:{}/export?mountport={}", a.ip(), a.port(), a.port());
+        proxies.push(p);
+    }
+    Ok(proxies)
+}
+
+struct Pair {
+    direct: NfsClient,
+    chained: NfsClient,
+}
+
+fn name(n: &str) -> filename3<'static> {
+    filename3::from(n.as_bytes().to_vec())
+}
+
+fn sattr(mode: Option<u32>, size: Option<u64>) -> sattr3 {
+    sattr3 {
+        mode: mode.map_or(set_mode3::None, set_mode3::Some),
+        size: size.map_or(set_size3::None, set_size3::Some),
+        ..sattr3::default()
+    }
+}
+
+/// The parts of a reply both servers must agree on: its status and, on
+/// success, a summary of the payload that does not depend on timing or on
+/// which export directory served it.
+fn summary(r: &NfsReply) -> String {
+    let st = r.status();
+    let body = match r {
+        NfsReply::Getattr(Nfs3Result::Ok(ok)) => attr_summary(&ok.obj_attributes),
+        NfsReply::Lookup(Nfs3Result::Ok(ok)) => match &ok.obj_attributes {
+            Nfs3Option::Some(a) => attr_summary(a),
+            Nfs3Option::None => String::new(),
+        },
+        NfsReply::Read(Nfs3Result::Ok(ok)) => {
+            format!("count={} eof={} sum={:x}", ok.count, ok.eof, checksum(&ok.data))
+        }
+        NfsReply::Write(Nfs3Result::Ok(ok)) => format!("count={}", ok.count),
+        NfsReply::Readlink(Nfs3Result::Ok(ok)) => String::from_utf8_lossy(&ok.data.0).into_owned(),
+        NfsReply::Access(Nfs3Result::Ok(ok)) => format!("access={:#x}", ok.access),
+        _ => String::new(),
+    };
+    format!("{st:?} {body}")
+}
+
+fn attr_summary(a: &fattr3) -> String {
+    let size = if a.type_ == ftype3::NF3DIR { 0 } else { a.size };
+    format!("type={:?} mode={:o} nlink={} size={size}", a.type_, a.mode, a.nlink)
+}
+
+fn checksum(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ u64::from(*x)).wrapping_mul(0x100_0000_01b3))
+}
+
+impl Pair {
+    /// Resolves `path` on both sides; both must agree whether it exists.
+    async fn resolve(&self, path: &str) -> Result<Option<(nfs_fh3, nfs_fh3)>> {
+        let a = self.direct.resolve(path).await?;
+        let b = self.chained.resolve(path).await?;
+        match (a, b) {
+            (Some(a), Some(b)) => Ok(Some((a, b))),
+            (None, None) => Ok(None),
+            (a, b) => bail!("{path}: exists directly: {}, through the chain: {}", a.is_some(), b.is_some()),
+        }
+    }
+
+    /// Sends the request built by `make` (given each side's handles) to
+    /// both and compares the replies.
+    async fn both(
+        &self,
+        what: &str,
+        make: impl Fn(&NfsClient) -> NfsRequest,
+    ) -> Result<(NfsReply, NfsReply)> {
+        let a = self.direct.call(make(&self.direct)).await?;
+        let b = self.chained.call(make(&self.chained)).await?;
+        let (sa, sb) = (summary(&a), summary(&b));
+        ensure!(sa == sb, "{what}: direct replied {sa}, the chain replied {sb}");
+        Ok((a, b))
+    }
+
+    /// Both directory listings of `path`, compared as sets of names.
+    async fn listing(&self, path: &str, plus: bool) -> Result<()> {
+        let Some(_) = self.resolve(path).await? else { return Ok(()) };
+        let mut names = Vec::new();
+        for c in [&self.direct, &self.chained] {
+            let dir = c.resolve(path).await?.context("directory vanished")?;
+            names.push(list(c, &dir, plus).await?);
+        }
+        ensure!(names[0] == names[1], "readdir{} {path}: {:?} vs {:?}", if plus { "plus" } else { "" }, names[0], names[1]);
+        Ok(())
+    }
+}
+
+async fn list(c: &NfsClient, dir: &nfs_fh3, plus: bool) -> Result<Vec<String>> {
+    let mut cookie = 0;
+    let mut verf = cookieverf3::default();
+    let mut names = Vec::new();
+    for _ in 0..1000 {
+        let req = if plus {
+            NfsRequest::Readdirplus(READDIRPLUS3args { dir: dir.clone(), cookie, cookieverf: verf, dircount: 512, maxcount: 4096 })
+        } else {
+            NfsRequest::Readdir(READDIR3args { dir: dir.clone(), cookie, cookieverf: verf, count: 512 })
+        };
+        let (entries, eof): (Vec<(String, u64)>, bool) = match c.call(req).await? {
+            NfsReply::Readdir(Nfs3Result::Ok(ok)) => {
+                verf = ok.cookieverf;
+                (ok.reply.entries.0.iter().map(|e| (String::from_utf8_lossy(&e.name.0).into_owned(), e.cookie)).collect(), ok.reply.eof)
+            }
+            NfsReply::Readdirplus(Nfs3Result::Ok(ok)) => {
+                verf = ok.cookieverf;
+                (ok.reply.entries.0.iter().map(|e| (String::from_utf8_lossy(&e.name.0).into_owned(), e.cookie)).collect(), ok.reply.eof)
+            }
+            other => bail!("readdir failed: {:?}", other.status()),
+        };
+        for (n, c) in entries {
+            cookie = c;
+            if n != "." && n != ".." {
+                names.push(n);
+            }
+        }
+        if eof {
+            names.sort();
+            return Ok(names);
+        }
+    }
+    bail!("readdir did not reach eof")
+}
+
+/// Picks a path: a known directory plus (maybe) a name from the pool.
+fn pick(rng: &mut StdRng, dirs: &[String]) -> (String, String) {
+    let parent = dirs[rng.gen_range(0..dirs.len())].clone();
+    let n = NAMES[rng.gen_range(0..NAMES.len())].to_string();
+    (parent, n)
+}
+
+fn join(parent: &str, n: &str) -> String {
+    if parent.is_empty() { n.to_string() } else { format!("{parent}/{n}") }
+}
+
+async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -> Result<()> {
+    let (parent, n) = pick(rng, dirs);
+    let path = join(&parent, &n);
+    let op = rng.gen_range(0..100);
+    let Some((pa, pb)) = pair.resolve(&parent).await? else {
+        // The parent was removed or renamed away; forget it.
+        dirs.retain(|d| d != &parent);
+        if dirs.is_empty() {
+            dirs.push(String::new());
+        }
+        return Ok(());
+    };
+    let side = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { pa.clone() } else { pb.clone() };
+    let what = format!("op {i} ({op}) on {path}");
+    match op {
+        0..=9 => {
+            let mode = [0o644, 0o600, 0o755][rng.gen_range(0..3)];
+            let how = match rng.gen_range(0..3) {
+                0 => createhow3::UNCHECKED(sattr(Some(mode), None)),
+                1 => createhow3::GUARDED(sattr(Some(mode), None)),
+                _ => createhow3::EXCLUSIVE(createverf3(rng.r#gen())),
+            };
+            let how2 = match &how {
+                createhow3::UNCHECKED(s) => createhow3::UNCHECKED(s.clone()),
+                createhow3::GUARDED(s) => createhow3::GUARDED(s.clone()),
+                createhow3::EXCLUSIVE(v) => createhow3::EXCLUSIVE(*v),
+            };
+            let a = pair.direct.call(NfsRequest::Create(CREATE3args { where_: diropargs3 { dir: pa.clone(), name: name(&n) }, how })).await?;
+            let b = pair.chained.call(NfsRequest::Create(CREATE3args { where_: diropargs3 { dir: pb.clone(), name: name(&n) }, how: how2 })).await?;
+            ensure!(a.status() == b.status(), "{what}: create {:?} vs {:?}", a.status(), b.status());
+        }
+        10..=29 => {
+            let Some((fa, fb)) = pair.resolve(&path).await? else { return Ok(()) };
+            let offset = if rng.gen_bool(0.3) { 0 } else { rng.gen_range(0..300_000u64) };
+            let len = rng.gen_range(1..70_000usize);
+            let seed: u64 = rng.r#gen();
+            let data = gvfs::data::random_bytes(seed, len);
+            let stable = [stable_how::UNSTABLE, stable_how::DATA_SYNC, stable_how::FILE_SYNC][rng.gen_range(0..3)];
+            let fh = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { fa.clone() } else { fb.clone() };
+            pair.both(&what, |c| NfsRequest::Write(WRITE3args { file: fh(c), offset, count: len as u32, stable, data: Opaque::owned(data.clone()) })).await?;
+        }
+        30..=44 => {
+            let Some((fa, fb)) = pair.resolve(&path).await? else { return Ok(()) };
+            let offset = rng.gen_range(0..320_000u64);
+            let count = rng.gen_range(1..100_000u32);
+            let fh = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { fa.clone() } else { fb.clone() };
+            pair.both(&what, |c| NfsRequest::Read(READ3args { file: fh(c), offset, count })).await?;
+        }
+        45..=51 => {
+            let Some((fa, fb)) = pair.resolve(&path).await? else { return Ok(()) };
+            let fh = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { fa.clone() } else { fb.clone() };
+            let s = if rng.gen_bool(0.6) {
+                sattr(None, Some(rng.gen_range(0..400_000u64)))
+            } else {
+                sattr(Some([0o644, 0o640, 0o700, 0o755][rng.gen_range(0..4)]), None)
+            };
+            pair.both(&what, |c| NfsRequest::Setattr(SETATTR3args { object: fh(c), new_attributes: s.clone(), guard: sattrguard3::None })).await?;
+        }
+        52..=57 => {
+            let (p2, n2) = pick(rng, dirs);
+            let Some((qa, qb)) = pair.resolve(&p2).await? else { return Ok(()) };
+            let to = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { qa.clone() } else { qb.clone() };
+            let (r, _) = pair.both(&what, |c| NfsRequest::Rename(RENAME3args {
+                from: diropargs3 { dir: side(c), name: name(&n) },
+                to: diropargs3 { dir: to(c), name: name(&n2) },
+            })).await?;
+            if r.status() == nfsstat3::NFS3_OK {
+                let (from, dest) = (path.clone(), join(&p2, &n2));
+                // Moving a directory moves every known path below it.
+                for d in dirs.iter_mut() {
+                    if *d == from || d.starts_with(&format!("{from}/")) {
+                        *d = format!("{dest}{}", &d[from.len()..]);
+                    }
+                }
+            }
+        }
+        58..=61 => {
+            let Some((fa, fb)) = pair.resolve(&path).await? else { return Ok(()) };
+            let (p2, n2) = pick(rng, dirs);
+            let Some((qa, qb)) = pair.resolve(&p2).await? else { return Ok(()) };
+            let d = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { (fa.clone(), qa.clone()) } else { (fb.clone(), qb.clone()) };
+            pair.both(&what, |c| NfsRequest::Link(LINK3args { file: d(c).0, link: diropargs3 { dir: d(c).1, name: name(&n2) } })).await?;
+        }
+        62..=65 => {
+            let target = format!("../target-{}", rng.gen_range(0..5));
+            pair.both(&what, |c| NfsRequest::Symlink(SYMLINK3args {
+                where_: diropargs3 { dir: side(c), name: name(&n) },
+                symlink: symlinkdata3 { symlink_attributes: sattr(Some(0o777), None), symlink_data: nfspath3::from(target.as_bytes().to_vec()) },
+            })).await?;
+        }
+        66..=68 => {
+            let Some((fa, fb)) = pair.resolve(&path).await? else { return Ok(()) };
+            let fh = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { fa.clone() } else { fb.clone() };
+            pair.both(&what, |c| NfsRequest::Readlink(READLINK3args { symlink: fh(c) })).await?;
+        }
+        69..=73 => pair.listing(&parent, rng.gen_bool(0.5)).await?,
+        74..=79 => {
+            pair.both(&what, |c| NfsRequest::Remove(REMOVE3args { object: diropargs3 { dir: side(c), name: name(&n) } })).await?;
+        }
+        80..=83 => {
+            let (r, _) = pair.both(&what, |c| NfsRequest::Rmdir(RMDIR3args { object: diropargs3 { dir: side(c), name: name(&n) } })).await?;
+            if r.status() == nfsstat3::NFS3_OK {
+                dirs.retain(|d| *d != path);
+            }
+        }
+        84..=89 => {
+            let (r, _) = pair.both(&what, |c| NfsRequest::Mkdir(MKDIR3args { where_: diropargs3 { dir: side(c), name: name(&n) }, attributes: sattr(Some(0o755), None) })).await?;
+            if r.status() == nfsstat3::NFS3_OK && path.matches('/').count() < 3 {
+                dirs.push(path.clone());
+            }
+        }
+        90..=93 => {
+            let Some((fa, fb)) = pair.resolve(&path).await? else { return Ok(()) };
+            let fh = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { fa.clone() } else { fb.clone() };
+            let access = rng.gen_range(0..64u32);
+            pair.both(&what, |c| NfsRequest::Access(ACCESS3args { object: fh(c), access })).await?;
+        }
+        94..=95 => {
+            pair.both(&what, |c| NfsRequest::Fsstat(FSSTAT3args { fsroot: side(c) })).await?;
+        }
+        96..=97 => {
+            let Some((fa, fb)) = pair.resolve(&path).await? else { return Ok(()) };
+            let fh = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { fa.clone() } else { fb.clone() };
+            pair.both(&what, |c| NfsRequest::Commit(COMMIT3args { file: fh(c), offset: 0, count: 0 })).await?;
+        }
+        _ => {
+            let Some((fa, fb)) = pair.resolve(&path).await? else { return Ok(()) };
+            let fh = |c: &NfsClient| if std::ptr::eq(c, &pair.direct) { fa.clone() } else { fb.clone() };
+            pair.both(&what, |c| NfsRequest::Getattr(GETATTR3args { object: fh(c) })).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A description of a tree: path -> (kind, mode, size, content checksum or
+/// link target).
+fn snapshot(root: &Path) -> Result<BTreeMap<String, String>> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            let p = e.path();
+            let rel = p.strip_prefix(root)?.display().to_string();
+            let m = std::fs::symlink_metadata(&p)?;
+            let mode = m.permissions().mode() & 0o7777;
+            let desc = if m.file_type().is_symlink() {
+                format!("link -> {}", std::fs::read_link(&p)?.display())
+            } else if m.is_dir() {
+                stack.push(p.clone());
+                format!("dir {mode:o}")
+            } else {
+                format!("file {mode:o} nlink={} size={} sum={:x}", m.nlink(), m.len(), checksum(&std::fs::read(&p)?))
+            };
+            out.insert(rel, desc);
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_workload_matches_ganesha_through_a_three_proxy_chain() -> Result<()> {
+    let direct = Ganesha::start()?;
+    let behind = Ganesha::start()?;
+    let proxies = chain(behind.upstream_url(), 3)?;
+    let front = proxies.last().context("no proxy")?.addr();
+    let cred = Credentials::unix(0, 0);
+    let give_up = Duration::from_secs(60);
+    let pair = Pair {
+        direct: NfsClient::mount(direct.nfs_addr(), SocketAddr::new(direct.ip(), direct.mount_port()), "/export", cred.clone(), give_up).await?,
+        chained: NfsClient::mount(front, front, "/export", cred, give_up).await?,
+    };
+    let seed = std::env::var("GVFS_DIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261121u64);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut dirs = vec![String::new()];
+    for i in 0..OPS {
+        step(&pair, &mut rng, &mut dirs, i).await.with_context(|| format!("seed {seed}, step {i}"))?;
+    }
+    let (a, b) = (snapshot(direct.export_dir())?, snapshot(behind.export_dir())?);
+    ensure!(a.len() > 5, "the workload left almost nothing behind: {a:?}");
+    if a != b {
+        for (k, v) in &a {
+            if b.get(k) != Some(v) {
+                eprintln!("differs: {k}: direct {v:?}, chain {:?}", b.get(k));
+            }
+        }
+        for k in b.keys().filter(|k| !a.contains_key(*k)) {
+            eprintln!("only through the chain: {k}");
+        }
+        bail!("final trees differ (seed {seed})");
+    }
+    drop(proxies);
+    Ok(())
+}
