@@ -10,7 +10,9 @@ use gvfs_nfs::record::{RecordLimits, RecordReader};
 use gvfs_nfs::rpc::{self, Credentials};
 
 fn fh() -> nfs_fh3 {
-    nfs_fh3 { data: Opaque::owned(vec![7; 32]) }
+    nfs_fh3 {
+        data: Opaque::owned(vec![7; 32]),
+    }
 }
 
 fn write_call(len: usize) -> Vec<u8> {
@@ -31,23 +33,27 @@ fn records(c: &mut Criterion) {
     for len in [4096usize, 1 << 20] {
         let wire = write_call(len);
         g.throughput(Throughput::Bytes(wire.len() as u64));
-        g.bench_with_input(BenchmarkId::new("reassemble_64k_reads", len), &wire, |b, wire| {
-            b.iter(|| {
-                let mut r = RecordReader::new(RecordLimits::for_payload(1 << 20));
-                let mut got = 0;
-                for chunk in wire.chunks(64 * 1024) {
-                    let mut chunk = chunk;
-                    while !chunk.is_empty() {
-                        let used = r.feed(chunk).expect("valid record");
-                        chunk = &chunk[used..];
-                        if let Some(rec) = r.take_record() {
-                            got += rec.len();
+        g.bench_with_input(
+            BenchmarkId::new("reassemble_64k_reads", len),
+            &wire,
+            |b, wire| {
+                b.iter(|| {
+                    let mut r = RecordReader::new(RecordLimits::for_payload(1 << 20));
+                    let mut got = 0;
+                    for chunk in wire.chunks(64 * 1024) {
+                        let mut chunk = chunk;
+                        while !chunk.is_empty() {
+                            let used = r.feed(chunk).expect("valid record");
+                            chunk = &chunk[used..];
+                            if let Some(rec) = r.take_record() {
+                                got += rec.len();
+                            }
                         }
                     }
-                }
-                got
-            });
-        });
+                    got
+                });
+            },
+        );
     }
     g.finish();
 }
@@ -57,12 +63,16 @@ fn calls(c: &mut Criterion) {
     for len in [4096usize, 1 << 20] {
         let wire = write_call(len);
         g.throughput(Throughput::Bytes(len as u64));
-        g.bench_with_input(BenchmarkId::new("decode_write", len), &wire[4..], |b, msg| {
-            b.iter(|| {
-                let (hdr, at) = rpc::parse_call(msg).expect("valid call");
-                NfsRequest::decode(hdr.proc_, &msg[at..]).expect("valid args")
-            });
-        });
+        g.bench_with_input(
+            BenchmarkId::new("decode_write", len),
+            &wire[4..],
+            |b, msg| {
+                b.iter(|| {
+                    let (hdr, at) = rpc::parse_call(msg).expect("valid call");
+                    NfsRequest::decode(hdr.proc_, &msg[at..]).expect("valid args")
+                });
+            },
+        );
     }
     let mut getattr = rpc::call_record(1, 100_003, 3, 1, &Credentials::unix(0, 0));
     NfsRequest::Getattr(GETATTR3args { object: fh() }).encode(&mut getattr);

@@ -167,7 +167,40 @@ pub fn proxy_binary() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Path of the `gvfsctl` binary, next to `gvfs-proxy`.
+pub fn gvfsctl_binary() -> Result<PathBuf> {
+    let bin = proxy_binary()?.with_file_name("gvfsctl");
+    if !bin.is_file() {
+        bail!(
+            "{} does not exist: run `cargo build --workspace --bins` first",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// Runs `gvfsctl --control SOCKET ARGS...` and returns its output.
+pub fn gvfsctl(control: &Path, args: &[&str]) -> Result<process::Output> {
+    let mut cmd = Command::new(gvfsctl_binary()?);
+    cmd.arg("--control").arg(control).args(args);
+    process::run(&mut cmd, Duration::from_secs(20))
+}
+
 impl Proxy {
+    /// The proxy's status as `gvfsctl status --json` reports it.
+    pub fn status(&self) -> Result<serde_json::Value> {
+        let out = gvfsctl(self.control_path(), &["status", "--json"])?;
+        if !out.status.success() {
+            bail!("gvfsctl status failed: {}", out.stderr_text());
+        }
+        serde_json::from_str(&out.stdout_text()).context("parsing gvfsctl status --json")
+    }
+
+    /// How many times the proxy ran NFS procedure `name` (e.g. "COMMIT").
+    pub fn calls(&self, name: &str) -> Result<u64> {
+        Ok(self.status()?["nfs_calls"][name].as_u64().unwrap_or(0))
+    }
+
     /// Starts the proxy and waits (10 s at most) for its `listening on` line.
     pub fn spawn(mut args: ProxyArgs) -> Result<Self> {
         let bin = proxy_binary()?;
