@@ -221,3 +221,6 @@ fn encode_success(xid: u32, reply: &NfsReply) -> Vec<u8> {
 pub fn proc_name(n: usize) -> &'static str {
     NfsProc::ALL.get(n).map_or("?", |p| p.name())
 }
+
+#[cfg(test)]
+mod tests;

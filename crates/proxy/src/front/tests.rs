@@ -1,0 +1,236 @@
+//! The front end alone, against a fake layer below it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use gvfs_nfs::nfs3_types::nfs3::*;
+use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_nfs::rpc::{self, Credentials, ReplyError, ReplyStatus};
+use gvfs_nfs::xdr::{self, XdrReader};
+use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
+use proptest::prelude::*;
+
+use super::FrontEnd;
+
+/// Answers every call with an error status, counts calls, and records the
+/// credentials it saw; LOOKUP of "sub" succeeds.
+#[derive(Default)]
+struct Fake {
+    calls: AtomicUsize,
+    last_uid: std::sync::Mutex<Option<u32>>,
+}
+
+fn fh(b: &[u8]) -> nfs_fh3 {
+    nfs_fh3 {
+        data: Opaque::owned(b.to_vec()),
+    }
+}
+
+impl NfsService for Fake {
+    fn call<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+        Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            *self.last_uid.lock().unwrap() = cx.cred.uid();
+            Ok(match req {
+                NfsRequest::Lookup(a) if a.what.name.0.as_ref() == b"sub" => {
+                    NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
+                        object: fh(b"sub-handle"),
+                        obj_attributes: Nfs3Option::None,
+                        dir_attributes: Nfs3Option::None,
+                    }))
+                }
+                NfsRequest::Getattr(_) => {
+                    return Err(ServiceError::UpstreamUnavailable {
+                        upstream: "fake".into(),
+                        reason: "down".into(),
+                    });
+                }
+                other => NfsReply::error(other.proc_(), nfsstat3::NFS3ERR_NOENT),
+            })
+        })
+    }
+
+    fn root<'a>(&'a self, _cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+        Box::pin(async { Ok(fh(b"root-handle")) })
+    }
+
+    fn describe(&self) -> String {
+        "fake".into()
+    }
+}
+
+fn front() -> (Arc<Fake>, FrontEnd) {
+    let fake = Arc::new(Fake::default());
+    (fake.clone(), FrontEnd::new(fake, "/export".into(), 2049))
+}
+
+fn call(xid: u32, prog: u32, vers: u32, proc_: u32, cred: &Credentials, args: &[u8]) -> Vec<u8> {
+    let mut rec = rpc::call_record(xid, prog, vers, proc_, cred);
+    rec.extend_from_slice(args);
+    rpc::seal(rec)[4..].to_vec()
+}
+
+async fn results(f: &FrontEnd, msg: &[u8]) -> Result<Vec<u8>, ReplyError> {
+    let peer = Some("127.0.0.1:900".parse().unwrap());
+    let reply = f.handle(msg, peer).await.expect("a reply");
+    rpc::parse_reply(&reply[4..]).map(<[u8]>::to_vec)
+}
+
+fn remove_args() -> Vec<u8> {
+    let mut out = Vec::new();
+    NfsRequest::Remove(REMOVE3args {
+        object: diropargs3 {
+            dir: fh(b"d"),
+            name: filename3::from(b"victim".to_vec()),
+        },
+    })
+    .encode(&mut out);
+    out
+}
+
+#[tokio::test]
+async fn retransmitted_remove_is_answered_from_the_cache() {
+    let (fake, f) = front();
+    let msg = call(42, 100_003, 3, 12, &Credentials::unix(1, 1), &remove_args());
+    let first = results(&f, &msg).await;
+    let second = results(&f, &msg).await;
+    assert_eq!(first, second);
+    assert_eq!(fake.calls.load(Ordering::SeqCst), 1, "REMOVE ran twice");
+    assert_eq!(f.stats().drc_hits.load(Ordering::Relaxed), 1);
+    // A new xid is a new call.
+    let _ = results(
+        &f,
+        &call(43, 100_003, 3, 12, &Credentials::unix(1, 1), &remove_args()),
+    )
+    .await;
+    assert_eq!(fake.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn idempotent_calls_run_every_time_with_the_callers_credentials() {
+    let (fake, f) = front();
+    let mut args = Vec::new();
+    NfsRequest::Access(ACCESS3args {
+        object: fh(b"x"),
+        access: 1,
+    })
+    .encode(&mut args);
+    let msg = call(7, 100_003, 3, 4, &Credentials::unix(1234, 5), &args);
+    let _ = results(&f, &msg).await;
+    let _ = results(&f, &msg).await;
+    assert_eq!(fake.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(*fake.last_uid.lock().unwrap(), Some(1234));
+}
+
+#[tokio::test]
+async fn a_layer_failure_becomes_an_nfs_error_status() {
+    let (_fake, f) = front();
+    let mut args = Vec::new();
+    NfsRequest::Getattr(GETATTR3args { object: fh(b"x") }).encode(&mut args);
+    let r = results(&f, &call(1, 100_003, 3, 1, &Credentials::None, &args))
+        .await
+        .unwrap();
+    let reply = NfsReply::decode(gvfs_nfs::NfsProc::Getattr, &r).unwrap();
+    assert_eq!(reply.status(), nfsstat3::NFS3ERR_IO);
+}
+
+fn mnt_args(path: &str) -> Vec<u8> {
+    let mut a = Vec::new();
+    xdr::put_opaque(&mut a, path.as_bytes());
+    a
+}
+
+async fn mnt(f: &FrontEnd, path: &str) -> (u32, Vec<u8>) {
+    let r = results(
+        f,
+        &call(9, 100_005, 3, 1, &Credentials::unix(0, 0), &mnt_args(path)),
+    )
+    .await
+    .unwrap();
+    let mut x = XdrReader::new(&r);
+    let status = x.u32().unwrap();
+    let handle = if status == 0 {
+        x.opaque(64).unwrap().to_vec()
+    } else {
+        vec![]
+    };
+    (status, handle)
+}
+
+#[tokio::test]
+async fn mount_hands_out_the_root_and_subdirectories_of_the_export_only() {
+    let (_fake, f) = front();
+    assert_eq!(mnt(&f, "/export").await, (0, b"root-handle".to_vec()));
+    assert_eq!(mnt(&f, "/export/").await, (0, b"root-handle".to_vec()));
+    assert_eq!(mnt(&f, "/export/sub").await, (0, b"sub-handle".to_vec()));
+    assert_eq!(mnt(&f, "/export/missing").await.0, 2);
+    assert_eq!(mnt(&f, "/exportx").await.0, 2);
+    assert_eq!(mnt(&f, "/").await.0, 2);
+    // EXPORT lists the one export; DUMP lists who mounted it.
+    let r = results(&f, &call(10, 100_005, 3, 5, &Credentials::None, &[]))
+        .await
+        .unwrap();
+    let mut x = XdrReader::new(&r);
+    assert_eq!(x.u32().unwrap(), 1);
+    assert_eq!(x.opaque(1024).unwrap(), b"/export");
+    let r = results(&f, &call(11, 100_005, 3, 2, &Credentials::None, &[]))
+        .await
+        .unwrap();
+    let mut x = XdrReader::new(&r);
+    assert_eq!(x.u32().unwrap(), 1);
+    assert_eq!(x.opaque(255).unwrap(), b"127.0.0.1");
+}
+
+#[tokio::test]
+async fn portmap_answers_for_its_own_programs() {
+    let (_fake, f) = front();
+    for (prog, vers, port) in [
+        (100_003, 3, 2049),
+        (100_005, 3, 2049),
+        (100_000, 2, 2049),
+        (100_003, 4, 0),
+        (100_021, 4, 0),
+    ] {
+        let mut a = Vec::new();
+        for v in [prog, vers, 6, 0] {
+            xdr::put_u32(&mut a, v);
+        }
+        let r = results(&f, &call(1, 100_000, 2, 3, &Credentials::None, &a))
+            .await
+            .unwrap();
+        assert_eq!(
+            XdrReader::new(&r).u32().unwrap(),
+            port,
+            "GETPORT {prog} v{vers}"
+        );
+    }
+    let r = results(&f, &call(2, 100_000, 2, 4, &Credentials::None, &[]))
+        .await
+        .unwrap();
+    assert_eq!(r.len(), 3 * 20 + 4, "DUMP lists three mappings");
+    assert_eq!(
+        results(&f, &call(3, 100_000, 2, 3, &Credentials::None, &[1, 2])).await,
+        Err(ReplyError::Accepted(ReplyStatus::GarbageArgs))
+    );
+}
+
+proptest! {
+    /// Any bytes as a call, or any bytes after a valid header of any
+    /// program and procedure, get a reply or are dropped: never a panic.
+    #[test]
+    fn arbitrary_messages_never_panic(prog in prop::sample::select(vec![100_000u32, 100_003, 100_005, 7]),
+                                      vers in 1u32..5, proc_ in 0u32..24,
+                                      args in prop::collection::vec(any::<u8>(), 0..200),
+                                      raw in prop::collection::vec(any::<u8>(), 0..200)) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (_fake, f) = front();
+        rt.block_on(async {
+            let _ = f.handle(&call(1, prog, vers, proc_, &Credentials::unix(0, 0), &args), None).await;
+            let _ = f.handle(&raw, None).await;
+        });
+    }
+}
