@@ -210,7 +210,21 @@ impl RpcClient {
         proc_: u32,
         cred: &Credentials,
         args: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
+    ) -> Result<Reply, ClientError> {
+        self.call_with(prog, vers, proc_, cred, |out| out.extend_from_slice(args))
+            .await
+    }
+
+    /// Like [`call`](Self::call), with the arguments written by `encode`
+    /// straight into the call record (no intermediate buffer).
+    pub async fn call_with(
+        &self,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        cred: &Credentials,
+        encode: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Reply, ClientError> {
         let inner = &self.inner;
         let _permit = inner
             .in_flight
@@ -224,7 +238,7 @@ impl RpcClient {
         inner.stats.calls.fetch_add(1, Ordering::Relaxed);
         let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
         let mut record = rpc::call_record(xid, prog, vers, proc_, cred);
-        record.extend_from_slice(args);
+        encode(&mut record);
         let record = Arc::new(rpc::seal(record));
         let start = Instant::now();
         let deadline = inner.cfg.give_up_after.map(|d| start + d);
@@ -250,7 +264,7 @@ impl RpcClient {
                 None => inner.cfg.retransmit_after,
             };
             match tokio::time::timeout(wait, rx).await {
-                Ok(Ok(reply)) => return self.finish(&reply),
+                Ok(Ok(reply)) => return self.finish(reply),
                 // The connection died and dropped our slot: resend on a new one.
                 Ok(Err(_)) => {}
                 Err(_) => {
@@ -263,13 +277,33 @@ impl RpcClient {
         }
     }
 
-    fn finish(&self, reply: &[u8]) -> Result<Vec<u8>, ClientError> {
-        rpc::parse_reply(reply)
-            .map(<[u8]>::to_vec)
-            .map_err(|error| ClientError::Rpc {
-                server: self.inner.connector.describe(),
-                error,
-            })
+    fn finish(&self, record: Vec<u8>) -> Result<Reply, ClientError> {
+        let results_at = match rpc::parse_reply(&record) {
+            Ok(results) => record.len() - results.len(),
+            Err(error) => {
+                return Err(ClientError::Rpc {
+                    server: self.inner.connector.describe(),
+                    error,
+                });
+            }
+        };
+        Ok(Reply { record, results_at })
+    }
+}
+
+/// The results of a successful call: the XDR bytes after the reply header,
+/// kept inside the received record so they are never copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    record: Vec<u8>,
+    results_at: usize,
+}
+
+impl std::ops::Deref for Reply {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.record[self.results_at..]
     }
 }
 

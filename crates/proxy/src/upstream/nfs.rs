@@ -279,12 +279,11 @@ impl NfsService for NfsUpstream {
     ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
         Box::pin(async move {
             let p = req.proc_();
-            let mut args = Vec::new();
-            req.encode(&mut args);
-            drop(req);
             let results = self
                 .nfs
-                .call(NFS_PROGRAM, 3, p as u32, &cx.cred, &args)
+                .call_with(NFS_PROGRAM, 3, p as u32, &cx.cred, |out| {
+                    req.encode(out)
+                })
                 .await
                 .map_err(|e| self.service_error(e))?;
             NfsReply::decode(p, &results).map_err(|e| ServiceError::UpstreamProtocol {
