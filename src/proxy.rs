@@ -186,7 +186,36 @@ pub fn gvfsctl(control: &Path, args: &[&str]) -> Result<process::Output> {
     process::run(&mut cmd, Duration::from_secs(20))
 }
 
+/// Spawns `n` proxies in a chain in front of `upstream`, each with `extra`
+/// arguments; the last one returned is the one clients talk to.
+pub fn chain(upstream: &str, n: usize, extra: &[&str]) -> Result<Vec<Proxy>> {
+    let mut proxies: Vec<Proxy> = Vec::new();
+    let mut up = upstream.to_string();
+    for _ in 0..n {
+        let mut args = ProxyArgs::new(up);
+        for a in extra {
+            args = args.arg(*a);
+        }
+        let p = Proxy::spawn(args)?;
+        up = p.upstream_url();
+        proxies.push(p);
+    }
+    Ok(proxies)
+}
+
 impl Proxy {
+    /// The `--upstream` URL that points another proxy at this one.
+    pub fn upstream_url(&self) -> String {
+        let a = self.addr();
+        format!(
+            "nfs://{}:{}{}?mountport={}",
+            a.ip(),
+            a.port(),
+            self.export(),
+            a.port()
+        )
+    }
+
     /// The proxy's status as `gvfsctl status --json` reports it.
     pub fn status(&self) -> Result<serde_json::Value> {
         let out = gvfsctl(self.control_path(), &["status", "--json"])?;

@@ -19,15 +19,6 @@ use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
 
 const CHUNK: usize = 256 * 1024;
 
-fn upstream_of(p: &Proxy) -> String {
-    format!(
-        "nfs://{}:{}/export?mountport={}",
-        p.ip(),
-        p.port(),
-        p.port()
-    )
-}
-
 /// Kills `p` and starts the same proxy again on the same address.
 fn restart(p: &mut Proxy, upstream: &str) -> Result<()> {
     let addr = p.addr();
@@ -95,10 +86,13 @@ fn expected(chunks: usize) -> Vec<u8> {
 async fn every_proxy_of_a_chain_restarts_under_a_writing_client() -> Result<()> {
     let g = Ganesha::start()?;
     let mut inner = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
-    let mut middle = Proxy::spawn(ProxyArgs::new(upstream_of(&inner)))?;
-    let mut outer = Proxy::spawn(ProxyArgs::new(upstream_of(&middle)))?;
-    let (up_inner, up_middle, up_outer) =
-        (g.upstream_url(), upstream_of(&inner), upstream_of(&middle));
+    let mut middle = Proxy::spawn(ProxyArgs::new(inner.upstream_url()))?;
+    let mut outer = Proxy::spawn(ProxyArgs::new(middle.upstream_url()))?;
+    let (up_inner, up_middle, up_outer) = (
+        g.upstream_url(),
+        inner.upstream_url(),
+        middle.upstream_url(),
+    );
     let front: SocketAddr = outer.addr();
     let c = NfsClient::mount(
         front,
@@ -155,7 +149,7 @@ async fn dir_origin_restart_changes_the_verifier_and_keeps_handles() -> Result<(
     let dir = tempfile::tempdir()?;
     let origin_url = format!("dir:{}", dir.path().display());
     let mut origin = Proxy::spawn(ProxyArgs::new(origin_url.clone()))?;
-    let front = Proxy::spawn(ProxyArgs::new(upstream_of(&origin)))?;
+    let front = Proxy::spawn(ProxyArgs::new(origin.upstream_url()))?;
     let c = NfsClient::mount(
         front.addr(),
         front.addr(),
@@ -221,9 +215,9 @@ async fn dir_origin_restart_changes_the_verifier_and_keeps_handles() -> Result<(
 fn nfs_cp_survives_proxy_restarts_mid_copy() -> Result<()> {
     let g = Ganesha::start()?;
     let inner = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
-    let mut middle = Proxy::spawn(ProxyArgs::new(upstream_of(&inner)))?;
-    let mut outer = Proxy::spawn(ProxyArgs::new(upstream_of(&middle)))?;
-    let (up_middle, up_outer) = (upstream_of(&inner), upstream_of(&middle));
+    let mut middle = Proxy::spawn(ProxyArgs::new(inner.upstream_url()))?;
+    let mut outer = Proxy::spawn(ProxyArgs::new(middle.upstream_url()))?;
+    let (up_middle, up_outer) = (inner.upstream_url(), middle.upstream_url());
     let local = tempfile::tempdir()?;
     let src = local.path().join("big.bin");
     gvfs::data::write_random_file(&src, 11, 512 << 20)?;

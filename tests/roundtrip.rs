@@ -11,6 +11,7 @@ use anyhow::{Context, Result, ensure};
 use gvfs::data::{compare_files, random_bytes_at, write_random_file, write_sparse_file};
 use gvfs::libnfs::{nfs_cat, nfs_cp, nfs_ls_names};
 use gvfs::nfsclient::NfsClient;
+use gvfs::proxy::chain;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
@@ -21,23 +22,6 @@ const MIB: u64 = 1 << 20;
 /// Sizes around the interesting edges: empty, sub-block, block boundaries,
 /// the proxy's 1 MiB transfer size, and a large file.
 const SIZES: [u64; 8] = [0, 1, 4095, 4096, 65_537, MIB, MIB + 3, 256 * MIB];
-
-/// Proxy `n` deep in front of `upstream`; returns them, outermost last.
-fn chain(upstream: String, n: usize) -> Result<Vec<Proxy>> {
-    let mut proxies: Vec<Proxy> = Vec::new();
-    let mut up = upstream;
-    for _ in 0..n {
-        let p = Proxy::spawn(ProxyArgs::new(up))?;
-        up = format!(
-            "nfs://{}:{}/export?mountport={}",
-            p.ip(),
-            p.port(),
-            p.port()
-        );
-        proxies.push(p);
-    }
-    Ok(proxies)
-}
 
 /// Copies files of every size and a sparse file in through `front` and back
 /// out, checking each against `origin` (the directory the bytes land in).
@@ -109,14 +93,14 @@ fn libnfs_round_trips_through_a_proxy_to_ganesha() -> Result<()> {
 #[test]
 fn libnfs_round_trips_through_three_proxies_to_ganesha() -> Result<()> {
     let g = Ganesha::start()?;
-    let proxies = chain(g.upstream_url(), 3)?;
+    let proxies = chain(&g.upstream_url(), 3, &[])?;
     round_trip(proxies.last().context("no proxy")?, g.export_dir())
 }
 
 #[test]
 fn libnfs_round_trips_through_three_proxies_to_the_dir_origin() -> Result<()> {
     let origin = tempfile::tempdir()?;
-    let proxies = chain(format!("dir:{}", origin.path().display()), 3)?;
+    let proxies = chain(&format!("dir:{}", origin.path().display()), 3, &[])?;
     round_trip(proxies.last().context("no proxy")?, origin.path())
 }
 
@@ -126,7 +110,7 @@ fn libnfs_round_trips_through_three_proxies_to_the_dir_origin() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_offset_writes_and_reads_through_the_chain() -> Result<()> {
     let g = Ganesha::start()?;
-    let proxies = chain(g.upstream_url(), 3)?;
+    let proxies = chain(&g.upstream_url(), 3, &[])?;
     let front: SocketAddr = proxies.last().context("no proxy")?.addr();
     let c = NfsClient::mount(
         front,

@@ -209,6 +209,9 @@ impl Export {
     pub(super) fn commit(&self, c: &Caller, a: COMMIT3args) -> COMMIT3res {
         let (file, pre) = match self.open_file(&a.file, false) {
             Ok(x) => x,
+            Err((Fail(nfsstat3::NFS3ERR_ISDIR), Some(dir))) => {
+                return self.commit_dir(&a.file, dir);
+            }
             Err((Fail(s), attr)) => {
                 return Nfs3Result::Err((
                     s,
@@ -231,6 +234,38 @@ impl Export {
                 verf: writeverf3(self.write_verf),
             }),
             Err(Fail(s)) => Nfs3Result::Err((s, COMMIT3resfail { file_wcc })),
+        }
+    }
+
+    /// COMMIT of a directory: flushes its entries and answers NFS3_OK, as
+    /// nfs-ganesha does (knfsd says ISDIR; RFC 1813 section 3.3.21 lists
+    /// neither).
+    fn commit_dir(&self, fh: &nfs_fh3, pre: Attr) -> COMMIT3res {
+        let synced = self.find(fh).and_then(|node| {
+            let fd = openat(
+                node.dir.as_fd(),
+                node.name.as_slice(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OPEN_FLAGS,
+                Mode::empty(),
+            )?;
+            let post = stat_fd(fd.as_fd())?;
+            if post.key() != pre.key() {
+                return Err(Fail(nfsstat3::NFS3ERR_STALE));
+            }
+            rustix::fs::fsync(&fd)?;
+            Ok(stat_fd(fd.as_fd()).unwrap_or(post))
+        });
+        match synced {
+            Ok(post) => Nfs3Result::Ok(COMMIT3resok {
+                file_wcc: self.wcc(Some(&pre), Some(&post)),
+                verf: writeverf3(self.write_verf),
+            }),
+            Err(Fail(s)) => Nfs3Result::Err((
+                s,
+                COMMIT3resfail {
+                    file_wcc: self.wcc(Some(&pre), None),
+                },
+            )),
         }
     }
 }

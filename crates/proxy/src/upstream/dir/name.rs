@@ -42,8 +42,8 @@ pub(super) fn parse(name: &[u8]) -> Result<Name<'_>, Fail> {
 }
 
 /// Checks a name that must be an ordinary entry; "." and ".." fail with
-/// `on_dot` (knfsd answers EXIST to creating them, ACCES to removing them,
-/// PERM to renaming them).
+/// `on_dot` (EXIST to creating them, as knfsd and nfs-ganesha answer; INVAL
+/// to renaming them, as RFC 1813 section 3.3.14 suggests).
 pub(super) fn entry(name: &[u8], on_dot: nfsstat3) -> Result<&[u8], Fail> {
     match parse(name)? {
         Name::Entry(n) => Ok(n),

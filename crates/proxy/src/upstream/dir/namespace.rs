@@ -91,8 +91,9 @@ impl Export {
         name::entry(name, nfsstat3::NFS3ERR_EXIST)
     }
 
-    /// Mode for a new object when the caller gave none: 0 as knfsd does,
-    /// unless the proxy does not run as root and must still open it.
+    /// Mode for a new directory or device node when the caller gave none:
+    /// 0 as knfsd does, unless the proxy does not run as root and must
+    /// still open it. (CREATE has its own default.)
     fn default_mode(&self, dir: bool) -> u32 {
         match (self.as_root, dir) {
             (true, _) => 0,
@@ -177,9 +178,13 @@ impl Export {
             createhow3::UNCHECKED(s) | createhow3::GUARDED(s) => (s.clone(), None),
             createhow3::EXCLUSIVE(v) => (sattr3::default(), Some(exclusive_times(v))),
         };
+        // nfs-ganesha gives a file created without a mode (always the
+        // case for EXCLUSIVE) 0600 rather than knfsd's 0; RFC 1813 section
+        // 3.3.8 leaves it open, as the client must follow an exclusive
+        // create with a SETATTR.
         let mode = match s.mode {
             Nfs3Option::Some(m) => m & 0o7777,
-            Nfs3Option::None => self.default_mode(false),
+            Nfs3Option::None => CREATE_DEFAULT_MODE,
         };
         let flags = OFlags::RDWR
             | OFlags::CREATE
@@ -221,7 +226,11 @@ impl Export {
 
     /// CREATE of a name that exists: GUARDED fails, EXCLUSIVE succeeds when
     /// it is the retransmission of the create that made the file (same
-    /// verifier, still empty), UNCHECKED truncates a regular file if asked.
+    /// verifier, still empty), UNCHECKED truncates a regular file to 0 if
+    /// asked and otherwise leaves it as it is; like nfs-ganesha, it refuses
+    /// anything else with ISDIR (a directory) or BADTYPE. RFC 1813 section
+    /// 3.3.8 does not say; knfsd applies any size, and answers EXIST (since
+    /// Linux 5.18 NFS3_OK with the existing object) for other kinds.
     fn create_existing(
         &self,
         c: &Caller,
@@ -247,15 +256,20 @@ impl Export {
                 Ok(attr)
             }
             createhow3::UNCHECKED(s) => {
+                if attr.is_dir() {
+                    return Err(Fail(nfsstat3::NFS3ERR_ISDIR));
+                }
                 if !attr.is_reg() {
-                    return Err(exist);
+                    return Err(Fail(nfsstat3::NFS3ERR_BADTYPE));
                 }
                 self.index.insert(attr.ino, dir.attr.ino, name);
-                let Nfs3Option::Some(size) = s.size else {
+                // The other attributes are for a new file; nfs-ganesha
+                // ignores them, and any size but 0, on an existing one.
+                if !matches!(s.size, Nfs3Option::Some(0)) {
                     return Ok(attr);
-                };
+                }
                 let only_size = sattr3 {
-                    size: Nfs3Option::Some(size),
+                    size: Nfs3Option::Some(0),
                     ..sattr3::default()
                 };
                 let node = dir.child(name, attr);
@@ -378,7 +392,16 @@ impl Export {
         name: &[u8],
         rmdir: bool,
     ) -> Result<(), Fail> {
-        let name = name::entry(name, nfsstat3::NFS3ERR_ACCES)?;
+        let name = match name::parse(name)? {
+            Name::Entry(n) => n,
+            // RFC 1813 section 3.3.13: servers on which "." is illegal
+            // answer INVAL to RMDIR, those on which ".." is, EXIST.
+            Name::Dot if rmdir => return Err(Fail(nfsstat3::NFS3ERR_INVAL)),
+            Name::DotDot if rmdir => return Err(Fail(nfsstat3::NFS3ERR_EXIST)),
+            // REMOVE names a directory: ISDIR, as nfs-ganesha answers
+            // (knfsd says ACCES; RFC 1813 section 3.3.12 does not say).
+            Name::Dot | Name::DotDot => return Err(Fail(nfsstat3::NFS3ERR_ISDIR)),
+        };
         if !c.may(&dir.attr, W | X) {
             return Err(Fail(nfsstat3::NFS3ERR_ACCES));
         }
@@ -469,8 +492,10 @@ impl Export {
         if !c.may(&from.attr, W | X) || !c.may(&to.attr, W | X) {
             return Err(Fail(nfsstat3::NFS3ERR_ACCES));
         }
-        let fname = name::entry(fname, nfsstat3::NFS3ERR_PERM)?;
-        let tname = name::entry(tname, nfsstat3::NFS3ERR_PERM)?;
+        // RFC 1813 section 3.3.14: servers on which "." and ".." are
+        // illegal names answer INVAL (as nfs-ganesha does; knfsd says PERM).
+        let fname = name::entry(fname, nfsstat3::NFS3ERR_INVAL)?;
+        let tname = name::entry(tname, nfsstat3::NFS3ERR_INVAL)?;
         let src = stat_at(from.fd.as_fd(), fname)?;
         if !c.may_unlink_from(&from.attr, &src) {
             return Err(Fail(nfsstat3::NFS3ERR_PERM));
@@ -508,6 +533,12 @@ impl Export {
             }
         };
         let (out, linkdir_wcc) = self.in_dir(&a.link.dir, |dir| {
+            // A directory cannot be linked; nfs-ganesha says BADTYPE and
+            // knfsd ISDIR, both before looking at the name (RFC 1813
+            // section 3.3.15 lists neither).
+            if file.attr.is_dir() {
+                return Err(Fail(nfsstat3::NFS3ERR_BADTYPE));
+            }
             let name = Self::creatable(c, dir, a.link.name.as_ref())?;
             if !c.may_hardlink(&file.attr) {
                 return Err(Fail(nfsstat3::NFS3ERR_PERM));
@@ -537,6 +568,9 @@ impl Export {
         }
     }
 }
+
+/// Permission bits of a file CREATE makes without a mode.
+const CREATE_DEFAULT_MODE: u32 = 0o600;
 
 /// The atime and mtime an EXCLUSIVE create stores its verifier in, as
 /// knfsd does: one 31-bit half in each, in whole seconds.

@@ -80,17 +80,15 @@ impl Export {
             _ => None,
         };
 
+        // Only regular files have a size to set: BADTYPE, as nfs-ganesha
+        // answers (knfsd says ISDIR for a directory, INVAL for the rest;
+        // RFC 1813 section 3.3.2 does not say).
+        if size.is_some() && !a.is_reg() {
+            return Err(Fail(nfsstat3::NFS3ERR_BADTYPE));
+        }
         // Permission to write (knfsd's fh_verify): ACCES.
-        if size.is_some() {
-            if a.is_dir() {
-                return Err(Fail(nfsstat3::NFS3ERR_ISDIR));
-            }
-            if !a.is_reg() {
-                return Err(Fail(nfsstat3::NFS3ERR_INVAL));
-            }
-            if !c.owns(a) && !c.may(a, W) {
-                return Err(Fail(nfsstat3::NFS3ERR_ACCES));
-            }
+        if size.is_some() && !c.owns(a) && !c.may(a, W) {
+            return Err(Fail(nfsstat3::NFS3ERR_ACCES));
         }
         if let Some((_, false)) = times
             && !owner_or_root

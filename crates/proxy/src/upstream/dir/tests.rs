@@ -473,7 +473,18 @@ async fn exclusive_create_semantics() {
             .unwrap_err(),
         nfsstat3::NFS3ERR_EXIST
     );
-    // UNCHECKED on an existing file applies only the size.
+    // UNCHECKED on an existing file applies only a size of 0.
+    let grow = sattr3 {
+        mode: Nfs3Option::Some(0o644),
+        size: Nfs3Option::Some(2),
+        ..sattr3::default()
+    };
+    let (same, attr) = f
+        .create(&root(), &f.root, "x", createhow3::UNCHECKED(grow))
+        .await
+        .unwrap();
+    assert_eq!(same, fh);
+    assert_eq!((attr.size, attr.mode), (4, 0o600));
     let trunc = sattr3 {
         mode: Nfs3Option::Some(0o600),
         size: Nfs3Option::Some(0),
@@ -490,8 +501,164 @@ async fn exclusive_create_semantics() {
         f.create(&root(), &f.root, "d", unchecked(0o644))
             .await
             .unwrap_err(),
+        nfsstat3::NFS3ERR_ISDIR
+    );
+}
+
+#[tokio::test]
+async fn create_without_a_mode_and_over_other_kinds() {
+    let f = Fixture::new().await;
+    // No mode given (always so for EXCLUSIVE): 0600, as nfs-ganesha.
+    let (ex, attr) = f
+        .create(
+            &root(),
+            &f.root,
+            "ex",
+            createhow3::EXCLUSIVE(createverf3(*b"verifier")),
+        )
+        .await
+        .unwrap();
+    assert_eq!((attr.type_, attr.mode), (ftype3::NF3REG, 0o600));
+    assert_eq!(f.getattr(&ex).await.unwrap().mode, 0o600);
+    let (_, attr) = f
+        .create(
+            &root(),
+            &f.root,
+            "plain",
+            createhow3::UNCHECKED(sattr3::default()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(attr.mode, 0o600);
+
+    // An existing directory or symlink: UNCHECKED says what it is in the
+    // way (ISDIR, BADTYPE); GUARDED and EXCLUSIVE say EXIST.
+    f.mkdir(&root(), &f.root, "d").await.unwrap();
+    std::os::unix::fs::symlink("nowhere", f.tmp.path().join("s")).unwrap();
+    for (n, unchecked_says) in [
+        ("d", nfsstat3::NFS3ERR_ISDIR),
+        ("s", nfsstat3::NFS3ERR_BADTYPE),
+    ] {
+        assert_eq!(
+            f.create(&root(), &f.root, n, unchecked(0o644))
+                .await
+                .unwrap_err(),
+            unchecked_says,
+            "{n}"
+        );
+        assert_eq!(
+            f.create(&root(), &f.root, n, createhow3::GUARDED(mode(0o644)))
+                .await
+                .unwrap_err(),
+            nfsstat3::NFS3ERR_EXIST,
+            "{n}"
+        );
+        assert_eq!(
+            f.create(
+                &root(),
+                &f.root,
+                n,
+                createhow3::EXCLUSIVE(createverf3(*b"verifier"))
+            )
+            .await
+            .unwrap_err(),
+            nfsstat3::NFS3ERR_EXIST,
+            "{n}"
+        );
+    }
+    assert!(
+        std::fs::symlink_metadata(f.tmp.path().join("s"))
+            .unwrap()
+            .is_symlink()
+    );
+}
+
+#[tokio::test]
+async fn directories_cannot_be_linked_truncated_but_can_be_committed() {
+    let f = Fixture::new().await;
+    let (d, _) = f.mkdir(&root(), &f.root, "d").await.unwrap();
+    let (file, _) = f
+        .create(&root(), &f.root, "file", unchecked(0o644))
+        .await
+        .unwrap();
+    std::os::unix::fs::symlink("nowhere", f.tmp.path().join("s")).unwrap();
+    let (sym, _) = f.lookup(&root(), &f.root, "s").await.unwrap();
+    let link = async |fh: &nfs_fh3, dir: &nfs_fh3, n: &str| {
+        let r = f
+            .call(
+                &root(),
+                NfsRequest::Link(LINK3args {
+                    file: fh.clone(),
+                    link: diropargs3 {
+                        dir: dir.clone(),
+                        name: name(n),
+                    },
+                }),
+            )
+            .await;
+        reply!(r, Link)
+    };
+    // LINK of a directory: BADTYPE, whatever the name.
+    for n in ["new", "file", "d", "."] {
+        assert_eq!(
+            link(&d, &f.root, n).await.unwrap_err(),
+            nfsstat3::NFS3ERR_BADTYPE,
+            "{n}"
+        );
+    }
+    assert_eq!(
+        link(&d, &file, "new").await.unwrap_err(),
+        nfsstat3::NFS3ERR_NOTDIR
+    );
+    assert_eq!(
+        link(&file, &f.root, "d").await.unwrap_err(),
         nfsstat3::NFS3ERR_EXIST
     );
+
+    // SETATTR of a size: only regular files have one.
+    let size = |n| sattr3 {
+        size: Nfs3Option::Some(n),
+        ..sattr3::default()
+    };
+    for fh in [&d, &sym, &f.root] {
+        assert_eq!(
+            f.setattr(&root(), fh, size(0), None).await.unwrap_err(),
+            nfsstat3::NFS3ERR_BADTYPE
+        );
+    }
+    f.setattr(&root(), &d, mode(0o700), None).await.unwrap();
+    f.setattr(&root(), &file, size(3), None).await.unwrap();
+
+    // COMMIT of a directory flushes it; of a symlink, there is nothing.
+    let commit = async |fh: &nfs_fh3| {
+        let r = f
+            .call(
+                &root(),
+                NfsRequest::Commit(COMMIT3args {
+                    file: fh.clone(),
+                    offset: 0,
+                    count: 0,
+                }),
+            )
+            .await;
+        reply!(r, Commit)
+    };
+    let w = f
+        .write(&root(), &file, 0, b"x", stable_how::UNSTABLE)
+        .await
+        .unwrap();
+    for dir in [&d, &f.root] {
+        let ok = commit(dir).await.unwrap();
+        assert_eq!(ok.verf, w.verf);
+        let (Nfs3Option::Some(_), Nfs3Option::Some(after)) =
+            (ok.file_wcc.before, ok.file_wcc.after)
+        else {
+            panic!("COMMIT of a directory without wcc_data")
+        };
+        assert_eq!(after.type_, ftype3::NF3DIR);
+    }
+    assert_eq!(commit(&sym).await.unwrap_err(), nfsstat3::NFS3ERR_INVAL);
+    assert_eq!(commit(&file).await.unwrap().verf, w.verf);
 }
 
 #[tokio::test]
@@ -631,7 +798,7 @@ async fn names_cannot_escape_the_root() {
         );
         assert_eq!(
             f.remove(&root(), &f.root, dots).await.unwrap_err(),
-            nfsstat3::NFS3ERR_ACCES
+            nfsstat3::NFS3ERR_ISDIR
         );
     }
 
@@ -1108,10 +1275,13 @@ async fn rename_over_existing_and_rmdir() {
         f.rename(&f.root, "a", &f.root, "c").await.unwrap_err(),
         nfsstat3::NFS3ERR_NOENT
     );
-    assert_eq!(
-        f.rename(&f.root, ".", &f.root, "c").await.unwrap_err(),
-        nfsstat3::NFS3ERR_PERM
-    );
+    for (from, to) in [(".", "c"), ("..", "c"), ("b", "."), ("b", "..")] {
+        assert_eq!(
+            f.rename(&f.root, from, &f.root, to).await.unwrap_err(),
+            nfsstat3::NFS3ERR_INVAL,
+            "{from} -> {to}"
+        );
+    }
 
     let (d, _) = f.mkdir(&root(), &f.root, "d").await.unwrap();
     f.create(&root(), &d, "inside", unchecked(0o644))
@@ -1133,6 +1303,9 @@ async fn rename_over_existing_and_rmdir() {
     };
     assert_eq!(rmdir("d").await.unwrap_err(), nfsstat3::NFS3ERR_NOTEMPTY);
     assert_eq!(rmdir("b").await.unwrap_err(), nfsstat3::NFS3ERR_NOTDIR);
+    // RFC 1813 section 3.3.13's answers for servers that refuse the dots.
+    assert_eq!(rmdir(".").await.unwrap_err(), nfsstat3::NFS3ERR_INVAL);
+    assert_eq!(rmdir("..").await.unwrap_err(), nfsstat3::NFS3ERR_EXIST);
     assert_eq!(
         f.remove(&root(), &f.root, "d").await.unwrap_err(),
         nfsstat3::NFS3ERR_ISDIR
@@ -1210,7 +1383,7 @@ async fn setattr_truncate_times_and_guard() {
         )
         .await
         .unwrap_err(),
-        nfsstat3::NFS3ERR_ISDIR
+        nfsstat3::NFS3ERR_BADTYPE
     );
 }
 
