@@ -281,9 +281,7 @@ impl NfsService for NfsUpstream {
             let p = req.proc_();
             let results = self
                 .nfs
-                .call_with(NFS_PROGRAM, 3, p as u32, &cx.cred, |out| {
-                    req.encode(out)
-                })
+                .call_with(NFS_PROGRAM, 3, p as u32, &cx.cred, |out| req.encode(out))
                 .await
                 .map_err(|e| self.service_error(e))?;
             NfsReply::decode(p, &results).map_err(|e| ServiceError::UpstreamProtocol {
