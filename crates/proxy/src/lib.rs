@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod alloc;
 pub mod config;
 pub mod control;
 pub mod drc;

@@ -98,6 +98,7 @@ impl Cli {
 }
 
 fn main() -> ExitCode {
+    gvfs_proxy::alloc::tune_for_large_buffers();
     let cli = Cli::parse();
     let filter = cli
         .log
