@@ -15,13 +15,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::record::{RecordLimits, RecordReader};
+use crate::record::RecordLimits;
 use crate::rpc::{self, Credentials, ReplyError};
 use crate::service::BoxFuture;
+use crate::stream::RecordStream;
 
 /// A bidirectional byte stream the client can run over (TCP, TLS, ...).
 pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -374,7 +375,7 @@ impl Inner {
 
 impl Conn {
     fn start(stream: BoxStream, limits: RecordLimits) -> Self {
-        let (mut rd, mut wr) = tokio::io::split(stream);
+        let (rd, mut wr) = tokio::io::split(stream);
         let pending: Arc<Pending> = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
         let (out, mut out_rx) = mpsc::channel::<Arc<Vec<u8>>>(64);
@@ -394,29 +395,21 @@ impl Conn {
         let reader = {
             let (pending, dead) = (pending.clone(), dead.clone());
             tokio::spawn(async move {
-                let mut records = RecordReader::new(limits);
-                let mut buf = vec![0u8; 64 * 1024];
-                'read: loop {
-                    let n = match rd.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    let mut chunk = &buf[..n];
-                    while !chunk.is_empty() {
-                        match records.feed(chunk) {
-                            Ok(used) => chunk = &chunk[used..],
-                            Err(e) => {
-                                tracing::warn!(error = %e, "dropping connection to server");
-                                break 'read;
-                            }
-                        }
-                        if let Some(rec) = records.take_record() {
+                let mut records = RecordStream::new(rd, limits);
+                loop {
+                    match records.next().await {
+                        Ok(Some(rec)) => {
                             let Some(xid) = rpc::reply_xid(&rec) else {
                                 continue;
                             };
                             if let Some(tx) = lock(&pending).remove(&xid) {
                                 let _ = tx.send(rec);
                             }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "dropping connection to server");
+                            break;
                         }
                     }
                 }

@@ -18,6 +18,7 @@ pub mod proc;
 pub mod record;
 pub mod rpc;
 pub mod service;
+pub mod stream;
 pub mod xdr;
 
 pub use nfs3_types;

@@ -226,8 +226,16 @@ impl NfsRequest {
     /// True for procedures whose repetition changes the outcome, whose
     /// retransmissions the duplicate-request cache must answer from memory.
     pub fn is_non_idempotent(&self) -> bool {
+        self.proc_().is_non_idempotent()
+    }
+}
+
+impl NfsProc {
+    /// True for procedures whose repetition changes the outcome, whose
+    /// retransmissions the duplicate-request cache must answer from memory.
+    pub fn is_non_idempotent(self) -> bool {
         matches!(
-            self.proc_(),
+            self,
             NfsProc::Setattr
                 | NfsProc::Write
                 | NfsProc::Create
@@ -240,7 +248,9 @@ impl NfsRequest {
                 | NfsProc::Link
         )
     }
+}
 
+impl NfsRequest {
     /// The file handles this call names.
     pub fn handles(&self) -> Vec<&nfs_fh3> {
         match self {
@@ -398,6 +408,166 @@ mod tests {
             let mut bytes = vec![0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
             bytes.extend_from_slice(&[0xFF; 8]);
             let _ = NfsRequest::decode(p, &bytes);
+        }
+    }
+}
+
+/// Checks of READ and WRITE in their XDR form, for layers that forward them
+/// without decoding the payload (RFC 1813 sections 3.3.6 and 3.3.7).
+pub mod raw {
+    use crate::xdr::{XdrError, XdrReader};
+
+    use super::MAX_FH_LEN;
+
+    /// Size of an encoded `fattr3`.
+    const FATTR3_LEN: usize = 84;
+    /// Size of an encoded `wcc_attr`.
+    const WCC_ATTR_LEN: usize = 24;
+
+    fn handle(r: &mut XdrReader<'_>) -> Result<(), XdrError> {
+        r.opaque(MAX_FH_LEN).map(|_| ())
+    }
+
+    fn skip(r: &mut XdrReader<'_>, n: usize) -> Result<(), XdrError> {
+        for _ in 0..n / 4 {
+            r.u32()?;
+        }
+        Ok(())
+    }
+
+    fn optional(r: &mut XdrReader<'_>, len: usize) -> Result<(), XdrError> {
+        match r.u32()? {
+            0 => Ok(()),
+            1 => skip(r, len),
+            v => Err(XdrError::InvalidValue(v)),
+        }
+    }
+
+    fn end(r: &XdrReader<'_>) -> Result<(), XdrError> {
+        match r.rest().len() {
+            0 => Ok(()),
+            n => Err(XdrError::Trailing(n)),
+        }
+    }
+
+    /// Checks READ3args; returns the count asked for.
+    pub fn read_args(args: &[u8]) -> Result<u32, XdrError> {
+        let mut r = XdrReader::new(args);
+        handle(&mut r)?;
+        skip(&mut r, 8)?;
+        let count = r.u32()?;
+        end(&r)?;
+        Ok(count)
+    }
+
+    /// Checks WRITE3args; returns the length of the data.
+    pub fn write_args(args: &[u8]) -> Result<usize, XdrError> {
+        let mut r = XdrReader::new(args);
+        handle(&mut r)?;
+        skip(&mut r, 12)?;
+        let stable = r.u32()?;
+        if stable > 2 {
+            return Err(XdrError::InvalidValue(stable));
+        }
+        let data = r.opaque(args.len())?;
+        end(&r)?;
+        Ok(data.len())
+    }
+
+    /// Checks READ3res; returns the length of the data read (0 on error).
+    pub fn read_results(res: &[u8]) -> Result<usize, XdrError> {
+        let mut r = XdrReader::new(res);
+        let status = r.u32()?;
+        optional(&mut r, FATTR3_LEN)?;
+        let mut len = 0;
+        if status == 0 {
+            r.u32()?;
+            match r.u32()? {
+                0 | 1 => {}
+                v => return Err(XdrError::InvalidValue(v)),
+            }
+            len = r.opaque(res.len())?.len();
+        }
+        end(&r)?;
+        Ok(len)
+    }
+
+    /// Checks WRITE3res.
+    pub fn write_results(res: &[u8]) -> Result<(), XdrError> {
+        let mut r = XdrReader::new(res);
+        let status = r.u32()?;
+        optional(&mut r, WCC_ATTR_LEN)?;
+        optional(&mut r, FATTR3_LEN)?;
+        if status == 0 {
+            r.u32()?;
+            let committed = r.u32()?;
+            if committed > 2 {
+                return Err(XdrError::InvalidValue(committed));
+            }
+            skip(&mut r, 8)?;
+        }
+        end(&r)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::proc::{NfsReply, NfsRequest};
+        use nfs3_types::nfs3::*;
+        use nfs3_types::xdr_codec::Opaque;
+        use proptest::prelude::*;
+
+        fn attrs() -> fattr3 {
+            fattr3 {
+                type_: ftype3::NF3REG,
+                mode: 0o644,
+                nlink: 1,
+                uid: 1,
+                gid: 2,
+                size: 3,
+                used: 4,
+                rdev: specdata3::default(),
+                fsid: 5,
+                fileid: 6,
+                atime: nfstime3::default(),
+                mtime: nfstime3::default(),
+                ctime: nfstime3::default(),
+            }
+        }
+
+        proptest! {
+            /// The raw checks accept exactly what the typed codec encodes,
+            /// and agree on the payload length.
+            #[test]
+            fn agree_with_the_typed_codec(data in prop::collection::vec(any::<u8>(), 0..3000), with_attrs: bool) {
+                let fh = nfs_fh3 { data: Opaque::owned(vec![9; 20]) };
+                let mut w = Vec::new();
+                NfsRequest::Write(WRITE3args { file: fh.clone(), offset: 7, count: data.len() as u32,
+                    stable: stable_how::DATA_SYNC, data: Opaque::owned(data.clone()) }).encode(&mut w);
+                prop_assert_eq!(write_args(&w), Ok(data.len()));
+                prop_assert!(write_args(&w[..w.len() - 1]).is_err());
+                let mut rd = Vec::new();
+                NfsRequest::Read(READ3args { file: fh, offset: 1, count: 99 }).encode(&mut rd);
+                prop_assert_eq!(read_args(&rd), Ok(99));
+                let post = if with_attrs { Nfs3Option::Some(attrs()) } else { Nfs3Option::None };
+                let mut res = Vec::new();
+                NfsReply::Read(Nfs3Result::Ok(READ3resok { file_attributes: post.clone(), count: data.len() as u32,
+                    eof: true, data: Opaque::owned(data.clone()) })).encode(&mut res);
+                prop_assert_eq!(read_results(&res), Ok(data.len()));
+                prop_assert!(read_results(&res[..res.len() - 1]).is_err());
+                let mut res = Vec::new();
+                NfsReply::Write(Nfs3Result::Ok(WRITE3resok { file_wcc: wcc_data { before: Nfs3Option::None, after: post },
+                    count: 5, committed: stable_how::FILE_SYNC, verf: writeverf3([1; 8]) })).encode(&mut res);
+                prop_assert_eq!(write_results(&res), Ok(()));
+                let mut res = Vec::new();
+                NfsReply::error(crate::proc::NfsProc::Read, nfsstat3::NFS3ERR_IO).encode(&mut res);
+                prop_assert_eq!(read_results(&res), Ok(0));
+            }
+
+            #[test]
+            fn never_panic(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
+                let _ = (read_args(&bytes), write_args(&bytes), read_results(&bytes), write_results(&bytes));
+            }
         }
     }
 }

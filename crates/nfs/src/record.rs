@@ -136,6 +136,31 @@ impl RecordReader {
             && matches!(self.state, State::Header { have: 0, .. })
     }
 
+    /// When a fragment body is being collected: the record buffer (with room
+    /// reserved for the rest of the fragment) and how many bytes the fragment
+    /// still needs, so an I/O edge can read them straight into the record.
+    /// Report what it appended with [`body_appended`](Self::body_appended).
+    pub fn body_slot(&mut self) -> Option<(&mut Vec<u8>, usize)> {
+        match self.state {
+            State::Body { remaining, .. } if self.ready.is_none() => {
+                Some((&mut self.record, remaining))
+            }
+            _ => None,
+        }
+    }
+
+    /// Accounts for `n` bytes appended to the record through
+    /// [`body_slot`](Self::body_slot) (at most the bytes it said remain).
+    pub fn body_appended(&mut self, n: usize) {
+        if let State::Body { remaining, last } = &mut self.state {
+            *remaining -= n.min(*remaining);
+            if *remaining == 0 {
+                let last = *last;
+                self.end_fragment(last);
+            }
+        }
+    }
+
     fn begin_fragment(&mut self, header: u32) -> Result<(), RecordError> {
         let last = header & 0x8000_0000 != 0;
         let len = header & 0x7FFF_FFFF;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use nfs3_types::mount::mountstat3;
 use nfs3_types::nfs3::{nfs_fh3, nfsstat3};
 
+use crate::client::Reply;
 use crate::proc::{NfsProc, NfsReply, NfsRequest};
 use crate::rpc::{Credentials, ReplyStatus};
 
@@ -167,6 +168,22 @@ pub trait NfsService: Send + Sync + 'static {
 
     /// A one-line description for logs and `gvfsctl status`.
     fn describe(&self) -> String;
+
+    /// Forwards a READ or WRITE in its XDR form and returns the XDR results
+    /// untouched, sparing a pure forwarder two copies of the payload per hop.
+    /// `None` (the default) means this layer must see the typed call: any
+    /// layer that reads, caches or changes data keeps the default. The front
+    /// end calls it only for READ and WRITE whose arguments passed
+    /// [`proc::raw`](crate::proc::raw) checks, and the results returned must
+    /// pass them too.
+    fn forward_raw<'a>(
+        &'a self,
+        _cx: &'a CallContext,
+        _proc: NfsProc,
+        _args: &'a [u8],
+    ) -> Option<BoxFuture<'a, Result<Reply, ServiceError>>> {
+        None
+    }
 }
 
 impl<T: NfsService + ?Sized> NfsService for Arc<T> {
@@ -184,5 +201,14 @@ impl<T: NfsService + ?Sized> NfsService for Arc<T> {
 
     fn describe(&self) -> String {
         (**self).describe()
+    }
+
+    fn forward_raw<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        proc_: NfsProc,
+        args: &'a [u8],
+    ) -> Option<BoxFuture<'a, Result<Reply, ServiceError>>> {
+        (**self).forward_raw(cx, proc_, args)
     }
 }

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use gvfs_nfs::record::{RecordLimits, RecordReader};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use gvfs_nfs::record::RecordLimits;
+use gvfs_nfs::stream::{RecordStream, StreamError};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -123,7 +124,7 @@ pub async fn serve_connection<S>(
 ) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (rd, mut wr) = tokio::io::split(stream);
     let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
     let (reply_tx, mut reply_rx) = mpsc::channel::<Vec<u8>>(limits.max_in_flight.max(1));
     let write_timeout = limits.write_timeout;
@@ -137,41 +138,38 @@ pub async fn serve_connection<S>(
         let _ = wr.shutdown().await;
     });
 
-    let mut records = RecordReader::new(limits.records);
-    let mut buf = vec![0u8; 256 * 1024];
-    'conn: loop {
-        let n = tokio::select! {
+    let mut records = RecordStream::new(rd, limits.records);
+    loop {
+        let rec = tokio::select! {
             _ = shutdown.cancelled() => break,
-            r = tokio::time::timeout(limits.idle_timeout, rd.read(&mut buf)) => match r {
-                Ok(Ok(0)) | Ok(Err(_)) => break,
-                Err(_) => { tracing::debug!(?peer, "idle connection closed"); break }
-                Ok(Ok(n)) => n,
-            },
-        };
-        let mut chunk = &buf[..n];
-        while !chunk.is_empty() {
-            match records.feed(chunk) {
-                Ok(used) => chunk = &chunk[used..],
-                Err(e) => {
+            r = tokio::time::timeout(limits.idle_timeout, records.next()) => match r {
+                Ok(Ok(Some(rec))) => rec,
+                Ok(Ok(None)) => break,
+                Ok(Err(StreamError::Record(e))) => {
                     stats.oversized.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(?peer, error = %e, "closing connection");
-                    break 'conn;
+                    break;
                 }
+                Ok(Err(e)) => {
+                    tracing::debug!(?peer, error = %e, "connection ended");
+                    break;
+                }
+                Err(_) => {
+                    tracing::debug!(?peer, "idle connection closed");
+                    break;
+                }
+            },
+        };
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            break;
+        };
+        let (front, tx) = (front.clone(), reply_tx.clone());
+        tasks.spawn(async move {
+            if let Some(reply) = front.handle(&rec, peer).await {
+                let _ = tx.send(reply).await;
             }
-            let Some(rec) = records.take_record() else {
-                continue;
-            };
-            let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                break 'conn;
-            };
-            let (front, tx) = (front.clone(), reply_tx.clone());
-            tasks.spawn(async move {
-                if let Some(reply) = front.handle(&rec, peer).await {
-                    let _ = tx.send(reply).await;
-                }
-                drop(permit);
-            });
-        }
+            drop(permit);
+        });
     }
     // Let calls in flight finish and queue their replies, then close.
     drop(reply_tx);

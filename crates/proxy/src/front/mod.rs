@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use gvfs_nfs::proc::{DecodeError, NfsProc};
+use gvfs_nfs::proc::{NfsProc, raw};
 use gvfs_nfs::rpc::{self, CallError, CallHeader, ReplyStatus, auth_stat};
-use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
+use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
 use crate::drc::{Drc, DrcKey, Lookup};
 
@@ -145,20 +145,12 @@ impl FrontEnd {
         if hdr.vers != 3 {
             return Some(self.error(hdr.xid, ReplyStatus::ProgMismatch { low: 3, high: 3 }));
         }
-        let req = match NfsRequest::decode(hdr.proc_, args) {
-            Ok(r) => r,
-            Err(DecodeError::UnknownProcedure(_)) => {
-                return Some(self.error(hdr.xid, ReplyStatus::ProcUnavail));
-            }
-            Err(e) => {
-                tracing::debug!(xid = hdr.xid, error = %e, "garbage arguments");
-                return Some(self.error(hdr.xid, ReplyStatus::GarbageArgs));
-            }
+        let Some(p) = NfsProc::from_u32(hdr.proc_) else {
+            return Some(self.error(hdr.xid, ReplyStatus::ProcUnavail));
         };
-        let p = req.proc_();
         self.stats.nfs_calls[p as usize].fetch_add(1, Ordering::Relaxed);
-        if !req.is_non_idempotent() {
-            return Some(self.run(cx, req).await);
+        if !p.is_non_idempotent() {
+            return Some(self.execute(cx, p, args).await);
         }
         let key = DrcKey::new(cx.peer.map(|a| a.ip()), hdr.xid, hdr.prog, hdr.proc_, args);
         match self.drc.begin(key) {
@@ -172,10 +164,53 @@ impl FrontEnd {
                 return Some(reply.to_vec());
             }
         }
-        let reply = self.run(cx, req).await;
-        let shared = Arc::new(reply);
-        self.drc.finish(key, Some(shared.clone()));
-        Some(Arc::try_unwrap(shared).unwrap_or_else(|a| a.to_vec()))
+        let reply = Arc::new(self.execute(cx, p, args).await);
+        self.drc.finish(key, Some(reply.clone()));
+        Some(Arc::try_unwrap(reply).unwrap_or_else(|a| a.to_vec()))
+    }
+
+    /// Runs one NFS call: READ and WRITE in their XDR form when the layer
+    /// below forwards them raw, everything else decoded and typed.
+    async fn execute(&self, cx: &CallContext, p: NfsProc, args: &[u8]) -> Vec<u8> {
+        let raw_len = match p {
+            NfsProc::Write => raw::write_args(args).ok(),
+            NfsProc::Read => raw::read_args(args).ok().map(|_| 0),
+            _ => None,
+        };
+        if let Some(write_len) = raw_len
+            && let Some(forward) = self.service.forward_raw(cx, p, args)
+        {
+            return match forward.await {
+                Ok(results) => {
+                    self.stats
+                        .write_bytes
+                        .fetch_add(write_len as u64, Ordering::Relaxed);
+                    if p == NfsProc::Read {
+                        let n = raw::read_results(&results).unwrap_or(0);
+                        self.stats.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    rpc::reply_record(cx.xid, ReplyStatus::Success, &results)
+                }
+                Err(e) => self.failed(cx, p, &e),
+            };
+        }
+        match NfsRequest::decode(p as u32, args) {
+            Ok(req) => self.run(cx, req).await,
+            Err(e) => {
+                tracing::debug!(xid = cx.xid, error = %e, "garbage arguments");
+                self.error(cx.xid, ReplyStatus::GarbageArgs)
+            }
+        }
+    }
+
+    /// The reply when a layer failed to produce one.
+    fn failed(&self, cx: &CallContext, p: NfsProc, e: &ServiceError) -> Vec<u8> {
+        self.stats.service_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(proc = p.name(), xid = cx.xid, error = %e, "call failed below the front end");
+        match e.rpc_status() {
+            Some(status) => self.error(cx.xid, status),
+            None => encode_success(cx.xid, &e.to_reply(p)),
+        }
     }
 
     /// Runs a decoded NFS call through the stack and encodes the reply.
@@ -188,14 +223,7 @@ impl FrontEnd {
         }
         let reply = match self.service.call(cx, req).await {
             Ok(r) => r,
-            Err(e) => {
-                self.stats.service_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(proc = p.name(), xid = cx.xid, error = %e, "call failed below the front end");
-                if let Some(status) = e.rpc_status() {
-                    return self.error(cx.xid, status);
-                }
-                e.to_reply(p)
-            }
+            Err(e) => return self.failed(cx, p, &e),
         };
         if let NfsReply::Read(nfs3_types::nfs3::Nfs3Result::Ok(ok)) = &reply {
             self.stats

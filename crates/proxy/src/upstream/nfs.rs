@@ -10,11 +10,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use gvfs_nfs::client::{BoxStream, ClientConfig, ClientError, Connector, RpcClient, TcpConnector};
+use gvfs_nfs::client::{
+    BoxStream, ClientConfig, ClientError, Connector, Reply, RpcClient, TcpConnector,
+};
 use gvfs_nfs::nfs3_types::nfs3::nfs_fh3;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::portmap::{self, IPPROTO_TCP, Mapping};
-use gvfs_nfs::proc::MAX_FH_LEN;
+use gvfs_nfs::proc::{MAX_FH_LEN, NfsProc, raw};
 use gvfs_nfs::xdr::{self, XdrReader};
 use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
@@ -319,6 +321,33 @@ impl NfsService for NfsUpstream {
                 ))),
             }
         })
+    }
+
+    fn forward_raw<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        p: NfsProc,
+        args: &'a [u8],
+    ) -> Option<BoxFuture<'a, Result<Reply, ServiceError>>> {
+        Some(Box::pin(async move {
+            let results = self
+                .nfs
+                .call(NFS_PROGRAM, 3, p as u32, &cx.cred, args)
+                .await
+                .map_err(|e| self.service_error(e))?;
+            let checked = match p {
+                NfsProc::Read => raw::read_results(&results).map(|_| ()),
+                NfsProc::Write => raw::write_results(&results),
+                _ => NfsReply::decode(p, &results)
+                    .map(|_| ())
+                    .map_err(|_| gvfs_nfs::xdr::XdrError::InvalidValue(p as u32)),
+            };
+            checked.map_err(|e| ServiceError::UpstreamProtocol {
+                upstream: self.describe(),
+                reason: format!("{} reply: {e}", p.name()),
+            })?;
+            Ok(results)
+        }))
     }
 
     fn describe(&self) -> String {
