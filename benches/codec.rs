@@ -2,7 +2,7 @@
 //! call-header parsing, and NFSv3 argument/result codecs on the hot path
 //! (1 MiB READ replies and WRITE calls, GETATTR).
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::proc::{NfsProc, NfsReply, NfsRequest};
@@ -112,4 +112,11 @@ fn replies(c: &mut Criterion) {
 }
 
 criterion_group!(benches, records, calls, replies);
-criterion_main!(benches);
+
+/// Runs with the proxy's allocator settings, so 1 MiB buffers behave as in
+/// `gvfs-proxy` rather than each costing a fresh `mmap`.
+fn main() {
+    gvfs_proxy::alloc::tune_for_large_buffers();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -97,14 +97,21 @@ impl Unpack for Opaque<'static> {
         // PREALLOC_LIMIT up front and let the buffer grow only as bytes
         // actually arrive, so a forged length cannot force a large
         // allocation; the caller bounds the input (one capped RPC record).
-        let mut buf = Vec::with_capacity(len.min(PREALLOC_LIMIT));
-        let got = input
-            .take(len as u64)
-            .read_to_end(&mut buf)
-            .map_err(Error::Io)?;
-        if got != len {
-            return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
-        }
+        let buf = if len <= PREALLOC_LIMIT {
+            let mut buf = vec![0u8; len];
+            input.read_exact(&mut buf).map_err(Error::Io)?;
+            buf
+        } else {
+            let mut buf = Vec::with_capacity(PREALLOC_LIMIT);
+            let got = input
+                .take(len as u64)
+                .read_to_end(&mut buf)
+                .map_err(Error::Io)?;
+            if got != len {
+                return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            buf
+        };
         bytes_read += len;
 
         let len = get_padding(len);
