@@ -234,3 +234,54 @@ proptest! {
         });
     }
 }
+
+/// Hands out 64-byte handles (the NFSv3 maximum) and checks they come back
+/// byte for byte.
+struct WideHandles;
+
+impl NfsService for WideHandles {
+    fn call<'a>(
+        &'a self,
+        _cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+        Box::pin(async move {
+            let status = match &req {
+                NfsRequest::Getattr(a) if a.object.data.as_ref() == [0xA5; 64] => {
+                    nfsstat3::NFS3ERR_ACCES
+                }
+                _ => nfsstat3::NFS3ERR_BADHANDLE,
+            };
+            Ok(NfsReply::error(req.proc_(), status))
+        })
+    }
+
+    fn root<'a>(&'a self, _cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+        Box::pin(async { Ok(fh(&[0xA5; 64])) })
+    }
+
+    fn describe(&self) -> String {
+        "wide".into()
+    }
+}
+
+#[tokio::test]
+async fn handles_of_any_size_up_to_64_bytes_pass_through_unchanged() {
+    let f = FrontEnd::new(Arc::new(WideHandles), "/export".into(), 2049);
+    assert_eq!(mnt(&f, "/export").await, (0, vec![0xA5; 64]));
+    let mut args = Vec::new();
+    NfsRequest::Getattr(GETATTR3args {
+        object: fh(&[0xA5; 64]),
+    })
+    .encode(&mut args);
+    let r = results(&f, &call(1, 100_003, 3, 1, &Credentials::None, &args))
+        .await
+        .unwrap();
+    // ACCES (not BADHANDLE) proves the layer got the very same 64 bytes.
+    assert_eq!(
+        NfsReply::decode(gvfs_nfs::NfsProc::Getattr, &r)
+            .unwrap()
+            .status(),
+        nfsstat3::NFS3ERR_ACCES
+    );
+}
