@@ -138,6 +138,15 @@ fn checksum(b: &[u8]) -> u64 {
 }
 
 impl Pair {
+    /// `direct` when `c` is the direct client, else `chained`.
+    fn pick(&self, c: &NfsClient, direct: &nfs_fh3, chained: &nfs_fh3) -> nfs_fh3 {
+        if std::ptr::eq(c, &self.direct) {
+            direct.clone()
+        } else {
+            chained.clone()
+        }
+    }
+
     /// Resolves `path` on both sides; both must agree whether it exists.
     async fn resolve(&self, path: &str) -> Result<Option<(nfs_fh3, nfs_fh3)>> {
         let a = self.direct.resolve(path).await?;
@@ -424,13 +433,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
         }
         return Ok(());
     };
-    let side = |c: &NfsClient| {
-        if std::ptr::eq(c, &pair.direct) {
-            pa.clone()
-        } else {
-            pb.clone()
-        }
-    };
+    let side = |c: &NfsClient| pair.pick(c, &pa, &pb);
     let what = format!("op {i} ({op}) on {path}");
     match op {
         0..=9 => {
@@ -506,13 +509,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
                 stable_how::DATA_SYNC,
                 stable_how::FILE_SYNC,
             ][rng.gen_range(0..3)];
-            let fh = |c: &NfsClient| {
-                if std::ptr::eq(c, &pair.direct) {
-                    fa.clone()
-                } else {
-                    fb.clone()
-                }
-            };
+            let fh = |c: &NfsClient| pair.pick(c, &fa, &fb);
             pair.both(&what, |c| {
                 NfsRequest::Write(WRITE3args {
                     file: fh(c),
@@ -530,13 +527,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
             };
             let offset = rng.gen_range(0..320_000u64);
             let count = rng.gen_range(1..100_000u32);
-            let fh = |c: &NfsClient| {
-                if std::ptr::eq(c, &pair.direct) {
-                    fa.clone()
-                } else {
-                    fb.clone()
-                }
-            };
+            let fh = |c: &NfsClient| pair.pick(c, &fa, &fb);
             pair.both(&what, |c| {
                 NfsRequest::Read(READ3args {
                     file: fh(c),
@@ -550,13 +541,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
             let Some((fa, fb)) = pair.resolve(&path).await? else {
                 return Ok(());
             };
-            let fh = |c: &NfsClient| {
-                if std::ptr::eq(c, &pair.direct) {
-                    fa.clone()
-                } else {
-                    fb.clone()
-                }
-            };
+            let fh = |c: &NfsClient| pair.pick(c, &fa, &fb);
             let s = if rng.gen_bool(0.6) {
                 sattr(None, Some(rng.gen_range(0..400_000u64)))
             } else {
@@ -579,13 +564,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
             let Some((qa, qb)) = pair.resolve(&p2).await? else {
                 return Ok(());
             };
-            let to = |c: &NfsClient| {
-                if std::ptr::eq(c, &pair.direct) {
-                    qa.clone()
-                } else {
-                    qb.clone()
-                }
-            };
+            let to = |c: &NfsClient| pair.pick(c, &qa, &qb);
             let (r, _) = pair
                 .both(&what, |c| {
                     NfsRequest::Rename(RENAME3args {
@@ -656,13 +635,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
             let Some((fa, fb)) = pair.resolve(&path).await? else {
                 return Ok(());
             };
-            let fh = |c: &NfsClient| {
-                if std::ptr::eq(c, &pair.direct) {
-                    fa.clone()
-                } else {
-                    fb.clone()
-                }
-            };
+            let fh = |c: &NfsClient| pair.pick(c, &fa, &fb);
             pair.both(&what, |c| {
                 NfsRequest::Readlink(READLINK3args { symlink: fh(c) })
             })
@@ -715,13 +688,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
             let Some((fa, fb)) = pair.resolve(&path).await? else {
                 return Ok(());
             };
-            let fh = |c: &NfsClient| {
-                if std::ptr::eq(c, &pair.direct) {
-                    fa.clone()
-                } else {
-                    fb.clone()
-                }
-            };
+            let fh = |c: &NfsClient| pair.pick(c, &fa, &fb);
             let access = rng.gen_range(0..64u32);
             pair.both(&what, |c| {
                 NfsRequest::Access(ACCESS3args {
@@ -741,13 +708,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
             let Some((fa, fb)) = pair.resolve(&path).await? else {
                 return Ok(());
             };
-            let fh = |c: &NfsClient| {
-                if std::ptr::eq(c, &pair.direct) {
-                    fa.clone()
-                } else {
-                    fb.clone()
-                }
-            };
+            let fh = |c: &NfsClient| pair.pick(c, &fa, &fb);
             pair.both(&what, |c| {
                 NfsRequest::Commit(COMMIT3args {
                     file: fh(c),
@@ -761,13 +722,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
             let Some((fa, fb)) = pair.resolve(&path).await? else {
                 return Ok(());
             };
-            let fh = |c: &NfsClient| {
-                if std::ptr::eq(c, &pair.direct) {
-                    fa.clone()
-                } else {
-                    fb.clone()
-                }
-            };
+            let fh = |c: &NfsClient| pair.pick(c, &fa, &fb);
             pair.both(&what, |c| {
                 NfsRequest::Getattr(GETATTR3args { object: fh(c) })
             })
