@@ -83,7 +83,7 @@ impl Default for ClientConfig {
             retransmit_after: Duration::from_secs(30),
             give_up_after: Some(Duration::from_secs(60)),
             max_in_flight: 128,
-            limits: RecordLimits::for_payload(1 << 20),
+            limits: RecordLimits::for_payload(crate::proc::MAX_DATA),
         }
     }
 }

@@ -13,6 +13,11 @@ use crate::xdr::{XdrError, decode_exact, encode_into};
 /// Longest file handle NFSv3 allows (RFC 1813 section 2.3.3).
 pub const MAX_FH_LEN: usize = NFS3_FHSIZE;
 
+/// The most READ or WRITE payload (and READDIR reply) gvfs moves in one
+/// call. Proxies advertise at most this in FSINFO, whatever the upstream
+/// allows, and size their record caps from it.
+pub const MAX_DATA: u32 = 1 << 20;
+
 /// A reply with the given error status and empty (absent) attributes, for
 /// answering any procedure when the layer below could not.
 trait EmptyFailure {

@@ -43,7 +43,7 @@ impl Default for ServerLimits {
         Self {
             max_connections: 256,
             max_in_flight: 64,
-            records: RecordLimits::for_payload(1 << 20),
+            records: RecordLimits::for_payload(gvfs_nfs::proc::MAX_DATA),
             idle_timeout: Duration::from_secs(3600),
             write_timeout: Duration::from_secs(60),
         }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use gvfs_nfs::proc::{NfsProc, raw};
+use gvfs_nfs::proc::{MAX_DATA, NfsProc, raw};
 use gvfs_nfs::rpc::{self, CallError, CallHeader, ReplyStatus, auth_stat};
 use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
@@ -174,7 +174,11 @@ impl FrontEnd {
     async fn execute(&self, cx: &CallContext, p: NfsProc, args: &[u8]) -> Vec<u8> {
         let raw_len = match p {
             NfsProc::Write => raw::write_args(args).ok(),
-            NfsProc::Read => raw::read_args(args).ok().map(|_| 0),
+            // A READ asking more than we carry goes the typed way, clamped.
+            NfsProc::Read => raw::read_args(args)
+                .ok()
+                .filter(|count| *count <= MAX_DATA)
+                .map(|_| 0),
             _ => None,
         };
         if let Some(write_len) = raw_len
@@ -214,23 +218,57 @@ impl FrontEnd {
     }
 
     /// Runs a decoded NFS call through the stack and encodes the reply.
-    async fn run(&self, cx: &CallContext, req: NfsRequest) -> Vec<u8> {
+    async fn run(&self, cx: &CallContext, mut req: NfsRequest) -> Vec<u8> {
         let p = req.proc_();
+        clamp_request(&mut req);
         if let NfsRequest::Write(w) = &req {
             self.stats
                 .write_bytes
                 .fetch_add(w.data.len() as u64, Ordering::Relaxed);
         }
-        let reply = match self.service.call(cx, req).await {
+        let mut reply = match self.service.call(cx, req).await {
             Ok(r) => r,
             Err(e) => return self.failed(cx, p, &e),
         };
+        clamp_reply(&mut reply);
         if let NfsReply::Read(nfs3_types::nfs3::Nfs3Result::Ok(ok)) = &reply {
             self.stats
                 .read_bytes
                 .fetch_add(ok.data.len() as u64, Ordering::Relaxed);
         }
         encode_success(cx.xid, &reply)
+    }
+}
+
+/// Caps what a call may ask for at what this proxy carries ([`MAX_DATA`]):
+/// servers may return less than asked (RFC 1813 sections 3.3.6, 3.3.16,
+/// 3.3.17), so a clamped call is still answered correctly.
+fn clamp_request(req: &mut NfsRequest) {
+    match req {
+        NfsRequest::Read(a) => a.count = a.count.min(MAX_DATA),
+        NfsRequest::Readdir(a) => a.count = a.count.min(MAX_DATA),
+        NfsRequest::Readdirplus(a) => {
+            a.dircount = a.dircount.min(MAX_DATA);
+            a.maxcount = a.maxcount.min(MAX_DATA);
+        }
+        _ => {}
+    }
+}
+
+/// Advertises at most [`MAX_DATA`] per READ, WRITE and READDIR in FSINFO,
+/// whatever the layer below allows, so clients never send a record larger
+/// than this proxy's caps.
+fn clamp_reply(reply: &mut NfsReply) {
+    if let NfsReply::Fsinfo(nfs3_types::nfs3::Nfs3Result::Ok(ok)) = reply {
+        for v in [
+            &mut ok.rtmax,
+            &mut ok.rtpref,
+            &mut ok.wtmax,
+            &mut ok.wtpref,
+            &mut ok.dtpref,
+        ] {
+            *v = (*v).min(MAX_DATA);
+        }
     }
 }
 

@@ -285,3 +285,80 @@ async fn handles_of_any_size_up_to_64_bytes_pass_through_unchanged() {
         nfsstat3::NFS3ERR_ACCES
     );
 }
+
+/// Claims a 16 MiB transfer size and records the READ count it was asked.
+#[derive(Default)]
+struct Greedy {
+    read_count: std::sync::Mutex<u32>,
+}
+
+impl NfsService for Greedy {
+    fn call<'a>(
+        &'a self,
+        _cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+        Box::pin(async move {
+            Ok(match req {
+                NfsRequest::Fsinfo(_) => NfsReply::Fsinfo(Nfs3Result::Ok(FSINFO3resok {
+                    obj_attributes: Nfs3Option::None,
+                    rtmax: 16 << 20,
+                    rtpref: 16 << 20,
+                    rtmult: 4096,
+                    wtmax: 16 << 20,
+                    wtpref: 16 << 20,
+                    wtmult: 4096,
+                    dtpref: 16 << 20,
+                    maxfilesize: u64::MAX,
+                    time_delta: nfstime3 {
+                        seconds: 0,
+                        nseconds: 1,
+                    },
+                    properties: 0,
+                })),
+                NfsRequest::Read(a) => {
+                    *self.read_count.lock().unwrap() = a.count;
+                    NfsReply::error(gvfs_nfs::NfsProc::Read, nfsstat3::NFS3ERR_IO)
+                }
+                other => NfsReply::error(other.proc_(), nfsstat3::NFS3ERR_NOTSUPP),
+            })
+        })
+    }
+
+    fn root<'a>(&'a self, _cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+        Box::pin(async { Ok(fh(b"r")) })
+    }
+
+    fn describe(&self) -> String {
+        "greedy".into()
+    }
+}
+
+#[tokio::test]
+async fn transfer_sizes_are_capped_at_what_the_proxy_carries() {
+    let greedy = Arc::new(Greedy::default());
+    let f = FrontEnd::new(greedy.clone(), "/export".into(), 2049);
+    let mut args = Vec::new();
+    NfsRequest::Fsinfo(FSINFO3args { fsroot: fh(b"r") }).encode(&mut args);
+    let r = results(&f, &call(1, 100_003, 3, 19, &Credentials::None, &args))
+        .await
+        .unwrap();
+    let NfsReply::Fsinfo(Nfs3Result::Ok(ok)) =
+        NfsReply::decode(gvfs_nfs::NfsProc::Fsinfo, &r).unwrap()
+    else {
+        panic!("FSINFO failed")
+    };
+    assert_eq!(
+        (ok.rtmax, ok.wtmax, ok.rtpref, ok.wtpref),
+        (1 << 20, 1 << 20, 1 << 20, 1 << 20)
+    );
+    let mut args = Vec::new();
+    NfsRequest::Read(READ3args {
+        file: fh(b"f"),
+        offset: 0,
+        count: 8 << 20,
+    })
+    .encode(&mut args);
+    let _ = results(&f, &call(2, 100_003, 3, 6, &Credentials::None, &args)).await;
+    assert_eq!(*greedy.read_count.lock().unwrap(), 1 << 20);
+}
