@@ -21,6 +21,22 @@ use super::perm::{Caller, W, X};
 use super::status::Fail;
 use super::{DirNode, Export};
 
+/// The reply of a procedure that makes an object (CREATE, MKDIR, SYMLINK,
+/// MKNOD): its handle and attributes, or why not, with the directory's
+/// wcc_data either way. The four replies differ only in their type names.
+macro_rules! new_object_reply {
+    ($export:expr, $out:expr, $dir_wcc:expr, $ok:ident, $fail:ident) => {
+        match $out {
+            Ok(attr) => Nfs3Result::Ok($ok {
+                obj: Nfs3Option::Some($export.handle(attr.key())),
+                obj_attributes: $export.post(Some(&attr)),
+                dir_wcc: $dir_wcc,
+            }),
+            Err(Fail(s)) => Nfs3Result::Err((s, $fail { dir_wcc: $dir_wcc })),
+        }
+    };
+}
+
 impl Export {
     /// Runs `op` in the directory `fh` names; returns its outcome with the
     /// directory's wcc_data (RFC 1813 section 2.6).
@@ -128,6 +144,31 @@ impl Export {
         Some((Uid::from_raw(uid), Gid::from_raw(gid)))
     }
 
+    /// Hands `name` in `dir`, just made by MKDIR, MKNOD or SYMLINK, over to
+    /// the caller: gives it to them, sets `mode` exactly (the umask narrowed
+    /// it when it was made; symlinks have none), then applies what is left
+    /// of `s` but a mode and a size.
+    fn hand_over(
+        &self,
+        c: &Caller,
+        dir: &DirNode<'_>,
+        name: &[u8],
+        mode: Option<u32>,
+        s: &sattr3,
+    ) -> Result<Attr, Fail> {
+        self.give_to_caller(c, dir, name)?;
+        if let Some(mode) = mode {
+            let attr = stat_at(dir.fd.as_fd(), name)?;
+            self.chmod(&dir.child(name, attr), mode)?;
+        }
+        let rest = sattr3 {
+            mode: Nfs3Option::None,
+            size: Nfs3Option::None,
+            ..s.clone()
+        };
+        self.finish_new(c, dir, name, &rest)
+    }
+
     /// Indexes `name` in `dir`, applies what is left of `s` for the caller
     /// and returns the final attributes.
     fn finish_new(
@@ -156,14 +197,7 @@ impl Export {
         let (out, dir_wcc) = self.in_dir(&a.where_.dir, |dir| {
             self.create_in(c, dir, a.where_.name.as_ref(), &a.how)
         });
-        match out {
-            Ok(attr) => Nfs3Result::Ok(CREATE3resok {
-                obj: Nfs3Option::Some(self.handle(attr.key())),
-                obj_attributes: self.post(Some(&attr)),
-                dir_wcc,
-            }),
-            Err(Fail(s)) => Nfs3Result::Err((s, CREATE3resfail { dir_wcc })),
-        }
+        new_object_reply!(self, out, dir_wcc, CREATE3resok, CREATE3resfail)
     }
 
     fn create_in(
@@ -182,10 +216,7 @@ impl Export {
         // case for EXCLUSIVE) 0600 rather than knfsd's 0; RFC 1813 section
         // 3.3.8 leaves it open, as the client must follow an exclusive
         // create with a SETATTR.
-        let mode = match s.mode {
-            Nfs3Option::Some(m) => m & 0o7777,
-            Nfs3Option::None => CREATE_DEFAULT_MODE,
-        };
+        let mode = requested_mode(&s, CREATE_DEFAULT_MODE);
         let flags = OFlags::RDWR
             | OFlags::CREATE
             | OFlags::EXCL
@@ -283,31 +314,13 @@ impl Export {
         let (out, dir_wcc) = self.in_dir(&a.where_.dir, |dir| {
             let name = Self::creatable(c, dir, a.where_.name.as_ref())?;
             let s = &a.attributes;
-            let mut mode = match s.mode {
-                Nfs3Option::Some(m) => m & 0o7777,
-                Nfs3Option::None => self.default_mode(true),
-            };
+            let mut mode = requested_mode(s, self.default_mode(true));
             // New directories inherit set-group-id, as on Linux.
             mode |= dir.attr.mode & S_ISGID;
             mkdirat(dir.fd.as_fd(), name, Mode::from_raw_mode(mode))?;
-            self.give_to_caller(c, dir, name)?;
-            let attr = stat_at(dir.fd.as_fd(), name)?;
-            self.chmod(&dir.child(name, attr), mode)?;
-            let rest = sattr3 {
-                mode: Nfs3Option::None,
-                size: Nfs3Option::None,
-                ..s.clone()
-            };
-            self.finish_new(c, dir, name, &rest)
+            self.hand_over(c, dir, name, Some(mode), s)
         });
-        match out {
-            Ok(attr) => Nfs3Result::Ok(MKDIR3resok {
-                obj: Nfs3Option::Some(self.handle(attr.key())),
-                obj_attributes: self.post(Some(&attr)),
-                dir_wcc,
-            }),
-            Err(Fail(s)) => Nfs3Result::Err((s, MKDIR3resfail { dir_wcc })),
-        }
+        new_object_reply!(self, out, dir_wcc, MKDIR3resok, MKDIR3resfail)
     }
 
     pub(super) fn symlink(&self, c: &Caller, a: SYMLINK3args<'static>) -> SYMLINK3res {
@@ -324,22 +337,9 @@ impl Export {
                 return Err(Fail(nfsstat3::NFS3ERR_INVAL));
             }
             symlinkat(target, dir.fd.as_fd(), name)?;
-            self.give_to_caller(c, dir, name)?;
-            let rest = sattr3 {
-                mode: Nfs3Option::None,
-                size: Nfs3Option::None,
-                ..a.symlink.symlink_attributes.clone()
-            };
-            self.finish_new(c, dir, name, &rest)
+            self.hand_over(c, dir, name, None, &a.symlink.symlink_attributes)
         });
-        match out {
-            Ok(attr) => Nfs3Result::Ok(SYMLINK3resok {
-                obj: Nfs3Option::Some(self.handle(attr.key())),
-                obj_attributes: self.post(Some(&attr)),
-                dir_wcc,
-            }),
-            Err(Fail(s)) => Nfs3Result::Err((s, SYMLINK3resfail { dir_wcc })),
-        }
+        new_object_reply!(self, out, dir_wcc, SYMLINK3resok, SYMLINK3resfail)
     }
 
     pub(super) fn mknod(&self, c: &Caller, a: MKNOD3args<'static>) -> MKNOD3res {
@@ -359,29 +359,11 @@ impl Export {
                 return Err(Fail(nfsstat3::NFS3ERR_PERM));
             }
             let rdev = dev.map_or(0, |d| rustix::fs::makedev(d.specdata1, d.specdata2));
-            let mode = match s.mode {
-                Nfs3Option::Some(m) => m & 0o7777,
-                Nfs3Option::None => self.default_mode(false),
-            };
+            let mode = requested_mode(s, self.default_mode(false));
             mknodat(dir.fd.as_fd(), name, kind, Mode::from_raw_mode(mode), rdev)?;
-            self.give_to_caller(c, dir, name)?;
-            let attr = stat_at(dir.fd.as_fd(), name)?;
-            self.chmod(&dir.child(name, attr), mode)?;
-            let rest = sattr3 {
-                mode: Nfs3Option::None,
-                size: Nfs3Option::None,
-                ..s.clone()
-            };
-            self.finish_new(c, dir, name, &rest)
+            self.hand_over(c, dir, name, Some(mode), s)
         });
-        match out {
-            Ok(attr) => Nfs3Result::Ok(MKNOD3resok {
-                obj: Nfs3Option::Some(self.handle(attr.key())),
-                obj_attributes: self.post(Some(&attr)),
-                dir_wcc,
-            }),
-            Err(Fail(s)) => Nfs3Result::Err((s, MKNOD3resfail { dir_wcc })),
-        }
+        new_object_reply!(self, out, dir_wcc, MKNOD3resok, MKNOD3resfail)
     }
 
     /// Removes `name` from `dir` for `c`: a directory with `rmdir`.
@@ -566,6 +548,14 @@ impl Export {
                 },
             )),
         }
+    }
+}
+
+/// The permission bits `s` asks a new object to have, or `default`.
+fn requested_mode(s: &sattr3, default: u32) -> u32 {
+    match s.mode {
+        Nfs3Option::Some(m) => m & 0o7777,
+        Nfs3Option::None => default,
     }
 }
 

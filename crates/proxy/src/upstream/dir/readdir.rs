@@ -172,113 +172,89 @@ impl Export {
         cookieverf3(self.export_id.to_be_bytes())
     }
 
-    pub(super) fn readdir(&self, c: &Caller, a: READDIR3args) -> READDIR3res<'static> {
-        let dir = match self.find_dir(&a.dir) {
-            Ok(d) => d,
-            Err((Fail(s), attr)) => {
-                return Nfs3Result::Err((
-                    s,
-                    READDIR3resfail {
-                        dir_attributes: self.post(attr.as_ref()),
-                    },
-                ));
-            }
-        };
-        let fail = |s: nfsstat3| {
-            Nfs3Result::Err((
-                s,
-                READDIR3resfail {
-                    dir_attributes: self.post(Some(&dir.attr)),
-                },
-            ))
-        };
+    /// What READDIR and READDIRPLUS share: finds the directory `fh` names,
+    /// checks the caller may read it, lists it and takes the page after
+    /// `cookie` that `fits` accepts (as `page` does), turning each entry of
+    /// it into a reply entry with `to_entry`. Returns the directory's
+    /// attributes, the reply entries and whether they reach the end; on
+    /// failure, the status and the directory's attributes when found.
+    fn listed_page<T>(
+        &self,
+        c: &Caller,
+        fh: &nfs_fh3,
+        cookie: u64,
+        fits: impl FnMut(&Entry, bool) -> bool,
+        mut to_entry: impl FnMut(&DirNode<'_>, &Entry) -> T,
+    ) -> Result<(Attr, Vec<T>, bool), (nfsstat3, post_op_attr)> {
+        let dir = self
+            .find_dir(fh)
+            .map_err(|(Fail(s), attr)| (s, self.post(attr.as_ref())))?;
+        let fail = |Fail(s)| (s, self.post(Some(&dir.attr)));
         if !c.may(&dir.attr, R) {
-            return fail(nfsstat3::NFS3ERR_ACCES);
+            return Err(fail(Fail(nfsstat3::NFS3ERR_ACCES)));
         }
-        let entries = match self.list(&dir) {
-            Ok(e) => e,
-            Err(Fail(s)) => return fail(s),
-        };
+        let entries = self.list(&dir).map_err(fail)?;
+        let (page, eof) = page(&entries, cookie, fits).map_err(fail)?;
+        let out = page.iter().map(|e| to_entry(&dir, e)).collect();
+        self.remember(&dir, page);
+        Ok((dir.attr, out, eof))
+    }
+
+    pub(super) fn readdir(&self, c: &Caller, a: READDIR3args) -> READDIR3res<'static> {
         let limit = a.count.min(MAX_REPLY) as usize;
         let mut used = REPLY_BASE;
-        let (page, eof) = match page(&entries, a.cookie, |e, _| {
-            used += entry3_size(e.name.len());
-            used <= limit
-        }) {
-            Ok(p) => p,
-            Err(Fail(s)) => return fail(s),
-        };
         let mut parent = None;
-        let out = page
-            .iter()
-            .map(|e| entry3 {
+        let listed = self.listed_page(
+            c,
+            &a.dir,
+            a.cookie,
+            |e, _| {
+                used += entry3_size(e.name.len());
+                used <= limit
+            },
+            |dir, e| entry3 {
                 fileid: match e.kind {
                     Kind::DotDot => parent
-                        .get_or_insert_with(|| self.parent_attr(&dir))
+                        .get_or_insert_with(|| self.parent_attr(dir))
                         .map_or(dir.attr.ino, |p| p.ino),
                     Kind::Dot | Kind::Child => e.ino,
                 },
                 name: filename3(Opaque::owned(e.name.clone())),
                 cookie: e.cookie,
-            })
-            .collect();
-        self.remember(&dir, page);
-        Nfs3Result::Ok(READDIR3resok {
-            dir_attributes: self.post(Some(&dir.attr)),
-            cookieverf: self.cookie_verf(),
-            reply: dirlist3 {
-                entries: List(out),
-                eof,
             },
-        })
+        );
+        match listed {
+            Ok((dir, out, eof)) => Nfs3Result::Ok(READDIR3resok {
+                dir_attributes: self.post(Some(&dir)),
+                cookieverf: self.cookie_verf(),
+                reply: dirlist3 {
+                    entries: List(out),
+                    eof,
+                },
+            }),
+            Err((s, dir_attributes)) => Nfs3Result::Err((s, READDIR3resfail { dir_attributes })),
+        }
     }
 
     pub(super) fn readdirplus(&self, c: &Caller, a: READDIRPLUS3args) -> READDIRPLUS3res<'static> {
-        let dir = match self.find_dir(&a.dir) {
-            Ok(d) => d,
-            Err((Fail(s), attr)) => {
-                return Nfs3Result::Err((
-                    s,
-                    READDIRPLUS3resfail {
-                        dir_attributes: self.post(attr.as_ref()),
-                    },
-                ));
-            }
-        };
-        let fail = |s: nfsstat3| {
-            Nfs3Result::Err((
-                s,
-                READDIRPLUS3resfail {
-                    dir_attributes: self.post(Some(&dir.attr)),
-                },
-            ))
-        };
-        if !c.may(&dir.attr, R) {
-            return fail(nfsstat3::NFS3ERR_ACCES);
-        }
-        let entries = match self.list(&dir) {
-            Ok(e) => e,
-            Err(Fail(s)) => return fail(s),
-        };
         let limit = a.maxcount.min(MAX_REPLY) as usize;
         let dir_limit = a.dircount.min(MAX_REPLY) as usize;
         let (mut used, mut dir_used) = (REPLY_BASE, 0);
-        let (page, eof) = match page(&entries, a.cookie, |e, first| {
-            used += entryplus3_size(e.name.len());
-            dir_used += entry_dir_size(e.name.len());
-            used <= limit && (first || dir_used <= dir_limit)
-        }) {
-            Ok(p) => p,
-            Err(Fail(s)) => return fail(s),
-        };
-        let out = page
-            .iter()
-            .map(|e| {
+        let listed = self.listed_page(
+            c,
+            &a.dir,
+            a.cookie,
+            |e, first| {
+                used += entryplus3_size(e.name.len());
+                dir_used += entry_dir_size(e.name.len());
+                used <= limit && (first || dir_used <= dir_limit)
+            },
+            |dir, e| {
                 // Like knfsd: no handle for ".." of the export root.
                 let attr = match e.kind {
                     Kind::Dot => Some(dir.attr),
                     Kind::DotDot if dir.attr.ino == self.root.ino => None,
-                    Kind::DotDot => self.parent_attr(&dir),
+                    Kind::DotDot => self.parent_attr(dir),
                     Kind::Child => stat_at(dir.fd.as_fd(), &e.name).ok(),
                 };
                 entryplus3 {
@@ -291,17 +267,21 @@ impl Export {
                         None => Nfs3Option::None,
                     },
                 }
-            })
-            .collect();
-        self.remember(&dir, page);
-        Nfs3Result::Ok(READDIRPLUS3resok {
-            dir_attributes: self.post(Some(&dir.attr)),
-            cookieverf: self.cookie_verf(),
-            reply: dirlistplus3 {
-                entries: List(out),
-                eof,
             },
-        })
+        );
+        match listed {
+            Ok((dir, out, eof)) => Nfs3Result::Ok(READDIRPLUS3resok {
+                dir_attributes: self.post(Some(&dir)),
+                cookieverf: self.cookie_verf(),
+                reply: dirlistplus3 {
+                    entries: List(out),
+                    eof,
+                },
+            }),
+            Err((s, dir_attributes)) => {
+                Nfs3Result::Err((s, READDIRPLUS3resfail { dir_attributes }))
+            }
+        }
     }
 }
 

@@ -22,6 +22,15 @@ macro_rules! reply {
     };
 }
 
+/// Calls the procedure `$proc` of the fixture `$f` with `$args` as `$c`:
+/// the reply's body on success, its status otherwise.
+macro_rules! call {
+    ($f:expr, $c:expr, $proc:ident($args:expr)) => {{
+        let r = $f.call($c, NfsRequest::$proc($args)).await;
+        reply!(r, $proc)
+    }};
+}
+
 fn cx(uid: u32, gid: u32) -> CallContext {
     CallContext::with_cred(Credentials::unix(uid, gid))
 }
@@ -38,6 +47,22 @@ fn name(n: &str) -> filename3<'static> {
     filename3(Opaque::owned(n.as_bytes().to_vec()))
 }
 
+/// The entry `n` of the directory `dir`.
+fn at(dir: &nfs_fh3, n: &str) -> diropargs3<'static> {
+    diropargs3 {
+        dir: dir.clone(),
+        name: name(n),
+    }
+}
+
+/// The handle and attributes a procedure that makes an object must give.
+fn made(obj: post_op_fh3, attr: post_op_attr, what: &str) -> (nfs_fh3, fattr3) {
+    match (obj, attr) {
+        (Nfs3Option::Some(fh), Nfs3Option::Some(a)) => (fh, a),
+        _ => panic!("{what} without handle or attributes"),
+    }
+}
+
 fn mode(m: u32) -> sattr3 {
     sattr3 {
         mode: Nfs3Option::Some(m),
@@ -52,9 +77,17 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// An export of a fresh temporary directory.
     async fn new() -> Self {
         let tmp = TempDir::new().unwrap();
-        let up = DirUpstream::open(tmp.path()).unwrap();
+        let export = tmp.path().to_path_buf();
+        Self::open(&export, tmp).await
+    }
+
+    /// An export of `export`; `tmp` is kept alive (and reachable as
+    /// `f.tmp`) for as long as the fixture.
+    async fn open(export: &std::path::Path, tmp: TempDir) -> Self {
+        let up = DirUpstream::open(export).unwrap();
         let root = up.root(&root()).await.unwrap();
         Self { tmp, up, root }
     }
@@ -69,18 +102,7 @@ impl Fixture {
         dir: &nfs_fh3,
         n: &str,
     ) -> Result<(nfs_fh3, fattr3), nfsstat3> {
-        let r = self
-            .call(
-                c,
-                NfsRequest::Lookup(LOOKUP3args {
-                    what: diropargs3 {
-                        dir: dir.clone(),
-                        name: name(n),
-                    },
-                }),
-            )
-            .await;
-        reply!(r, Lookup).map(|ok| {
+        call!(self, c, Lookup(LOOKUP3args { what: at(dir, n) })).map(|ok| {
             let Nfs3Option::Some(a) = ok.obj_attributes else {
                 panic!("LOOKUP without attributes")
             };
@@ -95,22 +117,15 @@ impl Fixture {
         n: &str,
         how: createhow3,
     ) -> Result<(nfs_fh3, fattr3), nfsstat3> {
-        let r = self
-            .call(
-                c,
-                NfsRequest::Create(CREATE3args {
-                    where_: diropargs3 {
-                        dir: dir.clone(),
-                        name: name(n),
-                    },
-                    how,
-                }),
-            )
-            .await;
-        reply!(r, Create).map(|ok| match (ok.obj, ok.obj_attributes) {
-            (Nfs3Option::Some(fh), Nfs3Option::Some(a)) => (fh, a),
-            _ => panic!("CREATE without handle or attributes"),
-        })
+        call!(
+            self,
+            c,
+            Create(CREATE3args {
+                where_: at(dir, n),
+                how,
+            })
+        )
+        .map(|ok| made(ok.obj, ok.obj_attributes, "CREATE"))
     }
 
     async fn mkdir(
@@ -119,22 +134,97 @@ impl Fixture {
         dir: &nfs_fh3,
         n: &str,
     ) -> Result<(nfs_fh3, fattr3), nfsstat3> {
-        let r = self
-            .call(
-                c,
-                NfsRequest::Mkdir(MKDIR3args {
-                    where_: diropargs3 {
-                        dir: dir.clone(),
-                        name: name(n),
-                    },
-                    attributes: mode(0o755),
-                }),
-            )
-            .await;
-        reply!(r, Mkdir).map(|ok| match (ok.obj, ok.obj_attributes) {
-            (Nfs3Option::Some(fh), Nfs3Option::Some(a)) => (fh, a),
-            _ => panic!("MKDIR without handle or attributes"),
-        })
+        call!(
+            self,
+            c,
+            Mkdir(MKDIR3args {
+                where_: at(dir, n),
+                attributes: mode(0o755),
+            })
+        )
+        .map(|ok| made(ok.obj, ok.obj_attributes, "MKDIR"))
+    }
+
+    /// A symlink `n` in `dir` to `target`, made by `c`.
+    async fn symlink(
+        &self,
+        c: &CallContext,
+        dir: &nfs_fh3,
+        n: &str,
+        target: &[u8],
+    ) -> Result<(nfs_fh3, fattr3), nfsstat3> {
+        call!(
+            self,
+            c,
+            Symlink(SYMLINK3args {
+                where_: at(dir, n),
+                symlink: symlinkdata3 {
+                    symlink_attributes: sattr3::default(),
+                    symlink_data: nfspath3(Opaque::owned(target.to_vec())),
+                },
+            })
+        )
+        .map(|ok| made(ok.obj, ok.obj_attributes, "SYMLINK"))
+    }
+
+    async fn mknod(
+        &self,
+        c: &CallContext,
+        dir: &nfs_fh3,
+        n: &str,
+        what: mknoddata3,
+    ) -> Result<(nfs_fh3, fattr3), nfsstat3> {
+        call!(
+            self,
+            c,
+            Mknod(MKNOD3args {
+                where_: at(dir, n),
+                what,
+            })
+        )
+        .map(|ok| made(ok.obj, ok.obj_attributes, "MKNOD"))
+    }
+
+    async fn readlink(&self, c: &CallContext, fh: &nfs_fh3) -> Result<Vec<u8>, nfsstat3> {
+        call!(
+            self,
+            c,
+            Readlink(READLINK3args {
+                symlink: fh.clone(),
+            })
+        )
+        .map(|ok| ok.data.0.to_vec())
+    }
+
+    /// A hard link `n` in `dir` to `fh`, made by root.
+    async fn link(&self, fh: &nfs_fh3, dir: &nfs_fh3, n: &str) -> Result<LINK3resok, nfsstat3> {
+        call!(
+            self,
+            &root(),
+            Link(LINK3args {
+                file: fh.clone(),
+                link: at(dir, n),
+            })
+        )
+    }
+
+    /// A regular file `n` in `dir`, made by root with mode 0644.
+    async fn create_file(&self, dir: &nfs_fh3, n: &str) -> nfs_fh3 {
+        let (fh, _) = self
+            .create(&root(), dir, n, unchecked(0o644))
+            .await
+            .unwrap();
+        fh
+    }
+
+    /// A regular file `n` in `dir` (see `create_file`) holding `data`,
+    /// written through.
+    async fn file_with(&self, dir: &nfs_fh3, n: &str, data: &[u8]) -> nfs_fh3 {
+        let fh = self.create_file(dir, n).await;
+        self.write(&root(), &fh, 0, data, stable_how::FILE_SYNC)
+            .await
+            .unwrap();
+        fh
     }
 
     async fn write(
@@ -145,19 +235,29 @@ impl Fixture {
         data: &[u8],
         stable: stable_how,
     ) -> Result<WRITE3resok, nfsstat3> {
-        let r = self
-            .call(
-                c,
-                NfsRequest::Write(WRITE3args {
-                    file: fh.clone(),
-                    offset,
-                    count: data.len() as u32,
-                    stable,
-                    data: Opaque::owned(data.to_vec()),
-                }),
-            )
-            .await;
-        reply!(r, Write)
+        call!(
+            self,
+            c,
+            Write(WRITE3args {
+                file: fh.clone(),
+                offset,
+                count: data.len() as u32,
+                stable,
+                data: Opaque::owned(data.to_vec()),
+            })
+        )
+    }
+
+    async fn commit(&self, fh: &nfs_fh3) -> Result<COMMIT3resok, nfsstat3> {
+        call!(
+            self,
+            &root(),
+            Commit(COMMIT3args {
+                file: fh.clone(),
+                offset: 0,
+                count: 0,
+            })
+        )
     }
 
     async fn read(
@@ -167,30 +267,24 @@ impl Fixture {
         offset: u64,
         count: u32,
     ) -> Result<(Vec<u8>, bool), nfsstat3> {
-        let r = self
-            .call(
-                c,
-                NfsRequest::Read(READ3args {
-                    file: fh.clone(),
-                    offset,
-                    count,
-                }),
-            )
-            .await;
-        reply!(r, Read).map(|ok| {
+        call!(
+            self,
+            c,
+            Read(READ3args {
+                file: fh.clone(),
+                offset,
+                count,
+            })
+        )
+        .map(|ok| {
             assert_eq!(ok.count as usize, ok.data.len());
             (ok.data.to_vec(), ok.eof)
         })
     }
 
     async fn getattr(&self, fh: &nfs_fh3) -> Result<fattr3, nfsstat3> {
-        let r = self
-            .call(
-                &root(),
-                NfsRequest::Getattr(GETATTR3args { object: fh.clone() }),
-            )
-            .await;
-        reply!(r, Getattr).map(|ok| ok.obj_attributes)
+        call!(self, &root(), Getattr(GETATTR3args { object: fh.clone() }))
+            .map(|ok| ok.obj_attributes)
     }
 
     async fn setattr(
@@ -200,20 +294,18 @@ impl Fixture {
         s: sattr3,
         guard: Option<nfstime3>,
     ) -> Result<SETATTR3resok, nfsstat3> {
-        let r = self
-            .call(
-                c,
-                NfsRequest::Setattr(SETATTR3args {
-                    object: fh.clone(),
-                    new_attributes: s,
-                    guard: match guard {
-                        Some(t) => Nfs3Option::Some(t),
-                        None => Nfs3Option::None,
-                    },
-                }),
-            )
-            .await;
-        reply!(r, Setattr)
+        call!(
+            self,
+            c,
+            Setattr(SETATTR3args {
+                object: fh.clone(),
+                new_attributes: s,
+                guard: match guard {
+                    Some(t) => Nfs3Option::Some(t),
+                    None => Nfs3Option::None,
+                },
+            })
+        )
     }
 
     async fn remove(
@@ -222,18 +314,7 @@ impl Fixture {
         dir: &nfs_fh3,
         n: &str,
     ) -> Result<REMOVE3resok, nfsstat3> {
-        let r = self
-            .call(
-                c,
-                NfsRequest::Remove(REMOVE3args {
-                    object: diropargs3 {
-                        dir: dir.clone(),
-                        name: name(n),
-                    },
-                }),
-            )
-            .await;
-        reply!(r, Remove)
+        call!(self, c, Remove(REMOVE3args { object: at(dir, n) }))
     }
 
     async fn rename(
@@ -243,22 +324,33 @@ impl Fixture {
         to: &nfs_fh3,
         t: &str,
     ) -> Result<RENAME3resok, nfsstat3> {
-        let r = self
-            .call(
-                &root(),
-                NfsRequest::Rename(RENAME3args {
-                    from: diropargs3 {
-                        dir: from.clone(),
-                        name: name(f),
-                    },
-                    to: diropargs3 {
-                        dir: to.clone(),
-                        name: name(t),
-                    },
-                }),
-            )
-            .await;
-        reply!(r, Rename)
+        call!(
+            self,
+            &root(),
+            Rename(RENAME3args {
+                from: at(from, f),
+                to: at(to, t),
+            })
+        )
+    }
+
+    async fn readdir(
+        &self,
+        dir: &nfs_fh3,
+        cookie: u64,
+        cookieverf: cookieverf3,
+        count: u32,
+    ) -> Result<READDIR3resok<'static>, nfsstat3> {
+        call!(
+            self,
+            &root(),
+            Readdir(READDIR3args {
+                dir: dir.clone(),
+                cookie,
+                cookieverf,
+                count,
+            })
+        )
     }
 
     /// Every entry of `dir` by READDIR pages of `count` bytes; `between`
@@ -272,18 +364,7 @@ impl Fixture {
         let mut out = Vec::new();
         let (mut cookie, mut verf) = (0, cookieverf3::default());
         for page in 0.. {
-            let r = self
-                .call(
-                    &root(),
-                    NfsRequest::Readdir(READDIR3args {
-                        dir: dir.clone(),
-                        cookie,
-                        cookieverf: verf,
-                        count,
-                    }),
-                )
-                .await;
-            let ok = reply!(r, Readdir).unwrap();
+            let ok = self.readdir(dir, cookie, verf, count).await.unwrap();
             assert_ne!(ok.cookieverf, cookieverf3::default());
             verf = ok.cookieverf;
             let mut size = 0;
@@ -387,10 +468,7 @@ async fn create_write_read_round_trip() {
 #[tokio::test]
 async fn unstable_write_then_commit() {
     let f = Fixture::new().await;
-    let (fh, _) = f
-        .create(&root(), &f.root, "f", unchecked(0o644))
-        .await
-        .unwrap();
+    let fh = f.create_file(&f.root, "f").await;
     let w = f
         .write(&root(), &fh, 0, b"abc", stable_how::UNSTABLE)
         .await
@@ -402,39 +480,16 @@ async fn unstable_write_then_commit() {
         .unwrap();
     assert_eq!(w2.verf, w.verf, "one verifier per instance");
     assert_ne!(w2.committed, stable_how::UNSTABLE);
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Commit(COMMIT3args {
-                file: fh.clone(),
-                offset: 0,
-                count: 0,
-            }),
-        )
-        .await;
-    let ok = reply!(r, Commit).unwrap();
+    let ok = f.commit(&fh).await.unwrap();
     assert_eq!(ok.verf, w.verf);
     assert_eq!(std::fs::read(f.tmp.path().join("f")).unwrap(), b"abcdef");
 
-    let again = DirUpstream::open(f.tmp.path()).unwrap();
-    let r = again
-        .call(
-            &root(),
-            NfsRequest::Write(WRITE3args {
-                file: fh.clone(),
-                offset: 0,
-                count: 1,
-                stable: stable_how::UNSTABLE,
-                data: Opaque::owned(b"A".to_vec()),
-            }),
-        )
+    let again = Fixture::open(f.tmp.path(), TempDir::new().unwrap()).await;
+    let w3 = again
+        .write(&root(), &fh, 0, b"A", stable_how::UNSTABLE)
         .await
         .unwrap();
-    assert_ne!(
-        reply!(r, Write).unwrap().verf,
-        w.verf,
-        "a new instance has a new verifier"
-    );
+    assert_ne!(w3.verf, w.verf, "a new instance has a new verifier");
 }
 
 #[tokio::test]
@@ -474,28 +529,22 @@ async fn exclusive_create_semantics() {
         nfsstat3::NFS3ERR_EXIST
     );
     // UNCHECKED on an existing file applies only a size of 0.
-    let grow = sattr3 {
-        mode: Nfs3Option::Some(0o644),
-        size: Nfs3Option::Some(2),
-        ..sattr3::default()
+    let create_again = async |m, size| {
+        let s = sattr3 {
+            mode: Nfs3Option::Some(m),
+            size: Nfs3Option::Some(size),
+            ..sattr3::default()
+        };
+        let (same, attr) = f
+            .create(&root(), &f.root, "x", createhow3::UNCHECKED(s))
+            .await
+            .unwrap();
+        assert_eq!(same, fh);
+        attr
     };
-    let (same, attr) = f
-        .create(&root(), &f.root, "x", createhow3::UNCHECKED(grow))
-        .await
-        .unwrap();
-    assert_eq!(same, fh);
+    let attr = create_again(0o644, 2).await;
     assert_eq!((attr.size, attr.mode), (4, 0o600));
-    let trunc = sattr3 {
-        mode: Nfs3Option::Some(0o600),
-        size: Nfs3Option::Some(0),
-        ..sattr3::default()
-    };
-    let (same, attr) = f
-        .create(&root(), &f.root, "x", createhow3::UNCHECKED(trunc))
-        .await
-        .unwrap();
-    assert_eq!(same, fh);
-    assert_eq!(attr.size, 0);
+    assert_eq!(create_again(0o600, 0).await.size, 0);
     f.mkdir(&root(), &f.root, "d").await.unwrap();
     assert_eq!(
         f.create(&root(), &f.root, "d", unchecked(0o644))
@@ -577,41 +626,23 @@ async fn create_without_a_mode_and_over_other_kinds() {
 async fn directories_cannot_be_linked_truncated_but_can_be_committed() {
     let f = Fixture::new().await;
     let (d, _) = f.mkdir(&root(), &f.root, "d").await.unwrap();
-    let (file, _) = f
-        .create(&root(), &f.root, "file", unchecked(0o644))
-        .await
-        .unwrap();
+    let file = f.create_file(&f.root, "file").await;
     std::os::unix::fs::symlink("nowhere", f.tmp.path().join("s")).unwrap();
     let (sym, _) = f.lookup(&root(), &f.root, "s").await.unwrap();
-    let link = async |fh: &nfs_fh3, dir: &nfs_fh3, n: &str| {
-        let r = f
-            .call(
-                &root(),
-                NfsRequest::Link(LINK3args {
-                    file: fh.clone(),
-                    link: diropargs3 {
-                        dir: dir.clone(),
-                        name: name(n),
-                    },
-                }),
-            )
-            .await;
-        reply!(r, Link)
-    };
     // LINK of a directory: BADTYPE, whatever the name.
     for n in ["new", "file", "d", "."] {
         assert_eq!(
-            link(&d, &f.root, n).await.unwrap_err(),
+            f.link(&d, &f.root, n).await.unwrap_err(),
             nfsstat3::NFS3ERR_BADTYPE,
             "{n}"
         );
     }
     assert_eq!(
-        link(&d, &file, "new").await.unwrap_err(),
+        f.link(&d, &file, "new").await.unwrap_err(),
         nfsstat3::NFS3ERR_NOTDIR
     );
     assert_eq!(
-        link(&file, &f.root, "d").await.unwrap_err(),
+        f.link(&file, &f.root, "d").await.unwrap_err(),
         nfsstat3::NFS3ERR_EXIST
     );
 
@@ -630,25 +661,12 @@ async fn directories_cannot_be_linked_truncated_but_can_be_committed() {
     f.setattr(&root(), &file, size(3), None).await.unwrap();
 
     // COMMIT of a directory flushes it; of a symlink, there is nothing.
-    let commit = async |fh: &nfs_fh3| {
-        let r = f
-            .call(
-                &root(),
-                NfsRequest::Commit(COMMIT3args {
-                    file: fh.clone(),
-                    offset: 0,
-                    count: 0,
-                }),
-            )
-            .await;
-        reply!(r, Commit)
-    };
     let w = f
         .write(&root(), &file, 0, b"x", stable_how::UNSTABLE)
         .await
         .unwrap();
     for dir in [&d, &f.root] {
-        let ok = commit(dir).await.unwrap();
+        let ok = f.commit(dir).await.unwrap();
         assert_eq!(ok.verf, w.verf);
         let (Nfs3Option::Some(_), Nfs3Option::Some(after)) =
             (ok.file_wcc.before, ok.file_wcc.after)
@@ -657,8 +675,8 @@ async fn directories_cannot_be_linked_truncated_but_can_be_committed() {
         };
         assert_eq!(after.type_, ftype3::NF3DIR);
     }
-    assert_eq!(commit(&sym).await.unwrap_err(), nfsstat3::NFS3ERR_INVAL);
-    assert_eq!(commit(&file).await.unwrap().verf, w.verf);
+    assert_eq!(f.commit(&sym).await.unwrap_err(), nfsstat3::NFS3ERR_INVAL);
+    assert_eq!(f.commit(&file).await.unwrap().verf, w.verf);
 }
 
 #[tokio::test]
@@ -666,10 +684,7 @@ async fn handles_survive_restart_and_renames() {
     let f = Fixture::new().await;
     let (a, _) = f.mkdir(&root(), &f.root, "a").await.unwrap();
     let (b, _) = f.mkdir(&root(), &a, "b").await.unwrap();
-    let (file, _) = f.create(&root(), &b, "f", unchecked(0o644)).await.unwrap();
-    f.write(&root(), &file, 0, b"payload", stable_how::FILE_SYNC)
-        .await
-        .unwrap();
+    let file = f.file_with(&b, "f", b"payload").await;
 
     // Rename of an ancestor through NFS.
     f.rename(&f.root, "a", &f.root, "a2").await.unwrap();
@@ -678,12 +693,7 @@ async fn handles_survive_restart_and_renames() {
 
     // A new instance on the same directory, after a rename behind its back.
     std::fs::rename(f.tmp.path().join("a2"), f.tmp.path().join("a3")).unwrap();
-    let up = DirUpstream::open(f.tmp.path()).unwrap();
-    let g = Fixture {
-        root: up.root(&root()).await.unwrap(),
-        up,
-        tmp: TempDir::new().unwrap(),
-    };
+    let g = Fixture::open(f.tmp.path(), TempDir::new().unwrap()).await;
     assert_eq!(g.root, f.root, "the root handle is stable");
     assert_eq!(g.read(&root(), &file, 0, 100).await.unwrap().0, b"payload");
     assert_eq!(g.getattr(&a).await.unwrap().type_, ftype3::NF3DIR);
@@ -699,10 +709,7 @@ async fn handles_survive_restart_and_renames() {
 #[tokio::test]
 async fn stale_and_bad_handles() {
     let f = Fixture::new().await;
-    let (fh, _) = f
-        .create(&root(), &f.root, "f", unchecked(0o644))
-        .await
-        .unwrap();
+    let fh = f.create_file(&f.root, "f").await;
     f.write(&root(), &fh, 0, b"x", stable_how::UNSTABLE)
         .await
         .unwrap();
@@ -720,15 +727,11 @@ async fn stale_and_bad_handles() {
 
     // Removed behind the proxy's back, seen by a fresh instance.
     std::fs::remove_dir(f.tmp.path().join("d")).unwrap();
-    let up = DirUpstream::open(f.tmp.path()).unwrap();
-    let r = up
-        .call(
-            &root(),
-            NfsRequest::Getattr(GETATTR3args { object: d.clone() }),
-        )
-        .await
-        .unwrap();
-    assert_eq!(reply!(r, Getattr).unwrap_err(), nfsstat3::NFS3ERR_STALE);
+    let fresh = Fixture::open(f.tmp.path(), TempDir::new().unwrap()).await;
+    assert_eq!(
+        fresh.getattr(&d).await.unwrap_err(),
+        nfsstat3::NFS3ERR_STALE
+    );
     assert_eq!(f.getattr(&d).await.unwrap_err(), nfsstat3::NFS3ERR_STALE);
 
     for bad in [vec![], vec![1, 2, 3], vec![0; 64]] {
@@ -742,10 +745,7 @@ async fn stale_and_bad_handles() {
     }
     // A handle of another export is stale.
     let other = Fixture::new().await;
-    let (theirs, _) = other
-        .create(&root(), &other.root, "f", unchecked(0o644))
-        .await
-        .unwrap();
+    let theirs = other.create_file(&other.root, "f").await;
     assert_eq!(
         f.getattr(&theirs).await.unwrap_err(),
         nfsstat3::NFS3ERR_STALE
@@ -759,12 +759,7 @@ async fn names_cannot_escape_the_root() {
     let export = outer.path().join("export");
     std::fs::create_dir(&export).unwrap();
     std::os::unix::fs::symlink(outer.path(), export.join("out")).unwrap();
-    let up = DirUpstream::open(&export).unwrap();
-    let f = Fixture {
-        root: up.root(&root()).await.unwrap(),
-        up,
-        tmp: outer,
-    };
+    let f = Fixture::open(&export, outer).await;
 
     let (dotdot, _) = f.lookup(&root(), &f.root, "..").await.unwrap();
     assert_eq!(dotdot, f.root, "the root is its own parent");
@@ -867,18 +862,12 @@ async fn readdir_pages_see_every_name_once_while_the_directory_changes() {
     assert!(seen.contains(&("file-007".to_string(), fattr.fileid)));
 
     // Too small for a single entry.
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Readdir(READDIR3args {
-                dir: d.clone(),
-                cookie: 0,
-                cookieverf: cookieverf3::default(),
-                count: 100,
-            }),
-        )
-        .await;
-    assert_eq!(reply!(r, Readdir).unwrap_err(), nfsstat3::NFS3ERR_TOOSMALL);
+    assert_eq!(
+        f.readdir(&d, 0, cookieverf3::default(), 100)
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_TOOSMALL
+    );
 }
 
 #[tokio::test]
@@ -897,19 +886,18 @@ async fn readdirplus_gives_handles_and_attributes() {
     let mut cookie = 0;
     let mut names = Vec::new();
     loop {
-        let r = f
-            .call(
-                &root(),
-                NfsRequest::Readdirplus(READDIRPLUS3args {
-                    dir: sub.clone(),
-                    cookie,
-                    cookieverf: cookieverf3::default(),
-                    dircount: 512,
-                    maxcount: 4096,
-                }),
-            )
-            .await;
-        let ok = reply!(r, Readdirplus).unwrap();
+        let ok = call!(
+            f,
+            &root(),
+            Readdirplus(READDIRPLUS3args {
+                dir: sub.clone(),
+                cookie,
+                cookieverf: cookieverf3::default(),
+                dircount: 512,
+                maxcount: 4096,
+            })
+        )
+        .unwrap();
         for e in ok.reply.entries.0 {
             cookie = e.cookie;
             let n = String::from_utf8(e.name.0.to_vec()).unwrap();
@@ -950,16 +938,16 @@ async fn access_and_permissions_for_other_users() {
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
     let (fh, _) = f.lookup(&root(), &f.root, "private").await.unwrap();
     let access = async |c: &CallContext| {
-        let r = f
-            .call(
-                c,
-                NfsRequest::Access(ACCESS3args {
-                    object: fh.clone(),
-                    access: 0x3f,
-                }),
-            )
-            .await;
-        reply!(r, Access).unwrap().access
+        call!(
+            f,
+            c,
+            Access(ACCESS3args {
+                object: fh.clone(),
+                access: 0x3f,
+            })
+        )
+        .unwrap()
+        .access
     };
     assert_eq!(access(&cx(2000, 2000)).await, 0);
     let member = CallContext::with_cred(Credentials::Unix(AuthUnix {
@@ -1054,34 +1042,13 @@ async fn created_objects_belong_to_the_caller() {
     assert_eq!((fattr.uid, fattr.gid, fattr.mode), (1000, 1000, 0o640));
     let (sub, dattr) = f.mkdir(&user, &d, "dir").await.unwrap();
     assert_eq!((dattr.uid, dattr.gid, dattr.mode), (1000, 1000, 0o755));
-    let r = f
-        .call(
-            &user,
-            NfsRequest::Symlink(SYMLINK3args {
-                where_: diropargs3 {
-                    dir: sub.clone(),
-                    name: name("link"),
-                },
-                symlink: symlinkdata3 {
-                    symlink_attributes: sattr3::default(),
-                    symlink_data: nfspath3(Opaque::owned(b"../file".to_vec())),
-                },
-            }),
-        )
-        .await;
-    let ok = reply!(r, Symlink).unwrap();
-    let Nfs3Option::Some(link) = ok.obj else {
-        panic!("no handle")
-    };
+    let (link, _) = f.symlink(&user, &sub, "link", b"../file").await.unwrap();
     let base = f.tmp.path().join("home");
     for p in [base.join("file"), base.join("dir"), base.join("dir/link")] {
         let m = std::fs::symlink_metadata(&p).unwrap();
         assert_eq!((m.uid(), m.gid()), (1000, 1000), "{}", p.display());
     }
-    let r = f
-        .call(&user, NfsRequest::Readlink(READLINK3args { symlink: link }))
-        .await;
-    assert_eq!(reply!(r, Readlink).unwrap().data.0.to_vec(), b"../file");
+    assert_eq!(f.readlink(&user, &link).await.unwrap(), b"../file");
 
     // AUTH_NONE creates as nobody.
     let (_, nattr) = f
@@ -1094,65 +1061,21 @@ async fn created_objects_belong_to_the_caller() {
 #[tokio::test]
 async fn symlink_link_and_mknod() {
     let f = Fixture::new().await;
-    let (fh, _) = f
-        .create(&root(), &f.root, "target", unchecked(0o644))
+    let fh = f.file_with(&f.root, "target", b"linked").await;
+    let (sym, _) = f
+        .symlink(&root(), &f.root, "sym", b"/does/not/matter")
         .await
         .unwrap();
-    f.write(&root(), &fh, 0, b"linked", stable_how::FILE_SYNC)
-        .await
-        .unwrap();
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Symlink(SYMLINK3args {
-                where_: diropargs3 {
-                    dir: f.root.clone(),
-                    name: name("sym"),
-                },
-                symlink: symlinkdata3 {
-                    symlink_attributes: sattr3::default(),
-                    symlink_data: nfspath3(Opaque::owned(b"/does/not/matter".to_vec())),
-                },
-            }),
-        )
-        .await;
-    let ok = reply!(r, Symlink).unwrap();
-    let Nfs3Option::Some(sym) = ok.obj else {
-        panic!("no handle")
-    };
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Readlink(READLINK3args { symlink: sym }),
-        )
-        .await;
     assert_eq!(
-        reply!(r, Readlink).unwrap().data.0.to_vec(),
+        f.readlink(&root(), &sym).await.unwrap(),
         b"/does/not/matter"
     );
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Readlink(READLINK3args {
-                symlink: fh.clone(),
-            }),
-        )
-        .await;
-    assert_eq!(reply!(r, Readlink).unwrap_err(), nfsstat3::NFS3ERR_INVAL);
+    assert_eq!(
+        f.readlink(&root(), &fh).await.unwrap_err(),
+        nfsstat3::NFS3ERR_INVAL
+    );
 
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Link(LINK3args {
-                file: fh.clone(),
-                link: diropargs3 {
-                    dir: f.root.clone(),
-                    name: name("hard"),
-                },
-            }),
-        )
-        .await;
-    let ok = reply!(r, Link).unwrap();
+    let ok = f.link(&fh, &f.root, "hard").await.unwrap();
     let Nfs3Option::Some(attr) = ok.file_attributes else {
         panic!("no attributes")
     };
@@ -1162,48 +1085,19 @@ async fn symlink_link_and_mknod() {
     f.remove(&root(), &f.root, "target").await.unwrap();
     assert_eq!(f.read(&root(), &fh, 0, 100).await.unwrap().0, b"linked");
 
-    let mknod_fifo = async |c: CallContext| {
-        let r = f
-            .call(
-                &c,
-                NfsRequest::Mknod(MKNOD3args {
-                    where_: diropargs3 {
-                        dir: f.root.clone(),
-                        name: name("fifo"),
-                    },
-                    what: mknoddata3::NF3FIFO(mode(0o600)),
-                }),
-            )
-            .await;
-        reply!(r, Mknod)
-    };
+    let fifo = || mknoddata3::NF3FIFO(mode(0o600));
     // A TempDir is 0700: others may not create in it.
     assert_eq!(
-        mknod_fifo(cx(1000, 1000)).await.unwrap_err(),
+        f.mknod(&cx(1000, 1000), &f.root, "fifo", fifo())
+            .await
+            .unwrap_err(),
         nfsstat3::NFS3ERR_ACCES
     );
-    let ok = mknod_fifo(root()).await.unwrap();
-    let Nfs3Option::Some(attr) = ok.obj_attributes else {
-        panic!("no attributes")
-    };
+    let (_, attr) = f.mknod(&root(), &f.root, "fifo", fifo()).await.unwrap();
     assert_eq!((attr.type_, attr.mode), (ftype3::NF3FIFO, 0o600));
     let (fifo_fh, _) = f.lookup(&root(), &f.root, "fifo").await.unwrap();
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Mknod(MKNOD3args {
-                where_: diropargs3 {
-                    dir: f.root.clone(),
-                    name: name("sock"),
-                },
-                what: mknoddata3::NF3SOCK(mode(0o640)),
-            }),
-        )
-        .await;
-    let ok = reply!(r, Mknod).unwrap();
-    let Nfs3Option::Some(attr) = ok.obj_attributes else {
-        panic!("no attributes")
-    };
+    let sock = mknoddata3::NF3SOCK(mode(0o640));
+    let (_, attr) = f.mknod(&root(), &f.root, "sock", sock).await.unwrap();
     assert_eq!((attr.type_, attr.mode), (ftype3::NF3SOCK, 0o640));
     assert_eq!(
         f.read(&root(), &fifo_fh, 0, 1).await.unwrap_err(),
@@ -1213,58 +1107,33 @@ async fn symlink_link_and_mknod() {
         f.setattr(&root(), &f.root, mode(0o777), None)
             .await
             .unwrap();
-        let r = f
-            .call(
-                &cx(1000, 1000),
-                NfsRequest::Mknod(MKNOD3args {
-                    where_: diropargs3 {
-                        dir: f.root.clone(),
-                        name: name("null"),
-                    },
-                    what: mknoddata3::NF3CHR(devicedata3 {
-                        dev_attributes: mode(0o666),
-                        spec: specdata3 {
-                            specdata1: 1,
-                            specdata2: 3,
-                        },
-                    }),
-                }),
-            )
-            .await;
-        assert_eq!(reply!(r, Mknod).unwrap_err(), nfsstat3::NFS3ERR_PERM);
+        let null = mknoddata3::NF3CHR(devicedata3 {
+            dev_attributes: mode(0o666),
+            spec: specdata3 {
+                specdata1: 1,
+                specdata2: 3,
+            },
+        });
+        assert_eq!(
+            f.mknod(&cx(1000, 1000), &f.root, "null", null)
+                .await
+                .unwrap_err(),
+            nfsstat3::NFS3ERR_PERM
+        );
     }
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Mknod(MKNOD3args {
-                where_: diropargs3 {
-                    dir: f.root.clone(),
-                    name: name("reg"),
-                },
-                what: mknoddata3::default,
-            }),
-        )
-        .await;
-    assert_eq!(reply!(r, Mknod).unwrap_err(), nfsstat3::NFS3ERR_BADTYPE);
+    assert_eq!(
+        f.mknod(&root(), &f.root, "reg", mknoddata3::default)
+            .await
+            .unwrap_err(),
+        nfsstat3::NFS3ERR_BADTYPE
+    );
 }
 
 #[tokio::test]
 async fn rename_over_existing_and_rmdir() {
     let f = Fixture::new().await;
-    let (a, _) = f
-        .create(&root(), &f.root, "a", unchecked(0o644))
-        .await
-        .unwrap();
-    let (b, _) = f
-        .create(&root(), &f.root, "b", unchecked(0o644))
-        .await
-        .unwrap();
-    f.write(&root(), &a, 0, b"AAA", stable_how::FILE_SYNC)
-        .await
-        .unwrap();
-    f.write(&root(), &b, 0, b"B", stable_how::FILE_SYNC)
-        .await
-        .unwrap();
+    let a = f.file_with(&f.root, "a", b"AAA").await;
+    let b = f.file_with(&f.root, "b", b"B").await;
     let ok = f.rename(&f.root, "a", &f.root, "b").await.unwrap();
     assert!(ok.fromdir_wcc.before.is_some() && ok.todir_wcc.after.is_some());
     assert_eq!(f.getattr(&b).await.unwrap_err(), nfsstat3::NFS3ERR_STALE);
@@ -1284,22 +1153,15 @@ async fn rename_over_existing_and_rmdir() {
     }
 
     let (d, _) = f.mkdir(&root(), &f.root, "d").await.unwrap();
-    f.create(&root(), &d, "inside", unchecked(0o644))
-        .await
-        .unwrap();
+    f.create_file(&d, "inside").await;
     let rmdir = async |n: &str| {
-        let r = f
-            .call(
-                &root(),
-                NfsRequest::Rmdir(RMDIR3args {
-                    object: diropargs3 {
-                        dir: f.root.clone(),
-                        name: name(n),
-                    },
-                }),
-            )
-            .await;
-        reply!(r, Rmdir)
+        call!(
+            f,
+            &root(),
+            Rmdir(RMDIR3args {
+                object: at(&f.root, n),
+            })
+        )
     };
     assert_eq!(rmdir("d").await.unwrap_err(), nfsstat3::NFS3ERR_NOTEMPTY);
     assert_eq!(rmdir("b").await.unwrap_err(), nfsstat3::NFS3ERR_NOTDIR);
@@ -1319,13 +1181,7 @@ async fn rename_over_existing_and_rmdir() {
 #[tokio::test]
 async fn setattr_truncate_times_and_guard() {
     let f = Fixture::new().await;
-    let (fh, _) = f
-        .create(&root(), &f.root, "f", unchecked(0o644))
-        .await
-        .unwrap();
-    f.write(&root(), &fh, 0, b"0123456789", stable_how::FILE_SYNC)
-        .await
-        .unwrap();
+    let fh = f.file_with(&f.root, "f", b"0123456789").await;
     let attr = f.getattr(&fh).await.unwrap();
     let wrong = nfstime3 {
         seconds: attr.ctime.seconds.wrapping_add(1),
@@ -1390,15 +1246,14 @@ async fn setattr_truncate_times_and_guard() {
 #[tokio::test]
 async fn fsinfo_fsstat_pathconf() {
     let f = Fixture::new().await;
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Fsinfo(FSINFO3args {
-                fsroot: f.root.clone(),
-            }),
-        )
-        .await;
-    let ok = reply!(r, Fsinfo).unwrap();
+    let ok = call!(
+        f,
+        &root(),
+        Fsinfo(FSINFO3args {
+            fsroot: f.root.clone(),
+        })
+    )
+    .unwrap();
     assert_eq!(
         (ok.rtmax, ok.rtpref, ok.wtmax, ok.wtpref),
         (1 << 20, 1 << 20, 1 << 20, 1 << 20)
@@ -1421,26 +1276,24 @@ async fn fsinfo_fsstat_pathconf() {
     };
     assert_eq!(attr.type_, ftype3::NF3DIR);
 
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Fsstat(FSSTAT3args {
-                fsroot: f.root.clone(),
-            }),
-        )
-        .await;
-    let ok = reply!(r, Fsstat).unwrap();
+    let ok = call!(
+        f,
+        &root(),
+        Fsstat(FSSTAT3args {
+            fsroot: f.root.clone(),
+        })
+    )
+    .unwrap();
     assert!(ok.tbytes > 0 && ok.tbytes >= ok.fbytes && ok.fbytes >= ok.abytes);
 
-    let r = f
-        .call(
-            &root(),
-            NfsRequest::Pathconf(PATHCONF3args {
-                object: f.root.clone(),
-            }),
-        )
-        .await;
-    let ok = reply!(r, Pathconf).unwrap();
+    let ok = call!(
+        f,
+        &root(),
+        Pathconf(PATHCONF3args {
+            object: f.root.clone(),
+        })
+    )
+    .unwrap();
     assert_eq!(ok.name_max, 255);
     assert!(ok.no_trunc && ok.case_preserving && !ok.case_insensitive);
 
