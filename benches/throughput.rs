@@ -1,7 +1,10 @@
-//! Sequential throughput of a large file copied with libnfs' `nfs-cp`:
-//! directly to and from nfs-ganesha, through one gvfs-proxy in front of it,
-//! and through a chain of three; plus, for context, one proxy over the
-//! embedded `dir:` origin.
+//! Sequential throughput of a large file copied by two real clients, libnfs'
+//! `nfs-cp` (one 1 MiB call in flight) and `qemu-img convert -W -m 8` (QEMU's
+//! block layer with several requests in flight): directly to and from
+//! nfs-ganesha, through one gvfs-proxy in front of it, and through a chain of
+//! three; plus, for context, one proxy over the embedded `dir:` origin. The
+//! client-facing proxies listen on 127.0.0.12, .13 and .14 port 111, since
+//! QEMU asks the portmapper at HOST:111 (so the bench runs as root).
 //!
 //! Each measurement is one `nfs-cp` run (wall time of the process, mount
 //! handshake included) that writes the source file to the export under a
@@ -27,13 +30,15 @@
 //! throughput`. Environment: `GVFS_BENCH_MIB` (file size, default 1024),
 //! `GVFS_BENCH_REPS` (repetitions, default 3), `GVFS_BENCH_ONLY` (a
 //! comma-separated list of parts of configuration names, e.g. `3 proxies`,
-//! to run only those; the direct one always runs). Without `--bench` (as under
+//! to run only those; the direct one always runs), `GVFS_BENCH_CLIENTS`
+//! (`nfs-cp,qemu` by default). Without `--bench` (as under
 //! `cargo test --benches`) it does a quick 8 MiB smoke run instead. The
 //! proxy binary is looked up as in the test fixtures: next to the bench's
 //! `deps/` directory, i.e. `target/release/gvfs-proxy` under `cargo bench`.
 
 use std::fmt::Write as _;
 use std::fs;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -69,6 +74,8 @@ struct Target {
     origin: Origin,
     /// Builds the libnfs URL of a file in the export.
     url: Box<dyn Fn(&str) -> String>,
+    /// Builds the QEMU URL (no ports: QEMU asks the portmapper at HOST:111).
+    qemu_url: Box<dyn Fn(&str) -> String>,
     /// The local directory behind the export (where written files land).
     export_dir: PathBuf,
     /// Pids of the proxies in the path (CPU accounting).
@@ -86,6 +93,41 @@ impl Direction {
         match self {
             Self::Write => "write",
             Self::Read => "read",
+        }
+    }
+}
+
+/// The NFS client doing the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Client {
+    /// libnfs' `nfs-cp`: one 1 MiB call in flight at a time.
+    NfsCp,
+    /// `qemu-img convert -W -m 8`: QEMU's block layer over libnfs with
+    /// several requests in flight, the way a VMM reads and writes images.
+    Qemu,
+}
+
+impl Client {
+    fn label(self) -> &'static str {
+        match self {
+            Self::NfsCp => "nfs-cp",
+            Self::Qemu => "qemu-img convert -W -m 8",
+        }
+    }
+
+    /// Copies `from` to `to` (a local path or this client's URL).
+    fn copy(self, from: &str, to: &str, timeout: Duration) -> Result<()> {
+        match self {
+            Self::NfsCp => nfs_cp(&from, &to, timeout),
+            Self::Qemu => {
+                let mut cmd = Command::new("qemu-img");
+                cmd.args([
+                    "convert", "-f", "raw", "-O", "raw", "-W", "-m", "8", from, to,
+                ]);
+                process::run_ok(&mut cmd, timeout)
+                    .context("qemu-img (apt-get install qemu-utils qemu-block-extra)")?;
+                Ok(())
+            }
         }
     }
 }
@@ -128,20 +170,29 @@ fn main() -> Result<()> {
 
     let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
     let ganesha_pid = ganesha.pid().context("ganesha is not running")?;
-    let spawn = |upstream: String| -> Result<Proxy> {
+    // Client-facing proxies listen on 127.0.0.N:111 so that QEMU, which
+    // always asks the portmapper at HOST:111, finds them.
+    let spawn = |upstream: String, on_111: Option<u8>| -> Result<Proxy> {
         // Info-level logging is off the hot path either way; warn keeps the
         // captured output small.
-        Proxy::spawn(ProxyArgs::new(upstream).env("RUST_LOG", "warn"))
+        let mut args = ProxyArgs::new(upstream).env("RUST_LOG", "warn");
+        if let Some(n) = on_111 {
+            args = args.listen(SocketAddr::from(([127, 0, 0, n], 111)));
+        }
+        Proxy::spawn(args)
     };
-    let one = spawn(ganesha.upstream_url())?;
-    let chain1 = spawn(ganesha.upstream_url())?;
-    let chain2 = spawn(chain1.upstream_url())?;
-    let chain3 = spawn(chain2.upstream_url())?;
-    let over_dir = spawn(format!("dir:{}", dir_origin.display()))?;
+    let one = spawn(ganesha.upstream_url(), Some(12))?;
+    let chain1 = spawn(ganesha.upstream_url(), None)?;
+    let chain2 = spawn(chain1.upstream_url(), None)?;
+    let chain3 = spawn(chain2.upstream_url(), Some(13))?;
+    let over_dir = spawn(format!("dir:{}", dir_origin.display()), Some(14))?;
 
     let proxy_url = |p: &Proxy| {
         let (ip, port, export) = (p.ip(), p.port(), p.export().to_owned());
         move |f: &str| gvfs::libnfs::nfs_url(ip, port, port, &export, f)
+    };
+    let qemu_url = |ip: std::net::IpAddr, export: String| {
+        Box::new(move |f: &str| format!("nfs://{ip}{export}/{f}")) as Box<dyn Fn(&str) -> String>
     };
     let ganesha_url = {
         let (ip, nfs, mnt) = (ganesha.ip(), ganesha.nfs_port(), ganesha.mount_port());
@@ -153,6 +204,7 @@ fn main() -> Result<()> {
             name: DIRECT,
             origin: Origin::Ganesha,
             url: Box::new(ganesha_url),
+            qemu_url: qemu_url(ganesha.ip(), gvfs::ganesha::EXPORT.to_owned()),
             export_dir: ganesha.export_dir().to_owned(),
             proxy_pids: vec![],
         },
@@ -160,6 +212,7 @@ fn main() -> Result<()> {
             name: "1 proxy -> ganesha",
             origin: Origin::Ganesha,
             url: Box::new(proxy_url(&one)),
+            qemu_url: qemu_url(one.ip(), one.export().to_owned()),
             export_dir: ganesha.export_dir().to_owned(),
             proxy_pids: vec![pid(&one)?],
         },
@@ -167,6 +220,7 @@ fn main() -> Result<()> {
             name: "3 proxies -> ganesha",
             origin: Origin::Ganesha,
             url: Box::new(proxy_url(&chain3)),
+            qemu_url: qemu_url(chain3.ip(), chain3.export().to_owned()),
             export_dir: ganesha.export_dir().to_owned(),
             proxy_pids: vec![pid(&chain1)?, pid(&chain2)?, pid(&chain3)?],
         },
@@ -174,6 +228,7 @@ fn main() -> Result<()> {
             name: "1 proxy -> dir:",
             origin: Origin::Dir,
             url: Box::new(proxy_url(&over_dir)),
+            qemu_url: qemu_url(over_dir.ip(), over_dir.export().to_owned()),
             export_dir: dir_origin.clone(),
             proxy_pids: vec![pid(&over_dir)?],
         },
@@ -206,36 +261,60 @@ fn main() -> Result<()> {
     }
     fs::remove_file(&warm)?;
 
-    let mut samples: Vec<[Vec<Sample>; 2]> = targets.iter().map(|_| [vec![], vec![]]).collect();
+    let clients: Vec<Client> = std::env::var("GVFS_BENCH_CLIENTS")
+        .unwrap_or_else(|_| "nfs-cp,qemu".into())
+        .split(',')
+        .map(|c| match c.trim() {
+            "nfs-cp" => Ok(Client::NfsCp),
+            "qemu" | "qemu-img" => Ok(Client::Qemu),
+            other => bail!("GVFS_BENCH_CLIENTS: unknown client {other:?} (nfs-cp, qemu)"),
+        })
+        .collect::<Result<_>>()?;
+    let mut samples: Vec<Vec<[Vec<Sample>; 2]>> = clients
+        .iter()
+        .map(|_| targets.iter().map(|_| [vec![], vec![]]).collect())
+        .collect();
     let started = Instant::now();
     let load_before = loadavg();
+    let src_s = src.display().to_string();
     for rep in 0..reps {
-        for k in 0..targets.len() {
-            // Rotate the order each repetition, so no configuration always
-            // runs first (right after the previous one's deletes).
-            let i = (k + rep) % targets.len();
-            let t = &targets[i];
-            let name = format!("bench-{rep}-{i}");
-            let remote = (t.url)(&name);
-            let local = work.path().join(format!("readback-{rep}-{i}"));
-            let landed = t.export_dir.join(&name);
+        for (c, client) in clients.iter().enumerate() {
+            for k in 0..targets.len() {
+                // Rotate the order each repetition, so no configuration
+                // always runs first (right after the previous one's deletes).
+                let i = (k + rep) % targets.len();
+                let t = &targets[i];
+                let name = format!("bench-{rep}-{c}-{i}");
+                let remote = match client {
+                    Client::NfsCp => (t.url)(&name),
+                    Client::Qemu => (t.qemu_url)(&name),
+                };
+                let local = work.path().join(format!("readback-{rep}-{c}-{i}"));
+                let local_s = local.display().to_string();
+                let landed = t.export_dir.join(&name);
+                let what = format!("{} with {}", t.name, client.label());
 
-            let w = measure(size, &t.proxy_pids, ganesha_pid, timeout, &src, &remote)
-                .with_context(|| format!("{}: writing", t.name))?;
-            compare_files(&src, &landed)
-                .with_context(|| format!("{}: the written file differs", t.name))?;
-            report(rep, t.name, Direction::Write, mib, &w);
+                let w = measure(size, &t.proxy_pids, ganesha_pid, || {
+                    client.copy(&src_s, &remote, timeout)
+                })
+                .with_context(|| format!("{what}: writing"))?;
+                compare_files(&src, &landed)
+                    .with_context(|| format!("{what}: the written file differs"))?;
+                report(rep, &what, Direction::Write, mib, &w);
 
-            let r = measure(size, &t.proxy_pids, ganesha_pid, timeout, &remote, &local)
-                .with_context(|| format!("{}: reading", t.name))?;
-            compare_files(&src, &local)
-                .with_context(|| format!("{}: the file read back differs", t.name))?;
-            report(rep, t.name, Direction::Read, mib, &r);
+                let r = measure(size, &t.proxy_pids, ganesha_pid, || {
+                    client.copy(&remote, &local_s, timeout)
+                })
+                .with_context(|| format!("{what}: reading"))?;
+                compare_files(&src, &local)
+                    .with_context(|| format!("{what}: the file read back differs"))?;
+                report(rep, &what, Direction::Read, mib, &r);
 
-            fs::remove_file(&local)?;
-            fs::remove_file(&landed)?;
-            samples[i][0].push(w);
-            samples[i][1].push(r);
+                fs::remove_file(&local)?;
+                fs::remove_file(&landed)?;
+                samples[c][i][0].push(w);
+                samples[c][i][1].push(r);
+            }
         }
     }
     eprintln!(
@@ -253,24 +332,24 @@ fn main() -> Result<()> {
         }
     }
 
-    print!("{}", table(&targets, &samples, mib, reps));
+    for (client, samples) in clients.iter().zip(&samples) {
+        print!("{}", table(&targets, samples, mib, reps, *client));
+    }
     Ok(())
 }
 
-/// Runs `nfs-cp from to` and times it, with the CPU time used meanwhile.
+/// Runs `copy` and times it, with the CPU time used meanwhile.
 fn measure(
     size: u64,
     proxy_pids: &[u32],
     ganesha_pid: u32,
-    timeout: Duration,
-    from: &impl AsRef<std::ffi::OsStr>,
-    to: &impl AsRef<std::ffi::OsStr>,
+    copy: impl FnOnce() -> Result<()>,
 ) -> Result<Sample> {
     let proxies_before = usage_of_pids(proxy_pids)?;
     let ganesha_before = usage_of_pid(ganesha_pid)?;
     let client_before = children_cpu();
     let start = Instant::now();
-    nfs_cp(from, to, timeout)?;
+    copy()?;
     let secs = start.elapsed().as_secs_f64();
     Ok(Sample {
         mib_s: size as f64 / f64::from(1 << 20) / secs,
@@ -306,15 +385,22 @@ fn report(rep: usize, name: &str, dir: Direction, mib: u64, s: &Sample) {
 }
 
 /// The results table (markdown, so it can go into docs/BENCHMARKS.md as is).
-fn table(targets: &[Target], samples: &[[Vec<Sample>; 2]], mib: u64, reps: usize) -> String {
+fn table(
+    targets: &[Target],
+    samples: &[[Vec<Sample>; 2]],
+    mib: u64,
+    reps: usize,
+    client: Client,
+) -> String {
     let gib = mib as f64 / 1024.0;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\nnfs-cp of a {mib} MiB file, {reps} repetition(s); MiB/s (median, min-max); \
-         CPU seconds per GiB copied and proxies' minor page faults per MiB (medians)\n"
+        "\n{} of a {mib} MiB file, {reps} repetition(s); MiB/s (median, min-max); \
+         CPU seconds per GiB copied and proxies' minor page faults per MiB (medians)\n",
+        client.label()
     );
-    let header = "| configuration | direction | median MiB/s | min-max MiB/s | vs direct | cpu nfs-cp | cpu proxies | cpu ganesha | proxy faults/MiB |\n\
+    let header = "| configuration | direction | median MiB/s | min-max MiB/s | vs direct | cpu client | cpu proxies | cpu ganesha | proxy faults/MiB |\n\
                   |---|---|---:|---:|---:|---:|---:|---:|---:|\n";
     for origin in [Origin::Ganesha, Origin::Dir] {
         if !targets.iter().any(|t| t.origin == origin) {
