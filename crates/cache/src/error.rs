@@ -1,0 +1,127 @@
+//! The one error type of the block cache.
+
+use std::io;
+
+/// Why a [`Geometry`](crate::Geometry) was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GeometryError {
+    /// The block size is not a power of two in `4 KiB..=1 MiB`.
+    #[error("block size {0} is not a power of two between 4 KiB and 1 MiB")]
+    BlockSize(u32),
+    /// The sub-block size is not a power of two in `512..=block size`.
+    #[error(
+        "sub-block size {sub_block} is not a power of two between 512 and the block size {block}"
+    )]
+    SubBlockSize {
+        /// Requested sub-block size.
+        sub_block: u32,
+        /// Requested block size.
+        block: u32,
+    },
+    /// A block would hold more than [`MAX_SUB_BLOCKS`](crate::MAX_SUB_BLOCKS) sub-blocks.
+    #[error("{0} sub-blocks per block exceeds the limit of 256")]
+    TooManySubBlocks(u32),
+    /// The bank count is zero or above [`MAX_BANKS`](crate::MAX_BANKS).
+    #[error("bank count {0} is not in 1..=4096")]
+    Banks(u32),
+    /// The associativity is zero or above [`MAX_WAYS`](crate::MAX_WAYS).
+    #[error("associativity {0} is not in 1..=1024")]
+    Ways(u32),
+    /// The capacity is too small for one set per bank.
+    #[error("capacity {capacity} is below one set per bank ({minimum} bytes)")]
+    CapacityTooSmall {
+        /// Requested capacity in bytes.
+        capacity: u64,
+        /// Smallest capacity accepted: banks x ways x block size.
+        minimum: u64,
+    },
+    /// The capacity needs more frames per bank than the format can address.
+    #[error("capacity {0} needs too many frames per bank")]
+    CapacityTooLarge(u64),
+}
+
+/// Errors of the block cache.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The requested geometry is invalid.
+    #[error("invalid cache geometry: {0}")]
+    InvalidGeometry(#[from] GeometryError),
+    /// A bank on disk was written with a different geometry than the one requested.
+    #[error(
+        "bank {bank} was created with a different geometry ({found}); refusing to reinterpret it"
+    )]
+    GeometryMismatch {
+        /// Bank index.
+        bank: u32,
+        /// The geometry recorded in the bank header.
+        found: String,
+    },
+    /// A bank header has an unknown format version.
+    #[error("bank {bank} has unsupported format version {version}")]
+    UnsupportedFormatVersion {
+        /// Bank index.
+        bank: u32,
+        /// The version found.
+        version: u32,
+    },
+    /// `open` was given a different number of storages than the geometry has banks.
+    #[error("geometry has {expected} banks but {given} storages were given")]
+    BankCountMismatch {
+        /// Banks in the geometry.
+        expected: u32,
+        /// Storages given.
+        given: usize,
+    },
+    /// A file handle is longer than NFSv3 allows (RFC 1813 section 2.5, `NFS3_FHSIZE` = 64).
+    #[error("file handle of {0} bytes exceeds the NFSv3 limit of 64")]
+    FileHandleTooLong(usize),
+    /// The byte range does not fit inside one block.
+    #[error("range {offset}+{len} does not fit in a block of {block_size} bytes")]
+    RangeOutsideBlock {
+        /// Offset inside the block.
+        offset: u32,
+        /// Length in bytes.
+        len: usize,
+        /// Block size.
+        block_size: u32,
+    },
+    /// A dirty write covers only part of a sub-block that holds no valid data.
+    ///
+    /// The cache cannot keep part of a sub-block: the caller must first fill
+    /// that sub-block from upstream (a clean write of the whole sub-block) or
+    /// write the data through. Nothing was written.
+    #[error(
+        "dirty write covers sub-block {sub_block} only partly and that sub-block is not cached"
+    )]
+    PartialSubBlockWrite {
+        /// Index of the offending sub-block inside the block.
+        sub_block: u32,
+    },
+    /// An earlier I/O error left the in-memory index possibly out of step with
+    /// disk; the store must be reopened (recovery repairs it).
+    #[error("block store disabled by an earlier I/O error; reopen it")]
+    Poisoned,
+    /// An I/O error of the storage backend.
+    #[error("cache storage I/O failed while {op}: {source}")]
+    Io {
+        /// What the store was doing.
+        op: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
+}
+
+/// Result alias of the cache.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) trait IoContext<T> {
+    fn ctx(self, op: &'static str) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn ctx(self, op: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Io { op, source })
+    }
+}
