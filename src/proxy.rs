@@ -216,6 +216,32 @@ impl Proxy {
         )
     }
 
+    /// Sends `sig` (e.g. `libc::SIGUSR1`) to the running proxy.
+    pub fn signal(&self, sig: libc::c_int) -> Result<()> {
+        let child = self.child.as_ref().context("the proxy is not running")?;
+        process::signal(child, sig).context("signalling gvfs-proxy")
+    }
+
+    /// The block cache counters as `gvfsctl stats --json` reports them.
+    pub fn cache_stats(&self) -> Result<serde_json::Value> {
+        let out = gvfsctl(self.control_path(), &["stats", "--json"])?;
+        if !out.status.success() {
+            bail!("gvfsctl stats failed: {}", out.stderr_text());
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&out.stdout_text()).context("parsing gvfsctl stats --json")?;
+        Ok(v["cache"].clone())
+    }
+
+    /// Runs `gvfsctl writeback --wait` and fails unless it succeeded.
+    pub fn write_back(&self) -> Result<String> {
+        let out = gvfsctl(self.control_path(), &["writeback", "--wait"])?;
+        if !out.status.success() {
+            bail!("gvfsctl writeback failed: {}", out.stderr_text());
+        }
+        Ok(out.stdout_text())
+    }
+
     /// The proxy's status as `gvfsctl status --json` reports it.
     pub fn status(&self) -> Result<serde_json::Value> {
         let out = gvfsctl(self.control_path(), &["status", "--json"])?;

@@ -6,12 +6,14 @@
 //! bytes of a bank; [`Storage`] abstracts where they live; [`BlockStore`]
 //! keeps blocks with per-sub-block valid and dirty bits, survives crashes and
 //! comes back warm after a restart. The NFS layer (write-back policy,
-//! read-ahead, control) is built on top of it as a `gvfs_nfs::NfsService`.
+//! read-ahead, control) is built on top of it: [`CacheLayer`], a
+//! `gvfs_nfs::NfsService`.
 #![warn(missing_docs)]
 
 mod error;
 pub mod format;
 mod geometry;
+mod layer;
 mod mask;
 mod set;
 mod storage;
@@ -21,6 +23,9 @@ pub use error::{Error, GeometryError, Result};
 pub use geometry::{
     Geometry, GeometryConfig, MAX_BANKS, MAX_BLOCK_SIZE, MAX_SUB_BLOCKS, MAX_WAYS, MIN_BLOCK_SIZE,
     MIN_SUB_BLOCK_SIZE,
+};
+pub use layer::{
+    CacheConfig, CacheLayer, LayerStats, UnknownWritePolicy, WriteBackReport, WritePolicy,
 };
 pub use mask::SubBlockMask;
 pub use set::FileHandle;

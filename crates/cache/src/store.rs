@@ -129,7 +129,7 @@ pub struct DirtyData {
     pub extents: Vec<DirtyExtent>,
     /// Write sequence when taken: `mark_clean` leaves sub-blocks rewritten
     /// after this dirty.
-    seq: u64,
+    pub(crate) seq: u64,
 }
 
 impl DirtyData {
@@ -558,9 +558,47 @@ impl BlockStore {
         s
     }
 
+    /// Drops every clean cached sub-block of every file (what a flush does
+    /// after writing dirty data back). Durable before it returns. Returns
+    /// the number of bytes dropped.
+    pub fn drop_clean(&self) -> Result<u64> {
+        self.mutate(|inner| {
+            let ids: Vec<usize> = inner
+                .index
+                .values()
+                .flat_map(|m| m.values().copied())
+                .collect();
+            let mut dropped = 0;
+            for id in ids {
+                let f = &inner.frames[id];
+                let drop = f.valid.without(f.dirty);
+                dropped += inner.drop_sub_blocks(id, drop)?;
+            }
+            inner.sync()?;
+            Ok(dropped)
+        })
+    }
+
+    /// Whether any block of `fh` is cached (clean or dirty).
+    pub fn has_file(&self, fh: &[u8]) -> Result<bool> {
+        Ok(self.lock()?.index.contains_key(fh))
+    }
+
+    /// Number of files with at least one cached block.
+    pub fn cached_files(&self) -> Result<usize> {
+        Ok(self.lock()?.index.len())
+    }
+
     /// Syncs and records a clean shutdown, so the next open skips verifying
     /// data. Dirty data stays cached for the next session.
     pub fn close(self) -> Result<()> {
+        self.close_shared()
+    }
+
+    /// [`close`](Self::close) for a store shared behind an `Arc`. The caller
+    /// must not write to the store afterwards: the banks are marked closed
+    /// cleanly, so a later write would go unverified on the next open.
+    pub fn close_shared(&self) -> Result<()> {
         self.mutate(|inner| {
             inner.sync()?;
             for b in 0..inner.banks.len() {

@@ -33,6 +33,18 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// max_connections = 256
 /// max_in_flight = 64
 /// drain_timeout_secs = 10
+/// metrics = "127.0.0.1:9100"           # Prometheus text endpoint
+///
+/// # block cache (off unless cache_dir is set)
+/// cache_dir = "/var/cache/gvfs/proxy1"
+/// cache_size = "4G"
+/// cache_banks = 16
+/// cache_ways = 16
+/// block_size = "64K"
+/// write_policy = "write-back"          # or "write-through"
+/// readahead_blocks = 8
+/// writeback_on_exit = true
+/// exit_writeback_timeout_secs = 60
 /// ```
 #[derive(Debug, Default, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +69,26 @@ pub struct FileConfig {
     pub max_in_flight: Option<usize>,
     /// On SIGTERM, wait this long for calls in flight.
     pub drain_timeout_secs: Option<u64>,
+    /// Address of the Prometheus text endpoint (`GET /metrics`).
+    pub metrics: Option<String>,
+    /// Directory of the block cache's bank files; no cache when unset.
+    pub cache_dir: Option<PathBuf>,
+    /// Cache capacity, e.g. "4G", "512M" or bytes.
+    pub cache_size: Option<String>,
+    /// Cache banks (files).
+    pub cache_banks: Option<u32>,
+    /// Cache associativity (frames per set).
+    pub cache_ways: Option<u32>,
+    /// Cache block size, 4K..1M, a power of two.
+    pub block_size: Option<String>,
+    /// "write-back" or "write-through".
+    pub write_policy: Option<String>,
+    /// Blocks read ahead on sequential access (0 = off).
+    pub readahead_blocks: Option<u32>,
+    /// Write dirty data back on SIGTERM/SIGINT.
+    pub writeback_on_exit: Option<bool>,
+    /// Longest write-back on exit; what is left stays dirty for next start.
+    pub exit_writeback_timeout_secs: Option<u64>,
 }
 
 impl FileConfig {
@@ -85,6 +117,18 @@ impl FileConfig {
             max_connections: other.max_connections.or(self.max_connections),
             max_in_flight: other.max_in_flight.or(self.max_in_flight),
             drain_timeout_secs: other.drain_timeout_secs.or(self.drain_timeout_secs),
+            metrics: other.metrics.or(self.metrics),
+            cache_dir: other.cache_dir.or(self.cache_dir),
+            cache_size: other.cache_size.or(self.cache_size),
+            cache_banks: other.cache_banks.or(self.cache_banks),
+            cache_ways: other.cache_ways.or(self.cache_ways),
+            block_size: other.block_size.or(self.block_size),
+            write_policy: other.write_policy.or(self.write_policy),
+            readahead_blocks: other.readahead_blocks.or(self.readahead_blocks),
+            writeback_on_exit: other.writeback_on_exit.or(self.writeback_on_exit),
+            exit_writeback_timeout_secs: other
+                .exit_writeback_timeout_secs
+                .or(self.exit_writeback_timeout_secs),
         }
     }
 }
@@ -142,11 +186,125 @@ pub struct Config {
     pub limits: ServerLimits,
     /// How long SIGTERM waits for calls in flight.
     pub drain_timeout: Duration,
+    /// The block cache, when configured.
+    pub cache: Option<CacheSettings>,
+    /// Where to serve Prometheus metrics, when configured.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// A validated block cache configuration.
+#[derive(Debug, Clone)]
+pub struct CacheSettings {
+    /// Where the bank files live.
+    pub dir: PathBuf,
+    /// Capacity and layout.
+    pub geometry: gvfs_cache::Geometry,
+    /// Write policy and read-ahead.
+    pub layer: gvfs_cache::CacheConfig,
+    /// Write dirty data back on SIGTERM/SIGINT.
+    pub writeback_on_exit: bool,
+    /// Longest write-back on exit.
+    pub exit_writeback_timeout: Duration,
+}
+
+/// Parses a size such as `4G`, `512M`, `64K`, `64KiB` or `1048576`.
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => u32::MAX,
+    };
+    num.parse::<u64>()
+        .ok()
+        .filter(|_| shift != u32::MAX)
+        .and_then(|n| n.checked_mul(1u64 << shift.min(40)))
+        .ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "bad size {s:?}: expected e.g. 4G, 512M, 64K or bytes"
+            ))
+        })
+}
+
+fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> {
+    let Some(dir) = f.cache_dir.clone() else {
+        let set = [
+            ("cache_size", f.cache_size.is_some()),
+            ("cache_banks", f.cache_banks.is_some()),
+            ("cache_ways", f.cache_ways.is_some()),
+            ("block_size", f.block_size.is_some()),
+            ("write_policy", f.write_policy.is_some()),
+        ];
+        if let Some((name, _)) = set.iter().find(|(_, s)| *s) {
+            return Err(ConfigError::Invalid(format!(
+                "{name} is set but there is no cache: add --cache-dir DIR (cache_dir in the file)"
+            )));
+        }
+        return Ok(None);
+    };
+    let defaults = gvfs_cache::GeometryConfig::default();
+    let block = match &f.block_size {
+        Some(b) => u32::try_from(parse_size(b)?)
+            .map_err(|_| ConfigError::Invalid(format!("block size {b} is too large")))?,
+        None => defaults.block_size,
+    };
+    let geometry = gvfs_cache::GeometryConfig {
+        capacity: match &f.cache_size {
+            Some(c) => parse_size(c)?,
+            None => defaults.capacity,
+        },
+        banks: f.cache_banks.unwrap_or(defaults.banks),
+        ways: f.cache_ways.unwrap_or(defaults.ways),
+        block_size: block,
+        sub_block_size: defaults.sub_block_size.min(block),
+    };
+    let geometry = gvfs_cache::Geometry::new(geometry)
+        .map_err(|e| ConfigError::Invalid(format!("bad cache geometry: {e}")))?;
+    let policy = match &f.write_policy {
+        Some(p) => p.parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "bad write policy {p:?}: expected write-back or write-through"
+            ))
+        })?,
+        None => gvfs_cache::WritePolicy::WriteBack,
+    };
+    Ok(Some(CacheSettings {
+        dir,
+        geometry,
+        layer: gvfs_cache::CacheConfig {
+            policy,
+            readahead_blocks: f
+                .readahead_blocks
+                .unwrap_or(gvfs_cache::CacheConfig::default().readahead_blocks),
+        },
+        writeback_on_exit: f.writeback_on_exit.unwrap_or(true),
+        exit_writeback_timeout: Duration::from_secs(f.exit_writeback_timeout_secs.unwrap_or(60)),
+    }))
 }
 
 impl Config {
     /// Validates `f`, filling in defaults.
     pub fn from_file_config(f: FileConfig) -> Result<Self, ConfigError> {
+        let cache = cache_settings(&f)?;
+        let metrics = match &f.metrics {
+            Some(m) => {
+                let addr: SocketAddr = m.parse().map_err(|_| {
+                    ConfigError::Invalid(format!("bad metrics address {m:?}: expected IP:PORT"))
+                })?;
+                if !addr.ip().is_loopback() && !f.allow_remote.unwrap_or(false) {
+                    return Err(ConfigError::Invalid(format!(
+                        "refusing to serve metrics on {addr}: only loopback unless you pass --allow-remote"
+                    )));
+                }
+                Some(addr)
+            }
+            None => None,
+        };
         let listen_s = f.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let listen: SocketAddr = listen_s.parse().map_err(|_| {
             ConfigError::Invalid(format!(
@@ -206,6 +364,8 @@ impl Config {
             connect_timeout,
             limits,
             drain_timeout: Duration::from_secs(f.drain_timeout_secs.unwrap_or(10)),
+            cache,
+            metrics,
         })
     }
 }
@@ -293,6 +453,41 @@ mod tests {
             let e = Config::from_file_config(f).unwrap_err().to_string();
             assert!(!e.contains('\n') && !e.is_empty());
         }
+    }
+
+    #[test]
+    fn sizes_and_cache_settings() {
+        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
+        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
+        assert!(parse_size("4X").is_err() && parse_size("").is_err() && parse_size("G").is_err());
+        let c = Config::from_file_config(FileConfig {
+            cache_dir: Some("/tmp/c".into()),
+            cache_size: Some("64M".into()),
+            block_size: Some("128K".into()),
+            write_policy: Some("write-through".into()),
+            ..FileConfig::default()
+        })
+        .unwrap();
+        let cache = c.cache.unwrap();
+        assert_eq!(cache.geometry.block_size(), 128 << 10);
+        assert_eq!(cache.layer.policy, gvfs_cache::WritePolicy::WriteThrough);
+        let orphan = FileConfig {
+            cache_size: Some("1G".into()),
+            ..FileConfig::default()
+        };
+        assert!(
+            Config::from_file_config(orphan)
+                .unwrap_err()
+                .to_string()
+                .contains("--cache-dir")
+        );
+        let bad = FileConfig {
+            cache_dir: Some("/tmp/c".into()),
+            block_size: Some("3K".into()),
+            ..FileConfig::default()
+        };
+        assert!(Config::from_file_config(bad).is_err());
     }
 
     #[test]

@@ -13,9 +13,11 @@ pub mod config;
 pub mod control;
 pub mod drc;
 pub mod front;
+pub mod metrics;
 pub mod server;
 pub mod shutdown;
 pub mod upstream;
+pub mod writeback;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -66,6 +68,14 @@ pub enum ProxyError {
     /// The control socket could not be set up.
     #[error("{0}")]
     Control(#[from] control::ControlError),
+    /// The block cache could not be opened.
+    #[error("cannot open the block cache in {dir}: {reason}")]
+    Cache {
+        /// The cache directory.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
@@ -174,6 +184,14 @@ pub async fn run(
     on_ready: impl FnOnce(&Ready),
 ) -> Result<(), ProxyError> {
     let bottom = build_upstream(&cfg).await?;
+    let cache = match &cfg.cache {
+        Some(c) => Some(open_cache(c, bottom.service.clone()).await?),
+        None => None,
+    };
+    let service: Arc<dyn NfsService> = match &cache {
+        Some(layer) => layer.clone(),
+        None => bottom.service.clone(),
+    };
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|source| ProxyError::Bind {
@@ -185,7 +203,7 @@ pub async fn run(
         source,
     })?;
     let front = Arc::new(FrontEnd::new(
-        bottom.service.clone(),
+        service.clone(),
         cfg.export.clone(),
         addr.port(),
     ));
@@ -199,15 +217,31 @@ pub async fn run(
         addr,
         export: cfg.export.clone(),
         control: control_path.clone(),
-        upstream: bottom.service.describe(),
+        upstream: service.describe(),
     };
+    let jobs = Arc::new(writeback::Jobs::default());
+    if let Some(layer) = &cache {
+        writeback::on_signals(jobs.clone(), layer.clone()).map_err(ProxyError::Signals)?;
+    }
     let status = StatusSource {
         ready: ready.clone(),
         front: front.clone(),
         server: stats.clone(),
         client: bottom.client,
+        cache: cache.clone(),
+        jobs: jobs.clone(),
         started: Instant::now(),
     };
+    let status = Arc::new(status);
+    if let Some(addr) = cfg.metrics {
+        let listener = metrics::bind(addr)
+            .await
+            .map_err(|source| ProxyError::Bind { addr, source })?;
+        let source = status.clone();
+        let snapshot: metrics::Snapshot = Arc::new(move || source.stats());
+        tokio::spawn(metrics::serve(listener, snapshot, shutdown.clone()));
+        tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    }
     let control_task = tokio::spawn(control::serve(
         control_listener,
         control_path,
@@ -228,9 +262,63 @@ pub async fn run(
     )
     .await;
     shutdown::drain(&tasks, cfg.drain_timeout).await;
+    if let (Some(layer), Some(settings)) = (&cache, &cfg.cache) {
+        write_back_on_exit(layer, &jobs, settings).await;
+    }
     shutdown.cancel();
     let _ = control_task.await;
     Ok(())
+}
+
+/// Opens the block cache in `settings.dir` and stacks it on `below`.
+async fn open_cache(
+    settings: &config::CacheSettings,
+    below: Arc<dyn NfsService>,
+) -> Result<Arc<gvfs_cache::CacheLayer>, ProxyError> {
+    let (dir, geometry) = (settings.dir.clone(), settings.geometry);
+    let opened = tokio::task::spawn_blocking(move || {
+        gvfs_cache::BlockStore::open_dir(&dir, geometry, gvfs_cache::OpenOptions::default())
+    })
+    .await;
+    let cache_error = |reason: String| ProxyError::Cache {
+        dir: settings.dir.clone(),
+        reason,
+    };
+    let (store, report) = opened
+        .map_err(|e| cache_error(e.to_string()))?
+        .map_err(|e| cache_error(e.to_string()))?;
+    if report.dirty_sub_blocks_lost > 0 {
+        tracing::error!(
+            ?report,
+            "the block cache lost dirty data in a crash; its write verifier changed so clients resend"
+        );
+    } else {
+        tracing::info!(?report, "block cache opened");
+    }
+    Ok(gvfs_cache::CacheLayer::new(below, store, settings.layer))
+}
+
+/// On exit: unless configured not to, write dirty data back within the
+/// deadline; whatever is left stays dirty in the cache for the next start.
+async fn write_back_on_exit(
+    layer: &Arc<gvfs_cache::CacheLayer>,
+    jobs: &Arc<writeback::Jobs>,
+    settings: &config::CacheSettings,
+) {
+    let deadline = settings.exit_writeback_timeout;
+    if settings.writeback_on_exit && layer.dirty_bytes() > 0 {
+        let _ = jobs.wait(deadline).await;
+        let _ = jobs.start(layer, writeback::JobKind::WriteBack);
+        if !jobs.wait(deadline).await {
+            tracing::warn!(
+                dirty_bytes = layer.dirty_bytes(),
+                "write-back on exit did not finish in {deadline:?}; the rest stays in the cache"
+            );
+        }
+    }
+    if let Err(e) = layer.close() {
+        tracing::error!(error = %e, "closing the block cache");
+    }
 }
 
 /// Answers control requests from live counters.
@@ -239,18 +327,37 @@ struct StatusSource {
     front: Arc<FrontEnd>,
     server: Arc<ServerStats>,
     client: Option<RpcClient>,
+    cache: Option<Arc<gvfs_cache::CacheLayer>>,
+    jobs: Arc<writeback::Jobs>,
     started: Instant,
 }
 
 impl StatusSource {
     fn handle(&self, req: &Value) -> Result<Value, String> {
+        let cache = || {
+            self.cache.as_ref().ok_or_else(|| {
+                "this proxy has no block cache (start it with --cache-dir)".to_string()
+            })
+        };
         match req["cmd"].as_str() {
             Some("status") => Ok(self.status()),
+            Some("stats") => Ok(self.stats()),
+            Some("writeback") => Ok(self.jobs.start(cache()?, writeback::JobKind::WriteBack)),
+            Some("flush") => Ok(self.jobs.start(cache()?, writeback::JobKind::Flush)),
             Some(other) => Err(format!(
-                "unknown command {other:?}; this proxy knows: status"
+                "unknown command {other:?}; this proxy knows: status, stats, writeback, flush"
             )),
             None => Err("request has no \"cmd\"".into()),
         }
+    }
+
+    /// Everything: status, cache counters, the write-back job.
+    fn stats(&self) -> Value {
+        json!({
+            "status": self.status(),
+            "cache": self.cache.as_ref().map(|c| json!(c.stats())),
+            "writeback": self.jobs.state(),
+        })
     }
 
     fn status(&self) -> Value {
@@ -293,6 +400,7 @@ impl StatusSource {
             "service_errors": load(&f.service_errors),
             "drc_hits": load(&f.drc_hits),
             "upstream_client": upstream_client,
+            "cache": self.cache.as_ref().map(|c| json!({"dirty_bytes": c.dirty_bytes()})),
         })
     }
 }

@@ -78,6 +78,51 @@ struct Cli {
     /// Log filter, e.g. info, debug, gvfs_proxy=trace [default: info, or RUST_LOG].
     #[arg(long, value_name = "FILTER")]
     log: Option<String>,
+
+    /// Serve Prometheus metrics (the counters of `gvfsctl status` and
+    /// `gvfsctl stats`) at http://ADDR/metrics; loopback only unless
+    /// --allow-remote.
+    #[arg(long, value_name = "IP:PORT")]
+    metrics: Option<String>,
+
+    /// Keep a block cache in DIR (bank files); without it the proxy only
+    /// forwards. The cache stays warm across restarts.
+    #[arg(long, value_name = "DIR", help_heading = "Block cache")]
+    cache_dir: Option<PathBuf>,
+
+    /// Cache capacity, e.g. 4G, 512M [default: 1G].
+    #[arg(long, value_name = "SIZE", help_heading = "Block cache")]
+    cache_size: Option<String>,
+
+    /// Cache banks (files) [default: 16].
+    #[arg(long, value_name = "N", help_heading = "Block cache")]
+    cache_banks: Option<u32>,
+
+    /// Cache associativity, frames per set [default: 16].
+    #[arg(long, value_name = "N", help_heading = "Block cache")]
+    cache_ways: Option<u32>,
+
+    /// Cache block size, a power of two from 4K to 1M [default: 64K].
+    #[arg(long, value_name = "SIZE", help_heading = "Block cache")]
+    block_size: Option<String>,
+
+    /// write-back (writes stay in the cache until `gvfsctl writeback`,
+    /// `flush`, SIGUSR1/SIGUSR2 or exit) or write-through [default: write-back].
+    #[arg(long, value_name = "POLICY", help_heading = "Block cache")]
+    write_policy: Option<String>,
+
+    /// Blocks to read ahead on sequential access; 0 turns it off [default: 8].
+    #[arg(long, value_name = "N", help_heading = "Block cache")]
+    readahead: Option<u32>,
+
+    /// Do not write dirty data back on SIGTERM/SIGINT (it stays in the cache
+    /// for the next start).
+    #[arg(long, help_heading = "Block cache")]
+    no_writeback_on_exit: bool,
+
+    /// Longest write-back on exit [default: 60].
+    #[arg(long, value_name = "SECS", help_heading = "Block cache")]
+    exit_writeback_timeout: Option<u64>,
 }
 
 impl Cli {
@@ -93,6 +138,16 @@ impl Cli {
             max_connections: self.max_connections,
             max_in_flight: self.max_in_flight,
             drain_timeout_secs: None,
+            metrics: self.metrics.clone(),
+            cache_dir: self.cache_dir.clone(),
+            cache_size: self.cache_size.clone(),
+            cache_banks: self.cache_banks,
+            cache_ways: self.cache_ways,
+            block_size: self.block_size.clone(),
+            write_policy: self.write_policy.clone(),
+            readahead_blocks: self.readahead,
+            writeback_on_exit: self.no_writeback_on_exit.then_some(false),
+            exit_writeback_timeout_secs: self.exit_writeback_timeout,
         }
     }
 }

@@ -32,6 +32,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Block cache counters: hits, misses, bytes served and fetched,
+    /// read-ahead, dirty bytes, upstream calls and latency.
+    Stats {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the cache's dirty data back upstream (the cache stays warm).
+    Writeback {
+        /// Wait until it is done, with a progress bar.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Write back, then drop the cached data; waits until done.
+    Flush,
 }
 
 fn main() -> ExitCode {
@@ -72,22 +87,152 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let ask = |cmd: &str| {
+        runtime
+            .block_on(gvfs_proxy::control::request(&path, &json!({ "cmd": cmd })))
+            .map_err(anyhow::Error::msg)
+    };
     match cli.cmd {
         Cmd::Status { json } => {
-            let status = runtime
-                .block_on(gvfs_proxy::control::request(
-                    &path,
-                    &json!({"cmd": "status"}),
-                ))
-                .map_err(anyhow::Error::msg)?;
+            let status = ask("status")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
                 print_status(&status);
             }
         }
+        Cmd::Stats { json } => {
+            let stats = ask("stats")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                print_stats(&stats);
+            }
+        }
+        Cmd::Writeback { wait } => {
+            let started = ask("writeback")?;
+            if wait {
+                wait_for_job(&ask, &started)?;
+            } else {
+                let total = started["job"]["total_bytes"].as_u64().unwrap_or(0);
+                match started["started"].as_bool() {
+                    Some(true) => println!("write-back started: {total} dirty bytes"),
+                    _ => println!("a write-back is already running"),
+                }
+            }
+        }
+        Cmd::Flush => {
+            let started = ask("flush")?;
+            wait_for_job(&ask, &started)?;
+        }
     }
     Ok(())
+}
+
+/// Polls the proxy's write-back job with a progress bar until the job that
+/// `started` describes has ended; fails when it failed.
+fn wait_for_job(
+    ask: &dyn Fn(&str) -> anyhow::Result<Value>,
+    started: &Value,
+) -> anyhow::Result<()> {
+    // The job we wait for is the one running now (ours, or one already
+    // running that we joined): it ends when `finished` passes this count.
+    let finished_before = started["job"]["finished"].as_u64().unwrap_or(0);
+    let bar = indicatif::ProgressBar::new(started["job"]["total_bytes"].as_u64().unwrap_or(0));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(
+        started["job"]["kind"]
+            .as_str()
+            .unwrap_or("write-back")
+            .to_string(),
+    );
+    let job = loop {
+        let job = ask("stats")?["writeback"].clone();
+        bar.set_length(job["total_bytes"].as_u64().unwrap_or(0));
+        bar.set_position(job["done_bytes"].as_u64().unwrap_or(0));
+        if job["finished"].as_u64().unwrap_or(0) > finished_before {
+            break job;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    bar.finish_and_clear();
+    let last = &job["last"];
+    let name = last["job"].as_str().unwrap_or("write-back");
+    if last["ok"] == true {
+        let r = &last["report"];
+        let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        println!(
+            "{name} done: {} bytes in {} blocks of {} files written back ({} rewritten after the server's verifier changed)",
+            n("bytes"),
+            n("blocks"),
+            n("files"),
+            n("rewrites"),
+        );
+        Ok(())
+    } else {
+        bail!(
+            "{name} failed: {} (dirty data stays in the cache)",
+            last["error"].as_str().unwrap_or("unknown error")
+        )
+    }
+}
+
+fn print_stats(s: &Value) {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let c = &s["cache"];
+    if !c.is_object() {
+        println!("no block cache (the proxy runs without --cache-dir)");
+        return;
+    }
+    let (hits, misses) = (n(&c["hits"]), n(&c["misses"]));
+    let ratio = if hits + misses > 0 {
+        100.0 * hits as f64 / (hits + misses) as f64
+    } else {
+        0.0
+    };
+    println!("block cache");
+    println!(
+        "  hits        {hits} ({ratio:.1}%), misses {misses}, read-ahead hits {}",
+        n(&c["readahead_hits"])
+    );
+    println!(
+        "  served      {} bytes from the cache, {} bytes fetched upstream",
+        n(&c["hit_bytes"]),
+        n(&c["fetched_bytes"])
+    );
+    println!(
+        "  dirty       {} bytes; {} bytes written back so far",
+        n(&c["dirty_bytes"]),
+        n(&c["write_back_bytes"])
+    );
+    println!(
+        "  cached      {} of {} bytes; {} evictions",
+        n(&c["cached_bytes"]),
+        n(&c["capacity_bytes"]),
+        n(&c["evictions"])
+    );
+    let calls = n(&c["upstream_calls"]);
+    let avg = n(&c["upstream_latency_us_total"])
+        .checked_div(calls)
+        .unwrap_or(0);
+    println!(
+        "  upstream    {calls} calls, {avg} us average latency; {} misses coalesced",
+        n(&c["coalesced_misses"])
+    );
+    let w = &s["writeback"];
+    if w["running"] == true {
+        println!(
+            "  write-back  running: {} of {} bytes",
+            n(&w["done_bytes"]),
+            n(&w["total_bytes"])
+        );
+    }
 }
 
 fn print_status(s: &Value) {

@@ -1,0 +1,302 @@
+//! An in-memory NFSv3 server for the layer's tests: files by handle in one
+//! root directory, UNSTABLE writes lost on a simulated reboot (which
+//! changes the write verifier), call counters and an optional READ delay.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use gvfs_nfs::{BoxFuture, CallContext, NfsProc, NfsReply, NfsRequest, NfsService, ServiceError};
+use nfs3_types::nfs3::*;
+use nfs3_types::xdr_codec::Opaque;
+
+pub(super) const ROOT: &[u8] = b"root";
+
+#[derive(Debug, Default)]
+struct File {
+    data: Vec<u8>,
+    /// What survives a reboot.
+    stable: Vec<u8>,
+    mtime: u32,
+    fileid: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    files: HashMap<Vec<u8>, File>,
+    names: HashMap<Vec<u8>, Vec<u8>>,
+    verifier: u64,
+    calls: HashMap<NfsProc, u64>,
+    reboot_before_commit: u32,
+    clock: u32,
+}
+
+/// The fake server.
+#[derive(Debug, Default)]
+pub(super) struct Fake {
+    state: Mutex<State>,
+    read_delay: Mutex<Duration>,
+}
+
+fn fh3(fh: &[u8]) -> nfs_fh3 {
+    nfs_fh3 {
+        data: Opaque::owned(fh.to_vec()),
+    }
+}
+
+fn attrs(f: &File) -> fattr3 {
+    let t = nfstime3 {
+        seconds: f.mtime,
+        nseconds: 0,
+    };
+    fattr3 {
+        type_: ftype3::NF3REG,
+        mode: 0o644,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        size: f.data.len() as u64,
+        used: f.data.len() as u64,
+        rdev: specdata3::default(),
+        fsid: 1,
+        fileid: f.fileid,
+        atime: t,
+        mtime: t,
+        ctime: t,
+    }
+}
+
+fn wcc(before: Option<wcc_attr>, f: Option<&File>) -> wcc_data {
+    wcc_data {
+        before: before.map_or(Nfs3Option::None, Nfs3Option::Some),
+        after: f.map_or(Nfs3Option::None, |f| Nfs3Option::Some(attrs(f))),
+    }
+}
+
+fn wcc_before(f: &File) -> wcc_attr {
+    let a = attrs(f);
+    wcc_attr {
+        size: a.size,
+        mtime: a.mtime,
+        ctime: a.ctime,
+    }
+}
+
+fn put(buf: &mut Vec<u8>, offset: usize, data: &[u8]) {
+    if buf.len() < offset + data.len() {
+        buf.resize(offset + data.len(), 0);
+    }
+    buf[offset..offset + data.len()].copy_from_slice(data);
+}
+
+impl Fake {
+    pub(super) fn new() -> Arc<Fake> {
+        Arc::new(Fake::default())
+    }
+
+    fn st(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Creates (or replaces) `name` holding `data`; returns its handle.
+    pub(super) fn create(&self, name: &str, data: &[u8]) -> Vec<u8> {
+        let mut st = self.st();
+        let fh = format!("fh-{name}").into_bytes();
+        st.clock += 1;
+        let (clock, id) = (st.clock, st.files.len() as u64 + 10);
+        st.files.insert(
+            fh.clone(),
+            File {
+                data: data.to_vec(),
+                stable: data.to_vec(),
+                mtime: clock,
+                fileid: id,
+            },
+        );
+        st.names.insert(name.as_bytes().to_vec(), fh.clone());
+        fh
+    }
+
+    pub(super) fn data(&self, fh: &[u8]) -> Vec<u8> {
+        self.st()
+            .files
+            .get(fh)
+            .map(|f| f.data.clone())
+            .unwrap_or_default()
+    }
+
+    pub(super) fn exists(&self, fh: &[u8]) -> bool {
+        self.st().files.contains_key(fh)
+    }
+
+    /// Changes a file as another client would.
+    pub(super) fn set_data(&self, fh: &[u8], data: &[u8]) {
+        let mut st = self.st();
+        st.clock += 1;
+        let clock = st.clock;
+        if let Some(f) = st.files.get_mut(fh) {
+            f.data = data.to_vec();
+            f.stable = data.to_vec();
+            f.mtime = clock;
+        }
+    }
+
+    pub(super) fn calls(&self, p: NfsProc) -> u64 {
+        self.st().calls.get(&p).copied().unwrap_or(0)
+    }
+
+    pub(super) fn set_read_delay(&self, d: Duration) {
+        *self.read_delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// The next COMMIT finds the server rebooted: uncommitted writes are
+    /// lost and the verifier changed.
+    pub(super) fn reboot_before_next_commit(&self) {
+        self.st().reboot_before_commit += 1;
+    }
+
+    fn verf(st: &State) -> writeverf3 {
+        writeverf3(st.verifier.wrapping_add(0x5151).to_le_bytes())
+    }
+
+    fn handle(&self, req: NfsRequest) -> NfsReply {
+        let mut st = self.st();
+        *st.calls.entry(req.proc_()).or_default() += 1;
+        let stale = |p| NfsReply::error(p, nfsstat3::NFS3ERR_STALE);
+        match req {
+            NfsRequest::Getattr(a) => match st.files.get(a.object.data.as_ref()) {
+                Some(f) => NfsReply::Getattr(Nfs3Result::Ok(GETATTR3resok {
+                    obj_attributes: attrs(f),
+                })),
+                None => stale(NfsProc::Getattr),
+            },
+            NfsRequest::Lookup(a) => {
+                let name = a.what.name.as_ref().to_vec();
+                match st
+                    .names
+                    .get(&name)
+                    .and_then(|fh| st.files.get(fh).map(|f| (fh, f)))
+                {
+                    Some((fh, f)) => NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
+                        object: fh3(fh),
+                        obj_attributes: Nfs3Option::Some(attrs(f)),
+                        dir_attributes: Nfs3Option::None,
+                    })),
+                    None => NfsReply::error(NfsProc::Lookup, nfsstat3::NFS3ERR_NOENT),
+                }
+            }
+            NfsRequest::Read(a) => match st.files.get(a.file.data.as_ref()) {
+                Some(f) => {
+                    let start = (a.offset as usize).min(f.data.len());
+                    let end = (start + a.count as usize).min(f.data.len());
+                    NfsReply::Read(Nfs3Result::Ok(READ3resok {
+                        file_attributes: Nfs3Option::Some(attrs(f)),
+                        count: (end - start) as u32,
+                        eof: end == f.data.len(),
+                        data: Opaque::owned(f.data[start..end].to_vec()),
+                    }))
+                }
+                None => stale(NfsProc::Read),
+            },
+            NfsRequest::Write(a) => {
+                st.clock += 1;
+                let (clock, verf) = (st.clock, Fake::verf(&st));
+                match st.files.get_mut(a.file.data.as_ref()) {
+                    Some(f) => {
+                        let before = wcc_before(f);
+                        let n = (a.count as usize).min(a.data.len());
+                        put(&mut f.data, a.offset as usize, &a.data[..n]);
+                        if a.stable != stable_how::UNSTABLE {
+                            put(&mut f.stable, a.offset as usize, &a.data[..n]);
+                        }
+                        f.mtime = clock;
+                        NfsReply::Write(Nfs3Result::Ok(WRITE3resok {
+                            file_wcc: wcc(Some(before), Some(f)),
+                            count: n as u32,
+                            committed: a.stable,
+                            verf,
+                        }))
+                    }
+                    None => stale(NfsProc::Write),
+                }
+            }
+            NfsRequest::Commit(a) => {
+                if st.reboot_before_commit > 0 {
+                    st.reboot_before_commit -= 1;
+                    st.verifier += 1;
+                    for f in st.files.values_mut() {
+                        f.data = f.stable.clone();
+                    }
+                }
+                let verf = Fake::verf(&st);
+                match st.files.get_mut(a.file.data.as_ref()) {
+                    Some(f) => {
+                        f.stable = f.data.clone();
+                        NfsReply::Commit(Nfs3Result::Ok(COMMIT3resok {
+                            file_wcc: wcc(None, Some(f)),
+                            verf,
+                        }))
+                    }
+                    None => stale(NfsProc::Commit),
+                }
+            }
+            NfsRequest::Setattr(a) => {
+                st.clock += 1;
+                let clock = st.clock;
+                match st.files.get_mut(a.object.data.as_ref()) {
+                    Some(f) => {
+                        let before = wcc_before(f);
+                        if let Nfs3Option::Some(size) = a.new_attributes.size {
+                            f.data.resize(size as usize, 0);
+                            f.stable.resize(size as usize, 0);
+                        }
+                        f.mtime = clock;
+                        NfsReply::Setattr(Nfs3Result::Ok(SETATTR3resok {
+                            obj_wcc: wcc(Some(before), Some(f)),
+                        }))
+                    }
+                    None => stale(NfsProc::Setattr),
+                }
+            }
+            NfsRequest::Remove(a) => {
+                let name = a.object.name.as_ref().to_vec();
+                match st.names.remove(&name) {
+                    Some(fh) => {
+                        st.files.remove(&fh);
+                        NfsReply::Remove(Nfs3Result::Ok(REMOVE3resok {
+                            dir_wcc: wcc_data::default(),
+                        }))
+                    }
+                    None => NfsReply::error(NfsProc::Remove, nfsstat3::NFS3ERR_NOENT),
+                }
+            }
+            other => NfsReply::error(other.proc_(), nfsstat3::NFS3ERR_NOTSUPP),
+        }
+    }
+}
+
+impl NfsService for Fake {
+    fn call<'a>(
+        &'a self,
+        _cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+        Box::pin(async move {
+            if req.proc_() == NfsProc::Read {
+                let d = *self.read_delay.lock().unwrap_or_else(|e| e.into_inner());
+                if !d.is_zero() {
+                    tokio::time::sleep(d).await;
+                }
+            }
+            Ok(self.handle(req))
+        })
+    }
+
+    fn root<'a>(&'a self, _cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+        Box::pin(async move { Ok(fh3(ROOT)) })
+    }
+
+    fn describe(&self) -> String {
+        "fake".into()
+    }
+}

@@ -1,0 +1,614 @@
+//! The layer against the in-memory fake server (`fake.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gvfs_nfs::{CallContext, Credentials, NfsProc, NfsReply, NfsRequest, NfsService};
+use nfs3_types::nfs3::*;
+use nfs3_types::xdr_codec::Opaque;
+
+use super::fake::{Fake, ROOT};
+use super::*;
+use crate::geometry::GeometryConfig;
+use crate::storage::{FaultyStorage, MemStorage, Storage};
+use crate::store::OpenOptions;
+
+const BS: usize = 8192;
+
+fn geometry(banks: u32, ways: u32, sets_per_bank: u64) -> Geometry {
+    Geometry::new(GeometryConfig {
+        capacity: u64::from(banks) * u64::from(ways) * BS as u64 * sets_per_bank,
+        banks,
+        ways,
+        block_size: BS as u32,
+        sub_block_size: 1024,
+    })
+    .expect("geometry")
+}
+
+type Disks = Vec<FaultyStorage<MemStorage>>;
+
+fn open(geo: Geometry, disks: &Disks) -> BlockStore {
+    let storages: Vec<Box<dyn Storage>> = disks
+        .iter()
+        .map(|d| Box::new(d.clone()) as Box<dyn Storage>)
+        .collect();
+    BlockStore::open(storages, geo, OpenOptions::default())
+        .expect("open store")
+        .0
+}
+
+struct Setup {
+    fake: Arc<Fake>,
+    layer: Arc<CacheLayer>,
+    disks: Disks,
+    geo: Geometry,
+}
+
+fn setup_with(geo: Geometry, config: CacheConfig) -> Setup {
+    let fake = Fake::new();
+    let disks: Disks = (0..geo.banks())
+        .map(|_| FaultyStorage::new(MemStorage::new()))
+        .collect();
+    let layer = CacheLayer::new(fake.clone(), open(geo, &disks), config);
+    Setup {
+        fake,
+        layer,
+        disks,
+        geo,
+    }
+}
+
+fn setup(policy: WritePolicy, readahead_blocks: u32) -> Setup {
+    setup_with(
+        geometry(2, 4, 8),
+        CacheConfig {
+            policy,
+            readahead_blocks,
+        },
+    )
+}
+
+fn cx() -> CallContext {
+    CallContext::with_cred(Credentials::unix(1000, 1000))
+}
+
+fn fh3(fh: &[u8]) -> nfs_fh3 {
+    nfs_fh3 {
+        data: Opaque::owned(fh.to_vec()),
+    }
+}
+
+/// Non-zero bytes, different per seed.
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| ((i * 31 + usize::from(seed) * 7) % 251) as u8 + 1)
+        .collect()
+}
+
+async fn read(l: &CacheLayer, fh: &[u8], offset: u64, count: u32) -> (Vec<u8>, bool, fattr3) {
+    let req = NfsRequest::Read(READ3args {
+        file: fh3(fh),
+        offset,
+        count,
+    });
+    match l.call(&cx(), req).await.expect("read") {
+        NfsReply::Read(Nfs3Result::Ok(ok)) => {
+            assert_eq!(ok.count as usize, ok.data.len());
+            (ok.data.to_vec(), ok.eof, ok.file_attributes.unwrap())
+        }
+        other => panic!("READ failed: {other:?}"),
+    }
+}
+
+async fn write(
+    l: &CacheLayer,
+    fh: &[u8],
+    offset: u64,
+    data: &[u8],
+    stable: stable_how,
+) -> WRITE3resok {
+    let req = NfsRequest::Write(WRITE3args {
+        file: fh3(fh),
+        offset,
+        count: data.len() as u32,
+        stable,
+        data: Opaque::owned(data.to_vec()),
+    });
+    match l.call(&cx(), req).await.expect("write") {
+        NfsReply::Write(Nfs3Result::Ok(ok)) => ok,
+        other => panic!("WRITE failed: {other:?}"),
+    }
+}
+
+async fn getattr(l: &CacheLayer, fh: &[u8]) -> fattr3 {
+    let req = NfsRequest::Getattr(GETATTR3args { object: fh3(fh) });
+    match l.call(&cx(), req).await.expect("getattr") {
+        NfsReply::Getattr(Nfs3Result::Ok(ok)) => ok.obj_attributes,
+        other => panic!("GETATTR failed: {other:?}"),
+    }
+}
+
+async fn commit(l: &CacheLayer, fh: &[u8]) -> writeverf3 {
+    let req = NfsRequest::Commit(COMMIT3args {
+        file: fh3(fh),
+        offset: 0,
+        count: 0,
+    });
+    match l.call(&cx(), req).await.expect("commit") {
+        NfsReply::Commit(Nfs3Result::Ok(ok)) => ok.verf,
+        other => panic!("COMMIT failed: {other:?}"),
+    }
+}
+
+async fn setattr_size(l: &CacheLayer, fh: &[u8], size: u64) {
+    let req = NfsRequest::Setattr(SETATTR3args {
+        object: fh3(fh),
+        new_attributes: sattr3 {
+            size: Nfs3Option::Some(size),
+            ..sattr3::default()
+        },
+        guard: Nfs3Option::None,
+    });
+    let reply = l.call(&cx(), req).await.expect("setattr");
+    assert_eq!(reply.status(), nfsstat3::NFS3_OK);
+}
+
+/// Waits until no read-ahead or fetch is in flight.
+async fn idle(l: &CacheLayer) {
+    for _ in 0..500 {
+        let busy = l.readahead_slots.available_permits() < MAX_READAHEAD_TASKS
+            || !lock(&l.flights).is_empty();
+        if !busy {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("read-ahead never finished");
+}
+
+async fn write_back(l: &CacheLayer) -> WriteBackReport {
+    l.write_back(&|done, total| assert!(done <= total))
+        .await
+        .expect("write back")
+}
+
+#[tokio::test]
+async fn read_miss_fills_then_hits() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let content = pattern(20_000, 1);
+    let fh = s.fake.create("a", &content);
+    let (d, eof, a) = read(&s.layer, &fh, 0, 8192).await;
+    assert_eq!(d, content[..8192]);
+    assert!(!eof);
+    assert_eq!(a.size, 20_000);
+    assert_eq!(s.fake.calls(NfsProc::Read), 1);
+    let (d, _, _) = read(&s.layer, &fh, 100, 5000).await;
+    assert_eq!(d, content[100..5100]);
+    assert_eq!(s.fake.calls(NfsProc::Read), 1, "second read is a hit");
+    // The tail block, cut at the end of the file.
+    let (d, eof, _) = read(&s.layer, &fh, 16_384, 8192).await;
+    assert_eq!(d, content[16_384..]);
+    assert!(eof);
+    let (d, eof, _) = read(&s.layer, &fh, 16_000, 8192).await;
+    assert_eq!(d, content[16_000..]);
+    assert!(eof);
+    let (d, eof, _) = read(&s.layer, &fh, 20_000, 10).await;
+    assert!(d.is_empty() && eof);
+    // Block 1 was not cached yet.
+    assert_eq!(s.fake.calls(NfsProc::Read), 3);
+    let (d, _, _) = read(&s.layer, &fh, 8000, 12_000).await;
+    assert_eq!(d, content[8000..]);
+    assert_eq!(s.fake.calls(NfsProc::Read), 3);
+    let st = s.layer.stats();
+    assert_eq!((st.hits, st.misses), (2, 3));
+    assert_eq!(st.hit_bytes, 5000 + 12_000);
+    assert_eq!(st.fetched_bytes, 2 * 8192 + (20_000 - 16_384));
+    assert!(st.upstream_calls >= 3);
+    assert!(st.cached_bytes > 0 && st.capacity_bytes == s.geo.capacity());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_misses_are_coalesced() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let content = pattern(BS, 2);
+    let fh = s.fake.create("a", &content);
+    getattr(&s.layer, &fh).await;
+    s.fake.set_read_delay(Duration::from_millis(100));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..8u64 {
+        let (l, fh) = (s.layer.clone(), fh.clone());
+        set.spawn(async move { read(&l, &fh, i * 100, 1000).await.0 });
+    }
+    let mut n = 0;
+    while let Some(r) = set.join_next().await {
+        let d = r.expect("task");
+        assert_eq!(d.len(), 1000);
+        n += 1;
+    }
+    assert_eq!(n, 8);
+    assert_eq!(s.fake.calls(NfsProc::Read), 1);
+    assert_eq!(s.layer.stats().coalesced_misses, 7);
+}
+
+#[tokio::test]
+async fn sequential_reads_trigger_read_ahead() {
+    let s = setup(WritePolicy::WriteBack, 4);
+    let content = pattern(10 * BS, 3);
+    let fh = s.fake.create("a", &content);
+    read(&s.layer, &fh, 0, BS as u32).await;
+    read(&s.layer, &fh, BS as u64, BS as u32).await;
+    idle(&s.layer).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), 2 + 4, "blocks 2..6 read ahead");
+    for b in 2..6u64 {
+        let (d, _, _) = read(&s.layer, &fh, b * BS as u64, BS as u32).await;
+        assert_eq!(d, content[b as usize * BS..(b as usize + 1) * BS]);
+    }
+    idle(&s.layer).await;
+    let st = s.layer.stats();
+    assert_eq!(st.readahead_hits, 4);
+    assert!(st.readahead_blocks >= 4);
+    // Read-ahead kept going, clipped at the end of the file.
+    assert_eq!(s.fake.calls(NfsProc::Read), 10);
+    // A random read does not read ahead.
+    let s = setup(WritePolicy::WriteBack, 4);
+    let fh = s.fake.create("b", &content);
+    read(&s.layer, &fh, 3 * BS as u64, 10).await;
+    read(&s.layer, &fh, 0, 10).await;
+    idle(&s.layer).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), 2);
+}
+
+#[tokio::test]
+async fn write_back_policy_caches_writes_until_write_back() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", b"");
+    let data = pattern(20_000, 4);
+    let mut verf = None;
+    for (i, chunk) in data.chunks(4096).enumerate() {
+        let ok = write(
+            &s.layer,
+            &fh,
+            (i * 4096) as u64,
+            chunk,
+            stable_how::UNSTABLE,
+        )
+        .await;
+        assert_eq!(ok.committed, stable_how::UNSTABLE);
+        assert_eq!(ok.count as usize, chunk.len());
+        assert_eq!(ok.verf.0, s.layer.store.verifier());
+        assert_eq!(
+            ok.file_wcc.after.unwrap().size,
+            (i * 4096 + chunk.len()) as u64
+        );
+        verf = Some(ok.verf);
+    }
+    assert_eq!(s.fake.calls(NfsProc::Write), 0);
+    assert!(s.fake.data(&fh).is_empty());
+    assert_eq!(commit(&s.layer, &fh).await, verf.expect("written"));
+    assert_eq!(s.fake.calls(NfsProc::Commit), 0);
+    // The client sees its own writes.
+    let a = getattr(&s.layer, &fh).await;
+    assert_eq!(a.size, 20_000);
+    let (d, eof, a) = read(&s.layer, &fh, 0, 32_768).await;
+    assert_eq!(d, data);
+    assert!(eof);
+    assert_eq!(a.size, 20_000);
+    assert!(s.layer.dirty_bytes() >= 20_000);
+
+    let progress = std::sync::Mutex::new(Vec::new());
+    let report = s
+        .layer
+        .write_back(&|done, total| progress.lock().unwrap().push((done, total)))
+        .await
+        .expect("write back");
+    assert_eq!(s.fake.data(&fh), data, "byte-identical upstream");
+    assert_eq!(report.files, 1);
+    assert_eq!(report.blocks, 3);
+    assert_eq!(report.bytes, 20_000);
+    assert_eq!(report.rewrites, 0);
+    assert_eq!(s.fake.calls(NfsProc::Write), 1, "coalesced into one WRITE");
+    assert_eq!(s.fake.calls(NfsProc::Commit), 1);
+    let p = progress.into_inner().unwrap();
+    assert_eq!(p.last().map(|&(d, t)| d == t), Some(true));
+    assert_eq!(s.layer.dirty_bytes(), 0);
+    assert_eq!(getattr(&s.layer, &fh).await.size, 20_000);
+    assert_eq!(write_back(&s.layer).await, WriteBackReport::default());
+    assert_eq!(s.layer.stats().write_back_bytes, 20_000);
+}
+
+#[tokio::test]
+async fn file_sync_writes_are_durable_before_the_reply() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", b"");
+    let ok = write(&s.layer, &fh, 0, &pattern(2048, 5), stable_how::FILE_SYNC).await;
+    assert_eq!(ok.committed, stable_how::FILE_SYNC);
+    assert!(s.disks.iter().all(|d| d.unsynced_writes() == 0));
+}
+
+#[tokio::test]
+async fn partial_sub_block_writes_fill_from_upstream() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let mut content = pattern(5000, 6);
+    let fh = s.fake.create("a", &content);
+    write(&s.layer, &fh, 1000, b"hello", stable_how::UNSTABLE).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), 1);
+    content[1000..1005].copy_from_slice(b"hello");
+    // Past the end, partly into a sub-block: zeros in between.
+    write(&s.layer, &fh, 9000, b"tail", stable_how::UNSTABLE).await;
+    let mut expect = content.clone();
+    expect.resize(9000, 0);
+    expect.extend_from_slice(b"tail");
+    let (d, eof, a) = read(&s.layer, &fh, 0, 65_536).await;
+    assert_eq!(a.size, 9004);
+    assert!(eof);
+    assert_eq!(d, expect);
+    write_back(&s.layer).await;
+    assert_eq!(s.fake.data(&fh), expect);
+}
+
+#[tokio::test]
+async fn eviction_writes_dirty_victims_back() {
+    // One set of two frames.
+    let s = setup_with(geometry(1, 2, 1), CacheConfig::default());
+    let fh = s.fake.create("a", b"");
+    let data = pattern(5 * BS, 7);
+    for (i, chunk) in data.chunks(BS).enumerate() {
+        write(&s.layer, &fh, (i * BS) as u64, chunk, stable_how::UNSTABLE).await;
+    }
+    let st = s.layer.stats();
+    assert!(st.eviction_write_backs >= 3, "{st:?}");
+    assert!(s.fake.calls(NfsProc::Write) >= 3);
+    let (d, _, a) = read(&s.layer, &fh, 0, (5 * BS) as u32).await;
+    assert_eq!(a.size, data.len() as u64);
+    assert_eq!(d, data);
+    write_back(&s.layer).await;
+    assert_eq!(s.fake.data(&fh), data);
+}
+
+#[tokio::test]
+async fn truncate_discards_dirty_data_beyond() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", b"");
+    let data = pattern(10_000, 8);
+    write(&s.layer, &fh, 0, &data, stable_how::UNSTABLE).await;
+    setattr_size(&s.layer, &fh, 3000).await;
+    assert_eq!(getattr(&s.layer, &fh).await.size, 3000);
+    let (d, eof, _) = read(&s.layer, &fh, 0, 10_000).await;
+    assert_eq!(d, data[..3000]);
+    assert!(eof);
+    // Growing again reads zeros, not the old bytes.
+    setattr_size(&s.layer, &fh, 5000).await;
+    let (d, _, _) = read(&s.layer, &fh, 0, 10_000).await;
+    assert_eq!(&d[..3000], &data[..3000]);
+    assert!(d[3000..].iter().all(|&b| b == 0) && d.len() == 5000);
+    write_back(&s.layer).await;
+    let up = s.fake.data(&fh);
+    assert_eq!(up.len(), 5000);
+    assert_eq!(&up[..3000], &data[..3000]);
+    assert!(up[3000..].iter().all(|&b| b == 0));
+}
+
+#[tokio::test]
+async fn verifier_change_during_write_back_resends() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", &pattern(100, 9));
+    let data = pattern(3 * BS, 10);
+    write(&s.layer, &fh, 0, &data, stable_how::UNSTABLE).await;
+    s.fake.reboot_before_next_commit();
+    let report = write_back(&s.layer).await;
+    assert_eq!(report.rewrites, 1);
+    assert_eq!(s.fake.calls(NfsProc::Commit), 2);
+    assert_eq!(s.fake.data(&fh), data);
+    assert_eq!(s.layer.dirty_bytes(), 0);
+}
+
+#[tokio::test]
+async fn upstream_change_drops_clean_blocks() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", &pattern(BS, 11));
+    read(&s.layer, &fh, 0, 100).await;
+    read(&s.layer, &fh, 0, 100).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), 1);
+    let new = pattern(BS / 2, 12);
+    s.fake.set_data(&fh, &new);
+    assert_eq!(getattr(&s.layer, &fh).await.size, new.len() as u64);
+    let (d, _, _) = read(&s.layer, &fh, 0, BS as u32).await;
+    assert_eq!(d, new);
+    assert_eq!(s.fake.calls(NfsProc::Read), 2);
+    assert_eq!(s.layer.stats().invalidations, 1);
+}
+
+#[tokio::test]
+async fn own_writes_do_not_invalidate() {
+    let s = setup(WritePolicy::WriteThrough, 0);
+    let content = pattern(2 * BS, 13);
+    let fh = s.fake.create("a", &content);
+    read(&s.layer, &fh, 0, (2 * BS) as u32).await;
+    write(&s.layer, &fh, 0, &pattern(1024, 14), stable_how::FILE_SYNC).await;
+    getattr(&s.layer, &fh).await;
+    read(&s.layer, &fh, BS as u64, 100).await;
+    let (d, _, _) = read(&s.layer, &fh, 0, 1024).await;
+    assert_eq!(d, pattern(1024, 14));
+    assert_eq!(s.fake.calls(NfsProc::Read), 2, "one per block, then hits");
+    assert_eq!(s.layer.stats().invalidations, 0);
+}
+
+#[tokio::test]
+async fn write_through_forwards_and_caches() {
+    let s = setup(WritePolicy::WriteThrough, 0);
+    let fh = s.fake.create("a", b"");
+    let data = pattern(3 * BS, 15);
+    let ok = write(&s.layer, &fh, 0, &data, stable_how::UNSTABLE).await;
+    assert_eq!(s.fake.calls(NfsProc::Write), 1);
+    assert_ne!(ok.verf.0, s.layer.store.verifier(), "upstream's verifier");
+    assert_eq!(s.fake.data(&fh), data);
+    commit(&s.layer, &fh).await;
+    assert_eq!(s.fake.calls(NfsProc::Commit), 1);
+    let (d, _, _) = read(&s.layer, &fh, 0, (3 * BS) as u32).await;
+    assert_eq!(d, data);
+    assert_eq!(s.fake.calls(NfsProc::Read), 0, "served from the cache");
+    assert_eq!(s.layer.dirty_bytes(), 0);
+}
+
+#[tokio::test]
+async fn flush_empties_the_cache() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", &pattern(3 * BS, 16));
+    let fh2 = s.fake.create("b", b"");
+    read(&s.layer, &fh, 0, (3 * BS) as u32).await;
+    write(&s.layer, &fh2, 0, &pattern(5000, 17), stable_how::UNSTABLE).await;
+    let reads = s.fake.calls(NfsProc::Read);
+    let report = s.layer.flush().await.expect("flush");
+    assert_eq!(report.files, 1);
+    let st = s.layer.stats();
+    assert_eq!((st.cached_bytes, st.dirty_bytes), (0, 0));
+    assert_eq!(s.fake.data(&fh2), pattern(5000, 17));
+    read(&s.layer, &fh, 0, 10).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), reads + 1);
+}
+
+#[tokio::test]
+async fn committed_data_survives_a_crash() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", &pattern(1000, 18));
+    let data = pattern(2 * BS + 777, 19);
+    write(&s.layer, &fh, 500, &data, stable_how::UNSTABLE).await;
+    let verf = commit(&s.layer, &fh).await;
+    // Not committed: may be lost.
+    write(&s.layer, &fh, 100_000, b"lost", stable_how::UNSTABLE).await;
+    let Setup {
+        fake,
+        layer,
+        disks,
+        geo,
+    } = s;
+    drop(layer);
+    for d in &disks {
+        d.crash().expect("crash");
+    }
+    let layer = CacheLayer::new(fake.clone(), open(geo, &disks), CacheConfig::default());
+    let mut expect = pattern(1000, 18);
+    expect.resize(500, 0);
+    expect.extend_from_slice(&data);
+    // The client resends what it did not see committed; the verifier tells.
+    if layer.store.verifier() == verf.0 {
+        assert_eq!(getattr(&layer, &fh).await.size, expect.len() as u64);
+    }
+    let report = write_back(&layer).await;
+    assert!(report.bytes >= data.len() as u64);
+    assert_eq!(fake.data(&fh), expect);
+    assert_eq!(layer.dirty_bytes(), 0);
+}
+
+#[tokio::test]
+async fn clean_restart_keeps_the_cache_warm_and_dirty_data() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let content = pattern(2 * BS, 20);
+    let fh = s.fake.create("a", &content);
+    let fh2 = s.fake.create("b", b"");
+    read(&s.layer, &fh, 0, (2 * BS) as u32).await;
+    write(&s.layer, &fh2, 0, b"dirty", stable_how::UNSTABLE).await;
+    let reads = s.fake.calls(NfsProc::Read);
+    s.layer.close().expect("close");
+    assert!(
+        s.layer
+            .call(
+                &cx(),
+                NfsRequest::Getattr(GETATTR3args { object: fh3(&fh) })
+            )
+            .await
+            .is_err()
+    );
+    let layer = CacheLayer::new(
+        s.fake.clone(),
+        open(s.geo, &s.disks),
+        CacheConfig::default(),
+    );
+    let (d, _, _) = read(&layer, &fh, 0, (2 * BS) as u32).await;
+    assert_eq!(d, content);
+    assert_eq!(s.fake.calls(NfsProc::Read), reads, "warm after restart");
+    assert_eq!(getattr(&layer, &fh2).await.size, 5);
+    write_back(&layer).await;
+    assert_eq!(s.fake.data(&fh2), b"dirty");
+}
+
+#[tokio::test]
+async fn remove_drops_cached_and_dirty_data() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", b"");
+    write(&s.layer, &fh, 0, &pattern(3000, 21), stable_how::UNSTABLE).await;
+    let req = NfsRequest::Remove(REMOVE3args {
+        object: diropargs3 {
+            dir: fh3(ROOT),
+            name: b"a".to_vec().into(),
+        },
+    });
+    assert_eq!(
+        s.layer.call(&cx(), req).await.expect("remove").status(),
+        nfsstat3::NFS3_OK
+    );
+    assert!(!s.fake.exists(&fh));
+    assert_eq!(s.layer.dirty_bytes(), 0);
+    assert_eq!(write_back(&s.layer).await, WriteBackReport::default());
+    assert_eq!(s.fake.calls(NfsProc::Write), 0);
+}
+
+#[tokio::test]
+async fn write_back_of_a_file_removed_upstream_drops_its_data() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", b"");
+    write(&s.layer, &fh, 0, &pattern(3000, 22), stable_how::UNSTABLE).await;
+    // Removed behind the cache's back.
+    let req = NfsRequest::Remove(REMOVE3args {
+        object: diropargs3 {
+            dir: fh3(ROOT),
+            name: b"a".to_vec().into(),
+        },
+    });
+    s.fake.call(&cx(), req).await.expect("remove");
+    write_back(&s.layer).await;
+    assert_eq!(s.layer.dirty_bytes(), 0);
+}
+
+#[test]
+fn policy_parses() {
+    assert_eq!("write-back".parse(), Ok(WritePolicy::WriteBack));
+    assert_eq!("write-through".parse(), Ok(WritePolicy::WriteThrough));
+    assert!("sometimes".parse::<WritePolicy>().is_err());
+    assert_eq!(WritePolicy::WriteThrough.to_string(), "write-through");
+    assert_eq!(CacheConfig::default().readahead_blocks, 8);
+}
+
+/// The layer's futures can be spawned on a multi-threaded runtime.
+#[allow(dead_code)]
+fn futures_are_send(l: Arc<CacheLayer>) {
+    fn send<T: Send>(_: T) {}
+    let cx = cx();
+    send(l.write_back(&|_, _| {}));
+    send(l.flush());
+    send(l.call(&cx, NfsRequest::Getattr(GETATTR3args { object: fh3(b"x") })));
+}
+
+#[tokio::test]
+async fn big_sequential_write_through_a_tiny_cache() {
+    let geo = Geometry::new(GeometryConfig {
+        capacity: 1 << 20,
+        banks: 1,
+        ways: 2,
+        block_size: 64 << 10,
+        sub_block_size: 4096,
+    })
+    .expect("geometry");
+    let s = setup_with(geo, CacheConfig::default());
+    let fh = s.fake.create("big", b"");
+    let data = pattern(9 * (1 << 20) + 123, 23);
+    for (i, chunk) in data.chunks(1 << 20).enumerate() {
+        write(&s.layer, &fh, (i << 20) as u64, chunk, stable_how::UNSTABLE).await;
+    }
+    commit(&s.layer, &fh).await;
+    let (d, _, _) = read(&s.layer, &fh, 0, 1 << 20).await;
+    assert_eq!(d, data[..1 << 20]);
+    write_back(&s.layer).await;
+    assert_eq!(s.fake.data(&fh), data);
+}

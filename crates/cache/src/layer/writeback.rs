@@ -1,0 +1,419 @@
+//! Sending dirty data upstream: a whole write-back (`gvfsctl writeback`),
+//! a flush, and the early write-back of one block whose frame is needed.
+//!
+//! A file's dirty runs are coalesced into UNSTABLE WRITEs of up to
+//! [`MAX_DATA`] bytes, then one COMMIT; if the COMMIT's verifier differs
+//! from a WRITE's, upstream may have lost the data (it restarted), so the
+//! file's data is sent again (RFC 1813 section 3.3.7). Only then is the data
+//! marked clean, so a crash at any point leaves it dirty and the next
+//! write-back finishes the job. Data is clipped to the size the client
+//! wrote: what a truncation cut off is never sent.
+//!
+//! Ordering: a WRITE grows the file's size before its data reaches the
+//! store, and the size is read after the dirty data is taken, so a
+//! concurrent WRITE never has its data clipped and then marked clean.
+
+use gvfs_nfs::proc::MAX_DATA;
+use gvfs_nfs::{CallContext, Credentials, NfsReply, NfsRequest, ServiceError};
+use nfs3_types::nfs3::*;
+use nfs3_types::xdr_codec::Opaque;
+
+use super::attrs::Seen;
+use super::{CacheLayer, bump, fh3, mismatch};
+use crate::store::DirtyData;
+
+/// How often one file's data is resent because upstream's verifier changed
+/// before giving up.
+const MAX_REWRITES: u64 = 4;
+
+/// What a write-back sent upstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WriteBackReport {
+    /// Dirty blocks written and marked clean.
+    pub blocks: u64,
+    /// Bytes written upstream (including rewrites).
+    pub bytes: u64,
+    /// Files written.
+    pub files: u64,
+    /// Times a file's data was resent because upstream's write verifier
+    /// changed between its WRITEs and COMMIT.
+    pub rewrites: u64,
+}
+
+/// What upstream said to a run of WRITEs.
+struct Sent {
+    /// Verifiers of the WRITEs answered UNSTABLE (these need a COMMIT).
+    unstable: Vec<writeverf3>,
+}
+
+/// Dirty runs of a file as `(file offset, bytes)`, neighbours merged up to
+/// [`MAX_DATA`] bytes, clipped to `size`.
+fn coalesce(data: &[DirtyData], block_size: u64, size: u64) -> Vec<(u64, Vec<u8>)> {
+    let max = MAX_DATA as usize;
+    let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+    for d in data {
+        let base = d.block * block_size;
+        for e in &d.extents {
+            let off = base + u64::from(e.offset);
+            if off >= size {
+                continue;
+            }
+            let len = (e.data.len() as u64).min(size - off) as usize;
+            let bytes = &e.data[..len];
+            match runs.last_mut() {
+                Some((o, buf)) if *o + buf.len() as u64 == off && buf.len() + len <= max => {
+                    buf.extend_from_slice(bytes)
+                }
+                _ => runs.push((off, bytes.to_vec())),
+            }
+        }
+    }
+    runs
+}
+
+impl CacheLayer {
+    /// Writes every dirty block upstream (coalesced WRITEs, then COMMIT per
+    /// file; resent if the upstream verifier changed) and marks it clean.
+    /// `progress` is called with `(bytes_done, bytes_total)` as it goes.
+    pub async fn write_back(
+        &self,
+        progress: &(dyn Fn(u64, u64) + Send + Sync),
+    ) -> Result<WriteBackReport, ServiceError> {
+        let _wb = self.write_back_lock.lock().await;
+        let blocks = self.store_op(|s| s.dirty_blocks(None)).await?;
+        let total: u64 = blocks
+            .iter()
+            .flat_map(|b| b.ranges.iter())
+            .map(|r| u64::from(r.end - r.start))
+            .sum();
+        let mut files: Vec<Vec<u8>> = Vec::new();
+        for b in &blocks {
+            if files.last().map(Vec::as_slice) != Some(b.fh.as_bytes()) {
+                files.push(b.fh.as_bytes().to_vec());
+            }
+        }
+        progress(0, total);
+        let mut report = WriteBackReport::default();
+        let mut done = 0u64;
+        let mut on_bytes = |n: u64| {
+            done += n;
+            progress(done.min(total), total);
+        };
+        for fh in files {
+            self.write_back_file(&fh, &mut report, &mut on_bytes)
+                .await?;
+        }
+        // Make the clean marks durable: a crash now need not resend.
+        self.store_op(|s| s.sync()).await?;
+        progress(total, total);
+        bump(&self.counters.write_backs, 1);
+        tracing::info!(?report, "write-back done");
+        Ok(report)
+    }
+
+    /// [`write_back`](Self::write_back), then drops all cached (clean)
+    /// data.
+    pub async fn flush(&self) -> Result<WriteBackReport, ServiceError> {
+        let report = self.write_back(&|_, _| {}).await?;
+        let _wb = self.write_back_lock.lock().await;
+        {
+            let mut files = self.files();
+            files.bump_all_generations();
+        }
+        super::lock(&self.prefetched).clear();
+        self.store_op(|s| s.drop_clean()).await?;
+        Ok(report)
+    }
+
+    fn writer_context(&self, fh: &[u8]) -> CallContext {
+        let cred = self
+            .files()
+            .get(fh)
+            .and_then(|s| s.writer.clone())
+            .unwrap_or_else(|| Credentials::unix(0, 0));
+        CallContext::with_cred(cred)
+    }
+
+    /// The size to clip `fh`'s dirty data to; `None` if the file is gone
+    /// upstream (its data is then dropped).
+    async fn write_back_size(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+    ) -> Result<Option<u64>, ServiceError> {
+        self.ensure_recovered(cx, fh).await?;
+        if let Some(a) = self.effective(fh) {
+            return Ok(Some(a.size));
+        }
+        match self.up_getattr(cx, fh).await? {
+            Nfs3Result::Ok(ok) => {
+                self.note(fh, &ok.obj_attributes, Seen::Foreign).await;
+                Ok(Some(ok.obj_attributes.size))
+            }
+            Nfs3Result::Err((nfsstat3::NFS3ERR_STALE, _)) => {
+                self.file_gone(fh).await?;
+                Ok(None)
+            }
+            Nfs3Result::Err((st, _)) => Err(ServiceError::Local(format!(
+                "block cache: GETATTR before write-back failed: {st}"
+            ))),
+        }
+    }
+
+    async fn file_gone(&self, fh: &[u8]) -> Result<(), ServiceError> {
+        tracing::error!(fh = ?fh, "file with dirty data no longer exists upstream; dropping its data");
+        self.forget_file(fh).await
+    }
+
+    /// Writes one file's dirty data upstream and marks it clean.
+    pub(super) async fn write_back_file(
+        &self,
+        fh: &[u8],
+        report: &mut WriteBackReport,
+        on_bytes: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<(), ServiceError> {
+        let cx = self.writer_context(fh);
+        self.ensure_recovered(&cx, fh).await?;
+        let start_seq = self.files().get(fh).and_then(|s| s.overlay).map(|o| o.seq);
+        let bs = self.block_size();
+        let mut rewrites = 0;
+        loop {
+            let key = fh.to_vec();
+            let data: Vec<DirtyData> = self
+                .store_op(move |s| {
+                    let mut out = Vec::new();
+                    for b in s.dirty_blocks(Some(&key))? {
+                        if let Some(d) = s.dirty_data(&key, b.block)? {
+                            out.push(d);
+                        }
+                    }
+                    Ok(out)
+                })
+                .await?;
+            if data.is_empty() {
+                break;
+            }
+            let Some(size) = self.write_back_size(&cx, fh).await? else {
+                return Ok(());
+            };
+            let runs = coalesce(&data, bs, size);
+            let mut verfs = Vec::new();
+            let mut bytes = 0u64;
+            for (off, buf) in &runs {
+                match self
+                    .up_write(&cx, fh, *off, buf, stable_how::UNSTABLE)
+                    .await?
+                {
+                    Ok(sent) => verfs.extend(sent.unstable),
+                    Err(nfsstat3::NFS3ERR_STALE) => return self.file_gone(fh).await,
+                    Err(st) => {
+                        return Err(ServiceError::Local(format!(
+                            "block cache: write-back WRITE at {off} failed upstream: {st}"
+                        )));
+                    }
+                }
+                bytes += buf.len() as u64;
+                on_bytes(buf.len() as u64);
+            }
+            report.bytes += bytes;
+            bump(&self.counters.write_back_bytes, bytes);
+            if !verfs.is_empty() {
+                match self.up_commit(&cx, fh).await? {
+                    Ok(v) if verfs.iter().all(|w| *w == v) => {}
+                    Ok(_) => {
+                        report.rewrites += 1;
+                        rewrites += 1;
+                        tracing::warn!(fh = ?fh, "upstream write verifier changed; resending");
+                        if rewrites > MAX_REWRITES {
+                            return Err(ServiceError::Local(
+                                "block cache: upstream write verifier keeps changing".into(),
+                            ));
+                        }
+                        continue;
+                    }
+                    Err(nfsstat3::NFS3ERR_STALE) => return self.file_gone(fh).await,
+                    Err(st) => {
+                        return Err(ServiceError::Local(format!(
+                            "block cache: write-back COMMIT failed upstream: {st}"
+                        )));
+                    }
+                }
+            }
+            report.blocks += data.len() as u64;
+            report.files += 1;
+            self.store_op(move |s| data.iter().try_for_each(|d| s.mark_clean(d)))
+                .await?;
+            break;
+        }
+        // Back to upstream's attributes once nothing is dirty and the
+        // client did not write meanwhile.
+        let key = fh.to_vec();
+        let dirty = self
+            .store_op(move |s| Ok(!s.dirty_blocks(Some(&key))?.is_empty()))
+            .await?;
+        if !dirty {
+            let mut files = self.files();
+            let st = files.entry(fh);
+            if st.overlay.map(|o| o.seq) == start_seq {
+                st.overlay = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one dirty block upstream (stable) and marks it clean, to free
+    /// its frame for another block.
+    pub(super) async fn write_back_victim(
+        &self,
+        fh: &[u8],
+        block: u64,
+    ) -> Result<(), ServiceError> {
+        let cx = self.writer_context(fh);
+        let key = fh.to_vec();
+        let Some(dd) = self.store_op(move |s| s.dirty_data(&key, block)).await? else {
+            return Ok(());
+        };
+        let Some(size) = self.write_back_size(&cx, fh).await? else {
+            return Ok(());
+        };
+        let runs = coalesce(std::slice::from_ref(&dd), self.block_size(), size);
+        let mut verfs = Vec::new();
+        for (off, buf) in &runs {
+            match self
+                .up_write(&cx, fh, *off, buf, stable_how::FILE_SYNC)
+                .await?
+            {
+                Ok(sent) => verfs.extend(sent.unstable),
+                Err(nfsstat3::NFS3ERR_STALE) => return self.file_gone(fh).await,
+                Err(st) => {
+                    return Err(ServiceError::Local(format!(
+                        "block cache: writing an evicted block upstream failed: {st}"
+                    )));
+                }
+            }
+            bump(&self.counters.write_back_bytes, buf.len() as u64);
+        }
+        if !verfs.is_empty() {
+            match self.up_commit(&cx, fh).await? {
+                Ok(v) if verfs.iter().all(|w| *w == v) => {}
+                Ok(_) => {
+                    return Err(ServiceError::Local(
+                        "block cache: upstream restarted while an evicted block was written; retry"
+                            .into(),
+                    ));
+                }
+                Err(st) => {
+                    return Err(ServiceError::Local(format!(
+                        "block cache: COMMIT of an evicted block failed upstream: {st}"
+                    )));
+                }
+            }
+        }
+        self.store_op(move |s| s.mark_clean(&dd)).await?;
+        bump(&self.counters.eviction_write_backs, 1);
+        Ok(())
+    }
+
+    /// WRITEs `data` at `offset`, continuing after short writes.
+    async fn up_write(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+        offset: u64,
+        data: &[u8],
+        stable: stable_how,
+    ) -> Result<Result<Sent, nfsstat3>, ServiceError> {
+        let mut sent = Sent {
+            unstable: Vec::new(),
+        };
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let req = NfsRequest::Write(WRITE3args {
+                file: fh3(fh),
+                offset: offset + pos as u64,
+                count: (data.len() - pos) as u32,
+                stable,
+                data: Opaque::owned(data[pos..].to_vec()),
+            });
+            match self.up(cx, req).await? {
+                NfsReply::Write(Nfs3Result::Ok(ok)) => {
+                    self.note_wcc(fh, &ok.file_wcc).await;
+                    if ok.count == 0 {
+                        return Err(ServiceError::UpstreamProtocol {
+                            upstream: self.inner.describe(),
+                            reason: "WRITE accepted no bytes".into(),
+                        });
+                    }
+                    if ok.committed == stable_how::UNSTABLE {
+                        sent.unstable.push(ok.verf);
+                    }
+                    pos += (ok.count as usize).min(data.len() - pos);
+                }
+                NfsReply::Write(Nfs3Result::Err((st, fail))) => {
+                    self.note_wcc(fh, &fail.file_wcc).await;
+                    return Ok(Err(st));
+                }
+                other => return Err(mismatch(self.inner.describe(), "WRITE", &other)),
+            }
+        }
+        Ok(Ok(sent))
+    }
+
+    async fn up_commit(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+    ) -> Result<Result<writeverf3, nfsstat3>, ServiceError> {
+        let req = NfsRequest::Commit(COMMIT3args {
+            file: fh3(fh),
+            offset: 0,
+            count: 0,
+        });
+        match self.up(cx, req).await? {
+            NfsReply::Commit(Nfs3Result::Ok(ok)) => {
+                self.note_wcc(fh, &ok.file_wcc).await;
+                Ok(Ok(ok.verf))
+            }
+            NfsReply::Commit(Nfs3Result::Err((st, _))) => Ok(Err(st)),
+            other => Err(mismatch(self.inner.describe(), "COMMIT", &other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::DirtyExtent;
+
+    fn dd(block: u64, extents: &[(u32, usize)]) -> DirtyData {
+        DirtyData {
+            fh: crate::set::FileHandle::from_checked(b"f"),
+            block,
+            extents: extents
+                .iter()
+                .map(|&(offset, len)| DirtyExtent {
+                    offset,
+                    data: vec![1; len],
+                })
+                .collect(),
+            seq: 0,
+        }
+    }
+
+    #[test]
+    fn coalesces_neighbours_and_clips_to_size() {
+        let data = [dd(0, &[(0, 1024), (3072, 1024)]), dd(1, &[(0, 2048)])];
+        let runs = coalesce(&data, 4096, 5000);
+        let shape: Vec<(u64, usize)> = runs.iter().map(|(o, b)| (*o, b.len())).collect();
+        assert_eq!(shape, vec![(0, 1024), (3072, 1928)]);
+    }
+
+    #[test]
+    fn runs_stop_at_max_data() {
+        let bs = 1u64 << 20;
+        let data = [dd(0, &[(0, bs as usize)]), dd(1, &[(0, 10)])];
+        let runs = coalesce(&data, bs, u64::MAX);
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[1].0, bs);
+    }
+}

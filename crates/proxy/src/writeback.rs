@@ -1,0 +1,126 @@
+//! Write-back jobs: `gvfsctl writeback` / `flush`, SIGUSR1 / SIGUSR2, and
+//! the write-back on exit, all run the block cache's write-back through one
+//! [`Jobs`] so that at most one runs at a time and its progress can be shown.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gvfs_cache::CacheLayer;
+use serde_json::{Value, json};
+
+/// What a job does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobKind {
+    /// Write dirty data upstream, keep the cache.
+    WriteBack,
+    /// Write back, then drop cached data.
+    Flush,
+}
+
+impl JobKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::WriteBack => "writeback",
+            Self::Flush => "flush",
+        }
+    }
+}
+
+/// The one write-back job that may run, and how the last one ended.
+#[derive(Debug, Default)]
+pub struct Jobs {
+    running: AtomicBool,
+    kind: Mutex<Option<JobKind>>,
+    done: AtomicU64,
+    total: AtomicU64,
+    finished: AtomicU64,
+    last: Mutex<Option<Value>>,
+}
+
+impl Jobs {
+    /// Starts a job unless one is running; says which is running either way.
+    pub fn start(self: &Arc<Self>, cache: &Arc<CacheLayer>, kind: JobKind) -> Value {
+        if self.running.swap(true, Ordering::AcqRel) {
+            return json!({"started": false, "job": self.state()});
+        }
+        *lock(&self.kind) = Some(kind);
+        self.done.store(0, Ordering::Relaxed);
+        self.total.store(cache.dirty_bytes(), Ordering::Relaxed);
+        // Taken before the job can finish, so `finished` counts the jobs
+        // before this one: a waiter waits until it grows.
+        let before = self.state();
+        let (jobs, cache) = (self.clone(), cache.clone());
+        tokio::spawn(async move {
+            tracing::info!(job = kind.name(), "write-back started");
+            let progress = |done: u64, total: u64| {
+                jobs.done.store(done, Ordering::Relaxed);
+                jobs.total.store(total, Ordering::Relaxed);
+            };
+            let result = match kind {
+                JobKind::WriteBack => cache.write_back(&progress).await,
+                JobKind::Flush => cache.flush().await,
+            };
+            let outcome = match result {
+                Ok(report) => {
+                    tracing::info!(job = kind.name(), ?report, "write-back finished");
+                    json!({"job": kind.name(), "ok": true, "report": report})
+                }
+                Err(e) => {
+                    tracing::error!(job = kind.name(), error = %e, "write-back failed; dirty data stays in the cache");
+                    json!({"job": kind.name(), "ok": false, "error": e.to_string()})
+                }
+            };
+            *lock(&jobs.last) = Some(outcome);
+            jobs.finished.fetch_add(1, Ordering::AcqRel);
+            jobs.running.store(false, Ordering::Release);
+        });
+        json!({"started": true, "job": before})
+    }
+
+    /// The job's state for `gvfsctl`: running, progress, the last outcome.
+    pub fn state(&self) -> Value {
+        json!({
+            "running": self.running.load(Ordering::Acquire),
+            "kind": lock(&self.kind).map(JobKind::name),
+            "done_bytes": self.done.load(Ordering::Relaxed),
+            "total_bytes": self.total.load(Ordering::Relaxed),
+            "finished": self.finished.load(Ordering::Acquire),
+            "last": lock(&self.last).clone(),
+        })
+    }
+
+    /// Waits for a running job to end, at most `deadline`.
+    pub async fn wait(&self, deadline: Duration) -> bool {
+        let wait = async {
+            while self.running.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(deadline, wait).await.is_ok()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Starts a write-back on SIGUSR1 and a flush on SIGUSR2, for as long as
+/// the runtime lives.
+pub fn on_signals(jobs: Arc<Jobs>, cache: Arc<CacheLayer>) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    tokio::spawn(async move {
+        loop {
+            let kind = tokio::select! {
+                Some(()) = usr1.recv() => JobKind::WriteBack,
+                Some(()) = usr2.recv() => JobKind::Flush,
+                else => return,
+            };
+            tracing::info!(job = kind.name(), "signal: starting");
+            let _ = jobs.start(&cache, kind);
+        }
+    });
+    Ok(())
+}

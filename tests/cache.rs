@@ -1,0 +1,300 @@
+//! The block cache through the real binary, with libnfs and nfs-ganesha:
+//! write-back and `gvfsctl writeback`, crashes after COMMIT, eviction in a
+//! tiny cache, coherence with the origin, a warm restart, signals, and the
+//! metrics endpoint.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use gvfs::data::{compare_file_with, compare_files, random_bytes_at, write_random_file};
+use gvfs::libnfs::{nfs_cat, nfs_cp};
+use gvfs::nfsclient::NfsClient;
+use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_nfs::nfs3_types::nfs3::*;
+use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
+
+const MIB: u64 = 1 << 20;
+
+/// A proxy with a block cache in `dir` in front of `g`.
+fn cached(g: &Ganesha, dir: &Path, extra: &[&str]) -> Result<Proxy> {
+    let mut args = ProxyArgs::new(g.upstream_url())
+        .arg("--cache-dir")
+        .arg(dir.display().to_string());
+    for a in extra {
+        args = args.arg(*a);
+    }
+    Proxy::spawn(args)
+}
+
+fn n(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn write_back_reaches_ganesha_only_on_writeback_and_byte_identical() -> Result<()> {
+    let g = Ganesha::start()?;
+    let cache = tempfile::tempdir()?;
+    let p = cached(&g, cache.path(), &[])?;
+    let local = tempfile::tempdir()?;
+    let src = local.path().join("img.bin");
+    write_random_file(&src, 1, 24 * MIB + 4095)?;
+    nfs_cp(&src.display().to_string(), &p.url("img.bin"))?;
+    let upstream = g.export_dir().join("img.bin");
+    let before = std::fs::metadata(&upstream)?.len();
+    ensure!(
+        before < 24 * MIB,
+        "data reached ganesha before write-back ({before} bytes)"
+    );
+    ensure!(
+        n(&p.cache_stats()?, "dirty_bytes") > 0,
+        "nothing dirty after the copy"
+    );
+    // The client reads its own writes back from the cache meanwhile.
+    let back = local.path().join("back.bin");
+    nfs_cp(&p.url("img.bin"), &back.display().to_string())?;
+    compare_files(&src, &back)?;
+    let said = p.write_back()?;
+    ensure!(said.contains("done"), "gvfsctl said {said:?}");
+    compare_files(&src, &upstream).context("upstream after write-back")?;
+    ensure!(
+        n(&p.cache_stats()?, "dirty_bytes") == 0,
+        "still dirty after write-back"
+    );
+    Ok(())
+}
+
+/// Writes `chunks` chunks of 64 KiB UNSTABLE and COMMITs every 4; returns
+/// how many chunks were committed when the proxy died (or all).
+async fn write_until_killed(c: &NfsClient, fh: &nfs_fh3, chunks: u64) -> u64 {
+    let mut committed = 0;
+    for i in 0..chunks {
+        let data = random_bytes_at(77, i * 65_536, 65_536);
+        let w = c
+            .call(NfsRequest::Write(WRITE3args {
+                file: fh.clone(),
+                offset: i * 65_536,
+                count: 65_536,
+                stable: stable_how::UNSTABLE,
+                data: Opaque::owned(data),
+            }))
+            .await;
+        if !matches!(w, Ok(ref r) if r.status() == nfsstat3::NFS3_OK) {
+            return committed;
+        }
+        if i % 4 == 3 {
+            match c
+                .call(NfsRequest::Commit(COMMIT3args {
+                    file: fh.clone(),
+                    offset: 0,
+                    count: 0,
+                }))
+                .await
+            {
+                Ok(r) if r.status() == nfsstat3::NFS3_OK => committed = i + 1,
+                _ => return committed,
+            }
+        }
+    }
+    committed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_commit_loses_no_committed_byte() -> Result<()> {
+    let trials: u64 = std::env::var("GVFS_CRASH_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let g = Ganesha::start()?;
+    for trial in 0..trials {
+        let cache = tempfile::tempdir()?;
+        let mut p = cached(&g, cache.path(), &["--no-writeback-on-exit"])?;
+        let addr: SocketAddr = p.addr();
+        let c = NfsClient::mount(
+            addr,
+            addr,
+            "/export",
+            Credentials::unix(0, 0),
+            Duration::from_secs(1),
+        )
+        .await?;
+        let name = format!("crash-{trial}.bin");
+        let created = c
+            .call(NfsRequest::Create(CREATE3args {
+                where_: diropargs3 {
+                    dir: c.root.clone(),
+                    name: filename3::from(name.as_bytes().to_vec()),
+                },
+                how: createhow3::UNCHECKED(sattr3::default()),
+            }))
+            .await?;
+        let NfsReply::Create(Nfs3Result::Ok(CREATE3resok {
+            obj: Nfs3Option::Some(fh),
+            ..
+        })) = created
+        else {
+            bail!("CREATE failed");
+        };
+        // Kill at a pseudo-random moment while the client writes and commits.
+        let delay = Duration::from_millis(5 + (trial * 37) % 200);
+        let writer = tokio::spawn({
+            let (c, fh) = (c.clone(), fh.clone());
+            async move { write_until_killed(&c, &fh, 1024).await }
+        });
+        tokio::time::sleep(delay).await;
+        p.kill();
+        let committed = writer.await?;
+        // Restart on the same cache, write back, check every committed byte.
+        let p = cached(&g, cache.path(), &[])?;
+        p.write_back()
+            .with_context(|| format!("trial {trial}: write-back after the crash"))?;
+        let upstream = std::fs::read(g.export_dir().join(&name))?;
+        let want = (committed * 65_536) as usize;
+        ensure!(
+            upstream.len() >= want,
+            "trial {trial}: {} bytes upstream, {want} committed",
+            upstream.len()
+        );
+        ensure!(
+            upstream[..want] == random_bytes_at(77, 0, want)[..],
+            "trial {trial}: committed bytes differ upstream"
+        );
+        eprintln!(
+            "trial {trial}: killed after {delay:?}, {committed} chunks committed, all upstream"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_tiny_cache_evicts_and_writes_dirty_victims_back() -> Result<()> {
+    let g = Ganesha::start()?;
+    let cache = tempfile::tempdir()?;
+    let p = cached(
+        &g,
+        cache.path(),
+        &[
+            "--cache-size",
+            "1M",
+            "--cache-banks",
+            "1",
+            "--cache-ways",
+            "2",
+            "--block-size",
+            "64K",
+        ],
+    )?;
+    let local = tempfile::tempdir()?;
+    let src = local.path().join("big.bin");
+    write_random_file(&src, 5, 9 * MIB + 123)?;
+    nfs_cp(&src.display().to_string(), &p.url("big.bin"))?;
+    let back = local.path().join("back.bin");
+    nfs_cp(&p.url("big.bin"), &back.display().to_string())?;
+    compare_files(&src, &back).context("read back through the tiny cache")?;
+    p.write_back()?;
+    compare_files(&src, &g.export_dir().join("big.bin"))?;
+    ensure!(
+        n(&p.cache_stats()?, "evictions") > 0,
+        "no evictions in a 1 MiB cache"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_change_at_the_origin_drops_cached_blocks() -> Result<()> {
+    let g = Ganesha::start()?;
+    let cache = tempfile::tempdir()?;
+    let p = cached(&g, cache.path(), &[])?;
+    let f = g.export_dir().join("f.bin");
+    write_random_file(&f, 1, 3 * MIB)?;
+    ensure!(nfs_cat(&p.url("f.bin"))? == std::fs::read(&f)?);
+    std::thread::sleep(Duration::from_millis(20));
+    write_random_file(&f, 2, 3 * MIB + 10)?;
+    let got = nfs_cat(&p.url("f.bin"))?;
+    compare_file_with(&got, &f).context("read after the origin changed")?;
+    Ok(())
+}
+
+#[test]
+fn a_restarted_proxy_serves_from_its_warm_cache() -> Result<()> {
+    let g = Ganesha::start()?;
+    let cache = tempfile::tempdir()?;
+    let f = g.export_dir().join("warm.bin");
+    write_random_file(&f, 3, 6 * MIB)?;
+    let mut p = cached(&g, cache.path(), &["--readahead", "0"])?;
+    ensure!(nfs_cat(&p.url("warm.bin"))? == std::fs::read(&f)?);
+    let first = p.cache_stats()?;
+    ensure!(
+        n(&first, "fetched_bytes") >= 6 * MIB,
+        "first pass fetched {first}"
+    );
+    p.terminate()?;
+    let p = cached(&g, cache.path(), &["--readahead", "0"])?;
+    ensure!(nfs_cat(&p.url("warm.bin"))? == std::fs::read(&f)?);
+    let second = p.cache_stats()?;
+    ensure!(
+        n(&second, "fetched_bytes") == 0 && n(&second, "misses") == 0,
+        "second pass went upstream: {second}"
+    );
+    ensure!(n(&second, "hit_bytes") >= 6 * MIB, "second pass: {second}");
+    Ok(())
+}
+
+#[test]
+fn sigusr1_writes_back_and_sigterm_writes_back_on_exit() -> Result<()> {
+    let g = Ganesha::start()?;
+    let cache = tempfile::tempdir()?;
+    let mut p = cached(&g, cache.path(), &[])?;
+    let local = tempfile::tempdir()?;
+    for (name, seed) in [("a.bin", 1u64), ("b.bin", 2)] {
+        write_random_file(&local.path().join(name), seed, 2 * MIB + 1)?;
+    }
+    nfs_cp(
+        &local.path().join("a.bin").display().to_string(),
+        &p.url("a.bin"),
+    )?;
+    p.signal(libc::SIGUSR1)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while compare_files(&local.path().join("a.bin"), &g.export_dir().join("a.bin")).is_err() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "SIGUSR1 did not write a.bin back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    nfs_cp(
+        &local.path().join("b.bin").display().to_string(),
+        &p.url("b.bin"),
+    )?;
+    p.terminate()?;
+    compare_files(&local.path().join("b.bin"), &g.export_dir().join("b.bin"))
+        .context("SIGTERM did not write b.bin back")?;
+    Ok(())
+}
+
+#[test]
+fn metrics_endpoint_serves_the_cache_counters() -> Result<()> {
+    let g = Ganesha::start()?;
+    let cache = tempfile::tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let p = cached(
+        &g,
+        cache.path(),
+        &["--metrics", &format!("127.0.0.1:{port}")],
+    )?;
+    std::fs::write(g.export_dir().join("m"), b"metrics")?;
+    ensure!(nfs_cat(&p.url("m"))? == b"metrics");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    use std::io::{Read, Write};
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    ensure!(text.starts_with("HTTP/1.1 200"), "{text}");
+    ensure!(text.contains("gvfs_cache_misses_total"), "{text}");
+    ensure!(text.contains("gvfs_status_nfs_calls_READ_total"), "{text}");
+    Ok(())
+}
