@@ -103,6 +103,8 @@ pub struct Ready {
     pub control: PathBuf,
     /// What is served, for humans.
     pub upstream: String,
+    /// The block cache's directory, when there is one.
+    pub cache: Option<String>,
 }
 
 /// The bottom layer of the stack, and the RPC client when it has one.
@@ -218,6 +220,7 @@ pub async fn run(
         export: cfg.export.clone(),
         control: control_path.clone(),
         upstream: service.describe(),
+        cache: cfg.cache.as_ref().map(|c| c.dir.display().to_string()),
     };
     let jobs = Arc::new(writeback::Jobs::default());
     if let Some(layer) = &cache {

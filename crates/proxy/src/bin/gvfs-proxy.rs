@@ -27,6 +27,7 @@ EXAMPLES:
   gvfs-proxy
   gvfs-proxy --listen 127.0.0.1:2049 --upstream dir:/srv/images
   gvfs-proxy --listen 127.0.0.2:111 --upstream nfs://filer/export --export /images
+  gvfs-proxy --upstream nfs://filer/export --cache-dir /var/cache/gvfs/vm1 --cache-size 8G
   gvfs-proxy --config /etc/gvfs/proxy.toml";
 
 #[derive(Debug, Parser)]
@@ -212,6 +213,9 @@ fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
         env!("CARGO_PKG_VERSION"),
         r.upstream
     );
+    if let Some(cache) = &r.cache {
+        println!("  block cache in {cache}");
+    }
     if sample {
         println!("  (no --upstream given: this is the sample directory; see gvfs-proxy --help)");
     }
