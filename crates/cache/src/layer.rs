@@ -114,10 +114,14 @@ pub struct CacheConfig {
 }
 
 impl Default for CacheConfig {
+    /// Write-back, and 32 blocks of read-ahead: with 64 KiB blocks that is
+    /// 2 MiB, twice a 1 MiB client READ, which the WAN benchmark needed to
+    /// keep a 40 ms, 50 Mbit/s link busy (8 blocks reached 79%, 32 reached
+    /// 99%; docs/BENCHMARKS.md).
     fn default() -> Self {
         CacheConfig {
             policy: WritePolicy::WriteBack,
-            readahead_blocks: 8,
+            readahead_blocks: 32,
         }
     }
 }

@@ -42,7 +42,7 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// cache_ways = 16
 /// block_size = "64K"
 /// write_policy = "write-back"          # or "write-through"
-/// readahead_blocks = 8
+/// readahead_blocks = 32
 /// writeback_on_exit = true
 /// exit_writeback_timeout_secs = 60
 /// ```

@@ -112,7 +112,7 @@ struct Cli {
     #[arg(long, value_name = "POLICY", help_heading = "Block cache")]
     write_policy: Option<String>,
 
-    /// Blocks to read ahead on sequential access; 0 turns it off [default: 8].
+    /// Blocks to read ahead on sequential access; 0 turns it off [default: 32].
     #[arg(long, value_name = "N", help_heading = "Block cache")]
     readahead: Option<u32>,
 
