@@ -577,7 +577,7 @@ fn policy_parses() {
     assert_eq!("write-through".parse(), Ok(WritePolicy::WriteThrough));
     assert!("sometimes".parse::<WritePolicy>().is_err());
     assert_eq!(WritePolicy::WriteThrough.to_string(), "write-through");
-    assert_eq!(CacheConfig::default().readahead_blocks, 8);
+    assert_eq!(CacheConfig::default().readahead_blocks, 32);
 }
 
 /// The layer's futures can be spawned on a multi-threaded runtime.
