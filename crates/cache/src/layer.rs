@@ -693,19 +693,19 @@ impl CacheLayer {
                 (b, (lo - b * bs) as u32, (hi - lo) as u32)
             })
             .collect();
+        // One buffer for the whole reply: hits are read straight into it
+        // (one blocking hop for all blocks), misses filled in below.
         let key = fh.to_vec();
-        let probe = spans.clone();
-        let mut pieces: Vec<Option<Vec<u8>>> = self
+        let (mut data, hits) = self
             .store_op(move |s| {
-                probe
-                    .iter()
-                    .map(|&(b, o, n)| s.read(&key, b, o, n))
-                    .collect()
+                let mut data = vec![0u8; (end - offset) as usize];
+                let hits = s.read_range_into(&key, offset, &mut data)?;
+                Ok((data, hits))
             })
             .await?;
-        let missing: Vec<usize> = (0..spans.len()).filter(|&i| pieces[i].is_none()).collect();
+        let missing: Vec<usize> = (0..spans.len()).filter(|&i| !hits[i]).collect();
         let hit = missing.is_empty();
-        let mut readahead_hit = self.take_prefetched(fh, &spans, &pieces);
+        let mut readahead_hit = self.take_prefetched(fh, &spans, &hits);
         if !missing.is_empty() {
             let me = self
                 .me()
@@ -739,30 +739,31 @@ impl CacheLayer {
             // Read back through the store, which merges dirty sub-blocks;
             // fall back to upstream's bytes with the dirty data laid over.
             let key = fh.to_vec();
-            let wanted: Vec<(usize, u64, u32, u32, Arc<Fetched>)> = fetched
+            // (block, offset in block, length, position in `data`, bytes)
+            let wanted: Vec<(u64, u32, usize, usize, Arc<Fetched>)> = fetched
                 .into_iter()
-                .map(|(i, f)| (i, spans[i].0, spans[i].1, spans[i].2, f))
+                .map(|(i, f)| {
+                    let (b, o, n) = spans[i];
+                    (
+                        b,
+                        o,
+                        n as usize,
+                        (b * bs + u64::from(o) - offset) as usize,
+                        f,
+                    )
+                })
                 .collect();
-            let merged: Vec<(usize, Vec<u8>)> = self
+            data = self
                 .store_op(move |s| {
-                    let mut out = Vec::new();
-                    for (i, b, o, n, f) in wanted {
-                        let bytes = match s.read(&key, b, o, n)? {
-                            Some(d) => d,
-                            None => compose(&f, s.dirty_data(&key, b)?.as_ref(), o, n),
-                        };
-                        out.push((i, bytes));
+                    for (b, o, n, at, f) in wanted {
+                        let dst = &mut data[at..at + n];
+                        if !s.read_into(&key, b, o, dst)? {
+                            compose_into(&f, s.dirty_data(&key, b)?.as_ref(), o, dst);
+                        }
                     }
-                    Ok(out)
+                    Ok(data)
                 })
                 .await?;
-            for (i, bytes) in merged {
-                pieces[i] = Some(bytes);
-            }
-        }
-        let mut data = Vec::with_capacity((end - offset) as usize);
-        for p in pieces.into_iter().flatten() {
-            data.extend_from_slice(&p);
         }
         // Upstream may have reported a new size while we fetched.
         let attrs = self.effective(fh).unwrap_or(attrs);
@@ -786,19 +787,14 @@ impl CacheLayer {
 
     /// Forgets blocks of `spans` that were read ahead and are now served
     /// from the cache; true if there was any.
-    fn take_prefetched(
-        &self,
-        fh: &[u8],
-        spans: &[(u64, u32, u32)],
-        pieces: &[Option<Vec<u8>>],
-    ) -> bool {
+    fn take_prefetched(&self, fh: &[u8], spans: &[(u64, u32, u32)], hits: &[bool]) -> bool {
         let mut p = lock(&self.prefetched);
         if p.is_empty() {
             return false;
         }
         let mut any = false;
-        for (&(b, _, _), piece) in spans.iter().zip(pieces) {
-            if piece.is_some() {
+        for (&(b, _, _), &hit) in spans.iter().zip(hits) {
+            if hit {
                 any |= p.remove(&(fh.to_vec(), b));
             }
         }
@@ -1469,14 +1465,17 @@ fn read_reply(attrs: Option<fattr3>, data: Vec<u8>, eof: bool) -> NfsReply {
     }))
 }
 
-/// `len` bytes at `offset` of a block: upstream's bytes (zeros past its
-/// end) with the cache's dirty bytes laid over them.
-fn compose(f: &Fetched, dirty: Option<&DirtyData>, offset: u32, len: u32) -> Vec<u8> {
-    let (lo, hi) = (offset as usize, (offset + len) as usize);
-    let mut out = vec![0u8; hi - lo];
+/// Fills `out` with the `out.len()` bytes at `offset` of a block:
+/// upstream's bytes (zeros past its end) with the cache's dirty bytes laid
+/// over them.
+fn compose_into(f: &Fetched, dirty: Option<&DirtyData>, offset: u32, out: &mut [u8]) {
+    let (lo, hi) = (offset as usize, offset as usize + out.len());
     let have = f.data.len().min(hi);
     if have > lo {
         out[..have - lo].copy_from_slice(&f.data[lo..have]);
+        out[have - lo..].fill(0);
+    } else {
+        out.fill(0);
     }
     for e in dirty.map(|d| d.extents.as_slice()).unwrap_or_default() {
         let (elo, ehi) = (e.offset as usize, e.offset as usize + e.data.len());
@@ -1485,7 +1484,6 @@ fn compose(f: &Fetched, dirty: Option<&DirtyData>, offset: u32, len: u32) -> Vec
             out[a - lo..b - lo].copy_from_slice(&e.data[a - elo..b - elo]);
         }
     }
-    out
 }
 
 /// Where the dirty data of a block ends, not counting trailing zeros (the

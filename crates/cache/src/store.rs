@@ -462,7 +462,35 @@ impl BlockStore {
     /// Reads `len` bytes at `offset` of block `block` of `fh`: `Some` only if
     /// every sub-block the range touches is valid. Touches the LRU stamp.
     pub fn read(&self, fh: &[u8], block: u64, offset: u32, len: u32) -> Result<Option<Vec<u8>>> {
-        self.mutate(|inner| inner.read(fh, block, offset, len))
+        let mut buf = vec![0u8; len as usize];
+        Ok(self.read_into(fh, block, offset, &mut buf)?.then_some(buf))
+    }
+
+    /// [`read`](Self::read) into `buf` (`buf.len()` bytes at `offset` of the
+    /// block), with no allocation: true on a hit; on a miss `buf` is left
+    /// as it was.
+    pub fn read_into(&self, fh: &[u8], block: u64, offset: u32, buf: &mut [u8]) -> Result<bool> {
+        self.mutate(|inner| inner.read_into(fh, block, offset, buf))
+    }
+
+    /// Reads the file range `offset..offset + buf.len()` of `fh` into `buf`,
+    /// block by block, and says per block touched (the first is
+    /// `offset / block_size`) whether it was a hit. The part of `buf` that
+    /// belongs to a missed block is left as it was, for the caller to fill.
+    /// The store is locked per block, so concurrent readers interleave.
+    pub fn read_range_into(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> Result<Vec<bool>> {
+        let bs = u64::from(self.geometry().block_size());
+        let end = offset + buf.len() as u64;
+        let mut hits = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let block = pos / bs;
+            let hi = end.min((block + 1) * bs);
+            let dst = &mut buf[(pos - offset) as usize..(hi - offset) as usize];
+            hits.push(self.read_into(fh, block, (pos - block * bs) as u32, dst)?);
+            pos = hi;
+        }
+        Ok(hits)
     }
 
     /// Which sub-blocks of a block are valid (empty if not cached).
@@ -862,31 +890,31 @@ impl Inner {
         Ok(())
     }
 
-    fn read(&mut self, fh: &[u8], block: u64, offset: u32, len: u32) -> Result<Option<Vec<u8>>> {
-        self.check_range(offset, len as usize)?;
+    fn read_into(&mut self, fh: &[u8], block: u64, offset: u32, buf: &mut [u8]) -> Result<bool> {
+        self.check_range(offset, buf.len())?;
         let Some(id) = self.lookup(fh, block) else {
             self.stats.misses += 1;
-            return Ok(None);
+            return Ok(false);
         };
-        if len == 0 {
-            return Ok(Some(Vec::new()));
+        if buf.is_empty() {
+            return Ok(true);
         }
+        let len = buf.len() as u32;
         let need = SubBlockMask::range(self.geo.sub_blocks_touched(offset, len));
         if !self.frames[id].valid.contains_all(need) {
             self.stats.misses += 1;
-            return Ok(None);
+            return Ok(false);
         }
         let (b, base) = self.data_pos(id, 0);
-        let mut buf = vec![0u8; len as usize];
         self.banks[b]
             .storage
-            .read_at(&mut buf, base + u64::from(offset))
+            .read_at(buf, base + u64::from(offset))
             .ctx("reading cached data")?;
         let now = self.tick();
         self.frames[id].lru = now;
         self.stats.hits += 1;
         self.stats.hit_bytes += u64::from(len);
-        Ok(Some(buf))
+        Ok(true)
     }
 
     fn dirty_block(&self, id: usize) -> DirtyBlock {
@@ -1268,6 +1296,26 @@ mod tests {
 
     fn mems() -> Vec<MemStorage> {
         vec![MemStorage::new(), MemStorage::new()]
+    }
+
+    #[test]
+    fn read_range_into_fills_hits_and_leaves_misses() {
+        let (s, _) = open(&mems());
+        let bs = 16384u64;
+        // Block 0 whole, block 1 absent, block 2 only its first sub-block.
+        stored(s.write(FH, 0, 0, &[1; 16384], WriteMode::Clean));
+        stored(s.write(FH, 2, 0, &[3; 4096], WriteMode::Clean));
+        let offset = bs - 100;
+        let mut buf = vec![9u8; (bs + 100 + 50) as usize];
+        let hits = s.read_range_into(FH, offset, &mut buf).expect("read");
+        assert_eq!(hits, [true, false, true]);
+        assert!(buf[..100].iter().all(|&b| b == 1));
+        assert!(buf[100..100 + bs as usize].iter().all(|&b| b == 9));
+        assert!(buf[100 + bs as usize..].iter().all(|&b| b == 3));
+        // Past the valid sub-block of block 2: a miss, untouched.
+        let mut tail = [9u8; 10];
+        assert!(!s.read_into(FH, 2, 4096, &mut tail).expect("read"));
+        assert_eq!(tail, [9; 10]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! changes the write verifier), call counters and an optional READ delay.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -36,6 +37,9 @@ struct State {
 pub(super) struct Fake {
     state: Mutex<State>,
     read_delay: Mutex<Duration>,
+    write_delay: Mutex<Duration>,
+    writes_in_flight: AtomicU64,
+    max_writes_in_flight: AtomicU64,
 }
 
 fn fh3(fh: &[u8]) -> nfs_fh3 {
@@ -147,6 +151,16 @@ impl Fake {
 
     pub(super) fn set_read_delay(&self, d: Duration) {
         *self.read_delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Delays every WRITE, so concurrent ones overlap.
+    pub(super) fn set_write_delay(&self, d: Duration) {
+        *self.write_delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// The most WRITEs that were in flight at once.
+    pub(super) fn max_writes_in_flight(&self) -> u64 {
+        self.max_writes_in_flight.load(Ordering::SeqCst)
     }
 
     /// The next COMMIT finds the server rebooted: uncommitted writes are
@@ -287,6 +301,15 @@ impl NfsService for Fake {
                 if !d.is_zero() {
                     tokio::time::sleep(d).await;
                 }
+            }
+            if req.proc_() == NfsProc::Write {
+                let d = *self.write_delay.lock().unwrap_or_else(|e| e.into_inner());
+                let now = self.writes_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                self.max_writes_in_flight.fetch_max(now, Ordering::SeqCst);
+                if !d.is_zero() {
+                    tokio::time::sleep(d).await;
+                }
+                self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
             }
             Ok(self.handle(req))
         })

@@ -318,6 +318,29 @@ async fn write_back_policy_caches_writes_until_write_back() {
 }
 
 #[tokio::test]
+async fn write_back_keeps_several_writes_in_flight() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", &vec![0; 40 * BS]);
+    // 20 runs that do not touch: one WRITE each.
+    let mut want = vec![0; 40 * BS];
+    for i in 0..20 {
+        let chunk = pattern(1024, i as u8);
+        let off = i * 2 * BS;
+        want[off..off + 1024].copy_from_slice(&chunk);
+        write(&s.layer, &fh, off as u64, &chunk, stable_how::UNSTABLE).await;
+    }
+    s.fake.set_write_delay(Duration::from_millis(20));
+    let report = write_back(&s.layer).await;
+    assert_eq!(report.bytes, 20 * 1024);
+    assert_eq!(s.fake.calls(NfsProc::Write), 20);
+    assert_eq!(s.fake.calls(NfsProc::Commit), 1);
+    let max = s.fake.max_writes_in_flight();
+    assert!((2..=8).contains(&max), "{max} WRITEs in flight");
+    assert_eq!(s.fake.data(&fh), want);
+    assert_eq!(s.layer.dirty_bytes(), 0);
+}
+
+#[tokio::test]
 async fn file_sync_writes_are_durable_before_the_reply() {
     let s = setup(WritePolicy::WriteBack, 0);
     let fh = s.fake.create("a", b"");

@@ -9,6 +9,9 @@
 //! write-back finishes the job. Data is clipped to the size the client
 //! wrote: what a truncation cut off is never sent.
 //!
+//! The WRITEs of a file go out up to [`WRITES_IN_FLIGHT`] at a time; the
+//! COMMIT waits for all of them.
+//!
 //! Ordering: a WRITE grows the file's size before its data reaches the
 //! store, and the size is read after the dirty data is taken, so a
 //! concurrent WRITE never has its data clipped and then marked clean.
@@ -25,6 +28,11 @@ use crate::store::DirtyData;
 /// How often one file's data is resent because upstream's verifier changed
 /// before giving up.
 const MAX_REWRITES: u64 = 4;
+
+/// How many WRITEs of one file's write-back are in flight at once, so a
+/// long fat link stays busy (one 1 MiB WRITE at a time leaves it idle for
+/// a round trip per call).
+const WRITES_IN_FLIGHT: usize = 8;
 
 /// What a write-back sent upstream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -197,24 +205,16 @@ impl CacheLayer {
                 return Ok(());
             };
             let runs = coalesce(&data, bs, size);
-            let mut verfs = Vec::new();
-            let mut bytes = 0u64;
-            for (off, buf) in &runs {
-                match self
-                    .up_write(&cx, fh, *off, buf, stable_how::UNSTABLE)
-                    .await?
-                {
-                    Ok(sent) => verfs.extend(sent.unstable),
-                    Err(nfsstat3::NFS3ERR_STALE) => return self.file_gone(fh).await,
-                    Err(st) => {
-                        return Err(ServiceError::Local(format!(
-                            "block cache: write-back WRITE at {off} failed upstream: {st}"
-                        )));
-                    }
+            let bytes: u64 = runs.iter().map(|(_, b)| b.len() as u64).sum();
+            let verfs = match self.write_runs(&cx, fh, runs, on_bytes).await? {
+                Ok(verfs) => verfs,
+                Err((_, nfsstat3::NFS3ERR_STALE)) => return self.file_gone(fh).await,
+                Err((off, st)) => {
+                    return Err(ServiceError::Local(format!(
+                        "block cache: write-back WRITE at {off} failed upstream: {st}"
+                    )));
                 }
-                bytes += buf.len() as u64;
-                on_bytes(buf.len() as u64);
-            }
+            };
             report.bytes += bytes;
             bump(&self.counters.write_back_bytes, bytes);
             if !verfs.is_empty() {
@@ -312,6 +312,47 @@ impl CacheLayer {
         self.store_op(move |s| s.mark_clean(&dd)).await?;
         bump(&self.counters.eviction_write_backs, 1);
         Ok(())
+    }
+
+    /// Sends `runs` as UNSTABLE WRITEs, up to [`WRITES_IN_FLIGHT`] at once,
+    /// calling `on_bytes` as each completes. The verifiers of the WRITEs
+    /// upstream answered UNSTABLE, or the offset and status of a failed one
+    /// (the WRITEs still in flight are then abandoned).
+    async fn write_runs(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+        runs: Vec<(u64, Vec<u8>)>,
+        on_bytes: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<Result<Vec<writeverf3>, (u64, nfsstat3)>, ServiceError> {
+        let me = self
+            .me()
+            .ok_or_else(|| ServiceError::Local("block cache layer dropped".into()))?;
+        let mut verfs = Vec::new();
+        let mut set = tokio::task::JoinSet::new();
+        let mut runs = runs.into_iter();
+        loop {
+            while set.len() < WRITES_IN_FLIGHT
+                && let Some((off, buf)) = runs.next()
+            {
+                let (me, cx, fh) = (me.clone(), cx.clone(), fh.to_vec());
+                set.spawn(async move {
+                    let r = me.up_write(&cx, &fh, off, &buf, stable_how::UNSTABLE).await;
+                    (off, buf.len() as u64, r)
+                });
+            }
+            let Some(joined) = set.join_next().await else {
+                break;
+            };
+            let (off, len, r) = joined
+                .map_err(|e| ServiceError::Local(format!("block cache write-back task: {e}")))?;
+            match r? {
+                Ok(sent) => verfs.extend(sent.unstable),
+                Err(st) => return Ok(Err((off, st))),
+            }
+            on_bytes(len);
+        }
+        Ok(Ok(verfs))
     }
 
     /// WRITEs `data` at `offset`, continuing after short writes.
