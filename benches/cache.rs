@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use gvfs::data::{compare_files, fill_at, write_random_file};
+use gvfs::libnfs::CopyClient;
 use gvfs::nfsclient::NfsClient;
 use gvfs::process;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
@@ -74,7 +75,7 @@ const WAN_FILE: &str = "wan.bin";
 struct Settings {
     warm_mib: u64,
     reps: usize,
-    clients: Vec<Client>,
+    clients: Vec<CopyClient>,
     wan_mib: u64,
     readahead: Vec<u32>,
     wan_direct: bool,
@@ -92,11 +93,7 @@ impl Settings {
             clients: std::env::var("GVFS_BENCH_CLIENTS")
                 .unwrap_or_else(|_| "nfs-cp,qemu".into())
                 .split(',')
-                .map(|c| match c.trim() {
-                    "nfs-cp" => Ok(Client::NfsCp),
-                    "qemu" | "qemu-img" => Ok(Client::Qemu),
-                    other => bail!("GVFS_BENCH_CLIENTS: unknown client {other:?}"),
-                })
+                .map(|c| CopyClient::parse(c).context("GVFS_BENCH_CLIENTS"))
                 .collect::<Result<_>>()?,
             wan_mib: env_u64("GVFS_BENCH_WAN_MIB", big(256, 8))?,
             readahead: std::env::var("GVFS_BENCH_READAHEAD")
@@ -122,43 +119,6 @@ impl Settings {
 
     fn wants(&self, part: &str) -> bool {
         self.parts.iter().any(|p| p == part)
-    }
-}
-
-/// The client doing a copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Client {
-    /// libnfs' `nfs-cp`: one 1 MiB call in flight.
-    NfsCp,
-    /// `qemu-img convert -W -m 8`: several requests in flight.
-    Qemu,
-}
-
-impl Client {
-    fn label(self) -> &'static str {
-        match self {
-            Self::NfsCp => "nfs-cp",
-            Self::Qemu => "qemu-img convert -W -m 8",
-        }
-    }
-
-    fn copy(self, from: &str, to: &str, timeout: Duration) -> Result<()> {
-        let mut cmd = match self {
-            Self::NfsCp => {
-                let mut c = Command::new("nfs-cp");
-                c.args([from, to]);
-                c
-            }
-            Self::Qemu => {
-                let mut c = Command::new("qemu-img");
-                c.args([
-                    "convert", "-f", "raw", "-O", "raw", "-W", "-m", "8", from, to,
-                ]);
-                c
-            }
-        };
-        process::run_ok(&mut cmd, timeout).with_context(|| self.label().to_owned())?;
-        Ok(())
     }
 }
 
@@ -276,7 +236,7 @@ impl WarmSetup {
                 .arg("--cache-size")
                 .arg(cache_size_for(size))
         };
-        let want_qemu = s.clients.contains(&Client::Qemu);
+        let want_qemu = s.clients.contains(&CopyClient::Qemu);
         let (proxy, qemu) = if want_qemu {
             let addr = SocketAddr::from((QEMU_PROXY_ADDR, 111));
             match Proxy::spawn(cache_args(
@@ -300,7 +260,7 @@ impl WarmSetup {
         // Fill the cache: one read through the proxy, checked.
         let back = local.join("fill");
         let t = Instant::now();
-        Client::NfsCp.copy(
+        CopyClient::NfsCp.copy(
             &proxy.url(WARM_FILE),
             &back.display().to_string(),
             copy_timeout(s.warm_mib),
@@ -333,22 +293,22 @@ impl WarmSetup {
     /// Part 1: timed reads, direct and through the warm proxy, alternating.
     fn bench_reads(&self, s: &Settings, ganesha: &Ganesha, local: &Path) -> Result<String> {
         let timeout = copy_timeout(s.warm_mib);
-        let clients: Vec<Client> = s
+        let clients: Vec<CopyClient> = s
             .clients
             .iter()
             .copied()
-            .filter(|c| *c != Client::Qemu || self.qemu)
+            .filter(|c| *c != CopyClient::Qemu || self.qemu)
             .collect();
         let names = ["direct (ganesha)", "caching proxy, warm"];
-        let url = |i: usize, c: Client| match (i, c) {
-            (0, Client::NfsCp) => ganesha.url(WARM_FILE),
-            (0, Client::Qemu) => format!(
+        let url = |i: usize, c: CopyClient| match (i, c) {
+            (0, CopyClient::NfsCp) => ganesha.url(WARM_FILE),
+            (0, CopyClient::Qemu) => format!(
                 "nfs://{}{}/{WARM_FILE}",
                 ganesha.ip(),
                 gvfs::ganesha::EXPORT
             ),
-            (_, Client::NfsCp) => self.proxy.url(WARM_FILE),
-            (_, Client::Qemu) => format!(
+            (_, CopyClient::NfsCp) => self.proxy.url(WARM_FILE),
+            (_, CopyClient::Qemu) => format!(
                 "nfs://{}{}/{WARM_FILE}",
                 self.proxy.ip(),
                 self.proxy.export()
@@ -357,7 +317,7 @@ impl WarmSetup {
         // One untimed direct read, so both paths start from the same state.
         let back = local.join("read");
         let back_s = back.display().to_string();
-        Client::NfsCp.copy(&url(0, Client::NfsCp), &back_s, timeout)?;
+        CopyClient::NfsCp.copy(&url(0, CopyClient::NfsCp), &back_s, timeout)?;
         fs::remove_file(&back)?;
 
         let before = self.proxy.cache_stats()?;
@@ -595,7 +555,7 @@ impl Wan {
                 self.nfs.stats().connections_accepted,
             );
             let t = Instant::now();
-            Client::NfsCp
+            CopyClient::NfsCp
                 .copy(&url, &back_s, timeout)
                 .with_context(|| format!("wan-read: {name}"))?;
             let secs = t.elapsed().as_secs_f64();
@@ -704,7 +664,7 @@ impl Wan {
             let landed = ganesha.export_dir().join(&name);
             let up0 = self.nfs.stats().upstream_bytes;
             let t = Instant::now();
-            Client::NfsCp
+            CopyClient::NfsCp
                 .copy(&src_s, &proxy.url(&name), timeout)
                 .with_context(|| format!("wan-write: {policy}"))?;
             let client_secs = t.elapsed().as_secs_f64();

@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use gvfs::data::{compare_files, write_random_file};
+use gvfs::libnfs::CopyClient;
 use gvfs::process;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 
@@ -93,41 +94,6 @@ impl Direction {
         match self {
             Self::Write => "write",
             Self::Read => "read",
-        }
-    }
-}
-
-/// The NFS client doing the copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Client {
-    /// libnfs' `nfs-cp`: one 1 MiB call in flight at a time.
-    NfsCp,
-    /// `qemu-img convert -W -m 8`: QEMU's block layer over libnfs with
-    /// several requests in flight, the way a VMM reads and writes images.
-    Qemu,
-}
-
-impl Client {
-    fn label(self) -> &'static str {
-        match self {
-            Self::NfsCp => "nfs-cp",
-            Self::Qemu => "qemu-img convert -W -m 8",
-        }
-    }
-
-    /// Copies `from` to `to` (a local path or this client's URL).
-    fn copy(self, from: &str, to: &str, timeout: Duration) -> Result<()> {
-        match self {
-            Self::NfsCp => nfs_cp(&from, &to, timeout),
-            Self::Qemu => {
-                let mut cmd = Command::new("qemu-img");
-                cmd.args([
-                    "convert", "-f", "raw", "-O", "raw", "-W", "-m", "8", from, to,
-                ]);
-                process::run_ok(&mut cmd, timeout)
-                    .context("qemu-img (apt-get install qemu-utils qemu-block-extra)")?;
-                Ok(())
-            }
         }
     }
 }
@@ -261,14 +227,10 @@ fn main() -> Result<()> {
     }
     fs::remove_file(&warm)?;
 
-    let clients: Vec<Client> = std::env::var("GVFS_BENCH_CLIENTS")
+    let clients: Vec<CopyClient> = std::env::var("GVFS_BENCH_CLIENTS")
         .unwrap_or_else(|_| "nfs-cp,qemu".into())
         .split(',')
-        .map(|c| match c.trim() {
-            "nfs-cp" => Ok(Client::NfsCp),
-            "qemu" | "qemu-img" => Ok(Client::Qemu),
-            other => bail!("GVFS_BENCH_CLIENTS: unknown client {other:?} (nfs-cp, qemu)"),
-        })
+        .map(|c| CopyClient::parse(c).context("GVFS_BENCH_CLIENTS"))
         .collect::<Result<_>>()?;
     let mut samples: Vec<Vec<[Vec<Sample>; 2]>> = clients
         .iter()
@@ -286,8 +248,8 @@ fn main() -> Result<()> {
                 let t = &targets[i];
                 let name = format!("bench-{rep}-{c}-{i}");
                 let remote = match client {
-                    Client::NfsCp => (t.url)(&name),
-                    Client::Qemu => (t.qemu_url)(&name),
+                    CopyClient::NfsCp => (t.url)(&name),
+                    CopyClient::Qemu => (t.qemu_url)(&name),
                 };
                 let local = work.path().join(format!("readback-{rep}-{c}-{i}"));
                 let local_s = local.display().to_string();
@@ -390,7 +352,7 @@ fn table(
     samples: &[[Vec<Sample>; 2]],
     mib: u64,
     reps: usize,
-    client: Client,
+    client: CopyClient,
 ) -> String {
     let gib = mib as f64 / 1024.0;
     let mut out = String::new();

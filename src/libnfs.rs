@@ -187,3 +187,60 @@ mod tests {
         assert!(e[1].is_dir());
     }
 }
+
+/// A real NFS client that copies whole files, for benchmarks: the two ways a
+/// user moves an image, one call at a time or several in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyClient {
+    /// libnfs' `nfs-cp`: one 1 MiB call in flight at a time.
+    NfsCp,
+    /// `qemu-img convert -W -m 8`: QEMU's block layer over libnfs with
+    /// several requests in flight, the way a VMM reads and writes images.
+    /// Its `nfs://` URLs take no port (see the module docs).
+    Qemu,
+}
+
+impl CopyClient {
+    /// The client as tables name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NfsCp => "nfs-cp",
+            Self::Qemu => "qemu-img convert -W -m 8",
+        }
+    }
+
+    /// Parses `nfs-cp` or `qemu` (`qemu-img`).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim() {
+            "nfs-cp" => Ok(Self::NfsCp),
+            "qemu" | "qemu-img" => Ok(Self::Qemu),
+            other => anyhow::bail!("unknown client {other:?} (nfs-cp, qemu)"),
+        }
+    }
+
+    /// Copies `from` to `to` (each a local path or this client's URL),
+    /// killed after `timeout`.
+    pub fn copy(self, from: &str, to: &str, timeout: Duration) -> Result<()> {
+        let mut cmd = match self {
+            Self::NfsCp => {
+                let mut c = Command::new("nfs-cp");
+                c.args([from, to]);
+                c
+            }
+            Self::Qemu => {
+                let mut c = Command::new("qemu-img");
+                c.args([
+                    "convert", "-f", "raw", "-O", "raw", "-W", "-m", "8", from, to,
+                ]);
+                c
+            }
+        };
+        process::run_ok(&mut cmd, timeout).with_context(|| {
+            format!(
+                "{} (apt-get install libnfs-utils qemu-utils qemu-block-extra)",
+                self.label()
+            )
+        })?;
+        Ok(())
+    }
+}

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use gvfs_nfs::client::{ClientConfig, RpcClient, TcpConnector};
-use gvfs_nfs::nfs3_types::nfs3::{LOOKUP3args, Nfs3Result, diropargs3, filename3, nfs_fh3};
+use gvfs_nfs::nfs3_types::nfs3::{
+    CREATE3args, CREATE3resok, LOOKUP3args, Nfs3Option, Nfs3Result, createhow3, diropargs3,
+    filename3, nfs_fh3, sattr3,
+};
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::xdr::{self, XdrReader};
 use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
@@ -64,6 +67,33 @@ impl NfsClient {
             },
             cred,
         })
+    }
+
+    /// Mounts a gvfs-proxy's export as root (AUTH_UNIX 0:0); NFS and MOUNT
+    /// share the proxy's port.
+    pub async fn of_proxy(proxy: &crate::Proxy, give_up: Duration) -> Result<Self> {
+        let a = proxy.addr();
+        Self::mount(a, a, proxy.export(), Credentials::unix(0, 0), give_up).await
+    }
+
+    /// Creates (UNCHECKED) `name` in the export's root and returns its handle.
+    pub async fn create(&self, name: &str) -> Result<nfs_fh3> {
+        let reply = self
+            .call(NfsRequest::Create(CREATE3args {
+                where_: diropargs3 {
+                    dir: self.root.clone(),
+                    name: filename3::from(name.as_bytes().to_vec()),
+                },
+                how: createhow3::UNCHECKED(sattr3::default()),
+            }))
+            .await?;
+        match reply {
+            NfsReply::Create(Nfs3Result::Ok(CREATE3resok {
+                obj: Nfs3Option::Some(fh),
+                ..
+            })) => Ok(fh),
+            other => bail!("CREATE {name}: {:?}", other.status()),
+        }
     }
 
     /// Runs one call and decodes its reply.

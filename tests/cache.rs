@@ -3,18 +3,17 @@
 //! tiny cache, coherence with the origin, a warm restart, signals, and the
 //! metrics endpoint.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use gvfs::data::{compare_file_with, compare_files, random_bytes_at, write_random_file};
 use gvfs::libnfs::{nfs_cat, nfs_cp};
 use gvfs::nfsclient::NfsClient;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_nfs::NfsRequest;
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
-use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
 
 const MIB: u64 = 1 << 20;
 
@@ -111,32 +110,9 @@ async fn kill_9_after_commit_loses_no_committed_byte() -> Result<()> {
     for trial in 0..trials {
         let cache = tempfile::tempdir()?;
         let mut p = cached(&g, cache.path(), &["--no-writeback-on-exit"])?;
-        let addr: SocketAddr = p.addr();
-        let c = NfsClient::mount(
-            addr,
-            addr,
-            "/export",
-            Credentials::unix(0, 0),
-            Duration::from_secs(1),
-        )
-        .await?;
+        let c = NfsClient::of_proxy(&p, Duration::from_secs(1)).await?;
         let name = format!("crash-{trial}.bin");
-        let created = c
-            .call(NfsRequest::Create(CREATE3args {
-                where_: diropargs3 {
-                    dir: c.root.clone(),
-                    name: filename3::from(name.as_bytes().to_vec()),
-                },
-                how: createhow3::UNCHECKED(sattr3::default()),
-            }))
-            .await?;
-        let NfsReply::Create(Nfs3Result::Ok(CREATE3resok {
-            obj: Nfs3Option::Some(fh),
-            ..
-        })) = created
-        else {
-            bail!("CREATE failed");
-        };
+        let fh = c.create(&name).await?;
         // Kill at a pseudo-random moment while the client writes and commits.
         let delay = Duration::from_millis(5 + (trial * 37) % 200);
         let writer = tokio::spawn({

@@ -5,7 +5,6 @@
 //! reconnect, and a changed write verifier makes the client resend
 //! uncommitted data.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -15,7 +14,7 @@ use gvfs::nfsclient::NfsClient;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
-use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
+use gvfs_nfs::{NfsReply, NfsRequest};
 
 const CHUNK: usize = 256 * 1024;
 
@@ -26,25 +25,6 @@ fn restart(p: &mut Proxy, upstream: &str) -> Result<()> {
     *p = Proxy::spawn(ProxyArgs::new(upstream.to_string()).listen(addr))
         .with_context(|| format!("restarting the proxy on {addr}"))?;
     Ok(())
-}
-
-async fn create(c: &NfsClient, name: &str) -> Result<nfs_fh3> {
-    let r = c
-        .call(NfsRequest::Create(CREATE3args {
-            where_: diropargs3 {
-                dir: c.root.clone(),
-                name: filename3::from(name.as_bytes().to_vec()),
-            },
-            how: createhow3::UNCHECKED(sattr3::default()),
-        }))
-        .await?;
-    match r {
-        NfsReply::Create(Nfs3Result::Ok(CREATE3resok {
-            obj: Nfs3Option::Some(fh),
-            ..
-        })) => Ok(fh),
-        other => bail!("CREATE {name}: {:?}", other.status()),
-    }
 }
 
 async fn write(c: &NfsClient, fh: &nfs_fh3, offset: u64, stable: stable_how) -> Result<writeverf3> {
@@ -93,16 +73,8 @@ async fn every_proxy_of_a_chain_restarts_under_a_writing_client() -> Result<()> 
         inner.upstream_url(),
         middle.upstream_url(),
     );
-    let front: SocketAddr = outer.addr();
-    let c = NfsClient::mount(
-        front,
-        front,
-        "/export",
-        Credentials::unix(0, 0),
-        Duration::from_secs(60),
-    )
-    .await?;
-    let fh = create(&c, "restart.bin").await?;
+    let c = NfsClient::of_proxy(&outer, Duration::from_secs(60)).await?;
+    let fh = c.create("restart.bin").await?;
     let chunks = 96;
     for i in 0..chunks {
         match i {
@@ -150,15 +122,8 @@ async fn dir_origin_restart_changes_the_verifier_and_keeps_handles() -> Result<(
     let origin_url = format!("dir:{}", dir.path().display());
     let mut origin = Proxy::spawn(ProxyArgs::new(origin_url.clone()))?;
     let front = Proxy::spawn(ProxyArgs::new(origin.upstream_url()))?;
-    let c = NfsClient::mount(
-        front.addr(),
-        front.addr(),
-        "/export",
-        Credentials::unix(0, 0),
-        Duration::from_secs(60),
-    )
-    .await?;
-    let fh = create(&c, "unstable.bin").await?;
+    let c = NfsClient::of_proxy(&front, Duration::from_secs(60)).await?;
+    let fh = c.create("unstable.bin").await?;
     let chunks = 32;
     let mut uncommitted = Vec::new();
     let mut verf = None;

@@ -362,14 +362,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn geo() -> Geometry {
-        Geometry::new(GeometryConfig {
-            capacity: 2 * 4 * 2 * 16384,
-            banks: 2,
-            ways: 2,
-            block_size: 16384,
-            sub_block_size: 4096,
-        })
-        .expect("valid")
+        crate::geometry::tiny_for_tests()
     }
 
     #[test]

@@ -208,6 +208,20 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
+/// The tiny geometry unit tests use: 2 banks x 4 sets x 2 ways of 16 KiB
+/// blocks with 4 KiB sub-blocks, small enough to force evictions.
+#[cfg(test)]
+pub(crate) fn tiny_for_tests() -> Geometry {
+    Geometry::new(GeometryConfig {
+        capacity: 2 * 4 * 2 * 16384,
+        banks: 2,
+        ways: 2,
+        block_size: 16384,
+        sub_block_size: 4096,
+    })
+    .expect("valid")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
