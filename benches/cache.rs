@@ -47,6 +47,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use gvfs::bench::{env_u64, loadavg};
 use gvfs::data::{compare_files, fill_at, write_random_file};
 use gvfs::libnfs::CopyClient;
 use gvfs::nfsclient::NfsClient;
@@ -780,20 +781,4 @@ fn med_range(v: &[f64]) -> String {
 fn pct(v: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
     v[rank.clamp(1, v.len()) - 1]
-}
-
-fn loadavg() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".to_owned())
-}
-
-fn env_u64(key: &str, default: u64) -> Result<u64> {
-    match std::env::var(key) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .with_context(|| format!("{key}={v:?} is not a number")),
-        Err(_) => Ok(default),
-    }
 }

@@ -44,6 +44,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use gvfs::bench::{env_u64, loadavg};
 use gvfs::data::{compare_files, write_random_file};
 use gvfs::libnfs::CopyClient;
 use gvfs::process;
@@ -112,8 +113,8 @@ struct Sample {
 
 fn main() -> Result<()> {
     let bench_mode = std::env::args().any(|a| a == "--bench");
-    let mib = env_or("GVFS_BENCH_MIB", if bench_mode { 1024 } else { SMOKE_MIB })?;
-    let reps = env_or(
+    let mib = env_u64("GVFS_BENCH_MIB", if bench_mode { 1024 } else { SMOKE_MIB })?;
+    let reps = env_u64(
         "GVFS_BENCH_REPS",
         if bench_mode { 3 } else { SMOKE_REPS as u64 },
     )? as usize;
@@ -412,24 +413,6 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
-/// The first three fields of /proc/loadavg (other load on the machine
-/// skews the figures; the bench reports it).
-fn loadavg() -> String {
-    fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".to_owned())
-}
-
-fn env_or(key: &str, default: u64) -> Result<u64> {
-    match std::env::var(key) {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .with_context(|| format!("{key}={v:?} is not a number")),
-        Err(_) => Ok(default),
     }
 }
 

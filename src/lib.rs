@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod data;
 pub mod ganesha;
 pub mod libnfs;

@@ -1,0 +1,22 @@
+//! Small helpers the benchmarks share.
+
+use anyhow::{Context, Result};
+
+/// The first three fields of /proc/loadavg: other load on the machine
+/// skews the figures, so the benchmarks report it.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+/// A number from the environment variable `key`, or `default` when unset.
+pub fn env_u64(key: &str, default: u64) -> Result<u64> {
+    match std::env::var(key) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .with_context(|| format!("{key}={v:?} is not a number")),
+        Err(_) => Ok(default),
+    }
+}
