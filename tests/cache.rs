@@ -144,6 +144,89 @@ async fn kill_9_after_commit_loses_no_committed_byte() -> Result<()> {
     Ok(())
 }
 
+async fn write_at(c: &NfsClient, fh: &nfs_fh3, offset: u64, data: &[u8]) -> Result<()> {
+    let r = c
+        .call(NfsRequest::Write(WRITE3args {
+            file: fh.clone(),
+            offset,
+            count: data.len() as u32,
+            stable: stable_how::UNSTABLE,
+            data: Opaque::owned(data.to_vec()),
+        }))
+        .await?;
+    ensure!(
+        r.status() == nfsstat3::NFS3_OK,
+        "WRITE at {offset}: {:?}",
+        r.status()
+    );
+    Ok(())
+}
+
+/// Small writes inside a file that is not cached need no READ upstream, and
+/// the size the client wrote (trailing zeros included) survives a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_writes_need_no_read_and_their_size_survives_a_crash() -> Result<()> {
+    let g = Ganesha::start()?;
+    let cache = tempfile::tempdir()?;
+    let f = g.export_dir().join("part.bin");
+    write_random_file(&f, 9, MIB)?;
+    let mut want = std::fs::read(&f)?;
+    let mut p = cached(&g, cache.path(), &["--no-writeback-on-exit"])?;
+    let c = NfsClient::of_proxy(&p, Duration::from_secs(5)).await?;
+    let fh = c.resolve("part.bin").await?.context("part.bin")?;
+    let edits: [(u64, Vec<u8>); 4] = [
+        (12_345, vec![0xAB; 100]),
+        (12_445, vec![0xCD; 7]),
+        (70_001, vec![0xEF; 5000]),
+        // Past the end, ending in zeros: the file grows to MIB + 3005.
+        (MIB + 5, vec![0; 3000]),
+    ];
+    for (off, data) in &edits {
+        write_at(&c, &fh, *off, data).await?;
+        let end = *off as usize + data.len();
+        if want.len() < end {
+            want.resize(end, 0);
+        }
+        want[*off as usize..end].copy_from_slice(data);
+    }
+    let r = c
+        .call(NfsRequest::Commit(COMMIT3args {
+            file: fh.clone(),
+            offset: 0,
+            count: 0,
+        }))
+        .await?;
+    ensure!(r.status() == nfsstat3::NFS3_OK, "COMMIT: {:?}", r.status());
+    let stats = p.cache_stats()?;
+    ensure!(
+        n(&stats, "fetched_bytes") == 0,
+        "partial writes read from upstream: {stats}"
+    );
+    p.kill();
+    let p = cached(&g, cache.path(), &[])?;
+    let c = NfsClient::of_proxy(&p, Duration::from_secs(5)).await?;
+    let fh = c.resolve("part.bin").await?.context("part.bin")?;
+    let size = match c
+        .call(NfsRequest::Getattr(GETATTR3args { object: fh.clone() }))
+        .await?
+    {
+        gvfs_nfs::NfsReply::Getattr(Nfs3Result::Ok(ok)) => ok.obj_attributes.size,
+        other => anyhow::bail!("GETATTR after the restart: {:?}", other.status()),
+    };
+    ensure!(
+        size == want.len() as u64,
+        "size {size} after the crash, want {}",
+        want.len()
+    );
+    ensure!(
+        nfs_cat(&p.url("part.bin"))? == want,
+        "read through the cache after the crash"
+    );
+    p.write_back()?;
+    compare_file_with(&want, &f).context("upstream after write-back")?;
+    Ok(())
+}
+
 #[test]
 fn a_tiny_cache_evicts_and_writes_dirty_victims_back() -> Result<()> {
     let g = Ganesha::start()?;

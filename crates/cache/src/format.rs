@@ -1,5 +1,5 @@
 //! The on-disk format of a bank file (`bank-NNN.gvfs`). All integers are
-//! little-endian. Format version 1.
+//! little-endian. Format version 2.
 //!
 //! ```text
 //! bank file
@@ -47,13 +47,23 @@
 //!   80          8 LRU stamp
 //!   88          8 generation (per frame, +1 on every tag write)
 //!   96          4 n (must match the geometry)
-//!  100          4 zero
+//!  100          4 dirty end: where the last dirty write into the block ended
+//!                 (bytes from the block's start, <= block size; 0 when the
+//!                 block holds no dirty data), so a crash keeps the file size
+//!                 the client wrote, trailing zeros included
 //!  104          B valid bitmap (bit i = sub-block i)
-//!  104+B        B dirty bitmap (subset of valid)
+//!  104+B        B dirty bitmap (subset of valid | partial)
 //!  104+2B       B committed bitmap (subset of dirty): dirty sub-blocks whose
 //!                 content was durable at the last sync
-//!  104+3B     4*n CRC32 of each valid sub-block's data (0 if invalid)
-//!  104+3B+4n    4 CRC32 of the slot bytes before it
+//!  104+3B       B partial bitmap (subset of dirty, disjoint from valid):
+//!                 sub-blocks of which only the extent below is known, the
+//!                 bytes a client wrote (the rest is upstream's, not cached)
+//!  104+4B     4*n CRC32 of each valid sub-block's data, or of a partial
+//!                 sub-block's extent bytes (0 otherwise)
+//!  104+4B+4n  8*n extent of each partial sub-block: u32 start, u32 end
+//!                 (bytes inside the sub-block, start < end <= sub-block
+//!                 size; both 0 unless partial)
+//!  104+4B+12n   4 CRC32 of the slot bytes before it
 //! ```
 //! The slot length is rounded up to a multiple of 64 bytes; padding is zero.
 
@@ -65,7 +75,7 @@ pub const BANK_MAGIC: [u8; 8] = *b"GVFSBANK";
 /// Tag magic.
 pub const TAG_MAGIC: [u8; 4] = *b"GVTG";
 /// Current format version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes reserved for the header at the start of each bank.
 pub const HEADER_REGION: u64 = 4096;
 /// Bytes of the header actually written.
@@ -227,7 +237,7 @@ impl BankLayout {
     pub(crate) fn new(geo: &Geometry) -> BankLayout {
         let n = geo.sub_blocks_per_block();
         let bitmap_len = n.div_ceil(8) as usize;
-        let tag_len = (TAG_FIXED + 3 * bitmap_len + 4 * n as usize + 4).next_multiple_of(64);
+        let tag_len = (TAG_FIXED + 4 * bitmap_len + 12 * n as usize + 4).next_multiple_of(64);
         let frames = geo.frames_per_bank();
         let block_size = u64::from(geo.block_size());
         let data_offset =
@@ -263,10 +273,14 @@ pub(crate) struct Tag {
     pub(crate) block: u64,
     pub(crate) lru: u64,
     pub(crate) generation: u64,
+    pub(crate) dirty_end: u32,
     pub(crate) valid: SubBlockMask,
     pub(crate) dirty: SubBlockMask,
     pub(crate) committed: SubBlockMask,
+    pub(crate) partial: SubBlockMask,
     pub(crate) crcs: Vec<u32>,
+    /// Per sub-block `(start, end)` inside it; `(0, 0)` unless partial.
+    pub(crate) extents: Vec<(u32, u32)>,
 }
 
 /// Why a tag slot holds no usable tag.
@@ -291,16 +305,22 @@ impl Tag {
         out[80..88].copy_from_slice(&self.lru.to_le_bytes());
         out[88..96].copy_from_slice(&self.generation.to_le_bytes());
         out[96..100].copy_from_slice(&(n as u32).to_le_bytes());
+        out[100..104].copy_from_slice(&self.dirty_end.to_le_bytes());
         let f = TAG_FIXED;
         self.valid.to_bytes(&mut out[f..f + bl]);
         self.dirty.to_bytes(&mut out[f + bl..f + 2 * bl]);
         self.committed.to_bytes(&mut out[f + 2 * bl..f + 3 * bl]);
-        let crc_off = f + 3 * bl;
+        self.partial.to_bytes(&mut out[f + 3 * bl..f + 4 * bl]);
+        let crc_off = f + 4 * bl;
+        let ext_off = crc_off + 4 * n;
         for i in 0..n {
             let c = self.crcs.get(i).copied().unwrap_or(0);
             out[crc_off + 4 * i..crc_off + 4 * i + 4].copy_from_slice(&c.to_le_bytes());
+            let (lo, hi) = self.extents.get(i).copied().unwrap_or((0, 0));
+            out[ext_off + 8 * i..ext_off + 8 * i + 4].copy_from_slice(&lo.to_le_bytes());
+            out[ext_off + 8 * i + 4..ext_off + 8 * i + 8].copy_from_slice(&hi.to_le_bytes());
         }
-        let end = crc_off + 4 * n;
+        let end = ext_off + 8 * n;
         let crc = crc32fast::hash(&out[..end]);
         out[end..end + 4].copy_from_slice(&crc.to_le_bytes());
     }
@@ -317,8 +337,9 @@ impl Tag {
         let n = layout.sub_blocks as usize;
         let bl = layout.bitmap_len;
         let f = TAG_FIXED;
-        let crc_off = f + 3 * bl;
-        let end = crc_off + 4 * n;
+        let crc_off = f + 4 * bl;
+        let ext_off = crc_off + 4 * n;
+        let end = ext_off + 8 * n;
         if b[0..4] != TAG_MAGIC || crc32fast::hash(&b[..end]) != u32_at(b, end) {
             return Err(TagError::Corrupt);
         }
@@ -327,7 +348,7 @@ impl Tag {
             || b[5..8] != [0; 3]
             || b[8 + fh_len..72].iter().any(|&x| x != 0)
             || u32_at(b, 96) as usize != n
-            || u32_at(b, 100) != 0
+            || u64::from(u32_at(b, 100)) > layout.block_size
             || b[end + 4..].iter().any(|&x| x != 0)
         {
             return Err(TagError::Corrupt);
@@ -337,20 +358,43 @@ impl Tag {
         let dirty =
             SubBlockMask::from_bytes(&b[f + bl..f + 2 * bl], n32).ok_or(TagError::Corrupt)?;
         let committed =
-            SubBlockMask::from_bytes(&b[f + 2 * bl..crc_off], n32).ok_or(TagError::Corrupt)?;
-        if !valid.contains_all(dirty) || !dirty.contains_all(committed) {
+            SubBlockMask::from_bytes(&b[f + 2 * bl..f + 3 * bl], n32).ok_or(TagError::Corrupt)?;
+        let partial =
+            SubBlockMask::from_bytes(&b[f + 3 * bl..crc_off], n32).ok_or(TagError::Corrupt)?;
+        if !valid.or(partial).contains_all(dirty)
+            || !dirty.contains_all(committed)
+            || !dirty.contains_all(partial)
+            || !valid.and(partial).is_empty()
+        {
             return Err(TagError::Corrupt);
         }
+        let sbs = (layout.block_size / u64::from(n32)) as u32;
         let crcs: Vec<u32> = (0..n).map(|i| u32_at(b, crc_off + 4 * i)).collect();
+        let mut extents = Vec::with_capacity(n);
+        for i in 0..n {
+            let e = (u32_at(b, ext_off + 8 * i), u32_at(b, ext_off + 8 * i + 4));
+            let ok = if partial.contains(i as u32) {
+                e.0 < e.1 && e.1 <= sbs
+            } else {
+                e == (0, 0)
+            };
+            if !ok {
+                return Err(TagError::Corrupt);
+            }
+            extents.push(e);
+        }
         Ok(Tag {
             fh: b[8..8 + fh_len].to_vec(),
             block: u64_at(b, 72),
             lru: u64_at(b, 80),
             generation: u64_at(b, 88),
+            dirty_end: u32_at(b, 100),
             valid,
             dirty,
             committed,
+            partial,
             crcs,
+            extents,
         })
     }
 }
@@ -368,8 +412,8 @@ mod tests {
     #[test]
     fn layout_is_block_aligned() {
         let l = BankLayout::new(&geo());
-        assert_eq!(l.tag_len, 128);
-        assert_eq!(l.tag_offset(3, 1), HEADER_REGION + 7 * 128);
+        assert_eq!(l.tag_len, 192);
+        assert_eq!(l.tag_offset(3, 1), HEADER_REGION + 7 * 192);
         assert_eq!(l.data_offset % 16384, 0);
         assert!(l.data_offset >= HEADER_REGION + l.tag_table_len());
         assert_eq!(l.file_len(), l.data_offset + 8 * 16384);
@@ -383,7 +427,7 @@ mod tests {
         .expect("valid");
         let l = BankLayout::new(&g);
         assert_eq!(l.tag_len % 64, 0);
-        assert!(l.tag_len >= TAG_FIXED + 3 * 32 + 4 * 256 + 4);
+        assert!(l.tag_len >= TAG_FIXED + 4 * 32 + 12 * 256 + 4);
     }
 
     #[test]
@@ -405,33 +449,45 @@ mod tests {
     fn arb_tag() -> impl Strategy<Value = Tag> {
         (
             proptest::collection::vec(any::<u8>(), 0..=64),
-            (any::<u64>(), any::<u64>()),
+            (any::<u64>(), any::<u64>(), 0u32..=16384),
             any::<u64>(),
-            0u8..16,
+            (0u8..16, 0u8..16),
             any::<u8>(),
             any::<u8>(),
             proptest::collection::vec(any::<u32>(), 4),
+            proptest::collection::vec((0u32..4095, 1u32..4096), 4),
         )
-            .prop_map(|(fh, (block, generation), lru, v, d, c, mut crcs)| {
-                let valid = mask4(v);
-                let dirty = mask4(d).and(valid);
-                let committed = mask4(c).and(dirty);
-                for (i, crc) in crcs.iter_mut().enumerate() {
-                    if !valid.contains(i as u32) {
-                        *crc = 0;
+            .prop_map(
+                |(fh, (block, generation, dirty_end), lru, (v, p), d, c, mut crcs, ext)| {
+                    let valid = mask4(v);
+                    let partial = mask4(p).without(valid);
+                    let dirty = mask4(d).and(valid).or(partial);
+                    let committed = mask4(c).and(dirty);
+                    let mut extents = vec![(0, 0); 4];
+                    for (i, crc) in crcs.iter_mut().enumerate() {
+                        let i32 = i as u32;
+                        if partial.contains(i32) {
+                            let (a, len) = ext[i];
+                            extents[i] = (a, (a + len).min(4096).max(a + 1));
+                        } else if !valid.contains(i32) {
+                            *crc = 0;
+                        }
                     }
-                }
-                Tag {
-                    fh,
-                    block,
-                    lru,
-                    generation,
-                    valid,
-                    dirty,
-                    committed,
-                    crcs,
-                }
-            })
+                    Tag {
+                        fh,
+                        block,
+                        lru,
+                        generation,
+                        dirty_end,
+                        valid,
+                        dirty,
+                        committed,
+                        partial,
+                        crcs,
+                        extents,
+                    }
+                },
+            )
     }
 
     fn mask4(bits: u8) -> SubBlockMask {
@@ -478,7 +534,7 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 128)) {
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 192)) {
             let l = BankLayout::new(&geo());
             let _ = Tag::decode(&l, &bytes);
             let _ = Header::decode(&bytes);

@@ -10,7 +10,11 @@
 //! * **WRITE** under [`WritePolicy::WriteBack`] goes to the store dirty and
 //!   is answered UNSTABLE with the store's persistent verifier; COMMIT makes
 //!   the store durable (fsync) and answers the same verifier (RFC 1813
-//!   section 3.3.7). Dirty data reaches upstream only through
+//!   section 3.3.7). A WRITE never waits for a read from upstream: bytes
+//!   that cover part of an uncached sub-block are kept as that sub-block's
+//!   extent (see [`crate::store`]); only a later write leaving a gap inside
+//!   such a sub-block fills its block first. Blocks wholly past upstream's
+//!   end of file are zeros and never fetched. Dirty data reaches upstream only through
 //!   [`CacheLayer::write_back`] (or when a full set needs a frame). Until
 //!   then GETATTR, LOOKUP, READ and WRITE report the size and mtime the
 //!   client wrote. Under [`WritePolicy::WriteThrough`] a WRITE goes
@@ -26,9 +30,9 @@
 //!
 //! What the cache does not know after a restart: the attributes it last saw
 //! (so a change made upstream while the proxy was down is only noticed at
-//! the next change), and the exact size written to a file whose dirty data
-//! was recovered; the size is then taken as the end of the last non-zero
-//! byte of dirty data, or upstream's size if larger.
+//! the next change). The size of a file whose dirty data was recovered is
+//! where the last dirty write into its last dirty block ended (kept in the
+//! block's tag, trailing zeros included), or upstream's size if larger.
 
 mod attrs;
 mod writeback;
@@ -758,7 +762,7 @@ impl CacheLayer {
                     for (b, o, n, at, f) in wanted {
                         let dst = &mut data[at..at + n];
                         if !s.read_into(&key, b, o, dst)? {
-                            compose_into(&f, s.dirty_data(&key, b)?.as_ref(), o, dst);
+                            compose_into(&f, s.dirty_overlay(&key, b)?.as_ref(), o, dst);
                         }
                     }
                     Ok(data)
@@ -857,8 +861,14 @@ impl CacheLayer {
         let bs = self.block_size();
         let start = block * bs;
         let mut data: Vec<u8> = Vec::new();
-        let mut eof = false;
-        while (data.len() as u64) < bs {
+        // A block wholly past upstream's end reads as zeros: no READ.
+        let past_end = self
+            .files()
+            .get(fh)
+            .and_then(|st| st.upstream.as_ref())
+            .is_some_and(|a| a.size <= start);
+        let mut eof = past_end;
+        while !eof && (data.len() as u64) < bs {
             let want = (bs - data.len() as u64) as u32;
             match self
                 .up_read(&cx, fh, start + data.len() as u64, want)
@@ -1486,20 +1496,18 @@ fn compose_into(f: &Fetched, dirty: Option<&DirtyData>, offset: u32, out: &mut [
     }
 }
 
-/// Where the dirty data of a block ends, not counting trailing zeros (the
-/// padding of the last sub-block), as a file offset.
+/// Where the dirty data of a block ends as a file offset: where the last
+/// dirty write into it ended, as its tag recorded (trailing zeros
+/// included), or the end of its last dirty run if the tag has no such end.
 fn recovered_end(dd: &DirtyData, block_size: u64) -> u64 {
-    let base = dd.block * block_size;
-    dd.extents
-        .iter()
-        .rev()
-        .find_map(|e| {
-            e.data
-                .iter()
-                .rposition(|&b| b != 0)
-                .map(|p| base + u64::from(e.offset) + p as u64 + 1)
-        })
-        .unwrap_or(0)
+    let end = match dd.end {
+        0 => dd
+            .extents
+            .last()
+            .map_or(0, |e| u64::from(e.offset) + e.data.len() as u64),
+        n => u64::from(n),
+    };
+    dd.block * block_size + end
 }
 
 impl NfsService for CacheLayer {

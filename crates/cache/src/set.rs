@@ -29,7 +29,16 @@ pub(crate) struct Frame {
     /// `(file handle, block index)` held, or `None` when empty.
     pub(crate) key: Option<(FileHandle, u64)>,
     pub(crate) valid: SubBlockMask,
+    /// Dirty sub-blocks: valid ones, and all partial ones.
     pub(crate) dirty: SubBlockMask,
+    /// Sub-blocks of which only `extents[i]` is held (client bytes; the rest
+    /// is upstream's and not cached). Disjoint from `valid`.
+    pub(crate) partial: SubBlockMask,
+    /// Per sub-block `(start, end)` of a partial sub-block's bytes; `(0, 0)`
+    /// otherwise.
+    pub(crate) extents: Vec<(u32, u32)>,
+    /// Where the last dirty write into the block ended (0 when clean).
+    pub(crate) dirty_end: u32,
     /// Committed bits the next tag write records.
     pub(crate) committed: SubBlockMask,
     /// Committed bits of the tag as of the last sync: what a crash could
@@ -52,6 +61,7 @@ impl Frame {
     pub(crate) fn empty(sub_blocks: u32) -> Frame {
         Frame {
             crcs: vec![0; sub_blocks as usize],
+            extents: vec![(0, 0); sub_blocks as usize],
             dirty_seq: vec![0; sub_blocks as usize],
             ..Frame::default()
         }
@@ -61,13 +71,41 @@ impl Frame {
         self.key.is_none()
     }
 
+    /// Whether the frame holds nothing worth keeping (no valid or partial
+    /// sub-block).
+    pub(crate) fn holds_nothing(&self) -> bool {
+        self.valid.is_empty() && self.partial.is_empty()
+    }
+
+    /// The dirty bytes as ranges inside the block, ascending, coalesced.
+    pub(crate) fn dirty_ranges(&self, sub_block_size: u32) -> Vec<std::ops::Range<u32>> {
+        let mut out: Vec<std::ops::Range<u32>> = Vec::new();
+        for sb in self.dirty.iter() {
+            let base = sb * sub_block_size;
+            let r = if self.partial.contains(sb) {
+                let (a, b) = self.extents[sb as usize];
+                base + a..base + b
+            } else {
+                base..base + sub_block_size
+            };
+            match out.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => out.push(r),
+            }
+        }
+        out
+    }
+
     /// Forgets the content, keeping `durable_committed` (disk still has it).
     pub(crate) fn clear(&mut self) {
         self.key = None;
         self.valid = SubBlockMask::EMPTY;
         self.dirty = SubBlockMask::EMPTY;
+        self.partial = SubBlockMask::EMPTY;
+        self.dirty_end = 0;
         self.committed = SubBlockMask::EMPTY;
         self.crcs.iter_mut().for_each(|c| *c = 0);
+        self.extents.iter_mut().for_each(|e| *e = (0, 0));
         self.dirty_seq.iter_mut().for_each(|c| *c = 0);
         self.lru = 0;
     }
@@ -89,10 +127,14 @@ pub(crate) enum Victim {
 }
 
 /// LRU replacement inside one set (`frames` are its ways). Empty frames win,
-/// then clean ones (those needing no sync first), and dirty frames are never
-/// chosen for reuse.
+/// then clean ones (those needing no sync first; an emptied frame whose
+/// durable tag still claims committed data needs one too), and dirty frames
+/// are never chosen for reuse.
 pub(crate) fn choose_victim(frames: &[Frame]) -> Victim {
-    if let Some(w) = frames.iter().position(Frame::is_empty) {
+    if let Some(w) = frames
+        .iter()
+        .position(|f| f.is_empty() && f.durable_committed.is_empty())
+    {
         return Victim::Empty(w);
     }
     let lru_of = |pred: &dyn Fn(&Frame) -> bool| {
@@ -145,6 +187,10 @@ mod tests {
             frame(3, false, true),
             frame(1, true, false),
         ];
+        assert_eq!(choose_victim(&set), Victim::CleanAfterSync(1));
+        let mut emptied = frame(7, false, true);
+        emptied.clear();
+        let set = vec![frame(5, true, false), emptied];
         assert_eq!(choose_victim(&set), Victim::CleanAfterSync(1));
         let set = vec![frame(5, true, false), frame(1, true, false)];
         assert_eq!(choose_victim(&set), Victim::AllDirty(1));

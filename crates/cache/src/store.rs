@@ -35,11 +35,18 @@
 //!
 //! Validity is per sub-block. A write that covers a sub-block only partly
 //! updates it in place if it is already valid (read-modify-write). If it is
-//! not valid, a dirty write is rejected whole with
+//! not valid, a dirty write keeps just the bytes written as the sub-block's
+//! *extent* (the sub-block becomes "partial": dirty, not valid), so a client
+//! writing part of a sub-block never waits for a read from upstream. Later
+//! dirty writes that overlap or touch the extent grow it; one that would
+//! leave a gap inside the sub-block is rejected whole with
 //! [`Error::PartialSubBlockWrite`] (nothing written): the layer above fills
-//! that sub-block from upstream (a clean write) and retries, or writes
-//! through. A clean fill silently skips such sub-blocks, and never overwrites
-//! dirty sub-blocks (the cache's copy is newer than upstream's).
+//! the block from upstream and retries. A clean fill that covers a partial
+//! sub-block merges into it (upstream's bytes around the extent) and makes
+//! it valid and still dirty; otherwise a clean fill skips partial sub-blocks
+//! and never overwrites dirty ones (the cache's copy is newer than
+//! upstream's). Reads treat a partial sub-block as a miss; write-back sends
+//! only its extent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
@@ -124,9 +131,13 @@ pub struct DirtyData {
     pub fh: FileHandle,
     /// Block index in the file.
     pub block: u64,
-    /// Dirty runs, ascending. Whole sub-blocks: the layer clips the last one
-    /// to the file size it knows.
+    /// Dirty runs, ascending: whole sub-blocks and the extents of partial
+    /// ones. The layer clips the last one to the file size it knows.
     pub extents: Vec<DirtyExtent>,
+    /// Where the last dirty write into the block ended (bytes from the
+    /// block's start): the file size the client wrote, if this is its last
+    /// dirty block, trailing zeros included. Persistent.
+    pub end: u32,
     /// Write sequence when taken: `mark_clean` leaves sub-blocks rewritten
     /// after this dirty.
     pub(crate) seq: u64,
@@ -542,12 +553,21 @@ impl BlockStore {
     /// upstream. Syncs first if dirty writes are unsynced, so upstream never
     /// gets data a crash could take back from the cache.
     pub fn dirty_data(&self, fh: &[u8], block: u64) -> Result<Option<DirtyData>> {
-        self.mutate(|inner| inner.dirty_data(fh, block))
+        self.mutate(|inner| inner.dirty_data(fh, block, true))
+    }
+
+    /// The dirty bytes of one block as they are now, without syncing: what
+    /// to lay over upstream's bytes to read a block the cache holds only in
+    /// part. Not for write-back (use [`dirty_data`](Self::dirty_data)).
+    pub fn dirty_overlay(&self, fh: &[u8], block: u64) -> Result<Option<DirtyData>> {
+        self.mutate(|inner| inner.dirty_data(fh, block, false))
     }
 
     /// Marks the sub-blocks of `written` clean after it reached upstream
     /// (and was committed there). Sub-blocks dirtied again since `written`
-    /// was taken stay dirty. Not durable by itself; a crash before the next
+    /// was taken stay dirty, and partial sub-blocks written back are
+    /// forgotten (the cache holds no more of them). Not durable by itself,
+    /// except when it forgets a partial sub-block; a crash before the next
     /// sync only makes the block dirty again (written back twice, harmless).
     pub fn mark_clean(&self, written: &DirtyData) -> Result<()> {
         self.mutate(|inner| inner.mark_clean(written))
@@ -581,7 +601,12 @@ impl BlockStore {
         for f in g.frames.iter().filter(|f| !f.is_empty()) {
             s.frames_in_use += 1;
             s.cached_bytes += u64::from(f.valid.count()) * sbs;
-            s.dirty_bytes += u64::from(f.dirty.count()) * sbs;
+            let dirty: u32 = f
+                .dirty_ranges(g.geo.sub_block_size())
+                .iter()
+                .map(|r| r.end - r.start)
+                .sum();
+            s.dirty_bytes += u64::from(dirty);
         }
         s
     }
@@ -637,6 +662,24 @@ impl BlockStore {
             inner.fsync_all()
         })
     }
+}
+
+/// What a write does to one sub-block it touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Covered whole: the data replaces it.
+    Whole,
+    /// Valid and partly covered: read, update, write.
+    Update,
+    /// A clean fill covering a partial sub-block: upstream's bytes around
+    /// the extent, which is kept.
+    Merge,
+    /// Not cached, partly covered by a dirty write: becomes partial with
+    /// this extent.
+    Extent(u32, u32),
+    /// Partial, and the dirty write overlaps or touches its extent: the
+    /// extent grows to this.
+    Grow(u32, u32),
 }
 
 impl Inner {
@@ -712,10 +755,13 @@ impl Inner {
             block,
             lru: frame.lru,
             generation: frame.generation,
+            dirty_end: frame.dirty_end,
             valid: frame.valid,
             dirty: frame.dirty,
             committed: frame.committed,
+            partial: frame.partial,
             crcs: frame.crcs.clone(),
+            extents: frame.extents.clone(),
         }
         .encode(&self.layout, &mut buf);
         frame.written_slot = Some(slot);
@@ -795,6 +841,7 @@ impl Inner {
                 let Ok(mut tag) = slots[usize::from(newest)].clone() else {
                     continue;
                 };
+                let older = slots[usize::from(1 - newest)].clone().ok();
                 // Only the current copy's committed bits count: an older
                 // copy's may have been cleared by a durable mark_clean
                 // before the frame was reused.
@@ -804,7 +851,7 @@ impl Inner {
                     f.generation = tag.generation;
                     f.durable_slot = newest;
                 }
-                if tag.valid.is_empty() {
+                if tag.valid.is_empty() && tag.partial.is_empty() {
                     continue;
                 }
                 let set = self.geo.set_index(&tag.fh, tag.block);
@@ -820,18 +867,46 @@ impl Inner {
                         .storage
                         .read_at(&mut block_buf, off)
                         .ctx("reading frame data")?;
-                    for sb in tag.valid.iter().collect::<Vec<_>>() {
+                    for sb in tag.valid.or(tag.partial).iter().collect::<Vec<_>>() {
                         let i = sb as usize;
-                        let crc = crc32fast::hash(&block_buf[i * sbs..(i + 1) * sbs]);
+                        let (a, b) = if tag.partial.contains(sb) {
+                            let (a, b) = tag.extents[i];
+                            (a as usize, b as usize)
+                        } else {
+                            (0, sbs)
+                        };
+                        let crc = crc32fast::hash(&block_buf[i * sbs + a..i * sbs + b]);
                         if crc == tag.crcs[i] {
                             continue;
                         }
                         changed = true;
+                        // A clean fill merging into a committed partial
+                        // sub-block whose data write did not land: its
+                        // extent, which the merge rewrote unchanged, is
+                        // intact; the durable tag still describes it.
+                        let was_partial = older.as_ref().and_then(|o| {
+                            let (a, b) = o.extents[i];
+                            (o.fh == tag.fh
+                                && o.block == tag.block
+                                && o.partial.contains(sb)
+                                && !tag.partial.contains(sb)
+                                && crc32fast::hash(
+                                    &block_buf[i * sbs + a as usize..i * sbs + b as usize],
+                                ) == o.crcs[i])
+                                .then_some(((a, b), o.crcs[i]))
+                        });
                         if committed.contains(sb) {
                             report.torn_committed_kept += 1;
-                            tag.crcs[i] = crc;
-                            tag.dirty.insert(sb);
-                            tag.committed.insert(sb);
+                            if let Some((extent, crc)) = was_partial {
+                                tag.valid.remove(sb);
+                                tag.partial.insert(sb);
+                                tag.extents[i] = extent;
+                                tag.crcs[i] = crc;
+                            } else {
+                                tag.crcs[i] = crc;
+                                tag.dirty.insert(sb);
+                                tag.committed.insert(sb);
+                            }
                         } else {
                             if tag.dirty.contains(sb) {
                                 report.dirty_sub_blocks_lost += 1;
@@ -841,13 +916,18 @@ impl Inner {
                             tag.valid.remove(sb);
                             tag.dirty.remove(sb);
                             tag.committed.remove(sb);
+                            tag.partial.remove(sb);
+                            tag.extents[i] = (0, 0);
                         }
                     }
                 }
                 for (i, c) in tag.crcs.iter_mut().enumerate() {
-                    if !tag.valid.contains(i as u32) {
+                    if !tag.valid.or(tag.partial).contains(i as u32) {
                         *c = 0;
                     }
+                }
+                if tag.dirty.is_empty() {
+                    tag.dirty_end = 0;
                 }
                 // Two tags for one block (cannot happen unless corrupt): keep
                 // the more recently used.
@@ -865,7 +945,7 @@ impl Inner {
                     report.frames_recovered -= 1;
                 }
                 self.clock = self.clock.max(tag.lru + 1);
-                if tag.valid.is_empty() {
+                if tag.valid.is_empty() && tag.partial.is_empty() {
                     self.write_tag(id)?;
                     continue;
                 }
@@ -875,6 +955,9 @@ impl Inner {
                 f.valid = tag.valid;
                 f.dirty = tag.dirty;
                 f.committed = tag.committed;
+                f.partial = tag.partial;
+                f.extents = tag.extents;
+                f.dirty_end = tag.dirty_end;
                 f.durable_committed = committed;
                 f.crcs = tag.crcs;
                 f.lru = tag.lru;
@@ -924,12 +1007,7 @@ impl Inner {
         DirtyBlock {
             fh,
             block,
-            ranges: f
-                .dirty
-                .runs()
-                .into_iter()
-                .map(|r| r.start * sbs..r.end * sbs)
-                .collect(),
+            ranges: f.dirty_ranges(sbs),
         }
     }
 
@@ -999,22 +1077,35 @@ impl Inner {
         let len = data.len() as u32;
         let sbs = self.geo.sub_block_size();
         let existing = self.lookup(fh, block);
-        let (valid, dirty) = existing
-            .map(|id| (self.frames[id].valid, self.frames[id].dirty))
+        let (valid, dirty, partial) = existing
+            .map(|id| {
+                let f = &self.frames[id];
+                (f.valid, f.dirty, f.partial)
+            })
             .unwrap_or_default();
-        // (sub-block, partially covered)
-        let mut plan: Vec<(u32, bool)> = Vec::new();
+        let mut plan: Vec<(u32, Step)> = Vec::new();
         for sb in self.geo.sub_blocks_touched(offset, len) {
-            let full = offset <= sb * sbs && offset + len >= (sb + 1) * sbs;
-            match mode {
-                WriteMode::Clean if dirty.contains(sb) || (!full && !valid.contains(sb)) => {
-                    continue;
+            let lo = offset.max(sb * sbs) - sb * sbs;
+            let hi = (offset + len).min((sb + 1) * sbs) - sb * sbs;
+            let full = lo == 0 && hi == sbs;
+            let step = match mode {
+                WriteMode::Clean if partial.contains(sb) && full => Step::Merge,
+                WriteMode::Clean if dirty.contains(sb) => continue,
+                WriteMode::Clean | WriteMode::Dirty if full => Step::Whole,
+                _ if valid.contains(sb) => Step::Update,
+                WriteMode::Clean => continue,
+                WriteMode::Dirty if partial.contains(sb) => {
+                    let (a, b) = existing
+                        .map(|id| self.frames[id].extents[sb as usize])
+                        .unwrap_or_default();
+                    if lo > b || hi < a {
+                        return Err(Error::PartialSubBlockWrite { sub_block: sb });
+                    }
+                    Step::Grow(a.min(lo), b.max(hi))
                 }
-                WriteMode::Dirty if !full && !valid.contains(sb) => {
-                    return Err(Error::PartialSubBlockWrite { sub_block: sb });
-                }
-                _ => plan.push((sb, !full)),
-            }
+                WriteMode::Dirty => Step::Extent(lo, hi),
+            };
+            plan.push((sb, step));
         }
         if plan.is_empty() {
             return Ok(WriteOutcome::Stored);
@@ -1032,6 +1123,7 @@ impl Inner {
             self.seq += 1;
         }
         // Write each run of consecutive planned sub-blocks with one call.
+        let sbu = sbs as usize;
         let mut i = 0;
         while i < plan.len() {
             let mut j = i + 1;
@@ -1040,16 +1132,23 @@ impl Inner {
             }
             let first = plan[i].0;
             let run_start = first * sbs;
-            let mut buf = vec![0u8; (j - i) * sbs as usize];
+            let mut buf = vec![0u8; (j - i) * sbu];
             let (b, pos) = self.data_pos(id, first);
-            for &(sb, partial) in &plan[i..j] {
-                if partial {
-                    let at = ((sb - first) * sbs) as usize;
+            // Bytes a merge keeps: (position in `buf`, the extent's bytes).
+            let mut kept: Vec<(usize, Vec<u8>)> = Vec::new();
+            for &(sb, step) in &plan[i..j] {
+                let at = ((sb - first) * sbs) as usize;
+                if matches!(step, Step::Update | Step::Merge | Step::Grow(..)) {
                     let (_, sb_pos) = self.data_pos(id, sb);
                     self.banks[b]
                         .storage
-                        .read_at(&mut buf[at..at + sbs as usize], sb_pos)
+                        .read_at(&mut buf[at..at + sbu], sb_pos)
                         .ctx("reading a sub-block to update")?;
+                }
+                if step == Step::Merge {
+                    let (x, y) = self.frames[id].extents[sb as usize];
+                    let (x, y) = (at + x as usize, at + y as usize);
+                    kept.push((x, buf[x..y].to_vec()));
                 }
             }
             let run_end = run_start + buf.len() as u32;
@@ -1057,6 +1156,9 @@ impl Inner {
             let hi = (offset + len).min(run_end);
             buf[(lo - run_start) as usize..(hi - run_start) as usize]
                 .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
+            for (x, bytes) in kept {
+                buf[x..x + bytes.len()].copy_from_slice(&bytes);
+            }
             self.banks[b]
                 .storage
                 .write_at(&buf, pos)
@@ -1064,52 +1166,69 @@ impl Inner {
             self.banks[b].unsynced_io = true;
             let seq = self.seq;
             let f = &mut self.frames[id];
-            for (k, &(sb, _)) in plan[i..j].iter().enumerate() {
-                let chunk = &buf[k * sbs as usize..(k + 1) * sbs as usize];
-                f.crcs[sb as usize] = crc32fast::hash(chunk);
-                f.valid.insert(sb);
+            for (k, &(sb, step)) in plan[i..j].iter().enumerate() {
+                let chunk = &buf[k * sbu..(k + 1) * sbu];
+                let s = sb as usize;
+                match step {
+                    Step::Extent(x, y) | Step::Grow(x, y) => {
+                        f.crcs[s] = crc32fast::hash(&chunk[x as usize..y as usize]);
+                        f.partial.insert(sb);
+                        f.extents[s] = (x, y);
+                    }
+                    Step::Whole | Step::Update | Step::Merge => {
+                        f.crcs[s] = crc32fast::hash(chunk);
+                        f.valid.insert(sb);
+                        f.partial.remove(sb);
+                        f.extents[s] = (0, 0);
+                    }
+                }
                 if mode == WriteMode::Dirty {
                     f.dirty.insert(sb);
-                    f.dirty_seq[sb as usize] = seq;
+                    f.dirty_seq[s] = seq;
                 }
             }
             i = j;
         }
         let now = self.tick();
-        self.frames[id].lru = now;
+        let f = &mut self.frames[id];
+        f.lru = now;
+        if mode == WriteMode::Dirty {
+            f.dirty_end = f.dirty_end.max(offset + len);
+        }
         self.write_tag(id)?;
         Ok(WriteOutcome::Stored)
     }
 
-    fn dirty_data(&mut self, fh: &[u8], block: u64) -> Result<Option<DirtyData>> {
+    fn dirty_data(&mut self, fh: &[u8], block: u64, sync: bool) -> Result<Option<DirtyData>> {
         let Some(id) = self.lookup(fh, block) else {
             return Ok(None);
         };
         if self.frames[id].dirty.is_empty() {
             return Ok(None);
         }
-        if self
-            .banks
-            .iter()
-            .any(|b| b.header.sync == SyncState::DirtyUnsynced)
+        if sync
+            && self
+                .banks
+                .iter()
+                .any(|b| b.header.sync == SyncState::DirtyUnsynced)
         {
             self.sync()?;
         }
         let sbs = self.geo.sub_block_size();
-        let (b, _) = self.locate(id);
+        let (b, base) = self.data_pos(id, 0);
         let mut extents = Vec::new();
-        for r in self.frames[id].dirty.runs() {
-            let mut data = vec![0u8; ((r.end - r.start) * sbs) as usize];
-            let (_, pos) = self.data_pos(id, r.start);
+        for r in self.frames[id].dirty_ranges(sbs) {
+            let mut data = vec![0u8; (r.end - r.start) as usize];
             self.banks[b]
                 .storage
-                .read_at(&mut data, pos)
+                .read_at(&mut data, base + u64::from(r.start))
                 .ctx("reading dirty data")?;
             extents.push(DirtyExtent {
-                offset: r.start * sbs,
+                offset: r.start,
                 data,
             });
         }
+        let end = self.frames[id].dirty_end;
         let (fh, block) = self.frames[id]
             .key
             .clone()
@@ -1118,6 +1237,7 @@ impl Inner {
             fh,
             block,
             extents,
+            end,
             seq: self.seq,
         }))
     }
@@ -1142,30 +1262,68 @@ impl Inner {
         }
         f.dirty = f.dirty.without(clean);
         f.committed = f.committed.and(f.dirty);
-        self.write_tag(id)
-    }
-
-    /// Drops `drop` sub-blocks of frame `id` (and the frame if none is left).
-    fn drop_sub_blocks(&mut self, id: usize, drop: SubBlockMask) -> Result<u64> {
-        let f = &mut self.frames[id];
-        let drop = drop.and(f.valid);
-        if drop.is_empty() {
-            return Ok(0);
-        }
-        f.valid = f.valid.without(drop);
-        f.dirty = f.dirty.without(drop);
-        f.committed = f.committed.and(f.dirty);
-        for sb in drop.iter() {
+        // A partial sub-block written back is upstream's now, and the cache
+        // holds none of it beyond what it wrote: forget it.
+        let forgotten = f.partial.and(clean);
+        for sb in forgotten.iter() {
             f.crcs[sb as usize] = 0;
+            f.extents[sb as usize] = (0, 0);
         }
-        if f.valid.is_empty() {
+        f.partial = f.partial.without(clean);
+        if f.dirty.is_empty() {
+            f.dirty_end = 0;
+        }
+        if f.holds_nothing() {
             if let Some((fh, block)) = f.key.take() {
                 self.unindex(&fh, block);
             }
             self.frames[id].clear();
         }
         self.write_tag(id)?;
-        Ok(u64::from(drop.count()) * u64::from(self.geo.sub_block_size()))
+        if !forgotten.is_empty() {
+            // The durable tag still claims the forgotten extent as committed
+            // dirty data; a later write may reuse its bytes, so make the
+            // forgetting durable first (once or twice per file: partial
+            // sub-blocks are at the edges of writes).
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Drops `drop` sub-blocks of frame `id` (and the frame if none is left).
+    fn drop_sub_blocks(&mut self, id: usize, drop: SubBlockMask) -> Result<u64> {
+        let f = &mut self.frames[id];
+        let drop = drop.and(f.valid.or(f.partial));
+        if drop.is_empty() {
+            return Ok(0);
+        }
+        let sbs = self.geo.sub_block_size();
+        let bytes: u64 = drop
+            .iter()
+            .map(|sb| {
+                let (a, b) = f.extents[sb as usize];
+                u64::from(if f.partial.contains(sb) { b - a } else { sbs })
+            })
+            .sum();
+        f.valid = f.valid.without(drop);
+        f.dirty = f.dirty.without(drop);
+        f.partial = f.partial.without(drop);
+        f.committed = f.committed.and(f.dirty);
+        for sb in drop.iter() {
+            f.crcs[sb as usize] = 0;
+            f.extents[sb as usize] = (0, 0);
+        }
+        if f.dirty.is_empty() {
+            f.dirty_end = 0;
+        }
+        if f.holds_nothing() {
+            if let Some((fh, block)) = f.key.take() {
+                self.unindex(&fh, block);
+            }
+            self.frames[id].clear();
+        }
+        self.write_tag(id)?;
+        Ok(bytes)
     }
 
     fn invalidate(&mut self, fh: &[u8], force: bool) -> Result<u64> {
@@ -1178,7 +1336,7 @@ impl Inner {
         for id in ids {
             let f = &self.frames[id];
             let drop = if force {
-                f.valid
+                f.valid.or(f.partial)
             } else {
                 f.valid.without(f.dirty)
             };
@@ -1210,14 +1368,32 @@ impl Inner {
             let keep = cut.div_ceil(sbs);
             self.drop_sub_blocks(id, SubBlockMask::range(keep..n))?;
             let straddling = cut / sbs;
-            if !cut.is_multiple_of(sbs) && self.frames[id].valid.contains(straddling) {
+            let from = cut % sbs;
+            let f = &self.frames[id];
+            if from != 0 && f.partial.contains(straddling) {
+                let (a, b) = f.extents[straddling as usize];
+                if a >= from {
+                    self.drop_sub_blocks(id, SubBlockMask::range(straddling..straddling + 1))?;
+                } else if b > from {
+                    let (bk, pos) = self.data_pos(id, straddling);
+                    let mut buf = vec![0u8; (from - a) as usize];
+                    self.banks[bk]
+                        .storage
+                        .read_at(&mut buf, pos + u64::from(a))
+                        .ctx("reading a sub-block to truncate")?;
+                    let f = &mut self.frames[id];
+                    f.extents[straddling as usize] = (a, from);
+                    f.crcs[straddling as usize] = crc32fast::hash(&buf);
+                    self.write_tag(id)?;
+                }
+            } else if from != 0 && f.valid.contains(straddling) {
                 let (b, pos) = self.data_pos(id, straddling);
                 let mut buf = vec![0u8; sbs as usize];
                 self.banks[b]
                     .storage
                     .read_at(&mut buf, pos)
                     .ctx("reading a sub-block to truncate")?;
-                let from = (cut % sbs) as usize;
+                let from = from as usize;
                 if buf[from..].iter().any(|&x| x != 0) {
                     buf[from..].fill(0);
                     self.banks[b]
@@ -1227,6 +1403,11 @@ impl Inner {
                     self.frames[id].crcs[straddling as usize] = crc32fast::hash(&buf);
                     self.write_tag(id)?;
                 }
+            }
+            let f = &mut self.frames[id];
+            if f.dirty_end > cut {
+                f.dirty_end = cut;
+                self.write_tag(id)?;
             }
         }
         // Always sync: an eviction not yet durable could otherwise bring
@@ -1314,39 +1495,74 @@ mod tests {
     #[test]
     fn partial_sub_block_rule() {
         let (s, _) = open(&mems());
-        let e = s
-            .write(FH, 0, 100, &[1; 10], WriteMode::Dirty)
-            .expect_err("partial");
-        assert!(matches!(e, Error::PartialSubBlockWrite { sub_block: 0 }));
+        // A dirty write into part of an uncached sub-block keeps just its
+        // bytes: dirty, not valid, so a read of it misses.
+        stored(s.write(FH, 0, 100, &[1; 10], WriteMode::Dirty));
         assert_eq!(
             s.valid_sub_blocks(FH, 0).expect("valid"),
             SubBlockMask::EMPTY
         );
-        // A clean partial fill is skipped, a whole sub-block is stored.
-        assert_eq!(
-            s.write(FH, 0, 100, &[1; 10], WriteMode::Clean)
-                .expect("fill"),
-            WriteOutcome::Stored
-        );
         assert_eq!(s.read(FH, 0, 100, 10).expect("read"), None);
-        let w = s
-            .write(FH, 0, 0, &[2; 4096], WriteMode::Clean)
-            .expect("fill");
-        assert_eq!(w, WriteOutcome::Stored);
+        assert_eq!(s.stats().dirty_bytes, 10);
+        let extent = |s: &BlockStore| {
+            let d = s.dirty_data(FH, 0).expect("dirty").expect("some");
+            assert_eq!(
+                d.end,
+                d.extents
+                    .last()
+                    .map_or(0, |e| e.offset + e.data.len() as u32)
+            );
+            d.extents
+                .iter()
+                .map(|e| (e.offset, e.data.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(extent(&s), [(100, vec![1; 10])]);
+        // Touching and overlapping writes grow the extent; a gap is refused
+        // whole.
+        stored(s.write(FH, 0, 110, &[2; 5], WriteMode::Dirty));
+        stored(s.write(FH, 0, 95, &[3; 6], WriteMode::Dirty));
+        let mut want = vec![3u8; 6];
+        want.extend([1; 9]);
+        want.extend([2; 5]);
+        assert_eq!(extent(&s), [(95, want.clone())]);
+        let e = s
+            .write(FH, 0, 200, &[4; 8000], WriteMode::Dirty)
+            .expect_err("gap");
+        assert!(matches!(e, Error::PartialSubBlockWrite { sub_block: 0 }));
+        assert_eq!(extent(&s), [(95, want.clone())]);
+        // A partial clean fill is skipped; a whole one merges around the
+        // extent and makes the sub-block valid, still dirty.
+        stored(s.write(FH, 0, 0, &[7; 50], WriteMode::Clean));
+        assert_eq!(s.read(FH, 0, 0, 1).expect("read"), None);
+        stored(s.write(FH, 0, 0, &[7; 8192], WriteMode::Clean));
+        let got = s.read(FH, 0, 93, 24).expect("read").expect("hit");
+        let mut expect = vec![7u8, 7];
+        expect.extend(&want);
+        expect.extend([7, 7]);
+        assert_eq!(got, expect);
+        assert_eq!(s.read(FH, 0, 4096, 1).expect("read"), Some(vec![7]));
+        let ranges = &s.dirty_blocks(Some(FH)).expect("dirty")[0].ranges;
+        assert_eq!((ranges.len(), &ranges[0]), (1, &(0..4096)));
         // Now a partial dirty write is a read-modify-write.
-        let w = s
-            .write(FH, 0, 100, &[1; 10], WriteMode::Dirty)
-            .expect("rmw");
-        assert_eq!(w, WriteOutcome::Stored);
-        let got = s.read(FH, 0, 98, 14).expect("read").expect("hit");
-        assert_eq!(got, [2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2]);
-        // A clean fill never overwrites dirty data.
-        let w = s
-            .write(FH, 0, 0, &[3; 8192], WriteMode::Clean)
-            .expect("fill");
-        assert_eq!(w, WriteOutcome::Stored);
-        assert_eq!(s.read(FH, 0, 100, 1).expect("read"), Some(vec![1]));
-        assert_eq!(s.read(FH, 0, 4096, 1).expect("read"), Some(vec![3]));
+        stored(s.write(FH, 0, 100, &[5; 2], WriteMode::Dirty));
+        assert_eq!(s.read(FH, 0, 99, 4).expect("read"), Some(vec![3, 5, 5, 1]));
+        // A whole dirty write over a partial sub-block makes it valid.
+        stored(s.write(FH, 1, 10, &[6; 10], WriteMode::Dirty));
+        stored(s.write(FH, 1, 0, &[8; 4096], WriteMode::Dirty));
+        assert_eq!(s.read(FH, 1, 0, 4096).expect("read"), Some(vec![8; 4096]));
+        // Written back, a partial sub-block is forgotten.
+        stored(s.write(FH, 2, 4096 + 7, &[9; 3], WriteMode::Dirty));
+        let d = s.dirty_data(FH, 2).expect("dirty").expect("some");
+        assert_eq!(d.end, 4096 + 10);
+        s.mark_clean(&d).expect("clean");
+        assert!(
+            !s.dirty_blocks(Some(FH))
+                .expect("dirty")
+                .iter()
+                .any(|b| b.block == 2)
+        );
+        assert_eq!(s.dirty_data(FH, 2).expect("dirty"), None);
         assert!(matches!(
             s.write(FH, 0, 16000, &[0; 1000], WriteMode::Clean),
             Err(Error::RangeOutsideBlock { .. })
@@ -1458,6 +1674,41 @@ mod tests {
         assert_eq!(s.verifier(), v);
         assert_eq!(s.read(FH, 1, 0, 16384).expect("read"), Some(vec![4; 16384]));
         assert_eq!(s.dirty_blocks(None).expect("dirty").len(), 1);
+    }
+
+    #[test]
+    fn partial_extents_and_dirty_end_survive_a_crash_and_truncate() {
+        let m = mems();
+        let (s, _) = open(&m);
+        // Trailing zeros written by the client, and a partial extent.
+        stored(s.write(FH, 0, 0, &[0; 4096], WriteMode::Dirty));
+        stored(s.write(FH, 1, 5000, &[6; 20], WriteMode::Dirty));
+        s.sync().expect("sync");
+        drop(s); // crash after the sync (COMMIT): everything kept
+        let (s, r) = open(&m);
+        assert!(!r.verifier_changed && r.dirty_sub_blocks_lost == 0, "{r:?}");
+        let d0 = s.dirty_data(FH, 0).expect("dirty").expect("some");
+        assert_eq!(d0.end, 4096);
+        let d1 = s.dirty_data(FH, 1).expect("dirty").expect("some");
+        assert_eq!(d1.end, 5020);
+        assert_eq!(d1.extents.len(), 1);
+        assert_eq!(
+            (d1.extents[0].offset, &d1.extents[0].data[..]),
+            (5000, &[6u8; 20][..])
+        );
+        // Truncating into the extent clips it and the end.
+        s.truncate(FH, 16384 + 5010).expect("truncate");
+        let d1 = s.dirty_data(FH, 1).expect("dirty").expect("some");
+        assert_eq!((d1.end, d1.extents[0].data.len()), (5010, 10));
+        s.truncate(FH, 16384 + 4999).expect("truncate");
+        assert_eq!(s.dirty_data(FH, 1).expect("dirty"), None);
+        assert!(!s.has_file(b"other").expect("has"));
+        // A torn extent that was not committed is dropped on open.
+        stored(s.write(FH, 2, 100, &[1; 10], WriteMode::Dirty));
+        drop(s);
+        let (s, r) = open(&m);
+        assert!(r.verifier_changed, "{r:?}");
+        assert!(s.dirty_data(FH, 2).expect("dirty").is_some());
     }
 
     #[test]

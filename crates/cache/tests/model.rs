@@ -186,8 +186,9 @@ impl Harness {
             .expect("fill")
     }
 
-    /// A client WRITE through a minimal layer: fill partial sub-blocks from
-    /// upstream, write back when the set is all dirty, retry.
+    /// A client WRITE through a minimal layer: fill the block from upstream
+    /// when a write would leave a gap in a partial sub-block, write back
+    /// when the set is all dirty, retry.
     fn client_write(&mut self, file: u8, offset: usize, data: &[u8]) {
         let mut pos = 0;
         while pos < data.len() {
@@ -246,10 +247,29 @@ impl Harness {
                             got == want,
                             "cache hit differs: file {file} block {block} sub-block {sb}"
                         ),
-                        None => assert!(
-                            &self.upstream[&file][at..at + SUB as usize] == want,
-                            "miss, and upstream differs: file {file} block {block} sub-block {sb}"
-                        ),
+                        None => {
+                            // What a reader sees: upstream's bytes with the
+                            // dirty bytes of partial sub-blocks laid over.
+                            let mut got = self.upstream[&file][at..at + SUB as usize].to_vec();
+                            let lo = sb * SUB;
+                            let overlay = self
+                                .store()
+                                .dirty_overlay(&fh(file), block)
+                                .expect("dirty_overlay");
+                            for e in overlay.iter().flat_map(|d| &d.extents) {
+                                let end = e.offset + e.data.len() as u32;
+                                let (a, b) = (e.offset.max(lo), end.min(lo + SUB));
+                                if a < b {
+                                    got[(a - lo) as usize..(b - lo) as usize].copy_from_slice(
+                                        &e.data[(a - e.offset) as usize..(b - e.offset) as usize],
+                                    );
+                                }
+                            }
+                            assert!(
+                                got == want,
+                                "miss, and upstream + dirty differs: file {file} block {block} sub-block {sb}"
+                            )
+                        }
                     }
                 }
             }

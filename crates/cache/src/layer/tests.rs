@@ -350,22 +350,52 @@ async fn file_sync_writes_are_durable_before_the_reply() {
 }
 
 #[tokio::test]
-async fn partial_sub_block_writes_fill_from_upstream() {
+async fn partial_sub_block_writes_need_no_upstream_read() {
     let s = setup(WritePolicy::WriteBack, 0);
     let mut content = pattern(5000, 6);
     let fh = s.fake.create("a", &content);
     write(&s.layer, &fh, 1000, b"hello", stable_how::UNSTABLE).await;
-    assert_eq!(s.fake.calls(NfsProc::Read), 1);
-    content[1000..1005].copy_from_slice(b"hello");
-    // Past the end, partly into a sub-block: zeros in between.
+    // Growing the same extent, and a tail past the end of the file.
+    write(&s.layer, &fh, 1005, b", world", stable_how::UNSTABLE).await;
     write(&s.layer, &fh, 9000, b"tail", stable_how::UNSTABLE).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), 0);
+    content[1000..1012].copy_from_slice(b"hello, world");
     let mut expect = content.clone();
     expect.resize(9000, 0);
     expect.extend_from_slice(b"tail");
+    // Write-back sends just the bytes written: upstream's others stay.
+    let report = write_back(&s.layer).await;
+    assert_eq!(report.bytes, 12 + 4);
+    assert_eq!(s.fake.calls(NfsProc::Read), 0);
+    assert_eq!(s.fake.data(&fh), expect);
+}
+
+#[tokio::test]
+async fn reads_merge_partial_sub_blocks_with_upstream() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let mut content = pattern(20_000, 6);
+    let fh = s.fake.create("a", &content);
+    write(&s.layer, &fh, 1000, b"hello", stable_how::UNSTABLE).await;
+    content[1000..1005].copy_from_slice(b"hello");
+    write(&s.layer, &fh, 25_000, b"tail", stable_how::UNSTABLE).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), 0);
+    // A write leaving a gap inside a partial sub-block fills its block
+    // first (block 2, upstream has data there).
+    write(&s.layer, &fh, 17_000, b"x", stable_how::UNSTABLE).await;
+    write(&s.layer, &fh, 17_010, b"y", stable_how::UNSTABLE).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), 1);
+    content[17_000] = b'x';
+    content[17_010] = b'y';
+    let mut expect = content.clone();
+    expect.resize(25_000, 0);
+    expect.extend_from_slice(b"tail");
+    // Blocks 0 and 1 are read and merged; 2 is cached; 3 is past
+    // upstream's end, so zeros under the tail with no READ.
     let (d, eof, a) = read(&s.layer, &fh, 0, 65_536).await;
-    assert_eq!(a.size, 9004);
+    assert_eq!(a.size, 25_004);
     assert!(eof);
     assert_eq!(d, expect);
+    assert_eq!(s.fake.calls(NfsProc::Read), 3);
     write_back(&s.layer).await;
     assert_eq!(s.fake.data(&fh), expect);
 }

@@ -437,6 +437,7 @@ mod tests {
                     data: vec![1; len],
                 })
                 .collect(),
+            end: 0,
             seq: 0,
         }
     }
