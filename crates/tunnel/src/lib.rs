@@ -1,6 +1,23 @@
-//! Mutually authenticated TLS tunnels between gvfs proxies (DESIGN.md,
-//! "between proxies").
+//! Mutually authenticated TLS 1.3 between gvfs proxies (DESIGN.md, "Between
+//! proxies").
 //!
-//! The forwarding foundation needs nothing from it yet: the RPC client in
-//! `gvfs_nfs::client` already runs over any `Connector`, which is where a
-//! TLS connector will plug in.
+//! A site runs its own small certificate authority ([`pki`]): every proxy
+//! holds a node certificate signed by it, usable both to serve and to connect,
+//! because a middle proxy is both. [`tls`] turns the PEM files into rustls
+//! configurations (TLS 1.3 only, the ring provider, client certificates
+//! required between proxies), runs the server handshake with a timeout and
+//! implements `gvfs_nfs::client::Connector` for `gvfs://` upstreams.
+//! [`identity`] maps the name in a verified peer certificate to the
+//! credentials the upstream sees, like GVFS's logical user accounts.
+
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod identity;
+pub mod pki;
+mod read;
+pub mod tls;
+
+pub use error::TunnelError;
+pub use identity::{IdentityMap, Mapping};
+pub use tls::{AcceptError, TlsConnector, TlsFiles, TlsIdentity, accept, peer_name};

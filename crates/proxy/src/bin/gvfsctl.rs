@@ -1,4 +1,5 @@
-//! gvfsctl: control a running gvfs-proxy over its control socket.
+//! gvfsctl: control a running gvfs-proxy over its control socket, and make
+//! the certificates for TLS between proxies (`gvfsctl ca`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +48,50 @@ enum Cmd {
     },
     /// Write back, then drop the cached data; waits until done.
     Flush,
+    /// Make the site CA and node certificates for TLS between proxies
+    /// (runs locally; no proxy needed).
+    Ca {
+        #[command(subcommand)]
+        cmd: CaCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CaCmd {
+    /// Create a site CA: DIR/ca.pem and DIR/ca-key.pem (keep the key private).
+    Init {
+        /// Where to put the CA (created 0700 if missing).
+        dir: PathBuf,
+        /// The CA certificate's common name.
+        #[arg(long, default_value = "gvfs site CA")]
+        name: String,
+        /// Validity in days.
+        #[arg(long, default_value_t = 3650)]
+        days: u32,
+    },
+    /// Issue a node certificate signed by the site CA: OUT/NAME.pem and
+    /// OUT/NAME-key.pem, usable to serve and to connect.
+    Issue {
+        /// The CA directory (made by `gvfsctl ca init`).
+        #[arg(long, value_name = "DIR")]
+        ca: PathBuf,
+        /// The node's name: the certificate CN, which image servers map to
+        /// a uid/gid.
+        #[arg(long)]
+        name: String,
+        /// An IP address the node is reached at (repeatable).
+        #[arg(long = "ip", value_name = "IP")]
+        ips: Vec<String>,
+        /// A DNS name the node is reached at (repeatable).
+        #[arg(long = "dns", value_name = "NAME")]
+        dns: Vec<String>,
+        /// Validity in days.
+        #[arg(long, default_value_t = 825)]
+        days: u32,
+        /// Where to write the files (default: the CA directory).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -82,6 +127,11 @@ fn control_path(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
+    // `gvfsctl ca` works on files only: no control socket to look for.
+    let cmd = match cli.cmd {
+        Cmd::Ca { cmd } => return ca(cmd),
+        cmd => cmd,
+    };
     let path = control_path(cli.control)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -92,7 +142,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             .block_on(gvfs_proxy::control::request(&path, &json!({ "cmd": cmd })))
             .map_err(anyhow::Error::msg)
     };
-    match cli.cmd {
+    match cmd {
         Cmd::Status { json } => {
             let status = ask("status")?;
             if json {
@@ -124,6 +174,55 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         Cmd::Flush => {
             let started = ask("flush")?;
             wait_for_job(&ask, &started)?;
+        }
+        Cmd::Ca { .. } => unreachable!("gvfsctl ca is handled before the control socket lookup"),
+    }
+    Ok(())
+}
+
+/// `gvfsctl ca init|issue`: makes the site CA and node certificates.
+fn ca(cmd: CaCmd) -> anyhow::Result<()> {
+    match cmd {
+        CaCmd::Init { dir, name, days } => {
+            let cert = gvfs_tunnel::pki::init_ca(&dir, &name, days)?;
+            println!("site CA {name:?} created: {}", cert.display());
+            println!(
+                "its key {} signs node certificates; keep it private",
+                dir.join(gvfs_tunnel::pki::CA_KEY_FILE).display()
+            );
+            println!(
+                "next: gvfsctl ca issue --ca {} --name NODE [--ip IP]... [--dns NAME]...",
+                dir.display()
+            );
+        }
+        CaCmd::Issue {
+            ca,
+            name,
+            ips,
+            dns,
+            days,
+            out,
+        } => {
+            let ips = ips
+                .iter()
+                .map(|ip| {
+                    ip.parse::<std::net::IpAddr>()
+                        .with_context(|| format!("--ip {ip:?} is not an IP address"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let out = out.unwrap_or_else(|| ca.clone());
+            let mut opts = gvfs_tunnel::pki::IssueOptions::new(name.clone(), days);
+            opts.ips = ips;
+            opts.dns = dns;
+            let (cert, key) = gvfs_tunnel::pki::issue(&ca, &out, &opts)?;
+            println!("node certificate for {name:?}: {}", cert.display());
+            println!("its key: {}", key.display());
+            println!(
+                "use with: gvfs-proxy --cert {} --key {} --ca {}",
+                cert.display(),
+                key.display(),
+                ca.join(gvfs_tunnel::pki::CA_CERT_FILE).display()
+            );
         }
     }
     Ok(())
