@@ -328,6 +328,36 @@ pub fn reply_start(xid: u32, status: ReplyStatus, capacity: usize) -> Vec<u8> {
     out
 }
 
+/// The verifier body of the reply to an RFC 9289 AUTH_TLS probe.
+pub const STARTTLS: &[u8; 8] = b"STARTTLS";
+
+/// The reply record to an RFC 9289 AUTH_TLS NULL probe (section 4.1): an
+/// accepted, successful reply whose AUTH_NONE verifier carries "STARTTLS",
+/// telling the client to start a TLS handshake on the same connection.
+pub fn starttls_reply(xid: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40);
+    out.extend_from_slice(&[0; 4]);
+    xdr::put_u32(&mut out, xid);
+    xdr::put_u32(&mut out, 1); // REPLY
+    xdr::put_u32(&mut out, 0); // MSG_ACCEPTED
+    xdr::put_u32(&mut out, flavor::NONE);
+    xdr::put_opaque(&mut out, STARTTLS);
+    xdr::put_u32(&mut out, 0); // SUCCESS
+    seal(out)
+}
+
+/// Whether `msg` is an RFC 9289 probe: a NULL call with AUTH_TLS.
+pub fn is_tls_probe(msg: &[u8]) -> Option<u32> {
+    match parse_call(msg) {
+        Err(CallError::UnsupportedFlavor {
+            xid,
+            flavor: flavor::TLS,
+            header: Some((_, _, 0)),
+        }) => Some(xid),
+        _ => None,
+    }
+}
+
 /// Starts an outgoing call record: header space, xid and call header with
 /// `cred`. Append the XDR arguments, then pass it to [`seal`].
 pub fn call_record(xid: u32, prog: u32, vers: u32, proc_: u32, cred: &Credentials) -> Vec<u8> {

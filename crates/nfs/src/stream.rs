@@ -52,6 +52,12 @@ impl<R: AsyncRead + Unpin> RecordStream<R> {
         }
     }
 
+    /// Bytes read from the stream but not yet taken into a record (what
+    /// follows the last record returned, when it ended mid-buffer).
+    pub fn buffered(&self) -> &[u8] {
+        &self.scratch[self.start..self.end]
+    }
+
     /// The next record; `None` when the peer closed cleanly between records.
     /// Cancel-safe only in the sense that dropping it loses the connection.
     pub async fn next(&mut self) -> Result<Option<Vec<u8>>, StreamError> {

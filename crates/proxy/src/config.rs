@@ -28,7 +28,7 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// export = "/export"
 /// control = "/run/gvfs/proxy.sock"
 /// allow_remote = false
-/// upstream_timeout_secs = 120          # 0 = wait forever, like a hard mount
+/// upstream_timeout_secs = 0            # 0 (default) = wait forever, like a hard mount
 /// connect_timeout_secs = 5
 /// max_connections = 256
 /// max_in_flight = 64
@@ -45,6 +45,19 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// readahead_blocks = 32
 /// writeback_on_exit = true
 /// exit_writeback_timeout_secs = 60
+///
+/// # TLS between proxies (certificates from `gvfsctl ca init` / `ca issue`)
+/// listen_tls = "0.0.0.0:20049"         # accept gvfs:// peers here
+/// cert = "/etc/gvfs/node1.pem"
+/// key = "/etc/gvfs/node1-key.pem"
+/// ca = "/etc/gvfs/ca.pem"
+/// handshake_timeout_secs = 10
+/// unknown_peers = "squash"             # peers with no rule below
+/// nobody = [65534, 65534]              # uid, gid of squashed calls
+/// [peers]                              # certificate name = mapping
+/// site-a = "fixed:1000:1000"           # every call as uid 1000, gid 1000
+/// site-b = "range:20000-29999"         # caller's uid/gid if inside, else nobody
+/// lan-proxy = "pass"                   # caller's credentials unchanged
 /// ```
 #[derive(Debug, Default, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +102,22 @@ pub struct FileConfig {
     pub writeback_on_exit: Option<bool>,
     /// Longest write-back on exit; what is left stays dirty for next start.
     pub exit_writeback_timeout_secs: Option<u64>,
+    /// Address of the TLS listener for gvfs:// peers.
+    pub listen_tls: Option<String>,
+    /// This node's certificate (PEM).
+    pub cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    pub key: Option<PathBuf>,
+    /// The site CA's certificate (PEM).
+    pub ca: Option<PathBuf>,
+    /// Longest TLS handshake, in seconds.
+    pub handshake_timeout_secs: Option<u64>,
+    /// Identity mapping per peer certificate name.
+    pub peers: Option<std::collections::BTreeMap<String, String>>,
+    /// Mapping of peers with no rule.
+    pub unknown_peers: Option<String>,
+    /// uid and gid of squashed calls.
+    pub nobody: Option<(u32, u32)>,
 }
 
 impl FileConfig {
@@ -129,6 +158,20 @@ impl FileConfig {
             exit_writeback_timeout_secs: other
                 .exit_writeback_timeout_secs
                 .or(self.exit_writeback_timeout_secs),
+            listen_tls: other.listen_tls.or(self.listen_tls),
+            cert: other.cert.or(self.cert),
+            key: other.key.or(self.key),
+            ca: other.ca.or(self.ca),
+            handshake_timeout_secs: other.handshake_timeout_secs.or(self.handshake_timeout_secs),
+            peers: match (self.peers, other.peers) {
+                (Some(mut a), Some(b)) => {
+                    a.extend(b);
+                    Some(a)
+                }
+                (a, b) => b.or(a),
+            },
+            unknown_peers: other.unknown_peers.or(self.unknown_peers),
+            nobody: other.nobody.or(self.nobody),
         }
     }
 }
@@ -190,6 +233,93 @@ pub struct Config {
     pub cache: Option<CacheSettings>,
     /// Where to serve Prometheus metrics, when configured.
     pub metrics: Option<SocketAddr>,
+    /// TLS: this node's certificate and how peers are mapped, when set.
+    pub tls: Option<TlsSettings>,
+}
+
+/// Validated TLS settings.
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    /// Certificate, key and CA files.
+    pub files: gvfs_tunnel::TlsFiles,
+    /// Where to accept gvfs:// peers, if anywhere.
+    pub listen: Option<SocketAddr>,
+    /// Identity mapping of peers.
+    pub map: gvfs_tunnel::IdentityMap,
+    /// Longest TLS handshake.
+    pub handshake_timeout: Duration,
+}
+
+fn tls_settings(f: &FileConfig) -> Result<Option<TlsSettings>, ConfigError> {
+    let files = match (&f.cert, &f.key, &f.ca) {
+        (Some(cert), Some(key), Some(ca)) => gvfs_tunnel::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        },
+        (None, None, None) => {
+            let needs = if f.listen_tls.is_some() {
+                Some("--listen-tls")
+            } else if f
+                .upstream
+                .as_deref()
+                .is_some_and(|u| u.starts_with("gvfs://"))
+            {
+                Some("a gvfs:// upstream")
+            } else {
+                None
+            };
+            if let Some(what) = needs {
+                return Err(ConfigError::Invalid(format!(
+                    "{what} needs --cert, --key and --ca (make them with `gvfsctl ca init` and `gvfsctl ca issue`)"
+                )));
+            }
+            return Ok(None);
+        }
+        _ => {
+            return Err(ConfigError::Invalid(
+                "--cert, --key and --ca go together: give all three".into(),
+            ));
+        }
+    };
+    let listen = match &f.listen_tls {
+        Some(l) => Some(l.parse::<SocketAddr>().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "bad TLS listen address {l:?}: expected IP:PORT, e.g. 0.0.0.0:20049"
+            ))
+        })?),
+        None => None,
+    };
+    let mut map = gvfs_tunnel::IdentityMap::default();
+    for (name, m) in f.peers.iter().flatten() {
+        let mapping = m
+            .parse()
+            .map_err(|e| ConfigError::Invalid(format!("bad mapping for peer {name:?}: {e}")))?;
+        map.peers.insert(name.clone(), mapping);
+    }
+    if let Some(u) = &f.unknown_peers {
+        map.unknown = u
+            .parse()
+            .map_err(|e| ConfigError::Invalid(format!("bad unknown_peers mapping: {e}")))?;
+    }
+    if let Some(n) = f.nobody {
+        map.nobody = n;
+    }
+    let handshake_timeout = match f.handshake_timeout_secs {
+        Some(0) => {
+            return Err(ConfigError::Invalid(
+                "handshake_timeout_secs must be at least 1".into(),
+            ));
+        }
+        Some(s) => Duration::from_secs(s),
+        None => Duration::from_secs(10),
+    };
+    Ok(Some(TlsSettings {
+        files,
+        listen,
+        map,
+        handshake_timeout,
+    }))
 }
 
 /// A validated block cache configuration.
@@ -291,6 +421,7 @@ impl Config {
     /// Validates `f`, filling in defaults.
     pub fn from_file_config(f: FileConfig) -> Result<Self, ConfigError> {
         let cache = cache_settings(&f)?;
+        let tls = tls_settings(&f)?;
         let metrics = match &f.metrics {
             Some(m) => {
                 let addr: SocketAddr = m.parse().map_err(|_| {
@@ -356,16 +487,18 @@ impl Config {
             upstream,
             export,
             control: f.control,
+            // Like a hard mount unless told otherwise: an outage delays
+            // clients instead of failing their calls.
             upstream_timeout: match f.upstream_timeout_secs {
-                Some(0) => None,
+                Some(0) | None => None,
                 Some(s) => Some(Duration::from_secs(s)),
-                None => Some(Duration::from_secs(120)),
             },
             connect_timeout,
             limits,
             drain_timeout: Duration::from_secs(f.drain_timeout_secs.unwrap_or(10)),
             cache,
             metrics,
+            tls,
         })
     }
 }

@@ -3,20 +3,40 @@
 //!
 //! Clients resend a call with the same xid when a reply is slow or the
 //! connection drops; running a REMOVE twice would turn success into
-//! NFS3ERR_NOENT. Entries are keyed by the caller's address (without the
-//! port, which changes on reconnect), xid, procedure and a checksum of the
-//! arguments, and the cache never holds more than its capacity.
+//! NFS3ERR_NOENT. Entries are keyed by the caller's identity (the name in
+//! its TLS certificate, else its address without the port, which changes on
+//! reconnect), xid, procedure and a checksum of the arguments, and the cache
+//! never holds more than its capacity.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Who sent a call, as far as retransmission matching cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerId {
+    /// Not over a socket (tests, internal calls).
+    Unknown,
+    /// A plain connection: the caller's IP address.
+    Addr(IpAddr),
+    /// A TLS peer with a verified certificate: a hash of its name, so a
+    /// tunnel that reconnects from another address still matches.
+    Cert(u64),
+}
+
+impl PeerId {
+    /// The identity of a certificate name.
+    pub fn cert(name: &str) -> PeerId {
+        PeerId::Cert(checksum(name.as_bytes()))
+    }
+}
+
 /// Identifies one call for retransmission matching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DrcKey {
-    /// Caller's IP address (or another caller identity mapped to one).
-    pub peer: Option<IpAddr>,
+    /// The caller.
+    pub peer: PeerId,
     /// The call's xid.
     pub xid: u32,
     /// Program and procedure.
@@ -28,7 +48,7 @@ pub struct DrcKey {
 
 impl DrcKey {
     /// Builds a key, checksumming `args`.
-    pub fn new(peer: Option<IpAddr>, xid: u32, prog: u32, proc_: u32, args: &[u8]) -> Self {
+    pub fn new(peer: PeerId, xid: u32, prog: u32, proc_: u32, args: &[u8]) -> Self {
         Self {
             peer,
             xid,
@@ -191,7 +211,7 @@ mod tests {
     use std::sync::Arc;
 
     fn key(xid: u32, args: &[u8]) -> DrcKey {
-        DrcKey::new(Some([127, 0, 0, 1].into()), xid, 100_003, 12, args)
+        DrcKey::new(PeerId::Addr([127, 0, 0, 1].into()), xid, 100_003, 12, args)
     }
 
     #[test]

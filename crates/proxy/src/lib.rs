@@ -34,7 +34,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, UpstreamChoice};
 use crate::front::FrontEnd;
-use crate::server::ServerStats;
+use crate::server::{Security, ServerStats, TlsSide};
 use crate::upstream::UpstreamUrl;
 use crate::upstream::dir::DirUpstream;
 use crate::upstream::nfs::{NfsUpstream, UpstreamTimeouts};
@@ -79,6 +79,9 @@ pub enum ProxyError {
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    /// The TLS certificate, key or CA could not be used.
+    #[error("{0}")]
+    Tls(#[from] gvfs_tunnel::TunnelError),
 }
 
 fn bind_hint(e: &std::io::Error) -> &'static str {
@@ -105,6 +108,10 @@ pub struct Ready {
     pub upstream: String,
     /// The block cache's directory, when there is one.
     pub cache: Option<String>,
+    /// The TLS listener for gvfs:// peers, when there is one.
+    pub tls_addr: Option<SocketAddr>,
+    /// This node's certificate name, when TLS is configured.
+    pub tls_name: Option<String>,
 }
 
 /// The bottom layer of the stack, and the RPC client when it has one.
@@ -113,7 +120,11 @@ struct Bottom {
     client: Option<RpcClient>,
 }
 
-async fn build_upstream(cfg: &Config) -> Result<Bottom, ProxyError> {
+async fn build_upstream(cfg: &Config, tls: Option<&TlsSide>) -> Result<Bottom, ProxyError> {
+    let timeouts = UpstreamTimeouts {
+        connect: cfg.connect_timeout,
+        give_up_after: cfg.upstream_timeout,
+    };
     match &cfg.upstream {
         UpstreamChoice::Sample(dir) => {
             make_sample(dir).map_err(|source| ProxyError::Sample {
@@ -129,14 +140,18 @@ async fn build_upstream(cfg: &Config) -> Result<Bottom, ProxyError> {
             service: Arc::new(DirUpstream::open(dir)?),
             client: None,
         }),
-        UpstreamChoice::Url(UpstreamUrl::Nfs(url)) => {
-            let up = NfsUpstream::new(
-                url.clone(),
-                UpstreamTimeouts {
-                    connect: cfg.connect_timeout,
-                    give_up_after: cfg.upstream_timeout,
-                },
-            );
+        UpstreamChoice::Url(url @ (UpstreamUrl::Nfs(_) | UpstreamUrl::Gvfs(_))) => {
+            let up = match (url, tls) {
+                (UpstreamUrl::Gvfs(u), Some(tls)) => {
+                    NfsUpstream::tls(u, &tls.identity, timeouts, tls.handshake_timeout)?
+                }
+                (UpstreamUrl::Nfs(u), _) => NfsUpstream::new(u.clone(), timeouts),
+                _ => {
+                    return Err(ProxyError::Upstream(ServiceError::Local(
+                        "a gvfs:// upstream needs --cert, --key and --ca".into(),
+                    )));
+                }
+            };
             // Fail fast with a clear error rather than serve a dead upstream.
             let cx = CallContext::with_cred(Credentials::unix(0, 0));
             let deadline = cfg.connect_timeout * 2;
@@ -185,7 +200,18 @@ pub async fn run(
     shutdown: CancellationToken,
     on_ready: impl FnOnce(&Ready),
 ) -> Result<(), ProxyError> {
-    let bottom = build_upstream(&cfg).await?;
+    let tls = match &cfg.tls {
+        Some(t) => {
+            let identity = gvfs_tunnel::TlsIdentity::load(&t.files)?;
+            Some(Arc::new(TlsSide {
+                identity,
+                map: Arc::new(t.map.clone()),
+                handshake_timeout: t.handshake_timeout,
+            }))
+        }
+        None => None,
+    };
+    let bottom = build_upstream(&cfg, tls.as_deref()).await?;
     let cache = match &cfg.cache {
         Some(c) => Some(open_cache(c, bottom.service.clone()).await?),
         None => None,
@@ -204,6 +230,18 @@ pub async fn run(
         addr: cfg.listen,
         source,
     })?;
+    let tls_listener = match (&tls, cfg.tls.as_ref().and_then(|t| t.listen)) {
+        (Some(side), Some(at)) => {
+            let l = TcpListener::bind(at)
+                .await
+                .map_err(|source| ProxyError::Bind { addr: at, source })?;
+            let bound = l
+                .local_addr()
+                .map_err(|source| ProxyError::Bind { addr: at, source })?;
+            Some((l, bound, side.clone()))
+        }
+        _ => None,
+    };
     let front = Arc::new(FrontEnd::new(
         service.clone(),
         cfg.export.clone(),
@@ -221,6 +259,8 @@ pub async fn run(
         control: control_path.clone(),
         upstream: service.describe(),
         cache: cfg.cache.as_ref().map(|c| c.dir.display().to_string()),
+        tls_addr: tls_listener.as_ref().map(|(_, a, _)| *a),
+        tls_name: tls.as_ref().map(|t| t.identity.name().to_string()),
     };
     let jobs = Arc::new(writeback::Jobs::default());
     if let Some(layer) = &cache {
@@ -255,8 +295,21 @@ pub async fn run(
     on_ready(&ready);
 
     let tasks = TaskTracker::new();
+    let tls_task = tls_listener.map(|(l, at, side)| {
+        tracing::info!(%at, name = side.identity.name(), "accepting gvfs:// peers over TLS");
+        tokio::spawn(server::serve(
+            l,
+            Security::Tls(side),
+            front.clone(),
+            cfg.limits,
+            stats.clone(),
+            shutdown.clone(),
+            tasks.clone(),
+        ))
+    });
     server::serve(
         listener,
+        Security::Plain { starttls: tls },
         front,
         cfg.limits,
         stats,
@@ -264,6 +317,9 @@ pub async fn run(
         tasks.clone(),
     )
     .await;
+    if let Some(t) = tls_task {
+        let _ = t.await;
+    }
     shutdown::drain(&tasks, cfg.drain_timeout).await;
     if let (Some(layer), Some(settings)) = (&cache, &cfg.cache) {
         write_back_on_exit(layer, &jobs, settings).await;
@@ -386,6 +442,8 @@ impl StatusSource {
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),
             "listen": self.ready.addr.to_string(),
+            "listen_tls": self.ready.tls_addr.map(|a| a.to_string()),
+            "tls_name": self.ready.tls_name,
             "export": self.ready.export,
             "upstream": self.ready.upstream,
             "uptime_secs": self.started.elapsed().as_secs(),
@@ -393,6 +451,9 @@ impl StatusSource {
                 "open": load(&self.server.open),
                 "accepted": load(&self.server.accepted),
                 "closed_oversized": load(&self.server.oversized),
+                "tls_accepted": load(&self.server.tls_accepted),
+                "tls_refused": load(&self.server.tls_refused),
+                "starttls": load(&self.server.starttls),
             },
             "nfs_calls": calls,
             "mount_calls": load(&f.mount_calls),

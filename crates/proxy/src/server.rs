@@ -7,21 +7,30 @@
 //! reply queue, and record caps enforced before allocation. On shutdown the
 //! listener stops, readers stop taking new calls, calls in flight finish and
 //! their replies are written, within the drain deadline.
+//!
+//! Security per listener ([`Security`]): plain RPC (optionally upgraded by
+//! the RFC 9289 STARTTLS probe), or TLS 1.3 from the first byte with a
+//! client certificate required (`--listen-tls`, between proxies). A TLS
+//! handshake on a plain port, plain RPC on a TLS port, and any refused
+//! certificate end the connection with one log line; nothing is served.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use gvfs_nfs::record::RecordLimits;
 use gvfs_nfs::stream::{RecordStream, StreamError};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
+use gvfs_tunnel::{IdentityMap, TlsIdentity};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::front::FrontEnd;
+use crate::front::{CredMap, FrontEnd, Peer};
 
 /// Limits of the server edge.
 #[derive(Debug, Clone, Copy)]
@@ -59,12 +68,60 @@ pub struct ServerStats {
     pub accepted: AtomicU64,
     /// Connections closed for exceeding a record cap.
     pub oversized: AtomicU64,
+    /// TLS connections established (on a TLS port or after STARTTLS).
+    pub tls_accepted: AtomicU64,
+    /// Connections refused: failed handshakes, bad or missing
+    /// certificates, plain RPC on a TLS port, TLS on a plain port.
+    pub tls_refused: AtomicU64,
+    /// Plain connections upgraded by the RFC 9289 STARTTLS probe.
+    pub starttls: AtomicU64,
+}
+
+/// TLS settings of a listener.
+pub struct TlsSide {
+    /// Our certificate, key and CA.
+    pub identity: TlsIdentity,
+    /// How authenticated peers' credentials are mapped.
+    pub map: Arc<IdentityMap>,
+    /// Longest TLS handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl TlsSide {
+    /// The peer of a TLS connection from `addr` whose certificate named
+    /// `name`; `map_always` maps even without a certificate (unknown peer).
+    fn peer(&self, addr: SocketAddr, name: Option<String>, map_always: bool) -> Peer {
+        let map: Option<CredMap> = (map_always || name.is_some()).then(|| {
+            let (map, name) = (self.map.clone(), name.clone());
+            Arc::new(move |c: &gvfs_nfs::Credentials| map.map(name.as_deref(), c)) as CredMap
+        });
+        Peer {
+            addr: Some(addr),
+            name: name.map(Arc::from),
+            map,
+        }
+    }
+}
+
+/// How a listener's connections are secured.
+#[derive(Clone)]
+pub enum Security {
+    /// Plain RPC; with `starttls`, a client may switch to TLS with the RFC
+    /// 9289 probe (a client certificate is then optional: without one the
+    /// client is treated as a plain one).
+    Plain {
+        /// TLS settings for STARTTLS, when the proxy has a certificate.
+        starttls: Option<Arc<TlsSide>>,
+    },
+    /// TLS from the first byte, client certificate required.
+    Tls(Arc<TlsSide>),
 }
 
 /// Serves `front` on `listener` until `shutdown` is cancelled, then drains
 /// in-flight calls (tracked by `tasks`) and returns.
 pub async fn serve(
     listener: TcpListener,
+    security: Security,
     front: Arc<FrontEnd>,
     limits: ServerLimits,
     stats: Arc<ServerStats>,
@@ -90,21 +147,18 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let (front, stats, shutdown) = (front.clone(), stats.clone(), shutdown.clone());
-        let conn_tasks = tasks.clone();
+        let conn = Conn {
+            front,
+            limits,
+            shutdown,
+            tasks: tasks.clone(),
+        };
+        let security = security.clone();
         tasks.spawn(async move {
             stats.accepted.fetch_add(1, Ordering::Relaxed);
             stats.open.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, "connection opened");
-            serve_connection(
-                stream,
-                Some(peer),
-                front,
-                limits,
-                &stats,
-                shutdown,
-                conn_tasks,
-            )
-            .await;
+            open_connection(stream, peer, &security, conn, &stats).await;
             stats.open.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(%peer, "connection closed");
             drop(permit);
@@ -112,18 +166,208 @@ pub async fn serve(
     }
 }
 
-/// Serves one connection until EOF, an error, or shutdown.
-pub async fn serve_connection<S>(
-    stream: S,
-    peer: Option<SocketAddr>,
-    front: Arc<FrontEnd>,
-    limits: ServerLimits,
+/// What serving one connection needs besides the stream.
+#[derive(Clone)]
+pub struct Conn {
+    /// The front end calls go to.
+    pub front: Arc<FrontEnd>,
+    /// Limits of the edge.
+    pub limits: ServerLimits,
+    /// Cancelled on shutdown.
+    pub shutdown: CancellationToken,
+    /// Tracks calls in flight, for draining.
+    pub tasks: TaskTracker,
+}
+
+/// Secures a new connection as its listener says, then serves it.
+async fn open_connection(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    security: &Security,
+    conn: Conn,
     stats: &ServerStats,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-) where
+) {
+    let refused = |what: &str, e: &dyn std::fmt::Display| {
+        stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer = %addr, "refused a connection: {what}: {e}");
+    };
+    let starttls = match security {
+        Security::Tls(tls) => {
+            match gvfs_tunnel::accept(stream, tls.identity.server_config(), tls.handshake_timeout)
+                .await
+            {
+                Ok((s, name)) => {
+                    stats.tls_accepted.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(peer = %addr, name = name.as_deref().unwrap_or("?"), "TLS peer connected");
+                    let peer = tls.peer(addr, name, true);
+                    serve_connection(s, peer, conn, stats).await;
+                }
+                Err(e) => refused("TLS listener", &e),
+            }
+            return;
+        }
+        Security::Plain { starttls } => starttls,
+    };
+    let first = match sniff(&mut stream, conn.limits).await {
+        Ok(f) => f,
+        Err(Sniffed::TlsHello) => {
+            refused(
+                "plain port",
+                &"a TLS handshake arrived; connect to the --listen-tls port, or send the RFC 9289 STARTTLS probe first",
+            );
+            return;
+        }
+        Err(Sniffed::Oversized(e)) => {
+            stats.oversized.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(peer = %addr, error = %e, "closing connection");
+            return;
+        }
+        Err(Sniffed::Closed) => return,
+    };
+    // RFC 9289: a NULL call with AUTH_TLS as the first call asks to switch.
+    if let (Some(tls), Some(xid)) = (starttls, gvfs_nfs::rpc::is_tls_probe(&first.record))
+        && first.rest.is_empty()
+    {
+        let reply = gvfs_nfs::rpc::starttls_reply(xid);
+        match tokio::time::timeout(conn.limits.write_timeout, stream.write_all(&reply)).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+        match gvfs_tunnel::accept(
+            stream,
+            tls.identity.starttls_config(),
+            tls.handshake_timeout,
+        )
+        .await
+        {
+            Ok((s, name)) => {
+                stats.starttls.fetch_add(1, Ordering::Relaxed);
+                stats.tls_accepted.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(peer = %addr, name = name.as_deref().unwrap_or("-"), "client switched to TLS (RFC 9289)");
+                let peer = tls.peer(addr, name, false);
+                serve_connection(s, peer, conn, stats).await;
+            }
+            Err(e) => refused("STARTTLS", &e),
+        }
+        return;
+    }
+    let mut replay = gvfs_nfs::record::frame(first.record.len()).to_vec();
+    replay.extend_from_slice(&first.record);
+    replay.extend_from_slice(&first.rest);
+    let stream = Prefixed {
+        prefix: replay,
+        at: 0,
+        inner: stream,
+    };
+    serve_connection(stream, Peer::plain(Some(addr)), conn, stats).await;
+}
+
+/// The first record of a plain connection and what was read after it.
+struct First {
+    record: Vec<u8>,
+    rest: Vec<u8>,
+}
+
+/// Why a plain connection ended before its first record.
+enum Sniffed {
+    /// The first byte starts a TLS record (a ClientHello).
+    TlsHello,
+    /// A record cap was exceeded.
+    Oversized(gvfs_nfs::record::RecordError),
+    /// EOF, an error, or the idle timeout.
+    Closed,
+}
+
+/// TLS records start with content type 22 (handshake); a record mark
+/// starting with that byte would announce a fragment of more than 350 MiB,
+/// beyond any cap, so the two cannot be confused.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Reads the first record of a plain connection, noticing a TLS handshake.
+async fn sniff(stream: &mut TcpStream, limits: ServerLimits) -> Result<First, Sniffed> {
+    let mut b = [0u8; 1];
+    match tokio::time::timeout(limits.idle_timeout, stream.peek(&mut b)).await {
+        Ok(Ok(1)) if b[0] == TLS_HANDSHAKE => return Err(Sniffed::TlsHello),
+        Ok(Ok(1)) => {}
+        _ => return Err(Sniffed::Closed),
+    }
+    let mut records = RecordStream::new(&mut *stream, limits.records);
+    match tokio::time::timeout(limits.idle_timeout, records.next()).await {
+        Ok(Ok(Some(record))) => Ok(First {
+            rest: records.buffered().to_vec(),
+            record,
+        }),
+        Ok(Err(StreamError::Record(e))) => Err(Sniffed::Oversized(e)),
+        _ => Err(Sniffed::Closed),
+    }
+}
+
+/// A stream that first yields `prefix` (bytes already read from `inner`).
+struct Prefixed<S> {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.at < this.prefix.len() {
+            let n = buf.remaining().min(this.prefix.len() - this.at);
+            buf.put_slice(&this.prefix[this.at..this.at + n]);
+            this.at += n;
+            if this.at == this.prefix.len() {
+                this.prefix = Vec::new();
+                this.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Serves one connection until EOF, an error, or shutdown.
+pub async fn serve_connection<S>(stream: S, peer: Peer, conn: Conn, stats: &ServerStats)
+where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
+    let Conn {
+        front,
+        limits,
+        shutdown,
+        tasks,
+    } = conn;
+    let peer = Arc::new(peer);
     let (rd, mut wr) = tokio::io::split(stream);
     let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
     let (reply_tx, mut reply_rx) = mpsc::channel::<Vec<u8>>(limits.max_in_flight.max(1));
@@ -147,15 +391,15 @@ pub async fn serve_connection<S>(
                 Ok(Ok(None)) => break,
                 Ok(Err(StreamError::Record(e))) => {
                     stats.oversized.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(?peer, error = %e, "closing connection");
+                    tracing::warn!(peer = ?peer.addr, error = %e, "closing connection");
                     break;
                 }
                 Ok(Err(e)) => {
-                    tracing::debug!(?peer, error = %e, "connection ended");
+                    tracing::debug!(peer = ?peer.addr, error = %e, "connection ended");
                     break;
                 }
                 Err(_) => {
-                    tracing::debug!(?peer, "idle connection closed");
+                    tracing::debug!(peer = ?peer.addr, "idle connection closed");
                     break;
                 }
             },
@@ -163,9 +407,9 @@ pub async fn serve_connection<S>(
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };
-        let (front, tx) = (front.clone(), reply_tx.clone());
+        let (front, tx, peer) = (front.clone(), reply_tx.clone(), peer.clone());
         tasks.spawn(async move {
-            if let Some(reply) = front.handle(&rec, peer).await {
+            if let Some(reply) = front.handle(&rec, &peer).await {
                 let _ = tx.send(reply).await;
             }
             drop(permit);

@@ -16,6 +16,9 @@ UPSTREAM URLS:
   dir:PATH                                  serve a local directory (the embedded origin)
   nfs://HOST[:PORT]/EXPORT[?mountport=N]    forward to an NFSv3 server or another gvfs-proxy;
                                             ports not given are asked of HOST's portmapper
+  gvfs://HOST:PORT[/EXPORT][?name=NAME]     another gvfs-proxy's --listen-tls port, over mutually
+                                            authenticated TLS 1.3 (needs --cert, --key, --ca;
+                                            NAME: the server certificate's name if not HOST)
 
 With no --upstream and no config file, the proxy serves ./gvfs-sample (created with sample
 files) so you can try it at once.
@@ -28,7 +31,19 @@ EXAMPLES:
   gvfs-proxy --listen 127.0.0.1:2049 --upstream dir:/srv/images
   gvfs-proxy --listen 127.0.0.2:111 --upstream nfs://filer/export --export /images
   gvfs-proxy --upstream nfs://filer/export --cache-dir /var/cache/gvfs/vm1 --cache-size 8G
-  gvfs-proxy --config /etc/gvfs/proxy.toml";
+  gvfs-proxy --config /etc/gvfs/proxy.toml
+
+TLS BETWEEN PROXIES:
+  gvfsctl ca init /etc/gvfs/ca
+  gvfsctl ca issue --ca /etc/gvfs/ca --name image-server --ip 10.0.0.1
+  gvfsctl ca issue --ca /etc/gvfs/ca --name node1
+  # on the image server:
+  gvfs-proxy --upstream dir:/srv/images --listen-tls 0.0.0.0:20049 \\
+      --cert /etc/gvfs/ca/image-server.pem --key /etc/gvfs/ca/image-server-key.pem \\
+      --ca /etc/gvfs/ca/ca.pem --map-peer node1=fixed:1000:1000
+  # on a compute node:
+  gvfs-proxy --upstream gvfs://10.0.0.1:20049/export --cache-dir /var/cache/gvfs \\
+      --cert /etc/gvfs/ca/node1.pem --key /etc/gvfs/ca/node1-key.pem --ca /etc/gvfs/ca/ca.pem";
 
 #[derive(Debug, Parser)]
 #[command(name = "gvfs-proxy", version, about = ABOUT, after_help = AFTER_HELP)]
@@ -60,7 +75,8 @@ struct Cli {
     allow_remote: bool,
 
     /// Give up on an upstream call after SECS and report an I/O error to the
-    /// client; 0 waits forever like a hard mount [default: 120].
+    /// client; 0 waits forever like a hard mount, so an upstream outage only
+    /// delays clients [default: 0].
     #[arg(long, value_name = "SECS")]
     upstream_timeout: Option<u64>,
 
@@ -124,11 +140,49 @@ struct Cli {
     /// Longest write-back on exit [default: 60].
     #[arg(long, value_name = "SECS", help_heading = "Block cache")]
     exit_writeback_timeout: Option<u64>,
+
+    /// Accept gvfs:// peers (other proxies) over TLS 1.3 here; they must
+    /// present a certificate signed by --ca.
+    #[arg(long, value_name = "IP:PORT", help_heading = "TLS")]
+    listen_tls: Option<String>,
+
+    /// This node's certificate (PEM), from `gvfsctl ca issue`.
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    cert: Option<PathBuf>,
+
+    /// This node's private key (PEM).
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    key: Option<PathBuf>,
+
+    /// The site CA certificate (PEM) that peers' certificates must chain to.
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    ca: Option<PathBuf>,
+
+    /// Map a peer's calls, by its certificate name: NAME=fixed:UID:GID,
+    /// NAME=range:FIRST-LAST (caller's ids if inside, else nobody),
+    /// NAME=pass or NAME=squash. Repeatable.
+    #[arg(long, value_name = "NAME=MAPPING", help_heading = "TLS")]
+    map_peer: Vec<String>,
+
+    /// Mapping of peers with no --map-peer rule [default: squash].
+    #[arg(long, value_name = "MAPPING", help_heading = "TLS")]
+    unknown_peers: Option<String>,
+
+    /// Longest TLS handshake [default: 10].
+    #[arg(long, value_name = "SECS", help_heading = "TLS")]
+    handshake_timeout: Option<u64>,
 }
 
 impl Cli {
-    fn file_config(&self) -> FileConfig {
-        FileConfig {
+    fn file_config(&self) -> anyhow::Result<FileConfig> {
+        let mut peers = std::collections::BTreeMap::new();
+        for rule in &self.map_peer {
+            let (name, mapping) = rule
+                .split_once('=')
+                .with_context(|| format!("bad --map-peer {rule:?}: expected NAME=MAPPING"))?;
+            peers.insert(name.to_string(), mapping.to_string());
+        }
+        Ok(FileConfig {
             listen: self.listen.clone(),
             upstream: self.upstream.clone(),
             export: self.export.clone(),
@@ -149,7 +203,15 @@ impl Cli {
             readahead_blocks: self.readahead,
             writeback_on_exit: self.no_writeback_on_exit.then_some(false),
             exit_writeback_timeout_secs: self.exit_writeback_timeout,
-        }
+            listen_tls: self.listen_tls.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            ca: self.ca.clone(),
+            handshake_timeout_secs: self.handshake_timeout,
+            peers: (!peers.is_empty()).then_some(peers),
+            unknown_peers: self.unknown_peers.clone(),
+            nobody: None,
+        })
     }
 }
 
@@ -179,7 +241,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         Some(path) => FileConfig::load(path)?,
         None => FileConfig::default(),
     };
-    let cfg = Config::from_file_config(file.overridden_by(cli.file_config()))?;
+    let cfg = Config::from_file_config(file.overridden_by(cli.file_config()?))?;
     let sample = matches!(cfg.upstream, UpstreamChoice::Sample(_));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -215,6 +277,15 @@ fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
     );
     if let Some(cache) = &r.cache {
         println!("  block cache in {cache}");
+    }
+    if let Some(name) = &r.tls_name {
+        match r.tls_addr {
+            Some(a) => println!(
+                "  TLS as {name}: gvfs:// peers connect to {a}; RFC 9289 STARTTLS on {}",
+                r.addr
+            ),
+            None => println!("  TLS as {name}: RFC 9289 STARTTLS on {}", r.addr),
+        }
     }
     if sample {
         println!("  (no --upstream given: this is the sample directory; see gvfs-proxy --help)");

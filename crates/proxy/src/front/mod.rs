@@ -19,7 +19,7 @@ use gvfs_nfs::proc::{MAX_DATA, NfsProc, raw};
 use gvfs_nfs::rpc::{self, CallError, CallHeader, ReplyStatus, auth_stat};
 use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
-use crate::drc::{Drc, DrcKey, Lookup};
+use crate::drc::{Drc, DrcKey, Lookup, PeerId};
 
 /// NFS program number.
 pub const NFS_PROGRAM: u32 = 100_003;
@@ -45,6 +45,49 @@ pub struct FrontStats {
     pub read_bytes: AtomicU64,
     /// Bytes accepted by WRITE.
     pub write_bytes: AtomicU64,
+}
+
+/// Maps the credentials a call carries to those the layers below see: the
+/// tunnel's identity mapping for one authenticated peer.
+pub type CredMap = Arc<dyn Fn(&gvfs_nfs::Credentials) -> gvfs_nfs::Credentials + Send + Sync>;
+
+/// Who is at the other end of a connection.
+#[derive(Clone, Default)]
+pub struct Peer {
+    /// The socket address, when the call came over a socket.
+    pub addr: Option<SocketAddr>,
+    /// The name in the peer's verified TLS certificate, if it sent one.
+    pub name: Option<Arc<str>>,
+    /// Identity mapping for this peer; `None` passes credentials through.
+    pub map: Option<CredMap>,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("addr", &self.addr)
+            .field("name", &self.name)
+            .field("mapped", &self.map.is_some())
+            .finish()
+    }
+}
+
+impl Peer {
+    /// A plain connection from `addr`.
+    pub fn plain(addr: Option<SocketAddr>) -> Peer {
+        Peer {
+            addr,
+            ..Peer::default()
+        }
+    }
+
+    fn id(&self) -> PeerId {
+        match (&self.name, self.addr) {
+            (Some(name), _) => PeerId::cert(name),
+            (None, Some(a)) => PeerId::Addr(a.ip()),
+            (None, None) => PeerId::Unknown,
+        }
+    }
 }
 
 /// Serves NFS v3, MOUNT v3 and PORTMAP v2 for one export over `service`.
@@ -98,19 +141,22 @@ impl FrontEnd {
     /// Runs one call record from `peer` and returns the reply record, or
     /// `None` when the message must be dropped (not a call, or a duplicate
     /// whose original is still running).
-    pub async fn handle(&self, msg: &[u8], peer: Option<SocketAddr>) -> Option<Vec<u8>> {
+    pub async fn handle(&self, msg: &[u8], peer: &Peer) -> Option<Vec<u8>> {
         let (hdr, args_at) = match rpc::parse_call(msg) {
             Ok(v) => v,
             Err(e) => return self.reject(e),
         };
         let args = &msg[args_at..];
         let cx = CallContext {
-            cred: hdr.cred.clone(),
-            peer,
+            cred: match &peer.map {
+                Some(map) => map(&hdr.cred),
+                None => hdr.cred.clone(),
+            },
+            peer: peer.addr,
             xid: hdr.xid,
         };
         match hdr.prog {
-            NFS_PROGRAM => self.nfs(&hdr, &cx, args).await,
+            NFS_PROGRAM => self.nfs(&hdr, &cx, peer.id(), args).await,
             MOUNT_PROGRAM => {
                 self.stats.mount_calls.fetch_add(1, Ordering::Relaxed);
                 Some(self.mount(&hdr, &cx, args).await)
@@ -128,6 +174,12 @@ impl FrontEnd {
         let (xid, status) = match e {
             CallError::RpcMismatch { xid, .. } => (xid, ReplyStatus::RpcMismatch),
             CallError::BadCredential { xid } => (xid, ReplyStatus::AuthError(auth_stat::BADCRED)),
+            // RFC 9289 section 4.1: AUTH_TLS is only for the NULL probe.
+            CallError::UnsupportedFlavor {
+                xid,
+                flavor: rpc::flavor::TLS,
+                header: Some((_, _, proc_)),
+            } if proc_ != 0 => (xid, ReplyStatus::AuthError(auth_stat::BADCRED)),
             CallError::UnsupportedFlavor { xid, .. } => {
                 (xid, ReplyStatus::AuthError(auth_stat::TOOWEAK))
             }
@@ -141,7 +193,13 @@ impl FrontEnd {
         rpc::reply_record(xid, status, &[])
     }
 
-    async fn nfs(&self, hdr: &CallHeader, cx: &CallContext, args: &[u8]) -> Option<Vec<u8>> {
+    async fn nfs(
+        &self,
+        hdr: &CallHeader,
+        cx: &CallContext,
+        peer: PeerId,
+        args: &[u8],
+    ) -> Option<Vec<u8>> {
         if hdr.vers != 3 {
             return Some(self.error(hdr.xid, ReplyStatus::ProgMismatch { low: 3, high: 3 }));
         }
@@ -152,7 +210,7 @@ impl FrontEnd {
         if !p.is_non_idempotent() {
             return Some(self.execute(cx, p, args).await);
         }
-        let key = DrcKey::new(cx.peer.map(|a| a.ip()), hdr.xid, hdr.prog, hdr.proc_, args);
+        let key = DrcKey::new(peer, hdr.xid, hdr.prog, hdr.proc_, args);
         match self.drc.begin(key) {
             Lookup::New => {}
             Lookup::InProgress => {

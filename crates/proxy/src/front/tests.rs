@@ -10,7 +10,7 @@ use gvfs_nfs::xdr::{self, XdrReader};
 use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 use proptest::prelude::*;
 
-use super::FrontEnd;
+use super::{FrontEnd, Peer};
 
 /// Answers every call with an error status, counts calls, and records the
 /// credentials it saw; LOOKUP of "sub" succeeds.
@@ -75,8 +75,8 @@ fn call(xid: u32, prog: u32, vers: u32, proc_: u32, cred: &Credentials, args: &[
 }
 
 async fn results(f: &FrontEnd, msg: &[u8]) -> Result<Vec<u8>, ReplyError> {
-    let peer = Some("127.0.0.1:900".parse().unwrap());
-    let reply = f.handle(msg, peer).await.expect("a reply");
+    let peer = Peer::plain(Some("127.0.0.1:900".parse().unwrap()));
+    let reply = f.handle(msg, &peer).await.expect("a reply");
     rpc::parse_reply(&reply[4..]).map(<[u8]>::to_vec)
 }
 
@@ -229,8 +229,8 @@ proptest! {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let (_fake, f) = front();
         rt.block_on(async {
-            let _ = f.handle(&call(1, prog, vers, proc_, &Credentials::unix(0, 0), &args), None).await;
-            let _ = f.handle(&raw, None).await;
+            let _ = f.handle(&call(1, prog, vers, proc_, &Credentials::unix(0, 0), &args), &Peer::default()).await;
+            let _ = f.handle(&raw, &Peer::default()).await;
         });
     }
 }

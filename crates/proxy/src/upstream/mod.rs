@@ -1,5 +1,6 @@
 //! What sits below a proxy, chosen by URL: `dir:PATH` (a local directory,
-//! the embedded origin) or `nfs://HOST[:PORT]/EXPORT` (an NFSv3 server).
+//! the embedded origin), `nfs://HOST[:PORT]/EXPORT` (an NFSv3 server) or
+//! `gvfs://HOST:PORT/EXPORT` (another gvfs-proxy over TLS).
 
 pub mod dir;
 pub mod nfs;
@@ -13,6 +14,8 @@ pub enum UpstreamUrl {
     Dir(PathBuf),
     /// `nfs://...`.
     Nfs(nfs::NfsUrl),
+    /// `gvfs://...`.
+    Gvfs(nfs::GvfsUrl),
 }
 
 impl std::str::FromStr for UpstreamUrl {
@@ -32,8 +35,14 @@ impl std::str::FromStr for UpstreamUrl {
                 .map(Self::Nfs)
                 .map_err(|e| e.to_string());
         }
+        if s.starts_with("gvfs://") {
+            return nfs::GvfsUrl::parse(s)
+                .map(Self::Gvfs)
+                .map_err(|e| e.to_string());
+        }
         Err(format!(
-            "bad upstream {s:?}: expected dir:PATH or nfs://HOST[:PORT]/EXPORT[?mountport=N]"
+            "bad upstream {s:?}: expected dir:PATH, nfs://HOST[:PORT]/EXPORT[?mountport=N] \
+             or gvfs://HOST:PORT[/EXPORT]"
         ))
     }
 }

@@ -6,6 +6,10 @@
 //! One connection carries many calls at once (see `gvfs_nfs::client`); ports
 //! not given in the URL are asked of the server's portmapper at HOST:111 on
 //! every (re)connect, so a server that restarts on a new port is found again.
+//!
+//! The `gvfs://HOST:PORT[/EXPORT][?name=NAME]` upstream is the same client
+//! over mutually authenticated TLS 1.3 to another gvfs-proxy's
+//! `--listen-tls` port, which serves MOUNT and NFS on that one port.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -90,6 +94,63 @@ impl NfsUrl {
                 "nfsport" => u.port = Some(port()?),
                 "version" if v == "3" => {}
                 _ => return Err(bad(&format!("unknown or unsupported option {k}={v}"))),
+            }
+        }
+        Ok(u)
+    }
+}
+
+/// A parsed `gvfs://` upstream URL: another gvfs-proxy's TLS port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GvfsUrl {
+    /// Host name or address.
+    pub host: String,
+    /// The peer's `--listen-tls` port.
+    pub port: u16,
+    /// Export path to mount [default: /export].
+    pub export: String,
+    /// The name the server's certificate must carry, if not `host`.
+    pub server_name: Option<String>,
+}
+
+impl GvfsUrl {
+    /// Parses `gvfs://HOST:PORT[/EXPORT][?name=NAME]`.
+    pub fn parse(url: &str) -> Result<Self, BadUrl> {
+        let bad = |reason: &str| BadUrl {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let rest = url
+            .strip_prefix("gvfs://")
+            .ok_or_else(|| bad("must start with gvfs://"))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, export) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, crate::config::DEFAULT_EXPORT),
+        };
+        let (host, port) = split_host_port(authority).ok_or_else(|| bad("bad HOST:PORT"))?;
+        let port =
+            port.ok_or_else(|| bad("needs the peer's --listen-tls port: gvfs://HOST:PORT"))?;
+        if host.is_empty() {
+            return Err(bad("missing host"));
+        }
+        let mut u = Self {
+            host: host.to_string(),
+            port,
+            export: export.to_string(),
+            server_name: None,
+        };
+        for kv in query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter(|s| !s.is_empty())
+        {
+            match kv.split_once('=') {
+                Some(("name", v)) if !v.is_empty() => u.server_name = Some(v.to_string()),
+                _ => return Err(bad(&format!("unknown option {kv:?} (known: name=NAME)"))),
             }
         }
         Ok(u)
@@ -205,7 +266,8 @@ impl Connector for ProgramConnector {
 /// Forwards every call to an NFSv3 server.
 #[derive(Debug)]
 pub struct NfsUpstream {
-    url: NfsUrl,
+    description: String,
+    export: String,
     nfs: RpcClient,
     mount: RpcClient,
 }
@@ -213,27 +275,68 @@ pub struct NfsUpstream {
 impl NfsUpstream {
     /// An upstream for `url`; connects lazily (see [`check`](Self::check)).
     pub fn new(url: NfsUrl, timeouts: UpstreamTimeouts) -> Self {
-        let client = |port, prog, vers, max_in_flight| {
-            RpcClient::new(
-                ProgramConnector {
-                    host: url.host.clone(),
-                    port,
-                    prog,
-                    vers,
-                    connect_timeout: timeouts.connect,
-                },
-                ClientConfig {
-                    connect_timeout: timeouts.connect,
-                    give_up_after: timeouts.give_up_after,
-                    max_in_flight,
-                    ..ClientConfig::default()
-                },
+        let connector = |port, prog| ProgramConnector {
+            host: url.host.clone(),
+            port,
+            prog,
+            vers: 3,
+            connect_timeout: timeouts.connect,
+        };
+        let port = url.port.map(|p| format!(":{p}")).unwrap_or_default();
+        Self::over(
+            format!("nfs://{}{}{}", url.host, port, url.export),
+            url.export.clone(),
+            connector(url.port, NFS_PROGRAM),
+            connector(url.mount_port, MOUNT_PROGRAM),
+            timeouts,
+        )
+    }
+
+    /// An upstream for `url` over TLS with `identity`: MOUNT and NFS on the
+    /// peer's one TLS port, on two connections.
+    pub fn tls(
+        url: &GvfsUrl,
+        identity: &gvfs_tunnel::TlsIdentity,
+        timeouts: UpstreamTimeouts,
+        handshake_timeout: Duration,
+    ) -> Result<Self, gvfs_tunnel::TunnelError> {
+        let connector = || {
+            gvfs_tunnel::TlsConnector::new(
+                url.host.clone(),
+                url.port,
+                url.server_name.clone(),
+                identity,
+                timeouts.connect,
+                handshake_timeout,
             )
         };
+        Ok(Self::over(
+            format!("gvfs://{}:{}{}", url.host, url.port, url.export),
+            url.export.clone(),
+            connector()?,
+            connector()?,
+            timeouts,
+        ))
+    }
+
+    fn over(
+        description: String,
+        export: String,
+        nfs: impl Connector,
+        mount: impl Connector,
+        timeouts: UpstreamTimeouts,
+    ) -> Self {
+        let config = |max_in_flight| ClientConfig {
+            connect_timeout: timeouts.connect,
+            give_up_after: timeouts.give_up_after,
+            max_in_flight,
+            ..ClientConfig::default()
+        };
         Self {
-            nfs: client(url.port, NFS_PROGRAM, 3, 128),
-            mount: client(url.mount_port, MOUNT_PROGRAM, 3, 4),
-            url,
+            description,
+            export,
+            nfs: RpcClient::new(nfs, config(128)),
+            mount: RpcClient::new(mount, config(4)),
         }
     }
 
@@ -296,7 +399,7 @@ impl NfsService for NfsUpstream {
     fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
         Box::pin(async move {
             let mut args = Vec::new();
-            xdr::put_opaque(&mut args, self.url.export.as_bytes());
+            xdr::put_opaque(&mut args, self.export.as_bytes());
             let reply = self
                 .mount
                 .call(MOUNT_PROGRAM, 3, 1, &cx.cred, &args)
@@ -351,8 +454,7 @@ impl NfsService for NfsUpstream {
     }
 
     fn describe(&self) -> String {
-        let port = self.url.port.map(|p| format!(":{p}")).unwrap_or_default();
-        format!("nfs://{}{}{}", self.url.host, port, self.url.export)
+        self.description.clone()
     }
 }
 
@@ -378,6 +480,25 @@ mod tests {
         );
         let u = NfsUrl::parse("nfs://h/e?nfsport=1&mountport=2&version=3").unwrap();
         assert_eq!((u.port, u.mount_port), (Some(1), Some(2)));
+    }
+
+    #[test]
+    fn parses_gvfs_urls() {
+        let u = GvfsUrl::parse("gvfs://10.0.0.1:20049/images?name=image-server").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("10.0.0.1", 20049));
+        assert_eq!(u.export, "/images");
+        assert_eq!(u.server_name.as_deref(), Some("image-server"));
+        let u = GvfsUrl::parse("gvfs://peer:1").unwrap();
+        assert_eq!((u.export.as_str(), u.server_name), ("/export", None));
+        for bad in [
+            "gvfs://peer/export",
+            "gvfs://:1/e",
+            "gvfs://p:0/e",
+            "gvfs://p:1/e?x=y",
+            "nfs://p:1/e",
+        ] {
+            assert!(GvfsUrl::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
