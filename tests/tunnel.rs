@@ -527,3 +527,98 @@ async fn a_20_second_outage_delays_a_large_read_and_write_without_errors() -> Re
     compare_files(&src, &local.path().join("back.bin")).context("read across the outage")?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Result<()> {
+    use gvfs_nfs::NfsRequest;
+    use gvfs_nfs::nfs3_types::nfs3::*;
+    use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+
+    let pki = Pki::new()?;
+    pki.issue("image-server")?;
+    pki.issue("node1")?;
+    let site = tempfile::tempdir()?;
+    let image = site.path().join("img.bin");
+    write_random_file(&image, 3, 4 * MIB)?;
+    let want = std::fs::read(&image)?;
+    let origin = format!("dir:{}", site.path().display());
+    let (_server, tls) = image_server(&pki, origin, &["--map-peer", "node1=pass"])?;
+    let link = gvfs_wanlink::WanLink::start(
+        "127.0.0.1:0".parse()?,
+        tls,
+        gvfs_wanlink::LinkConfig::from_rtt(Duration::from_millis(2), None),
+    )
+    .await?;
+    let url = format!("gvfs://{}/export?name=image-server", link.local_addr());
+    let cache = tempfile::tempdir()?;
+    let client = Proxy::spawn(
+        pki.args("node1", ProxyArgs::new(url))
+            .arg("--cache-dir")
+            .arg(cache.path().display().to_string()),
+    )?;
+    let c = gvfs::nfsclient::NfsClient::of_proxy(&client, Duration::from_secs(10)).await?;
+    let fh = c.resolve("img.bin").await?.context("img.bin")?;
+    let read = |offset: u64| {
+        let (c, fh) = (c.clone(), fh.clone());
+        async move {
+            let r = c
+                .call(NfsRequest::Read(READ3args {
+                    file: fh,
+                    offset,
+                    count: MIB as u32,
+                }))
+                .await?;
+            match r {
+                gvfs_nfs::NfsReply::Read(Nfs3Result::Ok(ok)) => Ok(ok.data.to_vec()),
+                other => bail!("READ at {offset}: {:?}", other.status()),
+            }
+        }
+    };
+    // Warm the cache, then cut the link.
+    for i in 0..4 {
+        ensure!(read(i * MIB).await? == want[(i * MIB) as usize..((i + 1) * MIB) as usize]);
+    }
+    link.cut();
+    let during = async {
+        for i in 0..4 {
+            let got = read(i * MIB).await?;
+            ensure!(got == want[(i * MIB) as usize..((i + 1) * MIB) as usize]);
+        }
+        let w = c
+            .call(NfsRequest::Write(WRITE3args {
+                file: fh.clone(),
+                offset: 100,
+                count: 5,
+                stable: stable_how::UNSTABLE,
+                data: Opaque::owned(b"hello".to_vec()),
+            }))
+            .await?;
+        ensure!(w.status() == nfsstat3::NFS3_OK, "WRITE during the outage");
+        let commit = c
+            .call(NfsRequest::Commit(COMMIT3args {
+                file: fh.clone(),
+                offset: 0,
+                count: 0,
+            }))
+            .await?;
+        ensure!(
+            commit.status() == nfsstat3::NFS3_OK,
+            "COMMIT during the outage"
+        );
+        let got = read(0).await?;
+        ensure!(&got[100..105] == b"hello", "the write is not read back");
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), during)
+        .await
+        .context("the cache did not answer during the outage")??;
+    link.restore();
+    client.write_back()?;
+    let mut expect = want.clone();
+    expect[100..105].copy_from_slice(b"hello");
+    ensure!(
+        std::fs::read(&image)? == expect,
+        "written back after the outage"
+    );
+    Ok(())
+}

@@ -379,7 +379,8 @@ where
                 _ => return,
             }
         }
-        let _ = wr.shutdown().await;
+        // Closing (a TLS close_notify included) is bounded too.
+        let _ = tokio::time::timeout(write_timeout, wr.shutdown()).await;
     });
 
     let mut records = RecordStream::new(rd, limits.records);
