@@ -421,6 +421,23 @@ impl CacheLayer {
                 source: std::io::Error::other(e.to_string()),
             }),
         };
+        self.noted(r)
+    }
+
+    /// Runs `op` on the store right here, on the async thread: only for
+    /// operations that never wait ([`BlockStore::read_range_now`]).
+    fn store_now<T>(
+        &self,
+        op: impl FnOnce(&BlockStore) -> Result<T, Error>,
+    ) -> Result<T, ServiceError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(local(Error::Poisoned));
+        }
+        self.noted(op(&self.store)).map_err(local)
+    }
+
+    /// Counts and logs a store error.
+    fn noted<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
         if let Err(e) = &r
             && !matches!(e, Error::PartialSubBlockWrite { .. })
         {
@@ -697,16 +714,27 @@ impl CacheLayer {
                 (b, (lo - b * bs) as u32, (hi - lo) as u32)
             })
             .collect();
-        // One buffer for the whole reply: hits are read straight into it
-        // (one blocking hop for all blocks), misses filled in below.
-        let key = fh.to_vec();
-        let (mut data, hits) = self
-            .store_op(move |s| {
-                let mut data = vec![0u8; (end - offset) as usize];
-                let hits = s.read_range_into(&key, offset, &mut data)?;
+        // One buffer for the whole reply: hits are read straight into it,
+        // here if their bytes are in memory, else with one blocking hop for
+        // the rest; misses are filled in below.
+        let mut data = vec![0u8; (end - offset) as usize];
+        let now = self.store_now(|s| s.read_range_now(fh, offset, &mut data))?;
+        let (mut data, hits) = if now == spans.len() {
+            (data, vec![true; now])
+        } else {
+            let key = fh.to_vec();
+            let from = offset.max((first + now as u64) * bs);
+            self.store_op(move |s| {
+                let mut hits = vec![true; now];
+                hits.extend(s.read_range_into(
+                    &key,
+                    from,
+                    &mut data[(from - offset) as usize..],
+                )?);
                 Ok((data, hits))
             })
-            .await?;
+            .await?
+        };
         let missing: Vec<usize> = (0..spans.len()).filter(|&i| !hits[i]).collect();
         let hit = missing.is_empty();
         let mut readahead_hit = self.take_prefetched(fh, &spans, &hits);
@@ -941,6 +969,12 @@ impl CacheLayer {
             }
             (from, to)
         };
+        // All there already (the usual case on a warm cache): no task and
+        // no blocking hop just to find that out.
+        if let Ok(Some(true)) = self.store.all_cached_now(fh, window.0..window.1) {
+            self.files().entry(fh).readahead_next = window.1;
+            return;
+        }
         let Ok(permit) = self.readahead_slots.clone().try_acquire_owned() else {
             return;
         };

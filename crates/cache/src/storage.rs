@@ -5,6 +5,7 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Positional byte storage of one bank. Implementations must be safe to
@@ -12,6 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub trait Storage: Send + Sync + fmt::Debug {
     /// Fills `buf` from `offset`; reading past the end is an error.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// [`read_at`](Self::read_at), but only if the bytes can be had without
+    /// waiting for a disk (they are in memory), so that it may run on an
+    /// async thread: true if `buf` was filled; false if the caller must use
+    /// `read_at` instead, leaving `buf` in an unspecified state. The default
+    /// never tries.
+    fn read_at_nowait(&self, _buf: &mut [u8], _offset: u64) -> bool {
+        false
+    }
     /// Writes all of `data` at `offset`, growing the storage if needed.
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every completed write durable (fsync).
@@ -30,6 +39,8 @@ pub trait Storage: Send + Sync + fmt::Debug {
 #[derive(Debug)]
 pub struct FileStorage {
     file: File,
+    /// Set once the kernel refused `RWF_NOWAIT` for this file.
+    nowait_unsupported: AtomicBool,
 }
 
 impl FileStorage {
@@ -41,13 +52,43 @@ impl FileStorage {
             .create(true)
             .truncate(false)
             .open(path)?;
-        Ok(FileStorage { file })
+        Ok(FileStorage {
+            file,
+            nowait_unsupported: AtomicBool::new(false),
+        })
     }
 }
 
 impl Storage for FileStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
+    }
+    /// `preadv2(RWF_NOWAIT)`: the kernel copies what is in the page cache
+    /// and answers `EAGAIN` (or a short read) where it would have to wait for
+    /// the disk.
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> bool {
+        use rustix::io::{Errno, ReadWriteFlags, preadv2};
+        if self.nowait_unsupported.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let mut iov = [io::IoSliceMut::new(&mut buf[done..])];
+            match preadv2(&self.file, &mut iov, at, ReadWriteFlags::NOWAIT) {
+                Ok(0) => return false, // past the end: read_at reports it
+                Ok(n) => done += n,
+                Err(Errno::INTR) => {}
+                Err(Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => {
+                    self.nowait_unsupported.store(true, Ordering::Relaxed);
+                    return false;
+                }
+                // EAGAIN (not in memory) or a real error, which read_at
+                // will meet and report.
+                Err(_) => return false,
+            }
+        }
+        true
     }
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         std::os::unix::fs::FileExt::write_all_at(&self.file, data, offset)
@@ -99,6 +140,10 @@ impl Storage for MemStorage {
             .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
         buf.copy_from_slice(src);
         Ok(())
+    }
+    /// Memory never waits for a disk.
+    fn read_at_nowait(&self, buf: &mut [u8], offset: u64) -> bool {
+        self.read_at(buf, offset).is_ok()
     }
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         let mut bytes = lock(&self.bytes);
@@ -343,6 +388,26 @@ mod tests {
         s.write_at(b"abc", 4).expect("write");
         s.sync().expect("sync");
         assert_eq!(read(&s, 3, 5), b"\0abc\0");
+    }
+
+    #[test]
+    fn nowait_reads_what_is_in_memory_and_nothing_past_the_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = FileStorage::open(&dir.path().join("b")).expect("open");
+        let m = MemStorage::new();
+        for s in [&f as &dyn Storage, &m] {
+            s.write_at(&[7u8; 8192], 0).expect("write");
+            let mut b = [0u8; 100];
+            // Just written, so in the page cache; a kernel or file system
+            // without RWF_NOWAIT may still decline, never return bad bytes.
+            if s.read_at_nowait(&mut b, 4000) {
+                assert_eq!(b, [7u8; 100]);
+            }
+            assert!(!s.read_at_nowait(&mut b, 8150));
+        }
+        assert!(m.read_at_nowait(&mut [0u8; 4], 0));
+        let faulty = FaultyStorage::new(MemStorage::new());
+        assert!(!faulty.read_at_nowait(&mut [], 0));
     }
 
     #[test]

@@ -52,7 +52,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use crate::error::{Error, IoContext, Result};
 use crate::format::{
@@ -502,6 +502,61 @@ impl BlockStore {
             pos = hi;
         }
         Ok(hits)
+    }
+
+    /// The part of [`read_range_into`](Self::read_range_into) that needs no
+    /// waiting, for an async thread: reads the range's blocks in order, from
+    /// the first, while each is a hit whose bytes are in memory (see
+    /// [`Storage::read_at_nowait`]) and the store is not locked by another
+    /// thread. Returns how many blocks it read; the part of `buf` that
+    /// belongs to the next block is then unspecified (nothing is counted
+    /// for it), for `read_range_into` to do the rest.
+    pub fn read_range_now(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let end = offset + buf.len() as u64;
+        let mut done = 0;
+        let mut pos = offset;
+        while pos < end {
+            let Some(mut g) = self.try_lock()? else {
+                break;
+            };
+            let bs = u64::from(g.geo.block_size());
+            let block = pos / bs;
+            let hi = end.min((block + 1) * bs);
+            let dst = &mut buf[(pos - offset) as usize..(hi - offset) as usize];
+            if !g.read_into_now(fh, block, (pos - block * bs) as u32, dst)? {
+                break;
+            }
+            done += 1;
+            pos = hi;
+        }
+        Ok(done)
+    }
+
+    /// Whether every block in `blocks` is cached whole; `None` if the store
+    /// is locked by another thread (ask [`valid_sub_blocks`](Self::valid_sub_blocks)
+    /// from a blocking thread instead). Never waits.
+    pub fn all_cached_now(&self, fh: &[u8], blocks: Range<u64>) -> Result<Option<bool>> {
+        let Some(g) = self.try_lock()? else {
+            return Ok(None);
+        };
+        let n = g.geo.sub_blocks_per_block();
+        Ok(Some(blocks.into_iter().all(|b| {
+            g.lookup(fh, b)
+                .is_some_and(|id| g.frames[id].valid.count() >= n)
+        })))
+    }
+
+    /// [`lock`](Self::lock) if no other thread holds the lock.
+    fn try_lock(&self) -> Result<Option<MutexGuard<'_, Inner>>> {
+        let g = match self.inner.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(None),
+        };
+        if g.poisoned {
+            return Err(Error::Poisoned);
+        }
+        Ok(Some(g))
     }
 
     /// Which sub-blocks of a block are valid (empty if not cached).
@@ -973,30 +1028,73 @@ impl Inner {
         Ok(())
     }
 
-    fn read_into(&mut self, fh: &[u8], block: u64, offset: u32, buf: &mut [u8]) -> Result<bool> {
-        self.check_range(offset, buf.len())?;
-        let Some(id) = self.lookup(fh, block) else {
-            self.stats.misses += 1;
-            return Ok(false);
-        };
-        if buf.is_empty() {
-            return Ok(true);
-        }
-        let len = buf.len() as u32;
-        let need = SubBlockMask::range(self.geo.sub_blocks_touched(offset, len));
+    /// Where the `len` bytes at `offset` of a cached block are, as (frame,
+    /// bank, position in the bank): `None` unless every sub-block they touch
+    /// is valid. `len` must be within the block and not 0.
+    fn hit_at(
+        &self,
+        fh: &[u8],
+        block: u64,
+        offset: u32,
+        len: usize,
+    ) -> Option<(usize, usize, u64)> {
+        let id = self.lookup(fh, block)?;
+        let need = SubBlockMask::range(self.geo.sub_blocks_touched(offset, len as u32));
         if !self.frames[id].valid.contains_all(need) {
-            self.stats.misses += 1;
-            return Ok(false);
+            return None;
         }
         let (b, base) = self.data_pos(id, 0);
-        self.banks[b]
-            .storage
-            .read_at(buf, base + u64::from(offset))
-            .ctx("reading cached data")?;
+        Some((id, b, base + u64::from(offset)))
+    }
+
+    fn count_hit(&mut self, id: usize, len: usize) {
         let now = self.tick();
         self.frames[id].lru = now;
         self.stats.hits += 1;
-        self.stats.hit_bytes += u64::from(len);
+        self.stats.hit_bytes += len as u64;
+    }
+
+    fn read_into(&mut self, fh: &[u8], block: u64, offset: u32, buf: &mut [u8]) -> Result<bool> {
+        self.check_range(offset, buf.len())?;
+        if buf.is_empty() {
+            let hit = self.lookup(fh, block).is_some();
+            if !hit {
+                self.stats.misses += 1;
+            }
+            return Ok(hit);
+        }
+        let Some((id, b, pos)) = self.hit_at(fh, block, offset, buf.len()) else {
+            self.stats.misses += 1;
+            return Ok(false);
+        };
+        self.banks[b]
+            .storage
+            .read_at(buf, pos)
+            .ctx("reading cached data")?;
+        self.count_hit(id, buf.len());
+        Ok(true)
+    }
+
+    /// [`read_into`](Self::read_into) of a hit whose bytes are in memory;
+    /// false (nothing counted, `buf` unspecified) otherwise.
+    fn read_into_now(
+        &mut self,
+        fh: &[u8],
+        block: u64,
+        offset: u32,
+        buf: &mut [u8],
+    ) -> Result<bool> {
+        self.check_range(offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(self.lookup(fh, block).is_some());
+        }
+        let Some((id, b, pos)) = self.hit_at(fh, block, offset, buf.len()) else {
+            return Ok(false);
+        };
+        if !self.banks[b].storage.read_at_nowait(buf, pos) {
+            return Ok(false);
+        }
+        self.count_hit(id, buf.len());
         Ok(true)
     }
 
@@ -1448,7 +1546,7 @@ impl Inner {
 mod tests {
     use super::*;
     use crate::geometry::GeometryConfig;
-    use crate::storage::MemStorage;
+    use crate::storage::{FaultyStorage, MemStorage};
 
     const FH: &[u8] = b"fh-1";
 
@@ -1490,6 +1588,44 @@ mod tests {
         let mut tail = [9u8; 10];
         assert!(!s.read_into(FH, 2, 4096, &mut tail).expect("read"));
         assert_eq!(tail, [9; 10]);
+    }
+
+    #[test]
+    fn read_range_now_stops_at_the_first_block_it_cannot_read_at_once() {
+        let (s, _) = open(&mems());
+        let bs = 16384u64;
+        stored(s.write(FH, 0, 0, &[1; 16384], WriteMode::Clean));
+        stored(s.write(FH, 1, 0, &[2; 16384], WriteMode::Clean));
+        stored(s.write(FH, 3, 0, &[4; 16384], WriteMode::Clean));
+        let before = s.stats();
+        let offset = bs - 100;
+        let mut buf = vec![9u8; (3 * bs) as usize];
+        // Blocks 0 and 1 are hits, block 2 is not: stop there.
+        assert_eq!(s.read_range_now(FH, offset, &mut buf).expect("read"), 2);
+        assert!(buf[..100].iter().all(|&b| b == 1));
+        assert!(buf[100..100 + bs as usize].iter().all(|&b| b == 2));
+        let after = s.stats();
+        assert_eq!(after.hits - before.hits, 2);
+        assert_eq!(after.misses, before.misses, "a block not read is no miss");
+        // Someone else holding the store: nothing read, nothing waited for.
+        assert_eq!(s.all_cached_now(FH, 0..2).expect("ask"), Some(true));
+        assert_eq!(s.all_cached_now(FH, 1..4).expect("ask"), Some(false));
+        let held = s.inner.lock().expect("lock");
+        assert_eq!(s.read_range_now(FH, 0, &mut buf[..10]).expect("read"), 0);
+        assert_eq!(s.all_cached_now(FH, 0..2).expect("ask"), None);
+        drop(held);
+        // A backend that cannot read without blocking declines every block.
+        let faulty: Vec<Box<dyn Storage>> = mems()
+            .into_iter()
+            .map(|m| Box::new(FaultyStorage::new(m)) as Box<dyn Storage>)
+            .collect();
+        let (f, _) = BlockStore::open(faulty, geo(), OpenOptions::default()).expect("open");
+        stored(f.write(FH, 0, 0, &[1; 16384], WriteMode::Clean));
+        assert_eq!(f.read_range_now(FH, 0, &mut buf[..10]).expect("read"), 0);
+        assert_eq!(
+            f.read_range_into(FH, 0, &mut buf[..10]).expect("read"),
+            [true]
+        );
     }
 
     #[test]

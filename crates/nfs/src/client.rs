@@ -300,6 +300,14 @@ pub struct Reply {
     results_at: usize,
 }
 
+impl Reply {
+    /// The record received and where the results start in it, to pass
+    /// them on without a copy ([`ReplyRecord::new`](crate::rpc::ReplyRecord::new)).
+    pub fn into_record(self) -> (Vec<u8>, usize) {
+        (self.record, self.results_at)
+    }
+}
+
 impl std::ops::Deref for Reply {
     type Target = [u8];
 

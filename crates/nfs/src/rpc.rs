@@ -358,6 +358,79 @@ pub fn is_tls_probe(msg: &[u8]) -> Option<u32> {
     }
 }
 
+/// A reply record in two parts, so that a large payload (a READ's data,
+/// or results received from an upstream) goes to the socket as it is, with
+/// a vectored write, instead of being copied in behind the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyRecord {
+    /// Record mark, reply header and the results before the payload.
+    head: Vec<u8>,
+    /// Holds the payload at `payload_at..`.
+    payload: Vec<u8>,
+    payload_at: usize,
+}
+
+/// XDR padding (RFC 4506 section 4.10).
+const PAD: [u8; 3] = [0; 3];
+
+impl ReplyRecord {
+    /// Seals a record started by [`reply_start`] (results appended, up to
+    /// the payload) that goes on with `payload[payload_at..]`, then zero
+    /// padding to a multiple of 4 bytes.
+    pub fn new(head: Vec<u8>, payload: Vec<u8>, payload_at: usize) -> Self {
+        let payload_at = payload_at.min(payload.len());
+        let mut rec = Self {
+            head,
+            payload,
+            payload_at,
+        };
+        let len = rec.len().saturating_sub(4);
+        if let Some(mark) = rec.head.get_mut(..4) {
+            mark.copy_from_slice(&record::frame(len));
+        }
+        rec
+    }
+
+    /// The bytes to send, in order.
+    pub fn parts(&self) -> [&[u8]; 3] {
+        let payload = &self.payload[self.payload_at..];
+        [
+            self.head.as_slice(),
+            payload,
+            &PAD[..(4 - payload.len() % 4) % 4],
+        ]
+    }
+
+    /// The record's length in bytes, record mark included.
+    pub fn len(&self) -> usize {
+        self.parts().iter().map(|p| p.len()).sum()
+    }
+
+    /// Whether the record is empty (never, once sealed).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The record in one buffer (a copy when there is a payload).
+    pub fn into_vec(self) -> Vec<u8> {
+        if self.payload_at == self.payload.len() {
+            return self.head;
+        }
+        self.parts().concat()
+    }
+}
+
+impl From<Vec<u8>> for ReplyRecord {
+    /// A record already sealed whole (by [`seal`] or [`reply_record`]).
+    fn from(record: Vec<u8>) -> Self {
+        Self {
+            head: record,
+            payload: Vec::new(),
+            payload_at: 0,
+        }
+    }
+}
+
 /// Starts an outgoing call record: header space, xid and call header with
 /// `cred`. Append the XDR arguments, then pass it to [`seal`].
 pub fn call_record(xid: u32, prog: u32, vers: u32, proc_: u32, cred: &Credentials) -> Vec<u8> {
@@ -489,6 +562,25 @@ mod tests {
             prop_assert_eq!(reply_xid(&rec[4..]), Some(xid));
             prop_assert_eq!(parse_reply(&rec[4..]).unwrap(), &results[..]);
         }
+    }
+
+    #[test]
+    fn a_record_in_parts_is_the_record_in_one() {
+        for n in [0usize, 1, 3, 4, 5, 1000] {
+            let payload: Vec<u8> = (0..n + 7).map(|i| i as u8).collect();
+            let mut results = payload[7..].to_vec();
+            results.resize(n.next_multiple_of(4), 0);
+            let whole = reply_record(9, ReplyStatus::Success, &results);
+            let parts = ReplyRecord::new(reply_start(9, ReplyStatus::Success, 0), payload, 7);
+            assert_eq!(parts.len(), whole.len());
+            assert_eq!(parts.clone().into_vec(), whole);
+            assert_eq!(parse_reply(&parts.into_vec()[4..]), Ok(&results[..]));
+        }
+        // A payload start past the end is an empty payload, not a panic.
+        let rec = ReplyRecord::new(reply_start(1, ReplyStatus::Success, 0), vec![1], 5);
+        assert_eq!(rec.into_vec(), reply_record(1, ReplyStatus::Success, &[]));
+        let whole = reply_record(2, ReplyStatus::ProcUnavail, &[]);
+        assert_eq!(ReplyRecord::from(whole.clone()).into_vec(), whole);
     }
 
     #[test]

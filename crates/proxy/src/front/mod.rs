@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use gvfs_nfs::proc::{MAX_DATA, NfsProc, raw};
-use gvfs_nfs::rpc::{self, CallError, CallHeader, ReplyStatus, auth_stat};
+use gvfs_nfs::rpc::{self, CallError, CallHeader, ReplyRecord, ReplyStatus, auth_stat};
 use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
 use crate::drc::{Drc, DrcKey, Lookup, PeerId};
@@ -141,10 +141,10 @@ impl FrontEnd {
     /// Runs one call record from `peer` and returns the reply record, or
     /// `None` when the message must be dropped (not a call, or a duplicate
     /// whose original is still running).
-    pub async fn handle(&self, msg: &[u8], peer: &Peer) -> Option<Vec<u8>> {
+    pub async fn handle(&self, msg: &[u8], peer: &Peer) -> Option<ReplyRecord> {
         let (hdr, args_at) = match rpc::parse_call(msg) {
             Ok(v) => v,
-            Err(e) => return self.reject(e),
+            Err(e) => return self.reject(e).map(ReplyRecord::from),
         };
         let args = &msg[args_at..];
         let cx = CallContext {
@@ -159,13 +159,13 @@ impl FrontEnd {
             NFS_PROGRAM => self.nfs(&hdr, &cx, peer.id(), args).await,
             MOUNT_PROGRAM => {
                 self.stats.mount_calls.fetch_add(1, Ordering::Relaxed);
-                Some(self.mount(&hdr, &cx, args).await)
+                Some(self.mount(&hdr, &cx, args).await.into())
             }
             gvfs_nfs::portmap::PROGRAM => {
                 self.stats.portmap_calls.fetch_add(1, Ordering::Relaxed);
-                Some(self.portmap(&hdr, args))
+                Some(self.portmap(&hdr, args).into())
             }
-            _ => Some(self.error(hdr.xid, ReplyStatus::ProgUnavail)),
+            _ => Some(self.error(hdr.xid, ReplyStatus::ProgUnavail).into()),
         }
     }
 
@@ -199,12 +199,15 @@ impl FrontEnd {
         cx: &CallContext,
         peer: PeerId,
         args: &[u8],
-    ) -> Option<Vec<u8>> {
+    ) -> Option<ReplyRecord> {
         if hdr.vers != 3 {
-            return Some(self.error(hdr.xid, ReplyStatus::ProgMismatch { low: 3, high: 3 }));
+            return Some(
+                self.error(hdr.xid, ReplyStatus::ProgMismatch { low: 3, high: 3 })
+                    .into(),
+            );
         }
         let Some(p) = NfsProc::from_u32(hdr.proc_) else {
-            return Some(self.error(hdr.xid, ReplyStatus::ProcUnavail));
+            return Some(self.error(hdr.xid, ReplyStatus::ProcUnavail).into());
         };
         self.stats.nfs_calls[p as usize].fetch_add(1, Ordering::Relaxed);
         if !p.is_non_idempotent() {
@@ -219,17 +222,17 @@ impl FrontEnd {
             }
             Lookup::Replay(reply) => {
                 self.stats.drc_hits.fetch_add(1, Ordering::Relaxed);
-                return Some(reply.to_vec());
+                return Some(reply.to_vec().into());
             }
         }
-        let reply = Arc::new(self.execute(cx, p, args).await);
+        let reply = Arc::new(self.execute(cx, p, args).await.into_vec());
         self.drc.finish(key, Some(reply.clone()));
-        Some(Arc::try_unwrap(reply).unwrap_or_else(|a| a.to_vec()))
+        Some(Arc::try_unwrap(reply).unwrap_or_else(|a| a.to_vec()).into())
     }
 
     /// Runs one NFS call: READ and WRITE in their XDR form when the layer
     /// below forwards them raw, everything else decoded and typed.
-    async fn execute(&self, cx: &CallContext, p: NfsProc, args: &[u8]) -> Vec<u8> {
+    async fn execute(&self, cx: &CallContext, p: NfsProc, args: &[u8]) -> ReplyRecord {
         let raw_len = match p {
             NfsProc::Write => raw::write_args(args).ok(),
             // A READ asking more than we carry goes the typed way, clamped.
@@ -251,16 +254,19 @@ impl FrontEnd {
                         let n = raw::read_results(&results).unwrap_or(0);
                         self.stats.read_bytes.fetch_add(n as u64, Ordering::Relaxed);
                     }
-                    rpc::reply_record(cx.xid, ReplyStatus::Success, &results)
+                    // Upstream's results follow our header as they came.
+                    let (record, at) = results.into_record();
+                    let head = rpc::reply_start(cx.xid, ReplyStatus::Success, 0);
+                    ReplyRecord::new(head, record, at)
                 }
-                Err(e) => self.failed(cx, p, &e),
+                Err(e) => self.failed(cx, p, &e).into(),
             };
         }
         match NfsRequest::decode(p as u32, args) {
             Ok(req) => self.run(cx, req).await,
             Err(e) => {
                 tracing::debug!(xid = cx.xid, error = %e, "garbage arguments");
-                self.error(cx.xid, ReplyStatus::GarbageArgs)
+                self.error(cx.xid, ReplyStatus::GarbageArgs).into()
             }
         }
     }
@@ -276,7 +282,7 @@ impl FrontEnd {
     }
 
     /// Runs a decoded NFS call through the stack and encodes the reply.
-    async fn run(&self, cx: &CallContext, mut req: NfsRequest) -> Vec<u8> {
+    async fn run(&self, cx: &CallContext, mut req: NfsRequest) -> ReplyRecord {
         let p = req.proc_();
         clamp_request(&mut req);
         if let NfsRequest::Write(w) = &req {
@@ -286,7 +292,7 @@ impl FrontEnd {
         }
         let mut reply = match self.service.call(cx, req).await {
             Ok(r) => r,
-            Err(e) => return self.failed(cx, p, &e),
+            Err(e) => return self.failed(cx, p, &e).into(),
         };
         clamp_reply(&mut reply);
         if let NfsReply::Read(nfs3_types::nfs3::Nfs3Result::Ok(ok)) = &reply {
@@ -294,7 +300,10 @@ impl FrontEnd {
                 .read_bytes
                 .fetch_add(ok.data.len() as u64, Ordering::Relaxed);
         }
-        encode_success(cx.xid, &reply)
+        // A READ's data is not copied: it follows the header as it is.
+        let mut head = rpc::reply_start(cx.xid, ReplyStatus::Success, 256);
+        let data = reply.encode_split(&mut head);
+        ReplyRecord::new(head, data, 0)
     }
 }
 

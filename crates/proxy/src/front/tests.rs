@@ -76,7 +76,7 @@ fn call(xid: u32, prog: u32, vers: u32, proc_: u32, cred: &Credentials, args: &[
 
 async fn results(f: &FrontEnd, msg: &[u8]) -> Result<Vec<u8>, ReplyError> {
     let peer = Peer::plain(Some("127.0.0.1:900".parse().unwrap()));
-    let reply = f.handle(msg, &peer).await.expect("a reply");
+    let reply = f.handle(msg, &peer).await.expect("a reply").into_vec();
     rpc::parse_reply(&reply[4..]).map(<[u8]>::to_vec)
 }
 
