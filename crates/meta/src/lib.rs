@@ -1,5 +1,25 @@
 //! The gvfs metadata-action layer: zero-block maps and compress-and-copy of
-//! whole files driven by `.NAME.gvfsmeta` files (DESIGN.md, "meta layer").
+//! whole files driven by `.NAME.gvfsmeta` files (DESIGN.md, "meta layer";
+//! the GVFS paper, section 3.2.2).
 //!
-//! The forwarding foundation needs nothing from it yet; it is built by its
-//! own issue and stacks above the block cache as an `gvfs_nfs::NfsService`.
+//! [`format`](mod@format) specifies the bytes of a metadata file and
+//! decodes them defensively (they come from the image server); [`scan`]
+//! makes one from a local file and [`write_beside`] puts it next to it;
+//! [`MetaIndex`] is the small key-value store the proxy keeps about files
+//! (negative lookups, file-cache entries, fetched maps), in memory or in
+//! sled. The proxy layer that acts on the metadata stacks above the block
+//! cache as a `gvfs_nfs::NfsService`.
+#![warn(missing_docs)]
+
+mod error;
+pub mod format;
+mod index;
+mod scan;
+
+pub use error::{IndexError, MetaError};
+pub use format::{
+    Actions, MAX_BLOCK_SIZE, MAX_META_LEN, META_SUFFIX, MIN_BLOCK_SIZE, MetaFile, ZeroMap,
+    block_count, described_name, is_meta_name, meta_name,
+};
+pub use index::{MemIndex, MetaIndex, SledIndex};
+pub use scan::{scan, write_beside};

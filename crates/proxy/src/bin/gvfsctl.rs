@@ -1,7 +1,8 @@
-//! gvfsctl: control a running gvfs-proxy over its control socket, and make
-//! the certificates for TLS between proxies (`gvfsctl ca`).
+//! gvfsctl: control a running gvfs-proxy over its control socket, make
+//! the certificates for TLS between proxies (`gvfsctl ca`), and make and
+//! show metadata files (`gvfsctl meta`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
@@ -53,6 +54,35 @@ enum Cmd {
     Ca {
         #[command(subcommand)]
         cmd: CaCmd,
+    },
+    /// Make and show `.NAME.gvfsmeta` metadata files: zero-block maps and
+    /// compress-and-copy actions (runs locally; no proxy needed).
+    Meta {
+        #[command(subcommand)]
+        cmd: MetaCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum MetaCmd {
+    /// Scan files and write `.NAME.gvfsmeta` beside each (on the image
+    /// server's directory, or through a proxy's mount).
+    Gen {
+        /// Regular files to scan; directories and metadata files are skipped.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Zero-map block size: a power of two from 4K to 1M.
+        #[arg(long, default_value = "4K", value_name = "SIZE")]
+        block_size: String,
+        /// Mark the files compress-and-copy (fetched whole as one zstd
+        /// stream into the proxy's file cache), and record their zstd size.
+        #[arg(long)]
+        compress: bool,
+    },
+    /// Print a metadata file and whether it still matches its file.
+    Show {
+        /// The file, or its `.NAME.gvfsmeta`.
+        path: PathBuf,
     },
 }
 
@@ -130,6 +160,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     // `gvfsctl ca` works on files only: no control socket to look for.
     let cmd = match cli.cmd {
         Cmd::Ca { cmd } => return ca(cmd),
+        Cmd::Meta { cmd } => return meta(cmd),
         cmd => cmd,
     };
     let path = control_path(cli.control)?;
@@ -176,6 +207,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             wait_for_job(&ask, &started)?;
         }
         Cmd::Ca { .. } => unreachable!("gvfsctl ca is handled before the control socket lookup"),
+        Cmd::Meta { .. } => {
+            unreachable!("gvfsctl meta is handled before the control socket lookup")
+        }
     }
     Ok(())
 }
@@ -225,6 +259,203 @@ fn ca(cmd: CaCmd) -> anyhow::Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `gvfsctl meta gen|show`: makes and prints metadata files.
+fn meta(cmd: MetaCmd) -> anyhow::Result<()> {
+    match cmd {
+        MetaCmd::Gen {
+            paths,
+            block_size,
+            compress,
+        } => meta_gen(&paths, &block_size, compress),
+        MetaCmd::Show { path } => meta_show(&path),
+    }
+}
+
+fn meta_gen(paths: &[PathBuf], block_size: &str, compress: bool) -> anyhow::Result<()> {
+    let bs = gvfs_proxy::config::parse_size(block_size)
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| {
+            n.is_power_of_two()
+                && (gvfs_meta::MIN_BLOCK_SIZE..=gvfs_meta::MAX_BLOCK_SIZE).contains(n)
+        })
+        .with_context(|| {
+            format!("--block-size {block_size:?}: expected a power of two from 4K to 1M")
+        })?;
+    let actions = if compress {
+        gvfs_meta::Actions::COMPRESS_AND_COPY
+    } else {
+        gvfs_meta::Actions::default()
+    };
+    // Pick the files first, so the progress bar knows the total.
+    let mut files = Vec::new();
+    for path in paths {
+        let md = std::fs::symlink_metadata(path).with_context(|| format!("{}", path.display()))?;
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if gvfs_meta::is_meta_name(name) || name.ends_with(gvfs_meta::META_SUFFIX) {
+            eprintln!("gvfsctl: skipping {}: a metadata file", path.display());
+        } else if !md.is_file() {
+            eprintln!("gvfsctl: skipping {}: not a regular file", path.display());
+        } else if gvfs_meta::meta_name(name).is_none() {
+            bail!(
+                "{}: the name cannot have a metadata file (not UTF-8, or too long)",
+                path.display()
+            );
+        } else {
+            files.push((path, md.len()));
+        }
+    }
+    let bar = indicatif::ProgressBar::new(files.iter().map(|f| f.1).sum());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let mut done = 0;
+    let mut lines = Vec::new();
+    for (path, _) in files {
+        bar.set_message(path.display().to_string());
+        let scanned = gvfs_meta::scan(path, bs, actions, &mut |n| bar.set_position(done + n))
+            .with_context(|| format!("scanning {}", path.display()))?;
+        let written = gvfs_meta::write_beside(path, &scanned)
+            .with_context(|| format!("writing the metadata of {}", path.display()))?;
+        done += scanned.file_size;
+        bar.set_position(done);
+        let mut line = format!(
+            "{}: {}, {}",
+            path.display(),
+            indicatif::HumanBytes(scanned.file_size),
+            zero_summary(&scanned)
+        );
+        if compress {
+            line += &format!(", zstd {}", indicatif::HumanBytes(scanned.compressed_size));
+        }
+        line += &format!(" -> {}", written.display());
+        lines.push(line);
+    }
+    bar.finish_and_clear();
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn zero_summary(m: &gvfs_meta::MetaFile) -> String {
+    let (zero, blocks) = (m.zero.zero_blocks(), m.zero.blocks());
+    let pct = if blocks == 0 {
+        0.0
+    } else {
+        zero as f64 * 100.0 / blocks as f64
+    };
+    format!(
+        "{zero}/{blocks} zero {} blocks ({pct:.1}%)",
+        indicatif::HumanBytes(u64::from(m.block_size))
+    )
+}
+
+fn meta_show(path: &Path) -> anyhow::Result<()> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{}: no UTF-8 file name", path.display()))?;
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let (file, meta_path) = match gvfs_meta::described_name(name) {
+        Some(described) => (dir.join(described), path.to_path_buf()),
+        None => {
+            let m = gvfs_meta::meta_name(name)
+                .with_context(|| format!("{}: cannot have a metadata file", path.display()))?;
+            (path.to_path_buf(), dir.join(m))
+        }
+    };
+    let len = std::fs::metadata(&meta_path)
+        .with_context(|| format!("{}", meta_path.display()))?
+        .len();
+    if len > gvfs_meta::MAX_META_LEN as u64 {
+        bail!(
+            "{}: {len} bytes, over the {} byte limit for metadata files",
+            meta_path.display(),
+            gvfs_meta::MAX_META_LEN
+        );
+    }
+    let bytes = std::fs::read(&meta_path).with_context(|| format!("{}", meta_path.display()))?;
+    let m =
+        gvfs_meta::MetaFile::decode(&bytes).with_context(|| format!("{}", meta_path.display()))?;
+    let a = m.actions;
+    let actions: Vec<&str> = [
+        (a.compress, "compress"),
+        (a.remote_copy, "remote-copy"),
+        (a.uncompress, "uncompress"),
+        (a.read_locally, "read-locally"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, name)| *name)
+    .collect();
+    let time = |(s, ns): (u64, u32)| format!("{s}.{ns:09}");
+    println!(
+        "metadata:        {} ({} bytes)",
+        meta_path.display(),
+        bytes.len()
+    );
+    println!("file:            {}", file.display());
+    println!(
+        "size:            {} ({} bytes)",
+        indicatif::HumanBytes(m.file_size),
+        m.file_size
+    );
+    println!("mtime:           {}", time(m.mtime));
+    println!("ctime:           {}", time(m.ctime));
+    println!(
+        "block size:      {}",
+        indicatif::HumanBytes(u64::from(m.block_size))
+    );
+    println!("zero blocks:     {}", zero_summary(&m));
+    println!("zero runs:       {}", m.zero.zero_ranges().len());
+    println!(
+        "actions:         {}",
+        if actions.is_empty() {
+            "none (zero map only)".to_string()
+        } else {
+            actions.join(", ")
+        }
+    );
+    if m.compressed_size != 0 {
+        println!(
+            "zstd size:       {} ({:.1}% of the file)",
+            indicatif::HumanBytes(m.compressed_size),
+            m.compressed_size as f64 * 100.0 / m.file_size.max(1) as f64
+        );
+    }
+    let state = match std::fs::metadata(&file) {
+        Err(e) => format!("cannot check: {e}"),
+        Ok(f) => {
+            use std::os::unix::fs::MetadataExt;
+            let t = |s: i64, ns: i64| {
+                (
+                    u64::try_from(s).unwrap_or(0),
+                    ns.clamp(0, 999_999_999) as u32,
+                )
+            };
+            let (mtime, ctime) = (t(f.mtime(), f.mtime_nsec()), t(f.ctime(), f.ctime_nsec()));
+            if !m.matches(f.len(), mtime, ctime, false) {
+                format!(
+                    "no: stale, the file is now {} bytes, mtime {} (a proxy ignores this metadata)",
+                    f.len(),
+                    time(mtime)
+                )
+            } else if m.matches(f.len(), mtime, ctime, true) {
+                "yes (size, mtime and ctime)".to_string()
+            } else {
+                format!("yes (size and mtime; ctime is now {})", time(ctime))
+            }
+        }
+    };
+    println!("matches file:    {state}");
     Ok(())
 }
 
