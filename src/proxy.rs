@@ -224,13 +224,17 @@ impl Proxy {
 
     /// The block cache counters as `gvfsctl stats --json` reports them.
     pub fn cache_stats(&self) -> Result<serde_json::Value> {
+        Ok(self.cache_stats_all()?["cache"].clone())
+    }
+
+    /// Everything `gvfsctl stats --json` reports: `status`, `cache`, `meta`
+    /// and `writeback`.
+    pub fn cache_stats_all(&self) -> Result<serde_json::Value> {
         let out = gvfsctl(self.control_path(), &["stats", "--json"])?;
         if !out.status.success() {
             bail!("gvfsctl stats failed: {}", out.stderr_text());
         }
-        let v: serde_json::Value =
-            serde_json::from_str(&out.stdout_text()).context("parsing gvfsctl stats --json")?;
-        Ok(v["cache"].clone())
+        serde_json::from_str(&out.stdout_text()).context("parsing gvfsctl stats --json")
     }
 
     /// Runs `gvfsctl writeback --wait` and fails unless it succeeded.

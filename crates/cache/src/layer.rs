@@ -256,6 +256,10 @@ pub struct CacheLayer {
     /// Blocks read ahead and not read yet.
     prefetched: Mutex<HashSet<BlockKey>>,
     readahead_slots: Arc<Semaphore>,
+    /// Says which byte ranges of a file are known to be zeros (a layer
+    /// above with zero-block maps answers those itself): read-ahead skips
+    /// them.
+    zero_hint: std::sync::OnceLock<ZeroHint>,
     /// One write-back at a time; truncation waits for it.
     write_back_lock: tokio::sync::Mutex<()>,
     counters: Counters,
@@ -271,6 +275,10 @@ impl fmt::Debug for CacheLayer {
             .finish_non_exhaustive()
     }
 }
+
+/// `(file handle, offset, length)` -> whether those bytes are known zeros
+/// that the layer above answers without asking this one.
+pub type ZeroHint = Arc<dyn Fn(&[u8], u64, u64) -> bool + Send + Sync>;
 
 fn local(e: Error) -> ServiceError {
     ServiceError::Local(format!("block cache: {e}"))
@@ -333,10 +341,17 @@ impl CacheLayer {
             flights: Mutex::new(HashMap::new()),
             prefetched: Mutex::new(HashSet::new()),
             readahead_slots: Arc::new(Semaphore::new(MAX_READAHEAD_TASKS)),
+            zero_hint: std::sync::OnceLock::new(),
             write_back_lock: tokio::sync::Mutex::new(()),
             counters: Counters::default(),
             closed: AtomicBool::new(false),
         })
+    }
+
+    /// Sets the zero-range hint read-ahead consults (once; later calls are
+    /// ignored).
+    pub fn set_zero_hint(&self, hint: ZeroHint) {
+        let _ = self.zero_hint.set(hint);
     }
 
     /// The configuration.
@@ -1010,8 +1025,10 @@ impl CacheLayer {
             Ok(w) => w,
             Err(_) => return,
         };
+        let bs = self.block_size();
+        let known_zero = |b: u64| self.zero_hint.get().is_some_and(|h| h(&fh, b * bs, bs));
         let mut set = tokio::task::JoinSet::new();
-        for b in wanted {
+        for b in wanted.into_iter().filter(|&b| !known_zero(b)) {
             let (me, cred, fh) = (self.clone(), cred.clone(), fh.clone());
             set.spawn(async move { me.fetch_block(cred, fh, b, true).await });
             bump(&self.counters.readahead_blocks, 1);

@@ -25,7 +25,7 @@ pub use geometry::{
     MIN_SUB_BLOCK_SIZE,
 };
 pub use layer::{
-    CacheConfig, CacheLayer, LayerStats, UnknownWritePolicy, WriteBackReport, WritePolicy,
+    CacheConfig, CacheLayer, LayerStats, UnknownWritePolicy, WriteBackReport, WritePolicy, ZeroHint,
 };
 pub use mask::SubBlockMask;
 pub use set::FileHandle;

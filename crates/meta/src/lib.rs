@@ -14,6 +14,7 @@
 mod error;
 pub mod format;
 mod index;
+pub mod layer;
 mod scan;
 
 pub use error::{IndexError, MetaError};
@@ -22,4 +23,5 @@ pub use format::{
     block_count, described_name, is_meta_name, meta_name,
 };
 pub use index::{MemIndex, MetaIndex, SledIndex};
+pub use layer::{MetaLayer, MetaStats};
 pub use scan::{scan, write_beside};

@@ -45,6 +45,7 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// readahead_blocks = 32
 /// writeback_on_exit = true
 /// exit_writeback_timeout_secs = 60
+/// meta = true                          # metadata actions (default: on with a cache)
 ///
 /// # TLS between proxies (certificates from `gvfsctl ca init` / `ca issue`)
 /// listen_tls = "0.0.0.0:20049"         # accept gvfs:// peers here
@@ -116,6 +117,8 @@ pub struct FileConfig {
     pub peers: Option<std::collections::BTreeMap<String, String>>,
     /// Mapping of peers with no rule.
     pub unknown_peers: Option<String>,
+    /// Use `.NAME.gvfsmeta` files (zero-block maps) found upstream.
+    pub meta: Option<bool>,
     /// uid and gid of squashed calls.
     pub nobody: Option<(u32, u32)>,
 }
@@ -171,6 +174,7 @@ impl FileConfig {
                 (a, b) => b.or(a),
             },
             unknown_peers: other.unknown_peers.or(self.unknown_peers),
+            meta: other.meta.or(self.meta),
             nobody: other.nobody.or(self.nobody),
         }
     }
@@ -235,6 +239,8 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// TLS: this node's certificate and how peers are mapped, when set.
     pub tls: Option<TlsSettings>,
+    /// Metadata actions on (default: when there is a block cache).
+    pub meta: bool,
 }
 
 /// Validated TLS settings.
@@ -496,6 +502,7 @@ impl Config {
             connect_timeout,
             limits,
             drain_timeout: Duration::from_secs(f.drain_timeout_secs.unwrap_or(10)),
+            meta: f.meta.unwrap_or(cache.is_some()),
             cache,
             metrics,
             tls,

@@ -216,9 +216,24 @@ pub async fn run(
         Some(c) => Some(open_cache(c, bottom.service.clone()).await?),
         None => None,
     };
-    let service: Arc<dyn NfsService> = match &cache {
+    let mut service: Arc<dyn NfsService> = match &cache {
         Some(layer) => layer.clone(),
         None => bottom.service.clone(),
+    };
+    let meta = if cfg.meta {
+        let index = open_meta_index(&cfg);
+        let layer = gvfs_meta::MetaLayer::new(service.clone(), index);
+        if let Some(c) = &cache {
+            // Read-ahead need not fetch blocks the metadata says are zeros.
+            let weak = Arc::downgrade(&layer);
+            c.set_zero_hint(Arc::new(move |fh: &[u8], off: u64, len: u64| {
+                weak.upgrade().is_some_and(|m| m.known_zero(fh, off, len))
+            }));
+        }
+        service = layer.clone();
+        Some(layer)
+    } else {
+        None
     };
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -272,6 +287,7 @@ pub async fn run(
         server: stats.clone(),
         client: bottom.client,
         cache: cache.clone(),
+        meta,
         jobs: jobs.clone(),
         started: Instant::now(),
     };
@@ -327,6 +343,21 @@ pub async fn run(
     shutdown.cancel();
     let _ = control_task.await;
     Ok(())
+}
+
+/// The index of file names and metadata answers: in the cache directory
+/// when there is one (it survives restarts), else in memory.
+fn open_meta_index(cfg: &Config) -> Option<Arc<dyn gvfs_meta::MetaIndex>> {
+    if let Some(c) = &cfg.cache {
+        let path = c.dir.join("meta.sled");
+        match gvfs_meta::SledIndex::open(&path) {
+            Ok(i) => return Some(Arc::new(i)),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "metadata index not opened; keeping it in memory")
+            }
+        }
+    }
+    Some(Arc::new(gvfs_meta::MemIndex::new(65_536)))
 }
 
 /// Opens the block cache in `settings.dir` and stacks it on `below`.
@@ -387,6 +418,7 @@ struct StatusSource {
     server: Arc<ServerStats>,
     client: Option<RpcClient>,
     cache: Option<Arc<gvfs_cache::CacheLayer>>,
+    meta: Option<Arc<gvfs_meta::MetaLayer>>,
     jobs: Arc<writeback::Jobs>,
     started: Instant,
 }
@@ -415,6 +447,7 @@ impl StatusSource {
         json!({
             "status": self.status(),
             "cache": self.cache.as_ref().map(|c| json!(c.stats())),
+            "meta": self.meta.as_ref().map(|m| json!(m.stats())),
             "writeback": self.jobs.state(),
         })
     }

@@ -171,6 +171,16 @@ struct Cli {
     /// Longest TLS handshake [default: 10].
     #[arg(long, value_name = "SECS", help_heading = "TLS")]
     handshake_timeout: Option<u64>,
+
+    /// Use metadata files found upstream (`.NAME.gvfsmeta`, made with
+    /// `gvfsctl meta gen`): reads of zero blocks are answered locally
+    /// [default: on when there is a block cache].
+    #[arg(long, conflicts_with = "no_meta", help_heading = "Metadata actions")]
+    meta: bool,
+
+    /// Do not look for metadata files.
+    #[arg(long, help_heading = "Metadata actions")]
+    no_meta: bool,
 }
 
 impl Cli {
@@ -211,6 +221,11 @@ impl Cli {
             peers: (!peers.is_empty()).then_some(peers),
             unknown_peers: self.unknown_peers.clone(),
             nobody: None,
+            meta: match (self.meta, self.no_meta) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
         })
     }
 }

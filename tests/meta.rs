@@ -1,0 +1,174 @@
+//! Metadata actions through the real binaries, with nfs-ganesha and
+//! libnfs: `gvfsctl meta gen` writes zero-block maps beside images at the
+//! origin; a caching proxy uses them so zero blocks never cross to
+//! upstream, and ignores metadata that is corrupt, truncated, of another
+//! version or stale, with the same bytes either way.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+use gvfs::data::{compare_file_with, write_sparse_file};
+use gvfs::libnfs::nfs_cat;
+use gvfs::{Ganesha, Proxy, ProxyArgs};
+
+const MIB: u64 = 1 << 20;
+
+fn gvfsctl(args: &[&str]) -> Result<String> {
+    let out = Command::new(gvfs::proxy::gvfsctl_binary()?)
+        .args(args)
+        .output()
+        .context("running gvfsctl")?;
+    ensure!(
+        out.status.success(),
+        "gvfsctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn n(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or(0)
+}
+
+/// A 24 MiB "memory image": data in a few places, zeros elsewhere (holes
+/// and written zeros alike), with an odd tail.
+fn make_image(path: &Path, seed: u64) -> Result<u64> {
+    let size = 24 * MIB + 1000;
+    write_sparse_file(
+        path,
+        size,
+        seed,
+        &[
+            (0, 64 * 1024),
+            (3 * MIB + 4096, 5 * 4096),
+            (10 * MIB, 2 * MIB),
+            (24 * MIB, 1000),
+        ],
+    )?;
+    Ok(size)
+}
+
+fn caching_proxy(g: &Ganesha, cache: &Path, extra: &[&str]) -> Result<Proxy> {
+    let mut args = ProxyArgs::new(g.upstream_url())
+        .arg("--cache-dir")
+        .arg(cache.display().to_string());
+    for a in extra {
+        args = args.arg(*a);
+    }
+    Proxy::spawn(args)
+}
+
+#[test]
+fn zero_blocks_are_answered_locally_and_the_bytes_are_identical() -> Result<()> {
+    let g = Ganesha::start()?;
+    let image = g.export_dir().join("mem.img");
+    let size = make_image(&image, 1)?;
+    let shown = gvfsctl(&[
+        "meta",
+        "gen",
+        &image.display().to_string(),
+        "--block-size",
+        "4K",
+    ])?;
+    ensure!(shown.contains("mem.img"), "meta gen said: {shown}");
+    ensure!(g.export_dir().join(".mem.img.gvfsmeta").is_file());
+    let want = std::fs::read(&image)?;
+
+    let with = tempfile::tempdir()?;
+    let p = caching_proxy(&g, with.path(), &[])?;
+    let got = nfs_cat(&p.url("mem.img"))?;
+    compare_file_with(&got, &image).context("read with metadata")?;
+    let stats = p.cache_stats_all()?;
+    let meta = &stats["meta"];
+    let cache = &stats["cache"];
+    ensure!(n(meta, "meta_found") == 1, "stats: {stats}");
+    // Data: 64 KiB + 20 KiB + 2 MiB + 1000 bytes, in 35 of the cache's
+    // 64 KiB blocks, which it fetches whole; read-ahead skips known zeros.
+    let fetched = n(cache, "fetched_bytes");
+    ensure!(
+        fetched <= 35 * 65_536 && n(meta, "zero_bytes") >= size - 35 * 65_536,
+        "fetched {fetched} bytes of a {size}-byte image with 21 MiB of zeros: {stats}"
+    );
+    // Reading it again: every READ below the metadata layer is one of its
+    // data runs, or the one READ of the metadata file (zero blocks never go
+    // below it), all cache hits now.
+    let again = nfs_cat(&p.url("mem.img"))?;
+    ensure!(again == want);
+    let after = p.cache_stats_all()?;
+    let below = n(&after["cache"], "reads");
+    ensure!(
+        below == n(&after["meta"], "data_reads") + 1 && n(&after["meta"], "zero_reads") > 0,
+        "zero blocks went below the metadata layer: {after}"
+    );
+    ensure!(
+        n(&after["cache"], "fetched_bytes") == fetched,
+        "the second read fetched from upstream: {after}"
+    );
+
+    // Without metadata: the same bytes, and the zeros are fetched.
+    let without = tempfile::tempdir()?;
+    let q = caching_proxy(&g, without.path(), &["--no-meta"])?;
+    ensure!(nfs_cat(&q.url("mem.img"))? == want, "read without metadata");
+    ensure!(
+        n(&q.cache_stats_all()?["cache"], "fetched_bytes") >= size - 64 * 1024,
+        "without metadata the whole file is fetched"
+    );
+    Ok(())
+}
+
+#[test]
+fn bad_metadata_is_ignored_with_a_warning_and_the_data_stays_right() -> Result<()> {
+    let g = Ganesha::start()?;
+    let image = g.export_dir().join("vm.img");
+    make_image(&image, 2)?;
+    let image_s = image.display().to_string();
+    let meta_path = g.export_dir().join(".vm.img.gvfsmeta");
+    gvfsctl(&["meta", "gen", &image_s, "--block-size", "64K"])?;
+    let good = std::fs::read(&meta_path)?;
+    let want = std::fs::read(&image)?;
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut flipped = good.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x10;
+    cases.push(("corrupt", flipped));
+    cases.push(("truncated", good[..good.len() - 7].to_vec()));
+    let mut version = good.clone();
+    version[8] = version[8].wrapping_add(7);
+    cases.push(("another version", version));
+    cases.push(("empty", Vec::new()));
+    for (what, bytes) in cases {
+        std::fs::write(&meta_path, &bytes)?;
+        let cache = tempfile::tempdir()?;
+        let p = caching_proxy(&g, cache.path(), &[])?;
+        let got = nfs_cat(&p.url("vm.img"))?;
+        ensure!(got == want, "{what}: wrong bytes");
+        let stats = p.cache_stats_all()?;
+        ensure!(
+            n(&stats["meta"], "meta_rejected") == 1 && n(&stats["meta"], "zero_bytes") == 0,
+            "{what}: {stats}"
+        );
+        ensure!(
+            p.output().contains("ignoring metadata"),
+            "{what}: no warning:\n{}",
+            p.output()
+        );
+    }
+    // Stale: the image changed after its metadata was made (a zero block
+    // now holds data the old map calls zero).
+    std::fs::write(&meta_path, &good)?;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    gvfs::data::write_at(&image, 5 * MIB, b"no longer zero")?;
+    let want = std::fs::read(&image)?;
+    let cache = tempfile::tempdir()?;
+    let p = caching_proxy(&g, cache.path(), &[])?;
+    ensure!(nfs_cat(&p.url("vm.img"))? == want, "stale: wrong bytes");
+    let stats = p.cache_stats_all()?;
+    ensure!(n(&stats["meta"], "meta_rejected") == 1, "stale: {stats}");
+    ensure!(
+        p.output().contains("stale"),
+        "no stale warning:\n{}",
+        p.output()
+    );
+    Ok(())
+}
