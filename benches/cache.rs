@@ -133,14 +133,7 @@ fn main() -> Result<()> {
         .context("starting the tokio runtime")?;
 
     // Local copies land in tmpfs, so the local disk is not part of a read.
-    let shm = Path::new("/dev/shm");
-    let local = if shm.is_dir() {
-        tempfile::Builder::new()
-            .prefix("gvfs-bench-")
-            .tempdir_in(shm)?
-    } else {
-        tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?
-    };
+    let local = gvfs::bench::shm_tempdir()?;
     // Sources and cache directories on the disk, like ganesha's export.
     let work = tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?;
     let ganesha = Ganesha::start().context("starting nfs-ganesha")?;

@@ -20,7 +20,6 @@
 //! --benches`) it does a small smoke run.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -32,15 +31,7 @@ use gvfs::{Ganesha, Proxy, ProxyArgs};
 const SEED: u64 = 0x7475_6e6e_656c;
 
 fn gvfsctl(args: &[&str]) -> Result<()> {
-    let out = Command::new(gvfs::proxy::gvfsctl_binary()?)
-        .args(args)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "gvfsctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    gvfs::proxy::gvfsctl_local(args).map(|_| ())
 }
 
 fn tls_args(ca: &Path, name: &str, mut p: ProxyArgs) -> ProxyArgs {
@@ -70,14 +61,7 @@ fn main() -> Result<()> {
     let reps = env_u64("GVFS_BENCH_REPS", if bench { 3 } else { 1 })? as usize;
     let handshakes = env_u64("GVFS_BENCH_HANDSHAKES", if bench { 500 } else { 20 })? as usize;
 
-    let shm = Path::new("/dev/shm");
-    let local = if shm.is_dir() {
-        tempfile::Builder::new()
-            .prefix("gvfs-bench-")
-            .tempdir_in(shm)?
-    } else {
-        tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?
-    };
+    let local = gvfs::bench::shm_tempdir()?;
     let work = tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?;
     let ca: PathBuf = work.path().join("ca");
     let ca_s = ca.display().to_string();

@@ -10,6 +10,22 @@ pub fn loadavg() -> String {
         .unwrap_or_else(|_| "?".to_owned())
 }
 
+/// A temporary directory in `/dev/shm` (tmpfs) when there is one, so local
+/// copies made by a benchmark do not time the local disk.
+pub fn shm_tempdir() -> Result<tempfile::TempDir> {
+    let shm = std::path::Path::new("/dev/shm");
+    let b = {
+        let mut b = tempfile::Builder::new();
+        b.prefix("gvfs-bench-");
+        b
+    };
+    Ok(if shm.is_dir() {
+        b.tempdir_in(shm)?
+    } else {
+        b.tempdir()?
+    })
+}
+
 /// A number from the environment variable `key`, or `default` when unset.
 pub fn env_u64(key: &str, default: u64) -> Result<u64> {
     match std::env::var(key) {

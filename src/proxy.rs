@@ -186,6 +186,18 @@ pub fn gvfsctl(control: &Path, args: &[&str]) -> Result<process::Output> {
     process::run(&mut cmd, Duration::from_secs(20))
 }
 
+/// Runs `gvfsctl ARGS...` for a command that needs no proxy (`ca`,
+/// `meta`); fails unless it succeeds, and returns its standard output.
+pub fn gvfsctl_local(args: &[&str]) -> Result<String> {
+    let mut cmd = Command::new(gvfsctl_binary()?);
+    cmd.args(args);
+    let out = process::run(&mut cmd, Duration::from_secs(120))?;
+    if !out.status.success() {
+        bail!("gvfsctl {args:?} failed: {}", out.stderr_text());
+    }
+    Ok(out.stdout_text())
+}
+
 /// Spawns `n` proxies in a chain in front of `upstream`, each with `extra`
 /// arguments; the last one returned is the one clients talk to.
 pub fn chain(upstream: &str, n: usize, extra: &[&str]) -> Result<Vec<Proxy>> {

@@ -5,7 +5,6 @@
 //! version or stale, with the same bytes either way.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use gvfs::data::{compare_file_with, write_sparse_file};
@@ -14,18 +13,7 @@ use gvfs::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
 
-fn gvfsctl(args: &[&str]) -> Result<String> {
-    let out = Command::new(gvfs::proxy::gvfsctl_binary()?)
-        .args(args)
-        .output()
-        .context("running gvfsctl")?;
-    ensure!(
-        out.status.success(),
-        "gvfsctl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+use gvfs::proxy::gvfsctl_local as gvfsctl;
 
 fn n(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or(0)

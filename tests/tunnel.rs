@@ -8,7 +8,6 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -42,16 +41,7 @@ impl Pki {
     }
 
     fn gvfsctl(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(gvfs::proxy::gvfsctl_binary()?)
-            .args(args)
-            .output()
-            .context("running gvfsctl")?;
-        ensure!(
-            out.status.success(),
-            "gvfsctl {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        gvfs::proxy::gvfsctl_local(args)
     }
 
     /// Issues a certificate for `name` (with IP 127.0.0.1) with gvfsctl.
