@@ -1345,7 +1345,7 @@ impl Inner {
             return Ok(());
         };
         let sbs = self.geo.sub_block_size();
-        let f = &mut self.frames[id];
+        let f = &self.frames[id];
         let mut clean = SubBlockMask::EMPTY;
         for e in &written.extents {
             let end = e.offset.saturating_add(e.data.len() as u32);
@@ -1358,26 +1358,10 @@ impl Inner {
         if clean.is_empty() {
             return Ok(());
         }
-        f.dirty = f.dirty.without(clean);
-        f.committed = f.committed.and(f.dirty);
         // A partial sub-block written back is upstream's now, and the cache
         // holds none of it beyond what it wrote: forget it.
         let forgotten = f.partial.and(clean);
-        for sb in forgotten.iter() {
-            f.crcs[sb as usize] = 0;
-            f.extents[sb as usize] = (0, 0);
-        }
-        f.partial = f.partial.without(clean);
-        if f.dirty.is_empty() {
-            f.dirty_end = 0;
-        }
-        if f.holds_nothing() {
-            if let Some((fh, block)) = f.key.take() {
-                self.unindex(&fh, block);
-            }
-            self.frames[id].clear();
-        }
-        self.write_tag(id)?;
+        self.forget(id, forgotten, clean)?;
         if !forgotten.is_empty() {
             // The durable tag still claims the forgotten extent as committed
             // dirty data; a later write may reuse its bytes, so make the
@@ -1390,7 +1374,7 @@ impl Inner {
 
     /// Drops `drop` sub-blocks of frame `id` (and the frame if none is left).
     fn drop_sub_blocks(&mut self, id: usize, drop: SubBlockMask) -> Result<u64> {
-        let f = &mut self.frames[id];
+        let f = &self.frames[id];
         let drop = drop.and(f.valid.or(f.partial));
         if drop.is_empty() {
             return Ok(0);
@@ -1403,14 +1387,23 @@ impl Inner {
                 u64::from(if f.partial.contains(sb) { b - a } else { sbs })
             })
             .sum();
-        f.valid = f.valid.without(drop);
-        f.dirty = f.dirty.without(drop);
-        f.partial = f.partial.without(drop);
-        f.committed = f.committed.and(f.dirty);
-        for sb in drop.iter() {
+        self.forget(id, drop, drop)?;
+        Ok(bytes)
+    }
+
+    /// Frame `id` no longer holds the bytes of `gone` and no longer has
+    /// `undirty` dirty; the frame is emptied when nothing is left. Writes the
+    /// tag.
+    fn forget(&mut self, id: usize, gone: SubBlockMask, undirty: SubBlockMask) -> Result<()> {
+        let f = &mut self.frames[id];
+        for sb in gone.iter() {
             f.crcs[sb as usize] = 0;
             f.extents[sb as usize] = (0, 0);
         }
+        f.valid = f.valid.without(gone);
+        f.partial = f.partial.without(gone);
+        f.dirty = f.dirty.without(undirty.or(gone));
+        f.committed = f.committed.and(f.dirty);
         if f.dirty.is_empty() {
             f.dirty_end = 0;
         }
@@ -1420,8 +1413,7 @@ impl Inner {
             }
             self.frames[id].clear();
         }
-        self.write_tag(id)?;
-        Ok(bytes)
+        self.write_tag(id)
     }
 
     fn invalidate(&mut self, fh: &[u8], force: bool) -> Result<u64> {

@@ -211,7 +211,11 @@ impl MetaLayer {
     /// longer matches them is dropped.
     fn note_attrs(&self, fh: &[u8], a: &fattr3) {
         let mut files = self.files();
-        let Some(e) = files.get_mut(fh) else {
+        // Files known to have no metadata need no attributes kept.
+        let Some(e) = files
+            .get_mut(fh)
+            .filter(|e| !matches!(e.known, Known::Nothing))
+        else {
             return;
         };
         if let Known::Meta(m) = &e.known
@@ -232,23 +236,29 @@ impl MetaLayer {
     /// The file's valid metadata and current attributes, looking for the
     /// metadata file on first use.
     async fn meta_for(&self, cx: &CallContext, fh: &[u8]) -> Option<(Arc<MetaFile>, fattr3)> {
-        let (known, attrs, name) = {
+        // The common cases (no metadata, or metadata known) copy no more
+        // than they return: this runs for every READ.
+        let (attrs, name) = {
             let files = self.files();
             match files.get(fh) {
-                Some(e) => (e.known.clone(), e.attrs.clone(), e.name.clone()),
-                None => (Known::Unknown, None, None),
+                Some(Entry {
+                    known: Known::Nothing,
+                    ..
+                }) => return None,
+                Some(Entry {
+                    known: Known::Meta(m),
+                    attrs,
+                    ..
+                }) => {
+                    let a = attrs.as_ref()?;
+                    return m
+                        .matches(a.size, mtime_of(a), ctime_of(a), false)
+                        .then(|| (m.clone(), a.clone()));
+                }
+                Some(e) => (e.attrs.clone(), e.name.clone()),
+                None => (None, None),
             }
         };
-        match known {
-            Known::Nothing => return None,
-            Known::Meta(m) => {
-                let a = attrs?;
-                return m
-                    .matches(a.size, mtime_of(&a), ctime_of(&a), false)
-                    .then_some((m, a));
-            }
-            Known::Unknown => {}
-        }
         let name = name.or_else(|| self.indexed_name(fh))?;
         let _one = self.fetching.lock().await;
         // Another READ may have fetched it meanwhile.
@@ -264,7 +274,7 @@ impl MetaLayer {
             Some(a) => a,
             None => self.getattr(cx, fh).await?,
         };
-        let known = self.fetch(cx, fh, &name, &attrs).await;
+        let known = self.fetch(cx, &name, &attrs).await;
         let mut files = self.files();
         let e = Self::entry(&mut files, fh);
         e.name = Some(name);
@@ -292,7 +302,6 @@ impl MetaLayer {
     async fn fetch(
         &self,
         cx: &CallContext,
-        fh: &[u8],
         (dir, name): &(Vec<u8>, String),
         attrs: &fattr3,
     ) -> Known {
@@ -382,7 +391,6 @@ impl MetaLayer {
             blocks = meta.zero.blocks(),
             "using metadata {mname}"
         );
-        let _ = fh;
         Known::Meta(Arc::new(meta))
     }
 

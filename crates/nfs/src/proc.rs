@@ -405,21 +405,7 @@ mod tests {
                 data: Opaque::owned(data),
             }))
         };
-        let attrs = Nfs3Option::Some(fattr3 {
-            type_: ftype3::NF3REG,
-            mode: 0o644,
-            nlink: 1,
-            uid: 1,
-            gid: 2,
-            size: 3,
-            used: 4,
-            rdev: specdata3::default(),
-            fsid: 5,
-            fileid: 6,
-            atime: nfstime3::default(),
-            mtime: nfstime3::default(),
-            ctime: nfstime3::default(),
-        });
+        let attrs = Nfs3Option::Some(crate::proc::raw::tests::attrs());
         for n in [0, 1, 2, 3, 4, 5, 4097] {
             for a in [Nfs3Option::None, attrs.clone()] {
                 let data: Vec<u8> = (0..n).map(|i| i as u8).collect();
@@ -584,14 +570,15 @@ pub mod raw {
     }
 
     #[cfg(test)]
-    mod tests {
+    pub(crate) mod tests {
         use super::*;
         use crate::proc::{NfsReply, NfsRequest};
         use nfs3_types::nfs3::*;
         use nfs3_types::xdr_codec::Opaque;
         use proptest::prelude::*;
 
-        fn attrs() -> fattr3 {
+        /// Attributes of a small regular file, for tests.
+        pub(crate) fn attrs() -> fattr3 {
             fattr3 {
                 type_: ftype3::NF3REG,
                 mode: 0o644,
