@@ -13,9 +13,11 @@ use serde_json::{Value, json};
 #[command(
     name = "gvfsctl",
     version,
-    about = "Control a running gvfs-proxy",
+    about = "Control a running gvfs-proxy (status, stats, writeback, flush); make a site CA and \
+node certificates (ca); make and show metadata files (meta)",
     after_help = "Without --control, gvfsctl uses the only gvfs-proxy control socket in \
-$XDG_RUNTIME_DIR (or /tmp); with several proxies running, name one with --control."
+$XDG_RUNTIME_DIR (or /tmp); with several proxies running, name one with --control. \
+`ca` and `meta` work on local files and need no proxy."
 )]
 struct Cli {
     /// The proxy's control socket (printed by gvfs-proxy at start).
