@@ -103,6 +103,44 @@ pub fn write_sparse_chunks(path: &Path, size: u64, chunks: &[(u64, &[u8])]) -> R
         .with_context(|| format!("syncing {}", path.display()))
 }
 
+/// Creates (or truncates) `path` as something like a raw VM memory image of
+/// `size` bytes: zero 4 KiB pages, in runs, make up about 60% (holes), and
+/// each other page is half random bytes, half a repeated text (so it
+/// compresses about 2:1, as guest RAM does).
+pub fn write_memory_image(path: &Path, size: u64, seed: u64) -> Result<()> {
+    const PAGE: u64 = 4096;
+    const REGION: u64 = 64 * 1024;
+    let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    f.set_len(size)?;
+    let text = b"gvfs guest page: kernel text, page tables, caches. ";
+    let mut page = vec![0u8; PAGE as usize];
+    let mut region = 0;
+    while region * REGION < size {
+        let dice = word(seed ^ 0x5eed, region) % 100;
+        region += 1;
+        if dice < 55 {
+            continue;
+        }
+        for p in 0..REGION / PAGE {
+            let at = (region - 1) * REGION + p * PAGE;
+            if at >= size || word(seed ^ 0xface, at / PAGE).is_multiple_of(10) {
+                continue;
+            }
+            let half = (PAGE / 2) as usize;
+            fill_at(seed, at, &mut page[..half]);
+            for (i, b) in page[half..].iter_mut().enumerate() {
+                *b = text[i % text.len()];
+            }
+            let n = (size - at).min(PAGE) as usize;
+            f.seek(SeekFrom::Start(at))?;
+            f.write_all(&page[..n])
+                .with_context(|| format!("writing {} at {at}", path.display()))?;
+        }
+    }
+    f.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))
+}
+
 /// Writes `bytes` at `offset` of an existing file (it grows if needed).
 pub fn write_at(path: &Path, offset: u64, bytes: &[u8]) -> Result<()> {
     let mut f = OpenOptions::new()

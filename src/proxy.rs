@@ -198,6 +198,12 @@ pub fn gvfsctl_local(args: &[&str]) -> Result<String> {
     Ok(out.stdout_text())
 }
 
+/// The number at a dotted `path` (`"file_cache.wire_bytes"`) of a stats
+/// snapshot, 0 when absent.
+pub fn stat(v: &serde_json::Value, path: &str) -> u64 {
+    path.split('.').fold(v, |v, k| &v[k]).as_u64().unwrap_or(0)
+}
+
 /// Spawns `n` proxies in a chain in front of `upstream`, each with `extra`
 /// arguments; the last one returned is the one clients talk to.
 pub fn chain(upstream: &str, n: usize, extra: &[&str]) -> Result<Vec<Proxy>> {
@@ -218,7 +224,12 @@ pub fn chain(upstream: &str, n: usize, extra: &[&str]) -> Result<Vec<Proxy>> {
 impl Proxy {
     /// The `--upstream` URL that points another proxy at this one.
     pub fn upstream_url(&self) -> String {
-        let a = self.addr();
+        self.upstream_url_at(self.addr())
+    }
+
+    /// The `--upstream` URL that reaches this proxy's export at `a` (a
+    /// relay in front of it, such as a `gvfs_wanlink::WanLink`).
+    pub fn upstream_url_at(&self, a: SocketAddr) -> String {
         format!(
             "nfs://{}:{}{}?mountport={}",
             a.ip(),

@@ -612,3 +612,43 @@ async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Re
     );
     Ok(())
 }
+
+#[test]
+fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
+    let pki = Pki::new()?;
+    pki.issue("image-server")?;
+    pki.issue("node1")?;
+    let g = Ganesha::start()?;
+    let image = g.export_dir().join("mem.raw");
+    gvfs::data::write_memory_image(&image, 12 * MIB + 4096, 9)?;
+    pki.gvfsctl(&["meta", "gen", &image.display().to_string(), "--compress"])?;
+    let (server, tls) = image_server(&pki, g.upstream_url(), &["--map-peer", "node1=pass"])?;
+    let cache = tempfile::tempdir()?;
+    let client = Proxy::spawn(
+        pki.args(
+            "node1",
+            ProxyArgs::new(gvfs_url(tls))
+                .arg("--cache-dir")
+                .arg(cache.path().display().to_string())
+                .arg("--cache-size")
+                .arg("64M"),
+        ),
+    )?;
+    let local = tempfile::tempdir()?;
+    let back = local.path().join("mem.raw");
+    nfs_cp(&client.url("mem.raw"), &back.display().to_string())?;
+    compare_files(&image, &back).context("compress-and-copy through the tunnel")?;
+    let (c, s) = (client.cache_stats_all()?, server.cache_stats_all()?);
+    let stat = gvfs::proxy::stat;
+    let chunks = stat(&c, "file_cache.chunks_fetched");
+    ensure!(
+        stat(&c, "meta.copy_reads") > 0 && chunks + stat(&c, "file_cache.zero_chunks") == 13,
+        "the client did not fetch the image whole: {c}"
+    );
+    // The client reaches the image server only over TLS.
+    ensure!(
+        stat(&s, "ext.fetch_calls") == chunks && tls_count(&server, "tls_accepted")? >= 1,
+        "image server: {s}"
+    );
+    Ok(())
+}

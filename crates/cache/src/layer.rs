@@ -885,11 +885,31 @@ impl CacheLayer {
                     layer: &self,
                     key: Some(key),
                 };
-                let r = self.fetch_and_fill(&cred, &fh, block, readahead).await;
+                // A fetch that ended between our miss and taking the flight
+                // (read-ahead, usually) has filled the block already.
+                let r = match self.cached_block(&fh, block).await {
+                    Some(data) => Ok(Arc::new(Fetched {
+                        data,
+                        readahead: false,
+                    })),
+                    None => self.fetch_and_fill(&cred, &fh, block, readahead).await,
+                };
                 tx.send_replace(Some(r.clone()));
                 r
             }
         }
+    }
+
+    /// The whole of `block` of `fh` when the store holds it all.
+    async fn cached_block(&self, fh: &[u8], block: u64) -> Option<Vec<u8>> {
+        let (key, bs) = (fh.to_vec(), self.block_size() as usize);
+        self.store_raw(move |s| {
+            let mut buf = vec![0u8; bs];
+            Ok(s.read_into(&key, block, 0, &mut buf)?.then_some(buf))
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     async fn fetch_and_fill(
@@ -969,7 +989,12 @@ impl CacheLayer {
         let window = {
             let mut files = self.files();
             let st = files.entry(fh);
-            let sequential = st.next_read == Some(offset);
+            // Reads that skip only known zeros (answered above us) are
+            // still one sequential stream.
+            let sequential = st.next_read == Some(offset)
+                || st.next_read.is_some_and(|n| {
+                    n < offset && self.zero_hint.get().is_some_and(|h| h(fh, n, offset - n))
+                });
             st.next_read = Some(end);
             if !sequential || ra == 0 || end == 0 {
                 if !sequential {

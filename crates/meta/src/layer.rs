@@ -28,7 +28,19 @@ use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
 use crate::MetaIndex;
+use crate::ext::ChunkSource;
+use crate::filecache::{CachedFile, FileCache, same_version};
 use crate::format::{MAX_META_LEN, MetaFile, is_meta_name, meta_name};
+
+/// Where compress-and-copy files go and come from: this proxy's file
+/// cache, and its upstream's extension program.
+#[derive(Clone)]
+pub struct CopyPath {
+    /// The file cache.
+    pub files: Arc<FileCache>,
+    /// The upstream that compresses.
+    pub source: Arc<dyn ChunkSource>,
+}
 
 /// Files whose names and metadata are remembered at once; the tables are
 /// cleared when full (they are only a cache of what upstream says).
@@ -54,6 +66,9 @@ struct Entry {
     known: Known,
     /// The file's attributes as last reported by any reply.
     attrs: Option<fattr3>,
+    /// Compress-and-copy failed for this file: read it block by block
+    /// until its metadata is looked up again.
+    no_copy: bool,
 }
 
 /// Counters, for `gvfsctl stats` and the metrics endpoint.
@@ -71,6 +86,10 @@ pub struct MetaStats {
     pub meta_absent: u64,
     /// Metadata files ignored: corrupt, truncated, other version, stale.
     pub meta_rejected: u64,
+    /// READs of compress-and-copy files served from the file cache.
+    pub copy_reads: u64,
+    /// WRITEs into files held whole in the file cache.
+    pub copy_writes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +100,8 @@ struct Counters {
     meta_found: AtomicU64,
     meta_absent: AtomicU64,
     meta_rejected: AtomicU64,
+    copy_reads: AtomicU64,
+    copy_writes: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -102,6 +123,7 @@ pub struct MetaLayer {
     index: Option<Arc<dyn MetaIndex>>,
     /// One metadata fetch at a time (they are rare: once per file).
     fetching: tokio::sync::Mutex<()>,
+    copy: Option<CopyPath>,
     counters: Counters,
 }
 
@@ -115,13 +137,18 @@ impl std::fmt::Debug for MetaLayer {
 
 impl MetaLayer {
     /// A layer over `inner`; `index` keeps file names and metadata answers
-    /// across restarts when given.
-    pub fn new(inner: Arc<dyn NfsService>, index: Option<Arc<dyn MetaIndex>>) -> Arc<Self> {
+    /// across restarts when given; `copy` enables compress-and-copy.
+    pub fn new(
+        inner: Arc<dyn NfsService>,
+        index: Option<Arc<dyn MetaIndex>>,
+        copy: Option<CopyPath>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             inner,
             files: Mutex::new(HashMap::new()),
             index,
             fetching: tokio::sync::Mutex::new(()),
+            copy,
             counters: Counters::default(),
         })
     }
@@ -137,6 +164,8 @@ impl MetaLayer {
             meta_found: g(&c.meta_found),
             meta_absent: g(&c.meta_absent),
             meta_rejected: g(&c.meta_rejected),
+            copy_reads: g(&c.copy_reads),
+            copy_writes: g(&c.copy_writes),
         }
     }
 
@@ -169,6 +198,7 @@ impl MetaLayer {
             name: None,
             known: Known::Unknown,
             attrs: None,
+            no_copy: false,
         })
     }
 
@@ -280,6 +310,7 @@ impl MetaLayer {
         e.name = Some(name);
         e.attrs = Some(attrs.clone());
         e.known = known.clone();
+        e.no_copy = false;
         match known {
             Known::Meta(m) => Some((m, attrs)),
             _ => None,
@@ -396,6 +427,13 @@ impl MetaLayer {
 
     async fn read(&self, cx: &CallContext, args: READ3args) -> Result<NfsReply, ServiceError> {
         let fh = args.file.data.to_vec();
+        if let (Some(f), Some(copy)) = (self.held_dirty(&fh), &self.copy) {
+            // Local writes live only here until they are written back.
+            return self
+                .read_held(cx, copy, &f, &args)
+                .await
+                .map_err(ServiceError::Local);
+        }
         let Some((meta, attrs)) = self.meta_for(cx, &fh).await else {
             return self.forward(cx, NfsRequest::Read(args)).await;
         };
@@ -403,6 +441,11 @@ impl MetaLayer {
         let count = u64::from(args.count.min(MAX_READ));
         if args.offset >= size || count == 0 {
             return self.forward(cx, NfsRequest::Read(args)).await;
+        }
+        if meta.actions.remote_copy
+            && let Some(reply) = self.read_copy(cx, &fh, &meta, &attrs, &args).await
+        {
+            return Ok(reply);
         }
         let end = (args.offset + count).min(size);
         // Runs of (start, end, zero) over the blocks of the range.
@@ -419,36 +462,35 @@ impl MetaLayer {
             }
             pos = hi;
         }
+        let runs = merge_short_gaps(runs);
         let mut data = vec![0u8; (end - args.offset) as usize];
         let mut zero_bytes = 0;
         let mut last_attrs = Nfs3Option::Some(attrs.clone());
+        // The data runs are read concurrently.
+        let mut set = tokio::task::JoinSet::new();
         for &(lo, hi, zero) in &runs {
             if zero {
                 zero_bytes += hi - lo;
                 continue;
             }
-            let mut at = lo;
-            while at < hi {
-                bump(&self.counters.data_reads, 1);
-                let req = NfsRequest::Read(READ3args {
-                    file: args.file.clone(),
-                    offset: at,
-                    count: (hi - at) as u32,
-                });
-                match self.inner.call(cx, req).await? {
-                    NfsReply::Read(Nfs3Result::Ok(ok)) => {
-                        self.note_post_op(&fh, &ok.file_attributes);
-                        last_attrs = ok.file_attributes.clone();
-                        let n = ok.data.len().min((hi - at) as usize);
-                        let off = (at - args.offset) as usize;
-                        data[off..off + n].copy_from_slice(&ok.data[..n]);
-                        at += n as u64;
-                        if n == 0 || ok.eof {
-                            break;
-                        }
-                    }
-                    other => return Ok(other),
+            let (inner, cx, file) = (self.inner.clone(), cx.clone(), fh.clone());
+            set.spawn(async move { (lo, read_run(inner.as_ref(), &cx, file, lo, hi).await) });
+        }
+        while let Some(joined) = set.join_next().await {
+            let (lo, run) = joined.map_err(|e| ServiceError::Local(e.to_string()))?;
+            match run? {
+                Run::Data {
+                    bytes,
+                    attrs,
+                    reads,
+                } => {
+                    bump(&self.counters.data_reads, reads);
+                    self.note_post_op(&fh, &attrs);
+                    let off = (lo - args.offset) as usize;
+                    data[off..off + bytes.len()].copy_from_slice(&bytes);
+                    last_attrs = attrs;
                 }
+                Run::Failed(reply) => return Ok(reply),
             }
         }
         // A data run may have shown the file changed: then start over the
@@ -467,6 +509,159 @@ impl MetaLayer {
             eof: end >= size,
             data: Opaque::owned(data),
         })))
+    }
+
+    /// A READ of a compress-and-copy file, from the file cache (fetching
+    /// the whole file into it on first use); `None` when it cannot be, and
+    /// the READ takes the block path.
+    async fn read_copy(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+        meta: &MetaFile,
+        attrs: &fattr3,
+        args: &READ3args,
+    ) -> Option<NfsReply> {
+        let copy = self.copy.as_ref()?;
+        if self.files().get(fh).is_some_and(|e| e.no_copy) || !copy.source.supported().await {
+            return None;
+        }
+        // Most READs find the file already held (or on its way).
+        let held = copy
+            .files
+            .get(fh)
+            .filter(|f| same_version(&f.attrs(), attrs))
+            .map(Ok);
+        let entry = held.unwrap_or_else(|| {
+            copy.files
+                .start(fh, attrs, Some(meta), copy.source.clone(), &cx.cred)
+        });
+        let result = match entry {
+            Ok(f) => self.read_held(cx, copy, &f, args).await,
+            Err(why) => Err(why),
+        };
+        match result {
+            Ok(reply) => Some(reply),
+            Err(why) => {
+                tracing::warn!(fh = ?fh, %why, "compress-and-copy failed; reading the file block by block");
+                if let Some(e) = self.files().get_mut(fh) {
+                    e.no_copy = true;
+                }
+                None
+            }
+        }
+    }
+
+    /// A READ served from a file held in the file cache (waiting for the
+    /// chunks it needs), with the attributes clients see.
+    async fn read_held(
+        &self,
+        cx: &CallContext,
+        copy: &CopyPath,
+        f: &Arc<CachedFile>,
+        args: &READ3args,
+    ) -> Result<NfsReply, String> {
+        let count = args.count.min(MAX_READ);
+        let (data, eof) = f
+            .read(
+                &copy.files,
+                copy.source.as_ref(),
+                &cx.cred,
+                args.offset,
+                count,
+            )
+            .await?;
+        bump(&self.counters.copy_reads, 1);
+        Ok(NfsReply::Read(Nfs3Result::Ok(READ3resok {
+            file_attributes: Nfs3Option::Some(f.local_attrs()),
+            count: data.len() as u32,
+            eof,
+            data: Opaque::owned(data),
+        })))
+    }
+
+    /// The file-cache entry of `fh` when it holds local writes.
+    fn held_dirty(&self, fh: &[u8]) -> Option<Arc<CachedFile>> {
+        self.copy.as_ref()?.files.get(fh).filter(|f| f.is_dirty())
+    }
+
+    /// The file-cache entry of `fh` when writes to it go there: it is held
+    /// whole and is the version upstream has (or already holds writes).
+    fn held_whole(&self, fh: &[u8]) -> Option<Arc<CachedFile>> {
+        let f = self.copy.as_ref()?.files.get(fh)?;
+        if f.is_dirty() {
+            return Some(f);
+        }
+        let current = self.files().get(fh).and_then(|e| e.attrs.clone())?;
+        (f.complete() && same_version(&f.attrs(), &current)).then_some(f)
+    }
+
+    /// A WRITE into a file held whole: kept in the file cache until
+    /// `gvfsctl writeback`.
+    async fn write_held(
+        &self,
+        cx: &CallContext,
+        f: &Arc<CachedFile>,
+        args: WRITE3args<'_>,
+    ) -> Result<NfsReply, ServiceError> {
+        let copy = self
+            .copy
+            .as_ref()
+            .ok_or_else(|| ServiceError::Local("no file cache".into()))?;
+        let sync = !matches!(args.stable, stable_how::UNSTABLE);
+        let count = args.count.min(args.data.len() as u32);
+        let mut data = args.data.into_owned();
+        data.truncate(count as usize);
+        let (before, after) = f
+            .write(&copy.files, &cx.cred, args.offset, data, sync)
+            .await
+            .map_err(ServiceError::Local)?;
+        bump(&self.counters.copy_writes, 1);
+        Ok(NfsReply::Write(Nfs3Result::Ok(WRITE3resok {
+            file_wcc: wcc(&before, &after),
+            count,
+            committed: if sync {
+                stable_how::FILE_SYNC
+            } else {
+                stable_how::UNSTABLE
+            },
+            verf: copy.files.verifier(),
+        })))
+    }
+
+    /// A COMMIT of a file holding local writes: synced in the file cache.
+    async fn commit_held(&self, f: &Arc<CachedFile>) -> Result<NfsReply, ServiceError> {
+        let copy = self
+            .copy
+            .as_ref()
+            .ok_or_else(|| ServiceError::Local("no file cache".into()))?;
+        let before = f.local_attrs();
+        let after = f.commit(&copy.files).await.map_err(ServiceError::Local)?;
+        Ok(NfsReply::Commit(Nfs3Result::Ok(COMMIT3resok {
+            file_wcc: wcc(&before, &after),
+            verf: copy.files.verifier(),
+        })))
+    }
+
+    /// Writes back every file holding local writes (`gvfsctl writeback`):
+    /// compressed chunks, sent with the extension's STORE. Returns the
+    /// file bytes written back.
+    pub async fn write_back(&self) -> Result<u64, ServiceError> {
+        match &self.copy {
+            Some(copy) => copy
+                .files
+                .write_back(copy.source.as_ref())
+                .await
+                .map_err(ServiceError::Local),
+            None => Ok(0),
+        }
+    }
+
+    /// File bytes the file cache has written back since start.
+    pub fn written_back_bytes(&self) -> u64 {
+        self.copy
+            .as_ref()
+            .map_or(0, |c| c.files.stats().written_back_bytes)
     }
 
     /// Forwards a call, learning names and attributes from the reply.
@@ -491,6 +686,10 @@ impl MetaLayer {
                 && matches!(e.known, Known::Meta(_))
             {
                 e.known = Known::Nothing;
+            }
+            drop(files);
+            if let Some(copy) = &self.copy {
+                copy.files.forget(fh);
             }
         }
         match &reply {
@@ -533,6 +732,107 @@ impl MetaLayer {
     }
 }
 
+fn wcc(before: &fattr3, after: &fattr3) -> wcc_data {
+    wcc_data {
+        before: Nfs3Option::Some(wcc_attr {
+            size: before.size,
+            mtime: before.mtime,
+            ctime: before.ctime,
+        }),
+        after: Nfs3Option::Some(after.clone()),
+    }
+}
+
+/// Puts the attributes clients see of a file with local writes into a
+/// reply about it.
+fn patch_attrs(reply: &mut NfsReply, local: &fattr3) {
+    let slot = match reply {
+        NfsReply::Getattr(Nfs3Result::Ok(ok)) => {
+            ok.obj_attributes = local.clone();
+            return;
+        }
+        NfsReply::Lookup(Nfs3Result::Ok(ok)) => &mut ok.obj_attributes,
+        NfsReply::Access(Nfs3Result::Ok(ok)) => &mut ok.obj_attributes,
+        _ => return,
+    };
+    if let Nfs3Option::Some(a) = slot {
+        *a = local.clone();
+    }
+}
+
+/// Zero runs shorter than this between two data runs are read with them:
+/// a block cache below (64 KiB blocks by default) fetches whole blocks, so
+/// skipping them saves nothing and splits one READ into many.
+const MERGE_GAP: u64 = 64 * 1024;
+
+/// `runs` with short zero runs between data runs turned into data.
+fn merge_short_gaps(runs: Vec<(u64, u64, bool)>) -> Vec<(u64, u64, bool)> {
+    let n = runs.len();
+    let mut out: Vec<(u64, u64, bool)> = Vec::with_capacity(n);
+    for (i, (lo, hi, zero)) in runs.into_iter().enumerate() {
+        let inner = i > 0 && i + 1 < n;
+        let zero = zero && !(inner && hi - lo < MERGE_GAP);
+        match out.last_mut() {
+            Some(r) if r.2 == zero => r.1 = hi,
+            _ => out.push((lo, hi, zero)),
+        }
+    }
+    out
+}
+
+/// What reading one data run gave.
+enum Run {
+    Data {
+        bytes: Vec<u8>,
+        attrs: post_op_attr,
+        reads: u64,
+    },
+    /// A reply other than data: the READ's answer as it is.
+    Failed(NfsReply),
+}
+
+/// Reads `lo..hi` of `fh` from `inner` (several READs if it answers short).
+async fn read_run(
+    inner: &dyn NfsService,
+    cx: &CallContext,
+    fh: Vec<u8>,
+    lo: u64,
+    hi: u64,
+) -> Result<Run, ServiceError> {
+    let mut bytes = Vec::with_capacity((hi - lo) as usize);
+    let mut attrs = Nfs3Option::None;
+    let mut reads = 0;
+    while lo + (bytes.len() as u64) < hi {
+        let at = lo + bytes.len() as u64;
+        reads += 1;
+        let req = NfsRequest::Read(READ3args {
+            file: nfs_fh3 {
+                data: Opaque::owned(fh.clone()),
+            },
+            offset: at,
+            count: (hi - at) as u32,
+        });
+        match inner.call(cx, req).await? {
+            NfsReply::Read(Nfs3Result::Ok(ok)) => {
+                let n = ok.data.len().min((hi - at) as usize);
+                bytes.extend_from_slice(&ok.data[..n]);
+                attrs = ok.file_attributes;
+                if n == 0 || ok.eof {
+                    break;
+                }
+            }
+            other => return Ok(Run::Failed(other)),
+        }
+    }
+    // A short file: the rest reads as zeros (the buffer is zero-filled).
+    bytes.resize((hi - lo) as usize, 0);
+    Ok(Run::Data {
+        bytes,
+        attrs,
+        reads,
+    })
+}
+
 /// The file a call is about, when it has one handle.
 fn subject_of(req: &NfsRequest) -> Option<Vec<u8>> {
     let fh = match req {
@@ -542,6 +842,7 @@ fn subject_of(req: &NfsRequest) -> Option<Vec<u8>> {
         NfsRequest::Write(a) => &a.file,
         NfsRequest::Commit(a) => &a.file,
         NfsRequest::Readdirplus(a) => &a.dir,
+        NfsRequest::Access(a) => &a.object,
         _ => return None,
     };
     Some(fh.data.to_vec())
@@ -564,7 +865,34 @@ impl NfsService for MetaLayer {
         Box::pin(async move {
             match req {
                 NfsRequest::Read(args) => self.read(cx, args).await,
-                other => self.forward(cx, other).await,
+                NfsRequest::Write(args) => match self.held_whole(&args.file.data) {
+                    Some(f) => self.write_held(cx, &f, args).await,
+                    None => self.forward(cx, NfsRequest::Write(args)).await,
+                },
+                NfsRequest::Commit(args) => match self.held_dirty(&args.file.data) {
+                    Some(f) => self.commit_held(&f).await,
+                    None => self.forward(cx, NfsRequest::Commit(args)).await,
+                },
+                NfsRequest::Setattr(args) => {
+                    // A size or time change applies to upstream's copy:
+                    // write the file's local writes back first.
+                    if let (Some(f), Some(copy)) = (self.held_dirty(&args.object.data), &self.copy)
+                    {
+                        copy.files
+                            .write_back_file(copy.source.as_ref(), &f)
+                            .await
+                            .map_err(ServiceError::Local)?;
+                    }
+                    self.forward(cx, NfsRequest::Setattr(args)).await
+                }
+                other => {
+                    let fh = subject_of(&other);
+                    let mut reply = self.forward(cx, other).await?;
+                    if let Some(f) = fh.and_then(|fh| self.held_dirty(&fh)) {
+                        patch_attrs(&mut reply, &f.local_attrs());
+                    }
+                    Ok(reply)
+                }
             }
         })
     }

@@ -12,16 +12,22 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod ext;
+pub mod filecache;
 pub mod format;
 mod index;
 pub mod layer;
 mod scan;
+pub mod server;
 
 pub use error::{IndexError, MetaError};
+pub use ext::{ChunkSource, ExtClient};
+pub use filecache::{FileCache, FileCacheStats};
 pub use format::{
     Actions, MAX_BLOCK_SIZE, MAX_META_LEN, META_SUFFIX, MIN_BLOCK_SIZE, MetaFile, ZeroMap,
     block_count, described_name, is_meta_name, meta_name,
 };
 pub use index::{MemIndex, MetaIndex, SledIndex};
-pub use layer::{MetaLayer, MetaStats};
+pub use layer::{CopyPath, MetaLayer, MetaStats};
 pub use scan::{scan, write_beside};
+pub use server::{ExtRefusal, ExtServer, ExtStats};

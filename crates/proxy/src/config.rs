@@ -46,6 +46,7 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// writeback_on_exit = true
 /// exit_writeback_timeout_secs = 60
 /// meta = true                          # metadata actions (default: on with a cache)
+/// file_cache_size = "16G"              # whole files fetched by compress-and-copy
 ///
 /// # TLS between proxies (certificates from `gvfsctl ca init` / `ca issue`)
 /// listen_tls = "0.0.0.0:20049"         # accept gvfs:// peers here
@@ -119,6 +120,8 @@ pub struct FileConfig {
     pub unknown_peers: Option<String>,
     /// Use `.NAME.gvfsmeta` files (zero-block maps) found upstream.
     pub meta: Option<bool>,
+    /// Budget of the file cache (whole files fetched by compress-and-copy).
+    pub file_cache_size: Option<String>,
     /// uid and gid of squashed calls.
     pub nobody: Option<(u32, u32)>,
 }
@@ -175,6 +178,7 @@ impl FileConfig {
             },
             unknown_peers: other.unknown_peers.or(self.unknown_peers),
             meta: other.meta.or(self.meta),
+            file_cache_size: other.file_cache_size.or(self.file_cache_size),
             nobody: other.nobody.or(self.nobody),
         }
     }
@@ -341,7 +345,12 @@ pub struct CacheSettings {
     pub writeback_on_exit: bool,
     /// Longest write-back on exit.
     pub exit_writeback_timeout: Duration,
+    /// Most bytes of whole files the file cache (in `dir/files`) holds.
+    pub file_cache_size: u64,
 }
+
+/// The file cache's budget when none is configured.
+pub const DEFAULT_FILE_CACHE_SIZE: u64 = 16 << 30;
 
 /// Parses a size such as `4G`, `512M`, `64K`, `64KiB` or `1048576`.
 pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
@@ -375,6 +384,7 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
             ("cache_ways", f.cache_ways.is_some()),
             ("block_size", f.block_size.is_some()),
             ("write_policy", f.write_policy.is_some()),
+            ("file_cache_size", f.file_cache_size.is_some()),
         ];
         if let Some((name, _)) = set.iter().find(|(_, s)| *s) {
             return Err(ConfigError::Invalid(format!(
@@ -420,6 +430,10 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
         },
         writeback_on_exit: f.writeback_on_exit.unwrap_or(true),
         exit_writeback_timeout: Duration::from_secs(f.exit_writeback_timeout_secs.unwrap_or(60)),
+        file_cache_size: match &f.file_cache_size {
+            Some(s) => parse_size(s)?,
+            None => DEFAULT_FILE_CACHE_SIZE,
+        },
     }))
 }
 

@@ -220,9 +220,26 @@ pub async fn run(
         Some(layer) => layer.clone(),
         None => bottom.service.clone(),
     };
+    // The upstream's side of the extension program, when it is reached
+    // over RPC (it may be another gvfs-proxy that compresses for us).
+    let ext_client: Option<Arc<dyn gvfs_meta::ChunkSource>> = bottom
+        .client
+        .clone()
+        .map(|c| gvfs_meta::ExtClient::new(c) as Arc<dyn gvfs_meta::ChunkSource>);
+    let index = cfg.meta.then(|| open_meta_index(&cfg)).flatten();
+    let files = match (&cfg.cache, cfg.meta) {
+        (Some(c), true) => Some(open_file_cache(c, index.clone())?),
+        _ => None,
+    };
     let meta = if cfg.meta {
-        let index = open_meta_index(&cfg);
-        let layer = gvfs_meta::MetaLayer::new(service.clone(), index);
+        let copy = match (&files, &ext_client) {
+            (Some(files), Some(source)) => Some(gvfs_meta::CopyPath {
+                files: files.clone(),
+                source: source.clone(),
+            }),
+            _ => None,
+        };
+        let layer = gvfs_meta::MetaLayer::new(service.clone(), index, copy);
         if let Some(c) = &cache {
             // Read-ahead need not fetch blocks the metadata says are zeros.
             let weak = Arc::downgrade(&layer);
@@ -257,11 +274,11 @@ pub async fn run(
         }
         _ => None,
     };
-    let front = Arc::new(FrontEnd::new(
-        service.clone(),
-        cfg.export.clone(),
-        addr.port(),
-    ));
+    let ext_server = gvfs_meta::ExtServer::new(service.clone(), files.clone(), ext_client);
+    let front = Arc::new(
+        FrontEnd::new(service.clone(), cfg.export.clone(), addr.port())
+            .with_ext(ext_server.clone()),
+    );
     let control_path = cfg
         .control
         .clone()
@@ -277,7 +294,11 @@ pub async fn run(
         tls_addr: tls_listener.as_ref().map(|(_, a, _)| *a),
         tls_name: tls.as_ref().map(|t| t.identity.name().to_string()),
     };
+    let files_for_exit = files.clone();
     let jobs = Arc::new(writeback::Jobs::default());
+    if let (Some(m), Some(_)) = (&meta, &files) {
+        jobs.with_file_cache(m.clone());
+    }
     if let Some(layer) = &cache {
         writeback::on_signals(jobs.clone(), layer.clone()).map_err(ProxyError::Signals)?;
     }
@@ -288,6 +309,8 @@ pub async fn run(
         client: bottom.client,
         cache: cache.clone(),
         meta,
+        files,
+        ext: ext_server,
         jobs: jobs.clone(),
         started: Instant::now(),
     };
@@ -338,7 +361,8 @@ pub async fn run(
     }
     shutdown::drain(&tasks, cfg.drain_timeout).await;
     if let (Some(layer), Some(settings)) = (&cache, &cfg.cache) {
-        write_back_on_exit(layer, &jobs, settings).await;
+        let files_dirty = files_for_exit.is_some_and(|f| f.stats().dirty_files > 0);
+        write_back_on_exit(layer, &jobs, settings, files_dirty).await;
     }
     shutdown.cancel();
     let _ = control_task.await;
@@ -358,6 +382,21 @@ fn open_meta_index(cfg: &Config) -> Option<Arc<dyn gvfs_meta::MetaIndex>> {
         }
     }
     Some(Arc::new(gvfs_meta::MemIndex::new(65_536)))
+}
+
+/// Opens the file cache (whole files fetched by compress-and-copy) in
+/// `settings.dir/files`.
+fn open_file_cache(
+    settings: &config::CacheSettings,
+    index: Option<Arc<dyn gvfs_meta::MetaIndex>>,
+) -> Result<Arc<gvfs_meta::FileCache>, ProxyError> {
+    let dir = settings.dir.join("files");
+    gvfs_meta::FileCache::open(&dir, index, settings.file_cache_size).map_err(|e| {
+        ProxyError::Cache {
+            dir: dir.clone(),
+            reason: format!("cannot open the file cache: {e}"),
+        }
+    })
 }
 
 /// Opens the block cache in `settings.dir` and stacks it on `below`.
@@ -394,9 +433,10 @@ async fn write_back_on_exit(
     layer: &Arc<gvfs_cache::CacheLayer>,
     jobs: &Arc<writeback::Jobs>,
     settings: &config::CacheSettings,
+    files_dirty: bool,
 ) {
     let deadline = settings.exit_writeback_timeout;
-    if settings.writeback_on_exit && layer.dirty_bytes() > 0 {
+    if settings.writeback_on_exit && (layer.dirty_bytes() > 0 || files_dirty) {
         let _ = jobs.wait(deadline).await;
         let _ = jobs.start(layer, writeback::JobKind::WriteBack);
         if !jobs.wait(deadline).await {
@@ -419,6 +459,8 @@ struct StatusSource {
     client: Option<RpcClient>,
     cache: Option<Arc<gvfs_cache::CacheLayer>>,
     meta: Option<Arc<gvfs_meta::MetaLayer>>,
+    files: Option<Arc<gvfs_meta::FileCache>>,
+    ext: Arc<gvfs_meta::ExtServer>,
     jobs: Arc<writeback::Jobs>,
     started: Instant,
 }
@@ -448,6 +490,8 @@ impl StatusSource {
             "status": self.status(),
             "cache": self.cache.as_ref().map(|c| json!(c.stats())),
             "meta": self.meta.as_ref().map(|m| json!(m.stats())),
+            "file_cache": self.files.as_ref().map(|f| json!(f.stats())),
+            "ext": json!(self.ext.stats()),
             "writeback": self.jobs.state(),
         })
     }
@@ -496,6 +540,7 @@ impl StatusSource {
             "rpc_errors": load(&f.rpc_errors),
             "service_errors": load(&f.service_errors),
             "drc_hits": load(&f.drc_hits),
+            "ext_calls": load(&f.ext_calls),
             "upstream_client": upstream_client,
             "cache": self.cache.as_ref().map(|c| json!({"dirty_bytes": c.dirty_bytes()})),
         })

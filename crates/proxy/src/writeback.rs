@@ -36,9 +36,16 @@ pub struct Jobs {
     total: AtomicU64,
     finished: AtomicU64,
     last: Mutex<Option<Value>>,
+    /// Whose file cache is written back first (compress-and-copy files).
+    meta: Mutex<Option<Arc<gvfs_meta::MetaLayer>>>,
 }
 
 impl Jobs {
+    /// Also writes back `meta`'s file cache (first) in every job.
+    pub fn with_file_cache(&self, meta: Arc<gvfs_meta::MetaLayer>) {
+        *lock(&self.meta) = Some(meta);
+    }
+
     /// Starts a job unless one is running; says which is running either way.
     pub fn start(self: &Arc<Self>, cache: &Arc<CacheLayer>, kind: JobKind) -> Value {
         if self.running.swap(true, Ordering::AcqRel) {
@@ -51,20 +58,34 @@ impl Jobs {
         // before this one: a waiter waits until it grows.
         let before = self.state();
         let (jobs, cache) = (self.clone(), cache.clone());
+        let meta = lock(&self.meta).clone();
         tokio::spawn(async move {
             tracing::info!(job = kind.name(), "write-back started");
             let progress = |done: u64, total: u64| {
                 jobs.done.store(done, Ordering::Relaxed);
                 jobs.total.store(total, Ordering::Relaxed);
             };
-            let result = match kind {
-                JobKind::WriteBack => cache.write_back(&progress).await,
-                JobKind::Flush => cache.flush().await,
+            let files = match &meta {
+                Some(m) => m.write_back().await,
+                None => Ok(0),
+            };
+            let result = match (files, kind) {
+                (Err(e), _) => Err(e),
+                (Ok(_), JobKind::WriteBack) => cache
+                    .write_back(&progress)
+                    .await
+                    .map(|r| (r, files_bytes(&meta))),
+                (Ok(_), JobKind::Flush) => cache.flush().await.map(|r| (r, files_bytes(&meta))),
             };
             let outcome = match result {
-                Ok(report) => {
-                    tracing::info!(job = kind.name(), ?report, "write-back finished");
-                    json!({"job": kind.name(), "ok": true, "report": report})
+                Ok((report, files)) => {
+                    tracing::info!(
+                        job = kind.name(),
+                        ?report,
+                        file_cache_bytes = files,
+                        "write-back finished"
+                    );
+                    json!({"job": kind.name(), "ok": true, "report": report, "file_cache_bytes": files})
                 }
                 Err(e) => {
                     tracing::error!(job = kind.name(), error = %e, "write-back failed; dirty data stays in the cache");
@@ -99,6 +120,11 @@ impl Jobs {
         };
         tokio::time::timeout(deadline, wait).await.is_ok()
     }
+}
+
+/// File bytes the file cache has written back so far.
+fn files_bytes(meta: &Option<Arc<gvfs_meta::MetaLayer>>) -> u64 {
+    meta.as_ref().map_or(0, |m| m.written_back_bytes())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -173,10 +173,16 @@ struct Cli {
     handshake_timeout: Option<u64>,
 
     /// Use metadata files found upstream (`.NAME.gvfsmeta`, made with
-    /// `gvfsctl meta gen`): reads of zero blocks are answered locally
-    /// [default: on when there is a block cache].
+    /// `gvfsctl meta gen`): reads of zero blocks are answered locally, and
+    /// files marked for compress-and-copy are fetched whole, compressed,
+    /// into a file cache [default: on when there is a block cache].
     #[arg(long, conflicts_with = "no_meta", help_heading = "Metadata actions")]
     meta: bool,
+
+    /// Most bytes of whole files kept by compress-and-copy (in
+    /// CACHE_DIR/files), e.g. 16G [default: 16G].
+    #[arg(long, value_name = "SIZE", help_heading = "Metadata actions")]
+    file_cache_size: Option<String>,
 
     /// Do not look for metadata files.
     #[arg(long, help_heading = "Metadata actions")]
@@ -206,6 +212,7 @@ impl Cli {
             metrics: self.metrics.clone(),
             cache_dir: self.cache_dir.clone(),
             cache_size: self.cache_size.clone(),
+            file_cache_size: self.file_cache_size.clone(),
             cache_banks: self.cache_banks,
             cache_ways: self.cache_ways,
             block_size: self.block_size.clone(),

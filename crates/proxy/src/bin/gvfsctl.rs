@@ -517,6 +517,76 @@ fn wait_for_job(
 
 fn print_stats(s: &Value) {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
+    print_cache_stats(s);
+    let m = &s["meta"];
+    if m.is_object() {
+        println!("metadata actions");
+        println!(
+            "  metadata    {} files with, {} without, {} ignored (bad or stale)",
+            n(&m["meta_found"]),
+            n(&m["meta_absent"]),
+            n(&m["meta_rejected"])
+        );
+        println!(
+            "  zero maps   {} bytes of zeros answered here, {} READs wholly zeros",
+            n(&m["zero_bytes"]),
+            n(&m["zero_reads"])
+        );
+        println!(
+            "  file cache  {} READs and {} WRITEs served",
+            n(&m["copy_reads"]),
+            n(&m["copy_writes"])
+        );
+    }
+    let f = &s["file_cache"];
+    if f.is_object() {
+        println!("file cache (compress-and-copy)");
+        println!(
+            "  files       {} fetched ({} whole, {} failed), {} joined a fetch under way",
+            n(&f["files_fetched"]),
+            n(&f["files_complete"]),
+            n(&f["files_failed"]),
+            n(&f["coalesced_fetches"])
+        );
+        println!(
+            "  wire        {} chunks, {} bytes for {} bytes of file; {} zero chunks never fetched",
+            n(&f["chunks_fetched"]),
+            n(&f["wire_bytes"]),
+            n(&f["raw_bytes"]),
+            n(&f["zero_chunks"])
+        );
+        println!(
+            "  held        {} bytes; {} files with writes; {} files ({} bytes) written back",
+            n(&f["cached_bytes"]),
+            n(&f["dirty_files"]),
+            n(&f["written_back_files"]),
+            n(&f["written_back_bytes"])
+        );
+    }
+    let e = &s["ext"];
+    if n(&e["fetch_calls"]) + n(&e["store_calls"]) > 0 {
+        println!("extension program (answering other proxies)");
+        println!(
+            "  FETCH       {} calls, {} bytes of file sent as {} bytes ({} from the file cache, {} compressed here, {} forwarded)",
+            n(&e["fetch_calls"]),
+            n(&e["raw_bytes"]),
+            n(&e["wire_bytes"]),
+            n(&e["from_file_cache"]),
+            n(&e["compressed_here"]),
+            n(&e["forwarded"])
+        );
+        println!(
+            "  STORE       {} calls, {} bytes received for {} bytes of file; {} errors",
+            n(&e["store_calls"]),
+            n(&e["stored_wire_bytes"]),
+            n(&e["stored_raw_bytes"]),
+            n(&e["errors"])
+        );
+    }
+}
+
+fn print_cache_stats(s: &Value) {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
     let c = &s["cache"];
     if !c.is_object() {
         println!("no block cache (the proxy runs without --cache-dir)");

@@ -45,6 +45,9 @@ pub struct FrontStats {
     pub read_bytes: AtomicU64,
     /// Bytes accepted by WRITE.
     pub write_bytes: AtomicU64,
+    /// Calls of the gvfs extension program (compress-and-copy between
+    /// proxies).
+    pub ext_calls: AtomicU64,
 }
 
 /// Maps the credentials a call carries to those the layers below see: the
@@ -97,6 +100,7 @@ pub struct FrontEnd {
     port: u16,
     drc: Drc,
     mounts: mount::MountTable,
+    ext: Option<Arc<gvfs_meta::ExtServer>>,
     stats: FrontStats,
 }
 
@@ -119,8 +123,15 @@ impl FrontEnd {
             port,
             drc: Drc::new(4096, Duration::from_secs(300)),
             mounts: mount::MountTable::default(),
+            ext: None,
             stats: FrontStats::default(),
         }
+    }
+
+    /// Also answers the gvfs extension program with `ext`.
+    pub fn with_ext(mut self, ext: Arc<gvfs_meta::ExtServer>) -> Self {
+        self.ext = Some(ext);
+        self
     }
 
     /// The export path clients mount.
@@ -164,6 +175,17 @@ impl FrontEnd {
             gvfs_nfs::portmap::PROGRAM => {
                 self.stats.portmap_calls.fetch_add(1, Ordering::Relaxed);
                 Some(self.portmap(&hdr, args).into())
+            }
+            gvfs_meta::ext::PROGRAM if self.ext.is_some() => {
+                self.stats.ext_calls.fetch_add(1, Ordering::Relaxed);
+                let ext = self.ext.as_ref()?;
+                Some(
+                    match ext.handle(&cx, hdr.vers, hdr.proc_, args).await {
+                        Ok(results) => rpc::reply_record(hdr.xid, ReplyStatus::Success, &results),
+                        Err(gvfs_meta::ExtRefusal::Rpc(status)) => self.error(hdr.xid, status),
+                    }
+                    .into(),
+                )
             }
             _ => Some(self.error(hdr.xid, ReplyStatus::ProgUnavail).into()),
         }

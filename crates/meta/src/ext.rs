@@ -1,0 +1,653 @@
+//! The gvfs extension RPC program: what proxies say to each other that NFS
+//! cannot, on the same connection as NFS (so inside the TLS tunnel when
+//! there is one).
+//!
+//! Version 1 has two procedures besides NULL:
+//!
+//! ```text
+//! program GVFS_EXT  0x20475646  ("user-defined" range, RFC 5531 section 8.3)
+//! version 1
+//!   0  NULL   (void) -> void
+//!   1  FETCH  (fetch_args) -> fetch_res
+//!   2  STORE  (store_args) -> store_res
+//!
+//! struct fetch_args {
+//!     opaque   fh<64>;     /* the file's NFSv3 handle, as upstream gave it */
+//!     uint64   offset;     /* clients ask at multiples of CHUNK */
+//!     uint32   count;      /* at most CHUNK */
+//! };
+//! union fetch_res switch (nfsstat3 status) {
+//! case NFS3_OK:
+//!     fattr3   attrs;      /* the file's attributes when it was read */
+//!     uint32   raw_len;    /* bytes of file data the chunk holds */
+//!     bool     eof;        /* the chunk ends at the end of the file */
+//!     uint32   codec;      /* 0 = stored, 1 = one zstd frame */
+//!     opaque   data<>;     /* at most CHUNK + MAX_FRAME_SLACK bytes */
+//! default:
+//!     void;
+//! };
+//! struct store_args {      /* write one chunk back, durably */
+//!     opaque   fh<64>;
+//!     uint64   offset;
+//!     uint32   raw_len;    /* at most CHUNK */
+//!     uint32   codec;
+//!     opaque   data<>;
+//! };
+//! union store_res switch (nfsstat3 status) {
+//! case NFS3_OK:
+//!     fattr3   attrs;      /* the file's attributes after the write */
+//! default:
+//!     void;
+//! };
+//! ```
+//!
+//! A whole file is fetched as a stream of FETCH calls, several in flight at
+//! once, each answered with one compressed chunk: the server side reads and
+//! compresses chunks in parallel, the client side decompresses them into its
+//! file cache as they arrive. Every length a peer sends is checked before
+//! anything is allocated for it, and a chunk never decompresses to more
+//! than `raw_len <= CHUNK` bytes.
+
+use std::io::Cursor;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use gvfs_nfs::client::{ClientError, RpcClient};
+use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
+use gvfs_nfs::nfs3_types::xdr_codec::Unpack;
+use gvfs_nfs::rpc::ReplyStatus;
+use gvfs_nfs::xdr::{XdrError, XdrReader, encode_into, put_opaque, put_u32};
+use gvfs_nfs::{BoxFuture, Credentials};
+
+/// The program number.
+pub const PROGRAM: u32 = 0x2047_5646;
+/// The one version.
+pub const VERSION: u32 = 1;
+/// NULL: the probe a proxy sends to learn whether its upstream speaks this.
+pub const PROC_NULL: u32 = 0;
+/// FETCH: one chunk of a file, compressed.
+pub const PROC_FETCH: u32 = 1;
+/// STORE: one compressed chunk written back, durably.
+pub const PROC_STORE: u32 = 2;
+/// Bytes of file data per chunk (and the most one FETCH may ask for).
+pub const CHUNK: u32 = 1 << 20;
+/// What a zstd frame may add to its input before it is sent stored instead.
+pub const MAX_FRAME_SLACK: u32 = 4096;
+/// Largest NFSv3 file handle (RFC 1813, NFS3_FHSIZE).
+const FHSIZE: usize = 64;
+
+/// The arguments of FETCH.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchArgs {
+    /// The file's handle.
+    pub fh: Vec<u8>,
+    /// Where the chunk starts.
+    pub offset: u64,
+    /// How many bytes (at most [`CHUNK`]).
+    pub count: u32,
+}
+
+/// How a chunk's bytes travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// As they are (they did not compress).
+    Stored = 0,
+    /// One zstd frame.
+    Zstd = 1,
+}
+
+/// A successful FETCH.
+#[derive(Debug, Clone)]
+pub struct FetchOk {
+    /// The file's attributes when the chunk was read.
+    pub attrs: fattr3,
+    /// File bytes in the chunk (after decompression).
+    pub raw_len: u32,
+    /// Whether the chunk reaches the end of the file.
+    pub eof: bool,
+    /// How `data` is encoded.
+    pub codec: Codec,
+    /// The bytes on the wire.
+    pub data: Vec<u8>,
+}
+
+impl FetchArgs {
+    /// Appends the XDR arguments.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        put_opaque(out, &self.fh);
+        put_u64(out, self.offset);
+        put_u32(out, self.count);
+    }
+
+    /// Decodes arguments, refusing handles over 64 bytes and counts over
+    /// [`CHUNK`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, XdrError> {
+        let mut r = XdrReader::new(bytes);
+        let fh = r.opaque(FHSIZE)?.to_vec();
+        let offset = get_u64(&mut r)?;
+        let count = r.u32()?;
+        if count > CHUNK {
+            return Err(XdrError::TooLong {
+                len: count as usize,
+                limit: CHUNK as usize,
+            });
+        }
+        end(&r)?;
+        Ok(Self { fh, offset, count })
+    }
+}
+
+/// Appends the XDR results of FETCH.
+pub fn encode_fetch_res(out: &mut Vec<u8>, res: &Result<FetchOk, nfsstat3>) {
+    match res {
+        Ok(ok) => {
+            encode_into(out, &nfsstat3::NFS3_OK);
+            encode_into(out, &ok.attrs);
+            put_u32(out, ok.raw_len);
+            put_u32(out, u32::from(ok.eof));
+            put_u32(out, ok.codec as u32);
+            put_opaque(out, &ok.data);
+        }
+        Err(status) => encode_into(out, status),
+    }
+}
+
+/// Decodes the XDR results of FETCH, with every length capped.
+pub fn decode_fetch_res(bytes: &[u8]) -> Result<Result<FetchOk, nfsstat3>, XdrError> {
+    let mut cur = Cursor::new(bytes);
+    let (status, _) = nfsstat3::unpack(&mut cur)?;
+    if !matches!(status, nfsstat3::NFS3_OK) {
+        if cur.position() as usize != bytes.len() {
+            return Err(XdrError::Trailing(bytes.len() - cur.position() as usize));
+        }
+        return Ok(Err(status));
+    }
+    let (attrs, _) = fattr3::unpack(&mut cur)?;
+    let mut r = XdrReader::new(&bytes[cur.position() as usize..]);
+    let raw_len = r.u32()?;
+    if raw_len > CHUNK {
+        return Err(XdrError::TooLong {
+            len: raw_len as usize,
+            limit: CHUNK as usize,
+        });
+    }
+    let eof = match r.u32()? {
+        0 => false,
+        1 => true,
+        v => return Err(XdrError::InvalidValue(v)),
+    };
+    let codec = codec_of(r.u32()?)?;
+    let data = r.opaque(data_limit(codec, raw_len))?.to_vec();
+    if codec == Codec::Stored && data.len() != raw_len as usize {
+        return Err(XdrError::InvalidValue(raw_len));
+    }
+    end(&r)?;
+    Ok(Ok(FetchOk {
+        attrs,
+        raw_len,
+        eof,
+        codec,
+        data,
+    }))
+}
+
+/// The arguments of STORE: one chunk of file data, compressed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreArgs {
+    /// The file's handle.
+    pub fh: Vec<u8>,
+    /// Where the bytes go.
+    pub offset: u64,
+    /// File bytes (after decompression), at most [`CHUNK`].
+    pub raw_len: u32,
+    /// How `data` is encoded.
+    pub codec: Codec,
+    /// The bytes on the wire.
+    pub data: Vec<u8>,
+}
+
+impl StoreArgs {
+    /// Compresses `raw` (at most [`CHUNK`] bytes) into arguments.
+    pub fn new(fh: Vec<u8>, offset: u64, raw: &[u8], level: i32) -> Self {
+        let (codec, data) = compress(raw, level);
+        Self {
+            fh,
+            offset,
+            raw_len: raw.len() as u32,
+            codec,
+            data,
+        }
+    }
+
+    /// Appends the XDR arguments.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        put_opaque(out, &self.fh);
+        put_u64(out, self.offset);
+        put_u32(out, self.raw_len);
+        put_u32(out, self.codec as u32);
+        put_opaque(out, &self.data);
+    }
+
+    /// Decodes arguments, every length capped.
+    pub fn decode(bytes: &[u8]) -> Result<Self, XdrError> {
+        let mut r = XdrReader::new(bytes);
+        let fh = r.opaque(FHSIZE)?.to_vec();
+        let offset = get_u64(&mut r)?;
+        let raw_len = r.u32()?;
+        if raw_len > CHUNK {
+            return Err(XdrError::TooLong {
+                len: raw_len as usize,
+                limit: CHUNK as usize,
+            });
+        }
+        let codec = codec_of(r.u32()?)?;
+        let data = r.opaque(data_limit(codec, raw_len))?.to_vec();
+        end(&r)?;
+        Ok(Self {
+            fh,
+            offset,
+            raw_len,
+            codec,
+            data,
+        })
+    }
+
+    /// The file bytes, checked to be exactly `raw_len` long.
+    pub fn raw(self) -> Result<Vec<u8>, String> {
+        unpack(self.codec, self.data, self.raw_len)
+    }
+}
+
+/// Appends the XDR results of STORE.
+pub fn encode_store_res(out: &mut Vec<u8>, res: &Result<fattr3, nfsstat3>) {
+    match res {
+        Ok(attrs) => {
+            encode_into(out, &nfsstat3::NFS3_OK);
+            encode_into(out, attrs);
+        }
+        Err(status) => encode_into(out, status),
+    }
+}
+
+/// Decodes the XDR results of STORE.
+pub fn decode_store_res(bytes: &[u8]) -> Result<Result<fattr3, nfsstat3>, XdrError> {
+    let mut cur = Cursor::new(bytes);
+    let (status, _) = nfsstat3::unpack(&mut cur)?;
+    let res = if matches!(status, nfsstat3::NFS3_OK) {
+        Ok(fattr3::unpack(&mut cur)?.0)
+    } else {
+        Err(status)
+    };
+    match bytes.len() - cur.position() as usize {
+        0 => Ok(res),
+        n => Err(XdrError::Trailing(n)),
+    }
+}
+
+fn codec_of(v: u32) -> Result<Codec, XdrError> {
+    match v {
+        0 => Ok(Codec::Stored),
+        1 => Ok(Codec::Zstd),
+        v => Err(XdrError::InvalidValue(v)),
+    }
+}
+
+fn data_limit(codec: Codec, raw_len: u32) -> usize {
+    match codec {
+        Codec::Stored => raw_len as usize,
+        Codec::Zstd => (CHUNK + MAX_FRAME_SLACK) as usize,
+    }
+}
+
+fn unpack(codec: Codec, data: Vec<u8>, raw_len: u32) -> Result<Vec<u8>, String> {
+    let raw = match codec {
+        Codec::Stored => data,
+        Codec::Zstd => zstd::bulk::decompress(&data, raw_len as usize)
+            .map_err(|e| format!("bad zstd frame: {e}"))?,
+    };
+    if raw.len() != raw_len as usize {
+        return Err(format!(
+            "chunk holds {} bytes, announced {raw_len}",
+            raw.len()
+        ));
+    }
+    Ok(raw)
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_be_bytes());
+}
+
+fn get_u64(r: &mut XdrReader<'_>) -> Result<u64, XdrError> {
+    let hi = u64::from(r.u32()?);
+    Ok(hi << 32 | u64::from(r.u32()?))
+}
+
+fn end(r: &XdrReader<'_>) -> Result<(), XdrError> {
+    match r.rest().len() {
+        0 => Ok(()),
+        n => Err(XdrError::Trailing(n)),
+    }
+}
+
+/// Compresses one chunk: a zstd frame, or the bytes as they are when the
+/// frame would not be smaller.
+pub fn compress(raw: &[u8], level: i32) -> (Codec, Vec<u8>) {
+    match zstd::bulk::compress(raw, level) {
+        Ok(z) if z.len() < raw.len() => (Codec::Zstd, z),
+        _ => (Codec::Stored, raw.to_vec()),
+    }
+}
+
+/// The file bytes of a fetched chunk: decompressed into at most `raw_len`
+/// bytes, and refused unless it is exactly `raw_len` long.
+pub fn decompress(ok: FetchOk) -> Result<Vec<u8>, String> {
+    unpack(ok.codec, ok.data, ok.raw_len)
+}
+
+/// Why a FETCH through [`ExtClient`] failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FetchError {
+    /// Upstream answered with an NFS error.
+    #[error("upstream answered {0:?}")]
+    Nfs(nfsstat3),
+    /// Upstream did not answer, or broke the protocol.
+    #[error("{0}")]
+    Transport(String),
+}
+
+/// Where chunks of whole files come from: an upstream that speaks this
+/// program (or, in tests, anything else).
+pub trait ChunkSource: Send + Sync + 'static {
+    /// One FETCH.
+    fn fetch<'a>(
+        &'a self,
+        cred: &'a Credentials,
+        args: &'a FetchArgs,
+    ) -> BoxFuture<'a, Result<FetchOk, FetchError>>;
+
+    /// One STORE: a chunk written back; the file's attributes after it.
+    fn store<'a>(
+        &'a self,
+        cred: &'a Credentials,
+        args: &'a StoreArgs,
+    ) -> BoxFuture<'a, Result<fattr3, FetchError>>;
+
+    /// Whether the source answers FETCH at all (asked once, remembered).
+    fn supported(&self) -> BoxFuture<'_, bool>;
+
+    /// One FETCH sent on as it came, its XDR results returned as they came:
+    /// what a middle proxy without a file cache does.
+    fn forward<'a>(
+        &'a self,
+        cred: &'a Credentials,
+        args: &'a [u8],
+    ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>>;
+}
+
+/// The extension program spoken to an upstream over its NFS connection.
+pub struct ExtClient {
+    client: RpcClient,
+    /// 0 = not asked yet, 1 = speaks it, 2 = does not.
+    probed: AtomicU8,
+}
+
+impl std::fmt::Debug for ExtClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtClient")
+            .field("server", &self.client.server())
+            .finish()
+    }
+}
+
+impl ExtClient {
+    /// The program over `client`'s connection.
+    pub fn new(client: RpcClient) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            probed: AtomicU8::new(0),
+        })
+    }
+
+    async fn call(
+        &self,
+        proc_: u32,
+        cred: &Credentials,
+        args: &[u8],
+    ) -> Result<Vec<u8>, FetchError> {
+        match self.client.call(PROGRAM, VERSION, proc_, cred, args).await {
+            Ok(reply) => Ok(reply.to_vec()),
+            Err(e) => Err(FetchError::Transport(e.to_string())),
+        }
+    }
+}
+
+impl ChunkSource for ExtClient {
+    fn fetch<'a>(
+        &'a self,
+        cred: &'a Credentials,
+        args: &'a FetchArgs,
+    ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
+        Box::pin(async move {
+            let mut buf = Vec::with_capacity(args.fh.len() + 24);
+            args.encode(&mut buf);
+            let bytes = self.call(PROC_FETCH, cred, &buf).await?;
+            match decode_fetch_res(&bytes) {
+                Ok(Ok(ok)) => Ok(ok),
+                Ok(Err(st)) => Err(FetchError::Nfs(st)),
+                Err(e) => Err(FetchError::Transport(format!(
+                    "{}: bad FETCH reply: {e}",
+                    self.client.server()
+                ))),
+            }
+        })
+    }
+
+    fn store<'a>(
+        &'a self,
+        cred: &'a Credentials,
+        args: &'a StoreArgs,
+    ) -> BoxFuture<'a, Result<fattr3, FetchError>> {
+        Box::pin(async move {
+            let mut buf = Vec::with_capacity(args.fh.len() + args.data.len() + 32);
+            args.encode(&mut buf);
+            let bytes = self.call(PROC_STORE, cred, &buf).await?;
+            match decode_store_res(&bytes) {
+                Ok(Ok(attrs)) => Ok(attrs),
+                Ok(Err(st)) => Err(FetchError::Nfs(st)),
+                Err(e) => Err(FetchError::Transport(format!(
+                    "{}: bad STORE reply: {e}",
+                    self.client.server()
+                ))),
+            }
+        })
+    }
+
+    fn supported(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            match self.probed.load(Ordering::Relaxed) {
+                1 => return true,
+                2 => return false,
+                _ => {}
+            }
+            let cred = Credentials::default();
+            let answer = self
+                .client
+                .call(PROGRAM, VERSION, PROC_NULL, &cred, &[])
+                .await;
+            let yes = match answer {
+                Ok(_) => true,
+                Err(ClientError::Rpc { error, .. }) => {
+                    tracing::info!(
+                        server = %self.client.server(),
+                        "upstream does not speak the gvfs extension ({error}); \
+                         compress-and-copy files are read block by block"
+                    );
+                    false
+                }
+                // Not an answer: ask again next time.
+                Err(e) => {
+                    tracing::debug!(error = %e, "extension probe got no answer");
+                    return false;
+                }
+            };
+            self.probed
+                .store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+            yes
+        })
+    }
+
+    fn forward<'a>(
+        &'a self,
+        cred: &'a Credentials,
+        args: &'a [u8],
+    ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
+        Box::pin(self.call(PROC_FETCH, cred, args))
+    }
+}
+
+/// The RPC-level answer to an extension call that did not run.
+pub fn rpc_refusal(vers: u32, proc_: u32) -> Option<ReplyStatus> {
+    if vers != VERSION {
+        return Some(ReplyStatus::ProgMismatch {
+            low: VERSION,
+            high: VERSION,
+        });
+    }
+    (proc_ > PROC_STORE).then_some(ReplyStatus::ProcUnavail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs() -> fattr3 {
+        crate::filecache::tests::attrs(1 << 20, 7)
+    }
+
+    #[test]
+    fn args_round_trip_and_caps() {
+        let a = FetchArgs {
+            fh: vec![7; 33],
+            offset: 5 << 32 | 9,
+            count: CHUNK,
+        };
+        let mut b = Vec::new();
+        a.encode(&mut b);
+        assert_eq!(FetchArgs::decode(&b), Ok(a.clone()));
+        let mut big = a.clone();
+        big.count = CHUNK + 1;
+        let mut b = Vec::new();
+        big.encode(&mut b);
+        assert!(FetchArgs::decode(&b).is_err());
+        let mut long = a;
+        long.fh = vec![1; 65];
+        let mut b = Vec::new();
+        long.encode(&mut b);
+        assert!(FetchArgs::decode(&b).is_err());
+    }
+
+    #[test]
+    fn results_round_trip_and_refuse_lies() {
+        let raw: Vec<u8> = (0..CHUNK).map(|i| (i / 4096) as u8 & 3).collect();
+        let (codec, data) = compress(&raw, 3);
+        assert_eq!(codec, Codec::Zstd);
+        let ok = FetchOk {
+            attrs: attrs(),
+            raw_len: CHUNK,
+            eof: true,
+            codec,
+            data,
+        };
+        let mut b = Vec::new();
+        encode_fetch_res(&mut b, &Ok(ok.clone()));
+        let back = decode_fetch_res(&b).unwrap_or_else(|e| panic!("{e}"));
+        let back = back.unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(back.eof);
+        assert_eq!(decompress(back), Ok(raw.clone()));
+        // A frame announcing fewer bytes than it holds is refused.
+        let mut short = ok.clone();
+        short.raw_len = CHUNK / 2;
+        assert!(decompress(short).is_err());
+        // A stored chunk whose length disagrees is refused at decode.
+        let mut b = Vec::new();
+        let lie = FetchOk {
+            codec: Codec::Stored,
+            data: vec![1; 10],
+            raw_len: 11,
+            ..ok
+        };
+        encode_fetch_res(&mut b, &Ok(lie));
+        assert!(decode_fetch_res(&b).is_err());
+        // Errors carry only the status.
+        let mut b = Vec::new();
+        encode_fetch_res(&mut b, &Err(nfsstat3::NFS3ERR_STALE));
+        assert!(matches!(
+            decode_fetch_res(&b),
+            Ok(Err(nfsstat3::NFS3ERR_STALE))
+        ));
+        // Truncations never panic and never succeed.
+        let mut b = Vec::new();
+        encode_fetch_res(
+            &mut b,
+            &Ok(FetchOk {
+                attrs: attrs(),
+                raw_len: 3,
+                eof: false,
+                codec: Codec::Stored,
+                data: vec![1, 2, 3],
+            }),
+        );
+        for cut in 0..b.len() {
+            assert!(decode_fetch_res(&b[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn store_round_trip_and_refuse_lies() {
+        let raw: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let a = StoreArgs::new(vec![3; 20], 1 << 20, &raw, 3);
+        assert_eq!(a.codec, Codec::Zstd);
+        let mut b = Vec::new();
+        a.encode(&mut b);
+        let back = StoreArgs::decode(&b).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, a);
+        assert_eq!(back.raw(), Ok(raw));
+        for cut in 0..b.len() {
+            assert!(StoreArgs::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut big = a.clone();
+        big.raw_len = CHUNK + 1;
+        let mut b = Vec::new();
+        big.encode(&mut b);
+        assert!(StoreArgs::decode(&b).is_err());
+        let mut lie = a;
+        lie.raw_len -= 1;
+        assert!(lie.raw().is_err());
+        let mut b = Vec::new();
+        encode_store_res(&mut b, &Ok(attrs()));
+        assert!(matches!(decode_store_res(&b), Ok(Ok(_))));
+        let mut b = Vec::new();
+        encode_store_res(&mut b, &Err(nfsstat3::NFS3ERR_NOSPC));
+        assert!(matches!(
+            decode_store_res(&b),
+            Ok(Err(nfsstat3::NFS3ERR_NOSPC))
+        ));
+    }
+
+    #[test]
+    fn incompressible_chunks_travel_stored() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let raw: Vec<u8> = (0..65_536)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let (codec, data) = compress(&raw, 3);
+        assert_eq!(codec, Codec::Stored);
+        assert_eq!(data, raw);
+    }
+}

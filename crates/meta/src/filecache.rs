@@ -1,0 +1,1293 @@
+//! The file cache: whole files fetched by compress-and-copy, decompressed
+//! into local files, and served from there.
+//!
+//! A file is fetched as [`CHUNK`]-sized chunks from a [`ChunkSource`] (the
+//! upstream's extension program). A background task keeps up to
+//! [`WINDOW`] chunks in flight, in file order; a read needing a chunk that
+//! has not arrived fetches that chunk itself (or waits for the fetch already
+//! under way), so reads of early parts are served before the end arrives
+//! and a read far ahead does not wait for the whole file. Chunks the zero
+//! map says are all zeros are never fetched: the local file is sparse.
+//!
+//! Every chunk must come with the attributes the file had when the fetch
+//! started (size, mtime, ctime); a chunk from a changed file fails the
+//! entry, and the reads waiting on it take the normal block path. One entry
+//! per file handle: concurrent users of one file (READs here, FETCH calls
+//! from other proxies when this is a LAN proxy) share one fetch.
+//!
+//! Crash safety: a finished file is synced, then recorded in the
+//! [`MetaIndex`] with its attributes; files without such a record (a fetch
+//! cut short) are deleted when the cache is opened. Entries are evicted,
+//! least recently used first, to keep the total under a byte budget.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use gvfs_nfs::Credentials;
+use gvfs_nfs::nfs3_types::nfs3::{fattr3, writeverf3};
+use gvfs_nfs::nfs3_types::xdr_codec::Unpack;
+use gvfs_nfs::xdr::{XdrReader, encode_into, put_u32};
+use tokio::sync::watch;
+
+use crate::MetaIndex;
+use crate::ext::{CHUNK, ChunkSource, FetchArgs, FetchError, StoreArgs, decompress};
+use crate::format::MetaFile;
+use crate::server::LEVEL;
+
+/// Chunks one file's background fetch keeps in flight.
+pub const WINDOW: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    Missing,
+    InFlight,
+    Present,
+}
+
+/// Counters, for `gvfsctl stats` and the metrics endpoint.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FileCacheStats {
+    /// Whole-file fetches started.
+    pub files_fetched: u64,
+    /// Fetches that finished (every chunk arrived).
+    pub files_complete: u64,
+    /// Fetches abandoned (upstream error, file changed, local I/O).
+    pub files_failed: u64,
+    /// Users that joined a fetch already under way instead of starting one.
+    pub coalesced_fetches: u64,
+    /// FETCH calls sent upstream.
+    pub chunks_fetched: u64,
+    /// Chunks never fetched because the zero map says they are zeros.
+    pub zero_chunks: u64,
+    /// Bytes received on the wire (compressed).
+    pub wire_bytes: u64,
+    /// File bytes those chunks held (decompressed).
+    pub raw_bytes: u64,
+    /// Reads served from the file cache.
+    pub hits: u64,
+    /// Bytes served from the file cache.
+    pub hit_bytes: u64,
+    /// Files evicted to stay under the budget.
+    pub evicted: u64,
+    /// Bytes of files held now.
+    pub cached_bytes: u64,
+    /// Files holding writes not yet written back.
+    pub dirty_files: u64,
+    /// Files written back (compressed, uploaded with STORE).
+    pub written_back_files: u64,
+    /// File bytes written back.
+    pub written_back_bytes: u64,
+    /// Bytes sent for them (compressed).
+    pub written_back_wire_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    files_fetched: AtomicU64,
+    files_complete: AtomicU64,
+    files_failed: AtomicU64,
+    coalesced_fetches: AtomicU64,
+    chunks_fetched: AtomicU64,
+    zero_chunks: AtomicU64,
+    wire_bytes: AtomicU64,
+    raw_bytes: AtomicU64,
+    hits: AtomicU64,
+    hit_bytes: AtomicU64,
+    evicted: AtomicU64,
+    written_back_files: AtomicU64,
+    written_back_bytes: AtomicU64,
+    written_back_wire_bytes: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Whether two sets of attributes describe the same version of a file.
+pub fn same_version(a: &fattr3, b: &fattr3) -> bool {
+    a.size == b.size
+        && (a.mtime.seconds, a.mtime.nseconds) == (b.mtime.seconds, b.mtime.nseconds)
+        && (a.ctime.seconds, a.ctime.nseconds) == (b.ctime.seconds, b.ctime.nseconds)
+}
+
+/// What a file-cache entry knows of its file's versions.
+#[derive(Debug, Clone)]
+struct Versions {
+    /// The attributes upstream gave the version fetched (or written back).
+    upstream: fattr3,
+    /// What clients see: `upstream`, or after local writes their size and
+    /// times.
+    local: fattr3,
+    /// Chunks written here and not yet written back, each with the number
+    /// of the write that last touched it.
+    dirty: BTreeMap<usize, u64>,
+    /// Who wrote last: the credentials write-back uses.
+    writer: Option<Credentials>,
+}
+
+/// One file in the cache.
+pub struct CachedFile {
+    fh: Vec<u8>,
+    versions: Mutex<Versions>,
+    writes: AtomicU64,
+    path: PathBuf,
+    file: std::fs::File,
+    chunks: Mutex<Vec<Chunk>>,
+    /// Bumped whenever a chunk arrives or the fetch fails.
+    changed: watch::Sender<u64>,
+    failed: Mutex<Option<String>>,
+    last_used: AtomicU64,
+    /// When the attributes were last checked against upstream's.
+    checked: Mutex<Instant>,
+}
+
+impl std::fmt::Debug for CachedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedFile")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl CachedFile {
+    /// The attributes upstream gave the version held here.
+    pub fn attrs(&self) -> fattr3 {
+        lock(&self.versions).upstream.clone()
+    }
+
+    /// The attributes clients see: upstream's, or after local writes
+    /// their size and times.
+    pub fn local_attrs(&self) -> fattr3 {
+        lock(&self.versions).local.clone()
+    }
+
+    /// Whether it holds writes not yet written back.
+    pub fn is_dirty(&self) -> bool {
+        !lock(&self.versions).dirty.is_empty()
+    }
+
+    fn size(&self) -> u64 {
+        lock(&self.versions).local.size
+    }
+
+    /// Whether every chunk has arrived.
+    pub fn complete(&self) -> bool {
+        lock(&self.chunks).iter().all(|c| *c == Chunk::Present)
+    }
+
+    /// Why the fetch was abandoned, if it was.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.failed).clone()
+    }
+
+    /// When the attributes were last found current.
+    pub fn checked_at(&self) -> Instant {
+        *lock(&self.checked)
+    }
+
+    /// Records that upstream still reports these attributes.
+    pub fn mark_checked(&self) {
+        *lock(&self.checked) = Instant::now();
+    }
+
+    fn chunk_count(size: u64) -> usize {
+        usize::try_from(size.div_ceil(u64::from(CHUNK))).unwrap_or(usize::MAX)
+    }
+
+    fn chunk_range(&self, idx: usize) -> (u64, u32) {
+        let start = idx as u64 * u64::from(CHUNK);
+        let len = self.size().saturating_sub(start).min(u64::from(CHUNK)) as u32;
+        (start, len)
+    }
+
+    fn fail(&self, why: String) {
+        let mut f = lock(&self.failed);
+        if f.is_none() {
+            tracing::warn!(file = %self.path.display(), "file cache fetch abandoned: {why}");
+            *f = Some(why);
+        }
+        drop(f);
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Claims the first chunk at or after `from` that nobody fetches yet.
+    fn claim_next(&self, from: usize) -> Option<usize> {
+        let mut chunks = lock(&self.chunks);
+        let idx = chunks
+            .iter()
+            .skip(from)
+            .position(|c| *c == Chunk::Missing)?
+            + from;
+        chunks[idx] = Chunk::InFlight;
+        Some(idx)
+    }
+
+    fn set(&self, idx: usize, state: Chunk) {
+        lock(&self.chunks)[idx] = state;
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Fetches chunk `idx` (already claimed) and writes it into the file.
+    async fn fetch_chunk(
+        self: &Arc<Self>,
+        cache: &FileCache,
+        source: &dyn ChunkSource,
+        cred: &Credentials,
+        idx: usize,
+    ) -> Result<(), String> {
+        let (offset, count) = self.chunk_range(idx);
+        let args = FetchArgs {
+            fh: self.fh.clone(),
+            offset,
+            count,
+        };
+        let result = async {
+            let ok = source.fetch(cred, &args).await.map_err(|e| match e {
+                FetchError::Nfs(st) => format!("upstream answered {st:?}"),
+                FetchError::Transport(t) => t,
+            })?;
+            if !same_version(&ok.attrs, &self.attrs()) {
+                return Err("the file changed upstream during the fetch".to_string());
+            }
+            if ok.raw_len != count {
+                return Err(format!(
+                    "chunk at {offset} holds {} bytes, expected {count}",
+                    ok.raw_len
+                ));
+            }
+            let wire = ok.data.len() as u64;
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || {
+                let raw = decompress(ok)?;
+                me.file
+                    .write_all_at(&raw, offset)
+                    .map_err(|e| format!("writing {}: {e}", me.path.display()))
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            bump(&cache.counters.chunks_fetched, 1);
+            bump(&cache.counters.wire_bytes, wire);
+            bump(&cache.counters.raw_bytes, u64::from(count));
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.set(idx, Chunk::Present);
+                Ok(())
+            }
+            Err(why) => {
+                self.set(idx, Chunk::Missing);
+                self.fail(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// Waits until `offset..offset + len` has arrived, fetching chunks that
+    /// nobody fetches yet.
+    async fn ensure(
+        self: &Arc<Self>,
+        cache: &FileCache,
+        source: &dyn ChunkSource,
+        cred: &Credentials,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), String> {
+        if len == 0 {
+            return Ok(());
+        }
+        let first = (offset / u64::from(CHUNK)) as usize;
+        let last = ((offset + len - 1) / u64::from(CHUNK)) as usize;
+        let mut rx = self.changed.subscribe();
+        loop {
+            if let Some(why) = self.failure() {
+                return Err(why);
+            }
+            let (missing, waiting) = {
+                let mut chunks = lock(&self.chunks);
+                let mut missing = None;
+                let mut waiting = false;
+                for (i, c) in chunks.iter_mut().enumerate().take(last + 1).skip(first) {
+                    match *c {
+                        Chunk::Missing if missing.is_none() => {
+                            *c = Chunk::InFlight;
+                            missing = Some(i);
+                        }
+                        Chunk::Missing | Chunk::InFlight => waiting = true,
+                        Chunk::Present => {}
+                    }
+                }
+                (missing, waiting)
+            };
+            match missing {
+                Some(idx) => self.fetch_chunk(cache, source, cred, idx).await?,
+                None if waiting => {
+                    rx.changed()
+                        .await
+                        .map_err(|_| "the fetch went away".to_string())?;
+                }
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Reads `offset..offset + count` (clipped to the file), waiting for
+    /// (or fetching) the chunks it needs. Returns the bytes and whether they
+    /// reach the end of the file.
+    pub async fn read(
+        self: &Arc<Self>,
+        cache: &FileCache,
+        source: &dyn ChunkSource,
+        cred: &Credentials,
+        offset: u64,
+        count: u32,
+    ) -> Result<(Vec<u8>, bool), String> {
+        let size = self.size();
+        let end = offset.saturating_add(u64::from(count)).min(size);
+        let len = end.saturating_sub(offset);
+        self.ensure(cache, source, cred, offset, len).await?;
+        self.last_used.store(now_secs(), Ordering::Relaxed);
+        let me = self.clone();
+        let data = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; len as usize];
+            me.file
+                .read_exact_at(&mut buf, offset)
+                .map(|()| buf)
+                .map_err(|e| format!("reading {}: {e}", me.path.display()))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        bump(&cache.counters.hits, 1);
+        bump(&cache.counters.hit_bytes, len);
+        Ok((data, end >= size))
+    }
+}
+
+impl CachedFile {
+    /// A client's WRITE into a file held whole: written here, marked dirty
+    /// (written back by `gvfsctl writeback`), synced when `sync`. Returns
+    /// the attributes clients saw before and see after.
+    pub async fn write(
+        self: &Arc<Self>,
+        cache: &FileCache,
+        cred: &Credentials,
+        offset: u64,
+        data: Vec<u8>,
+        sync: bool,
+    ) -> Result<(fattr3, fattr3), String> {
+        if !self.complete() || self.failure().is_some() {
+            return Err("the file is not held whole".into());
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or("write past the largest offset")?;
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            me.file.write_all_at(&data, offset)?;
+            if sync { me.file.sync_data() } else { Ok(()) }
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("writing {}: {e}", self.path.display()))?;
+        let n = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
+        let (before, after) = {
+            let mut v = lock(&self.versions);
+            let before = v.local.clone();
+            if end > v.local.size {
+                v.local.size = end;
+                v.local.used = end;
+            }
+            let t = now_time();
+            v.local.mtime = t;
+            v.local.ctime = t;
+            if !data_is_empty(offset, end) {
+                let (first, last) = chunks_of(offset, end);
+                for c in first..=last {
+                    v.dirty.insert(c, n);
+                }
+            }
+            v.writer = Some(cred.clone());
+            (before, v.local.clone())
+        };
+        {
+            let mut chunks = lock(&self.chunks);
+            let want = Self::chunk_count(after.size);
+            if chunks.len() < want {
+                chunks.resize(want, Chunk::Present);
+            }
+        }
+        if sync {
+            cache.record(self);
+        }
+        Ok((before, after))
+    }
+
+    /// A client's COMMIT: the file synced and its dirty chunks recorded,
+    /// so they survive a crash.
+    pub async fn commit(self: &Arc<Self>, cache: &FileCache) -> Result<fattr3, String> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.file.sync_all())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("syncing {}: {e}", self.path.display()))?;
+        cache.record(self);
+        Ok(self.local_attrs())
+    }
+}
+
+fn data_is_empty(offset: u64, end: u64) -> bool {
+    end <= offset
+}
+
+/// The first and last chunk of `offset..end` (`end > offset`).
+fn chunks_of(offset: u64, end: u64) -> (usize, usize) {
+    (
+        (offset / u64::from(CHUNK)) as usize,
+        ((end - 1) / u64::from(CHUNK)) as usize,
+    )
+}
+
+fn now_time() -> gvfs_nfs::nfs3_types::nfs3::nfstime3 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    gvfs_nfs::nfs3_types::nfs3::nfstime3 {
+        seconds: d.as_secs() as u32,
+        nseconds: d.subsec_nanos(),
+    }
+}
+
+/// What the index keeps for a finished file: upstream's attributes, and
+/// when it holds writes, the attributes clients see and the dirty chunks.
+fn encode_record(v: &Versions) -> Vec<u8> {
+    let mut out = Vec::with_capacity(172 + 4 * v.dirty.len());
+    encode_into(&mut out, &v.upstream);
+    if !v.dirty.is_empty() {
+        encode_into(&mut out, &v.local);
+        put_u32(&mut out, v.dirty.len() as u32);
+        for c in v.dirty.keys() {
+            put_u32(&mut out, *c as u32);
+        }
+    }
+    out
+}
+
+fn decode_record(bytes: &[u8]) -> Option<Versions> {
+    let mut cur = std::io::Cursor::new(bytes);
+    let (upstream, _) = fattr3::unpack(&mut cur).ok()?;
+    let mut v = Versions {
+        local: upstream.clone(),
+        upstream,
+        dirty: BTreeMap::new(),
+        writer: None,
+    };
+    if cur.position() as usize == bytes.len() {
+        return Some(v);
+    }
+    let (local, _) = fattr3::unpack(&mut cur).ok()?;
+    let mut r = XdrReader::new(bytes.get(cur.position() as usize..)?);
+    let n = r.u32().ok()? as usize;
+    let most = CachedFile::chunk_count(local.size);
+    if n > most {
+        return None;
+    }
+    for _ in 0..n {
+        let c = r.u32().ok()? as usize;
+        if c >= most {
+            return None;
+        }
+        v.dirty.insert(c, 0);
+    }
+    if !r.rest().is_empty() {
+        return None;
+    }
+    v.local = local;
+    Some(v)
+}
+
+/// The file cache of one proxy.
+pub struct FileCache {
+    dir: PathBuf,
+    /// The write verifier of WRITEs kept here: new at every start, so
+    /// clients resend writes they did not COMMIT before a crash.
+    verifier: [u8; 8],
+    index: Option<Arc<dyn MetaIndex>>,
+    files: Mutex<HashMap<Vec<u8>, Arc<CachedFile>>>,
+    max_bytes: u64,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for FileCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileCache")
+            .field("dir", &self.dir)
+            .field("max_bytes", &self.max_bytes)
+            .finish()
+    }
+}
+
+/// The index key of a file-cache entry.
+fn index_key(fh: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + fh.len());
+    k.push(b'f');
+    k.extend_from_slice(fh);
+    k
+}
+
+fn file_name(fh: &[u8]) -> String {
+    fh.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_name(name: &str) -> Option<Vec<u8>> {
+    if !name.len().is_multiple_of(2) || name.len() > 128 {
+        return None;
+    }
+    (0..name.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl FileCache {
+    /// Opens (creating) the cache in `dir`, keeping at most `max_bytes` of
+    /// files. Finished files recorded in `index` are kept; anything else in
+    /// the directory (fetches cut short by a crash) is deleted.
+    pub fn open(
+        dir: &Path,
+        index: Option<Arc<dyn MetaIndex>>,
+        max_bytes: u64,
+    ) -> std::io::Result<Arc<Self>> {
+        std::fs::create_dir_all(dir)?;
+        let boot = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let cache = Arc::new(Self {
+            verifier: (boot ^ u64::from(std::process::id()) << 40).to_be_bytes(),
+            dir: dir.to_path_buf(),
+            index,
+            files: Mutex::new(HashMap::new()),
+            max_bytes,
+            counters: Counters::default(),
+        });
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            let kept = entry
+                .file_name()
+                .to_str()
+                .and_then(parse_name)
+                .and_then(|fh| cache.restore(&fh, &path));
+            match kept {
+                Some(f) => {
+                    lock(&cache.files).insert(f.fh.clone(), f);
+                }
+                None => {
+                    tracing::info!(path = %path.display(), "file cache: removing an unfinished file");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        Ok(cache)
+    }
+
+    fn restore(&self, fh: &[u8], path: &Path) -> Option<Arc<CachedFile>> {
+        let v = self.index.as_ref()?.get(&index_key(fh)).ok()??;
+        let versions = decode_record(&v)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .ok()?;
+        let size = versions.local.size;
+        if file.metadata().ok()?.len() < size {
+            return None;
+        }
+        if !versions.dirty.is_empty() {
+            tracing::info!(
+                path = %path.display(),
+                chunks = versions.dirty.len(),
+                "file cache: kept a file with writes not yet written back"
+            );
+        }
+        let n = CachedFile::chunk_count(size);
+        Some(Arc::new(CachedFile {
+            fh: fh.to_vec(),
+            versions: Mutex::new(versions),
+            writes: AtomicU64::new(0),
+            path: path.to_path_buf(),
+            file,
+            chunks: Mutex::new(vec![Chunk::Present; n]),
+            changed: watch::channel(0).0,
+            failed: Mutex::new(None),
+            last_used: AtomicU64::new(now_secs()),
+            checked: Mutex::new(Instant::now()),
+        }))
+    }
+
+    /// The write verifier of WRITEs and COMMITs answered from here.
+    pub fn verifier(&self) -> writeverf3 {
+        writeverf3(self.verifier)
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> FileCacheStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        let (cached_bytes, dirty_files) = {
+            let files = lock(&self.files);
+            (
+                files.values().map(|f| f.size()).sum(),
+                files.values().filter(|f| f.is_dirty()).count() as u64,
+            )
+        };
+        FileCacheStats {
+            files_fetched: g(&c.files_fetched),
+            files_complete: g(&c.files_complete),
+            files_failed: g(&c.files_failed),
+            coalesced_fetches: g(&c.coalesced_fetches),
+            chunks_fetched: g(&c.chunks_fetched),
+            zero_chunks: g(&c.zero_chunks),
+            wire_bytes: g(&c.wire_bytes),
+            raw_bytes: g(&c.raw_bytes),
+            hits: g(&c.hits),
+            hit_bytes: g(&c.hit_bytes),
+            evicted: g(&c.evicted),
+            cached_bytes,
+            dirty_files,
+            written_back_files: g(&c.written_back_files),
+            written_back_bytes: g(&c.written_back_bytes),
+            written_back_wire_bytes: g(&c.written_back_wire_bytes),
+        }
+    }
+
+    /// The entry for `fh`, if there is a usable one (not failed).
+    pub fn get(&self, fh: &[u8]) -> Option<Arc<CachedFile>> {
+        lock(&self.files)
+            .get(fh)
+            .filter(|f| f.failure().is_none())
+            .cloned()
+    }
+
+    /// Drops the entry for `fh` (the file changed, or a client wrote it
+    /// through the block path), unless it holds writes not written back.
+    pub fn forget(&self, fh: &[u8]) {
+        let mut files = lock(&self.files);
+        if files.get(fh).is_some_and(|f| f.is_dirty()) {
+            return;
+        }
+        let gone = files.remove(fh);
+        drop(files);
+        if let Some(f) = gone {
+            self.discard(&f);
+        }
+    }
+
+    /// Records a file in the index (finished, with its dirty chunks).
+    fn record(&self, f: &CachedFile) {
+        let Some(index) = &self.index else { return };
+        let v = encode_record(&lock(&f.versions));
+        if let Err(e) = index.put(&index_key(&f.fh), &v) {
+            tracing::warn!(error = %e, "file cache: cannot record a file");
+        }
+    }
+
+    /// Files holding writes not yet written back.
+    pub fn dirty(&self) -> Vec<Arc<CachedFile>> {
+        lock(&self.files)
+            .values()
+            .filter(|f| f.is_dirty())
+            .cloned()
+            .collect()
+    }
+
+    /// Writes every dirty file back through `source` (STORE: compressed
+    /// chunks, written durably upstream), then lets go of it: the file's
+    /// metadata describes the version before the writes. Returns the file
+    /// bytes written back.
+    pub async fn write_back(&self, source: &dyn ChunkSource) -> Result<u64, String> {
+        let mut total = 0;
+        for f in self.dirty() {
+            total += self.write_back_file(source, &f).await?;
+        }
+        Ok(total)
+    }
+
+    /// Writes one file's dirty chunks back; see [`write_back`](Self::write_back).
+    pub async fn write_back_file(
+        &self,
+        source: &dyn ChunkSource,
+        f: &Arc<CachedFile>,
+    ) -> Result<u64, String> {
+        let (snapshot, cred) = {
+            let v = lock(&f.versions);
+            let cred = v
+                .writer
+                .clone()
+                .unwrap_or_else(|| Credentials::unix(v.local.uid, v.local.gid));
+            (v.dirty.clone(), cred)
+        };
+        let mut bytes = 0;
+        let mut wire = 0;
+        let mut after = None;
+        for &c in snapshot.keys() {
+            let (offset, len) = f.chunk_range(c);
+            let me = f.clone();
+            let args = tokio::task::spawn_blocking(move || {
+                let mut raw = vec![0u8; len as usize];
+                me.file.read_exact_at(&mut raw, offset)?;
+                Ok::<_, std::io::Error>(StoreArgs::new(me.fh.clone(), offset, &raw, LEVEL))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("reading {}: {e}", f.path.display()))?;
+            wire += args.data.len() as u64;
+            let attrs = source.store(&cred, &args).await.map_err(|e| match e {
+                FetchError::Nfs(st) => format!("upstream refused the write-back: {st:?}"),
+                FetchError::Transport(t) => t,
+            })?;
+            bytes += u64::from(len);
+            after = Some(attrs);
+        }
+        bump(&self.counters.written_back_bytes, bytes);
+        bump(&self.counters.written_back_wire_bytes, wire);
+        // Chunks written again meanwhile stay dirty.
+        let clean = {
+            let mut v = lock(&f.versions);
+            for (c, n) in &snapshot {
+                if v.dirty.get(c) == Some(n) {
+                    v.dirty.remove(c);
+                }
+            }
+            if let Some(a) = after {
+                v.upstream = a;
+            }
+            v.dirty.is_empty()
+        };
+        if clean {
+            bump(&self.counters.written_back_files, 1);
+            let mut files = lock(&self.files);
+            if files.get(&f.fh).is_some_and(|g| Arc::ptr_eq(g, f)) {
+                files.remove(&f.fh);
+                drop(files);
+                self.discard(f);
+            }
+        } else {
+            self.record(f);
+        }
+        tracing::info!(file = %f.path.display(), bytes, wire, "file cache: wrote a file back");
+        Ok(bytes)
+    }
+
+    fn discard(&self, f: &CachedFile) {
+        if let Some(index) = &self.index {
+            let _ = index.remove(&index_key(&f.fh));
+        }
+        let _ = std::fs::remove_file(&f.path);
+    }
+
+    /// The entry for this version of the file, starting its fetch from
+    /// `source` when there is none. `zero` (the file's valid metadata)
+    /// spares fetching chunks of zeros. Fails when the file cannot be held
+    /// (over the budget, local I/O).
+    pub fn start(
+        self: &Arc<Self>,
+        fh: &[u8],
+        attrs: &fattr3,
+        zero: Option<&MetaFile>,
+        source: Arc<dyn ChunkSource>,
+        cred: &Credentials,
+    ) -> Result<Arc<CachedFile>, String> {
+        let mut files = lock(&self.files);
+        if let Some(f) = files.get(fh) {
+            if f.is_dirty() || (f.failure().is_none() && same_version(&f.attrs(), attrs)) {
+                if !f.complete() {
+                    bump(&self.counters.coalesced_fetches, 1);
+                }
+                return Ok(f.clone());
+            }
+            let old = files.remove(fh);
+            if let Some(old) = old {
+                self.discard(&old);
+            }
+        }
+        self.make_room(&mut files, attrs.size)?;
+        let path = self.dir.join(file_name(fh));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .and_then(|f| f.set_len(attrs.size).map(|()| f))
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let n = CachedFile::chunk_count(attrs.size);
+        let mut chunks = vec![Chunk::Missing; n];
+        let mut zeros = 0;
+        if let Some(m) = zero {
+            for (i, c) in chunks.iter_mut().enumerate() {
+                let start = i as u64 * u64::from(CHUNK);
+                let len = (attrs.size - start).min(u64::from(CHUNK));
+                if m.range_is_zero(start, len) {
+                    *c = Chunk::Present;
+                    zeros += 1;
+                }
+            }
+        }
+        bump(&self.counters.zero_chunks, zeros);
+        bump(&self.counters.files_fetched, 1);
+        let entry = Arc::new(CachedFile {
+            fh: fh.to_vec(),
+            versions: Mutex::new(Versions {
+                upstream: attrs.clone(),
+                local: attrs.clone(),
+                dirty: BTreeMap::new(),
+                writer: None,
+            }),
+            writes: AtomicU64::new(0),
+            path,
+            file,
+            chunks: Mutex::new(chunks),
+            changed: watch::channel(0).0,
+            failed: Mutex::new(None),
+            last_used: AtomicU64::new(now_secs()),
+            checked: Mutex::new(Instant::now()),
+        });
+        files.insert(fh.to_vec(), entry.clone());
+        drop(files);
+        tokio::spawn(self.clone().fetch_all(entry.clone(), source, cred.clone()));
+        Ok(entry)
+    }
+
+    /// Evicts finished or failed files, least recently used first, until
+    /// `size` more bytes fit.
+    fn make_room(
+        &self,
+        files: &mut HashMap<Vec<u8>, Arc<CachedFile>>,
+        size: u64,
+    ) -> Result<(), String> {
+        if size > self.max_bytes {
+            return Err(format!(
+                "the file ({size} bytes) is larger than the file cache ({} bytes)",
+                self.max_bytes
+            ));
+        }
+        loop {
+            let held: u64 = files.values().map(|f| f.size()).sum();
+            if held + size <= self.max_bytes {
+                return Ok(());
+            }
+            let victim = files
+                .values()
+                .filter(|f| !f.is_dirty() && (f.complete() || f.failure().is_some()))
+                .min_by_key(|f| f.last_used.load(Ordering::Relaxed))
+                .map(|f| f.fh.clone());
+            let Some(fh) = victim else {
+                return Err("the file cache is full of fetches under way".into());
+            };
+            if let Some(f) = files.remove(&fh) {
+                self.discard(&f);
+                bump(&self.counters.evicted, 1);
+            }
+        }
+    }
+
+    /// The background fetch of a whole file: [`WINDOW`] chunks in flight,
+    /// in file order; then sync and record it.
+    async fn fetch_all(
+        self: Arc<Self>,
+        entry: Arc<CachedFile>,
+        source: Arc<dyn ChunkSource>,
+        cred: Credentials,
+    ) {
+        let started = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        let mut next = 0;
+        loop {
+            while set.len() < WINDOW
+                && entry.failure().is_none()
+                && let Some(idx) = entry.claim_next(next)
+            {
+                next = idx + 1;
+                let (cache, entry, source, cred) =
+                    (self.clone(), entry.clone(), source.clone(), cred.clone());
+                set.spawn(
+                    async move { entry.fetch_chunk(&cache, source.as_ref(), &cred, idx).await },
+                );
+            }
+            if set.join_next().await.is_none() {
+                break;
+            }
+        }
+        // Chunks that readers fetched themselves may still be arriving.
+        let mut rx = entry.changed.subscribe();
+        while entry.failure().is_none() && !entry.complete() {
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+        if let Some(why) = entry.failure() {
+            bump(&self.counters.files_failed, 1);
+            tracing::debug!(%why, "file fetch failed");
+            let mut files = lock(&self.files);
+            if files.get(&entry.fh).is_some_and(|f| Arc::ptr_eq(f, &entry)) {
+                files.remove(&entry.fh);
+                drop(files);
+                self.discard(&entry);
+            }
+            return;
+        }
+        let e = entry.clone();
+        let synced = tokio::task::spawn_blocking(move || e.file.sync_all()).await;
+        if !matches!(synced, Ok(Ok(()))) {
+            entry.fail("cannot sync the fetched file".into());
+            return;
+        }
+        self.record(&entry);
+        bump(&self.counters.files_complete, 1);
+        tracing::info!(
+            file = %entry.path.display(),
+            bytes = entry.size(),
+            secs = started.elapsed().as_secs_f64(),
+            "file cache: fetched a whole file"
+        );
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::ext::{FetchOk, compress};
+    use crate::{MemIndex, ZeroMap};
+    use gvfs_nfs::BoxFuture;
+    use gvfs_nfs::nfs3_types::nfs3::{ftype3, nfstime3, specdata3};
+
+    pub(crate) fn attrs(size: u64, mtime: u32) -> fattr3 {
+        fattr3 {
+            type_: ftype3::NF3REG,
+            mode: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size,
+            used: size,
+            rdev: specdata3 {
+                specdata1: 0,
+                specdata2: 0,
+            },
+            fsid: 1,
+            fileid: 2,
+            atime: nfstime3 {
+                seconds: mtime,
+                nseconds: 0,
+            },
+            mtime: nfstime3 {
+                seconds: mtime,
+                nseconds: 0,
+            },
+            ctime: nfstime3 {
+                seconds: mtime,
+                nseconds: 0,
+            },
+        }
+    }
+
+    /// A source serving `data` as a file, counting FETCHes, optionally
+    /// holding every fetch until released.
+    pub(crate) struct Fake {
+        pub data: Vec<u8>,
+        pub attrs: fattr3,
+        pub calls: AtomicU64,
+        pub gate: tokio::sync::Semaphore,
+        pub stored: Mutex<Vec<(u64, Vec<u8>)>>,
+    }
+
+    impl Fake {
+        pub(crate) fn new(data: Vec<u8>, open: bool) -> Arc<Self> {
+            Arc::new(Self {
+                attrs: attrs(data.len() as u64, 7),
+                data,
+                calls: AtomicU64::new(0),
+                gate: tokio::sync::Semaphore::new(if open { 1 << 20 } else { 0 }),
+                stored: Mutex::new(Vec::new()),
+            })
+        }
+    }
+
+    impl ChunkSource for Fake {
+        fn fetch<'a>(
+            &'a self,
+            _cred: &'a Credentials,
+            args: &'a FetchArgs,
+        ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
+            Box::pin(async move {
+                self.calls.fetch_add(1, Ordering::Relaxed);
+                let _p = self.gate.acquire().await;
+                let s = args.offset as usize;
+                let e = (s + args.count as usize).min(self.data.len());
+                let (codec, data) = compress(&self.data[s..e], 3);
+                Ok(FetchOk {
+                    attrs: self.attrs.clone(),
+                    raw_len: (e - s) as u32,
+                    eof: e == self.data.len(),
+                    codec,
+                    data,
+                })
+            })
+        }
+        fn store<'a>(
+            &'a self,
+            _cred: &'a Credentials,
+            args: &'a StoreArgs,
+        ) -> BoxFuture<'a, Result<fattr3, FetchError>> {
+            Box::pin(async move {
+                let raw = args.clone().raw().map_err(FetchError::Transport)?;
+                lock(&self.stored).push((args.offset, raw));
+                Ok(attrs(self.data.len() as u64, 8))
+            })
+        }
+        fn supported(&self) -> BoxFuture<'_, bool> {
+            Box::pin(async { true })
+        }
+        fn forward<'a>(
+            &'a self,
+            _cred: &'a Credentials,
+            _args: &'a [u8],
+        ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
+            Box::pin(async { Err(FetchError::Transport("no".into())) })
+        }
+    }
+
+    fn content(len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| {
+                if (i >> 20) % 3 == 1 {
+                    0
+                } else {
+                    (i * 7 / 4096) as u8
+                }
+            })
+            .collect()
+    }
+
+    fn cache(dir: &Path) -> Arc<FileCache> {
+        let index: Arc<dyn MetaIndex> = Arc::new(MemIndex::new(100));
+        FileCache::open(dir, Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[tokio::test]
+    async fn fetches_whole_file_and_skips_zero_chunks() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let len = 10 * CHUNK as usize + 1234;
+        let fake = Fake::new(content(len), true);
+        let mut zero = ZeroMap::new(crate::block_count(len as u64, 65_536));
+        // Chunks 1, 4, 7 are zeros (content() makes them so).
+        for c in [1u64, 4, 7] {
+            zero.set_zero_range(c * 16, c * 16 + 16);
+        }
+        let meta = MetaFile {
+            block_size: 65_536,
+            file_size: len as u64,
+            mtime: (7, 0),
+            ctime: (7, 0),
+            actions: crate::Actions::COMPRESS_AND_COPY,
+            compressed_size: 0,
+            zero,
+        };
+        let c = cache(dir.path());
+        let cred = Credentials::default();
+        let f = c
+            .start(b"fh1", &fake.attrs, Some(&meta), fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (all, eof) = f
+            .read(&c, fake.as_ref(), &cred, 0, len as u32)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(eof);
+        assert!(all == fake.data, "file cache bytes differ");
+        assert_eq!(
+            fake.calls.load(Ordering::Relaxed),
+            8,
+            "3 of 11 chunks are zeros"
+        );
+        let s = c.stats();
+        assert_eq!((s.zero_chunks, s.chunks_fetched), (3, 8));
+        assert!(s.wire_bytes < s.raw_bytes);
+    }
+
+    #[tokio::test]
+    async fn a_read_far_ahead_is_served_before_the_rest() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let len = 40 * CHUNK as usize;
+        let fake = Fake::new(content(len), false);
+        let c = cache(dir.path());
+        let cred = Credentials::default();
+        let f = c
+            .start(b"fh2", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Let the background window and the reader's own chunk through.
+        fake.gate.add_permits(WINDOW + 1);
+        let at = 30 * u64::from(CHUNK) + 5;
+        let (got, _) = f
+            .read(&c, fake.as_ref(), &cred, at, 1000)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, fake.data[at as usize..at as usize + 1000]);
+        assert!(!f.complete(), "served before the end arrived");
+        fake.gate.add_permits(1 << 20);
+        let (all, _) = f
+            .read(&c, fake.as_ref(), &cred, 0, len as u32)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(all == fake.data);
+    }
+
+    #[tokio::test]
+    async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let len = 6 * CHUNK as usize;
+        let fake = Fake::new(content(len), true);
+        let index: Arc<dyn MetaIndex> = Arc::new(MemIndex::new(100));
+        let c = FileCache::open(dir.path(), Some(index.clone()), 1 << 30)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let cred = Credentials::default();
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (c, fake, cred) = (c.clone(), fake.clone(), cred.clone());
+            tasks.push(tokio::spawn(async move {
+                let f = c.start(b"fh3", &fake.attrs, None, fake.clone(), &cred)?;
+                f.read(&c, fake.as_ref(), &cred, 0, len as u32).await
+            }));
+        }
+        for t in tasks {
+            let (got, _) = t
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(got == fake.data);
+        }
+        assert_eq!(fake.calls.load(Ordering::Relaxed), 6, "one fetch per chunk");
+        // Wait for the record, then reopen: the file is kept, nothing fetched.
+        for _ in 0..200 {
+            if c.stats().files_complete == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        drop(c);
+        std::fs::write(dir.path().join("abcd"), b"half a fetch").unwrap_or_else(|e| panic!("{e}"));
+        let c = FileCache::open(dir.path(), Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            !dir.path().join("abcd").exists(),
+            "unfinished files are removed"
+        );
+        let f = c
+            .get(b"fh3")
+            .unwrap_or_else(|| panic!("kept across reopen"));
+        let (got, _) = f
+            .read(&c, fake.as_ref(), &cred, 0, len as u32)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(got == fake.data);
+        assert_eq!(fake.calls.load(Ordering::Relaxed), 6);
+    }
+
+    #[tokio::test]
+    async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let len = 5 * CHUNK as usize;
+        let fake = Fake::new(content(len), true);
+        let index: Arc<dyn MetaIndex> = Arc::new(MemIndex::new(100));
+        let c = FileCache::open(dir.path(), Some(index.clone()), 1 << 30)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let cred = Credentials::unix(7, 8);
+        let f = c
+            .start(b"fh5", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // A write before the file is whole is refused (the caller forwards it).
+        f.read(&c, fake.as_ref(), &cred, 0, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..200 {
+            if c.stats().files_complete == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let at = 2 * u64::from(CHUNK) - 3;
+        let (before, after) = f
+            .write(&c, &cred, at, b"abcdef".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((before.size, after.size), (len as u64, len as u64));
+        // Past the end: the file grows.
+        let (_, after) = f
+            .write(&c, &cred, len as u64 + 10, b"tail".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(after.size, len as u64 + 14);
+        f.commit(&c).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut want = fake.data.clone();
+        want[at as usize..at as usize + 6].copy_from_slice(b"abcdef");
+        want.resize(len + 10, 0);
+        want.extend_from_slice(b"tail");
+        // Reopened (a restart after COMMIT): the writes are still there.
+        drop((f, c));
+        let c = FileCache::open(dir.path(), Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        let f = c.get(b"fh5").unwrap_or_else(|| panic!("dirty file kept"));
+        assert!(f.is_dirty());
+        let (got, eof) = f
+            .read(&c, fake.as_ref(), &cred, 0, len as u32 + 100)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(eof && got == want, "reads see the writes");
+        // Write-back sends chunks 1, 2 and 5 (the touched ones), compressed.
+        let bytes = c
+            .write_back(fake.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stored = lock(&fake.stored).clone();
+        let offsets: Vec<u64> = stored.iter().map(|(o, _)| *o).collect();
+        assert_eq!(
+            offsets,
+            vec![u64::from(CHUNK), 2 * u64::from(CHUNK), 5 * u64::from(CHUNK)]
+        );
+        assert_eq!(bytes, 2 * u64::from(CHUNK) + 14);
+        for (o, raw) in &stored {
+            assert!(raw[..] == want[*o as usize..*o as usize + raw.len()]);
+        }
+        assert!(c.get(b"fh5").is_none(), "a written-back file is let go");
+        assert!(c.stats().written_back_wire_bytes < bytes);
+    }
+
+    #[tokio::test]
+    async fn a_changed_file_fails_the_fetch() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let len = 3 * CHUNK as usize;
+        let fake = Fake::new(content(len), true);
+        let c = cache(dir.path());
+        let cred = Credentials::default();
+        // The proxy believes in an older version of the file.
+        let old = attrs(len as u64, 6);
+        let f = c
+            .start(b"fh4", &old, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let r = f.read(&c, fake.as_ref(), &cred, 0, 100).await;
+        assert!(r.is_err(), "bytes of another version were served");
+        assert!(c.get(b"fh4").is_none());
+    }
+}

@@ -1,0 +1,413 @@
+//! [`ExtServer`]: the answering side of the extension program, run by
+//! every gvfs-proxy.
+//!
+//! A FETCH is answered from the best place this proxy has:
+//! - its file cache, when its own upstream speaks the extension too (a LAN
+//!   proxy in the middle): the whole file is fetched once into the cache,
+//!   however many client proxies ask at once, and each chunk is served as
+//!   soon as it has arrived;
+//! - its upstream's extension, forwarded as it came, when it has no file
+//!   cache;
+//! - otherwise (the proxy next to a plain NFS server) by reading the chunk
+//!   through its own layers (block cache, zero maps) and compressing it.
+//!
+//! FETCH calls are independent, so chunks are read and compressed in
+//! parallel: as many at once as the client keeps in flight, compression on
+//! the blocking pool.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use gvfs_nfs::nfs3_types::nfs3::*;
+use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_nfs::rpc::ReplyStatus;
+use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
+
+use crate::ext::{
+    self, CHUNK, ChunkSource, FetchArgs, FetchOk, StoreArgs, compress, encode_fetch_res,
+    encode_store_res,
+};
+use crate::filecache::{FileCache, same_version};
+
+/// The zstd level chunks are compressed at: fast, and most of what a VM
+/// image saves comes from runs of zeros and repeats any level finds.
+pub const LEVEL: i32 = 3;
+/// How long a file-cache entry is trusted without asking upstream for the
+/// file's attributes again, for FETCHes that do not start a file.
+const RECHECK: Duration = Duration::from_secs(3);
+
+/// Counters, for `gvfsctl stats` and the metrics endpoint.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ExtStats {
+    /// FETCH calls answered.
+    pub fetch_calls: u64,
+    /// File bytes those answers held.
+    pub raw_bytes: u64,
+    /// Bytes sent for them (after compression).
+    pub wire_bytes: u64,
+    /// Answered from the file cache.
+    pub from_file_cache: u64,
+    /// Forwarded to the upstream's extension.
+    pub forwarded: u64,
+    /// Read through the layers below and compressed here.
+    pub compressed_here: u64,
+    /// STORE calls answered (chunks written back by client proxies).
+    pub store_calls: u64,
+    /// Bytes received for them (compressed).
+    pub stored_wire_bytes: u64,
+    /// File bytes they held.
+    pub stored_raw_bytes: u64,
+    /// FETCH and STORE calls that failed.
+    pub errors: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    fetch_calls: AtomicU64,
+    raw_bytes: AtomicU64,
+    wire_bytes: AtomicU64,
+    from_file_cache: AtomicU64,
+    forwarded: AtomicU64,
+    compressed_here: AtomicU64,
+    store_calls: AtomicU64,
+    stored_wire_bytes: AtomicU64,
+    stored_raw_bytes: AtomicU64,
+    errors: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The extension program's server side.
+pub struct ExtServer {
+    inner: Arc<dyn NfsService>,
+    files: Option<Arc<FileCache>>,
+    upstream: Option<Arc<dyn ChunkSource>>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for ExtServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtServer")
+            .field("inner", &self.inner.describe())
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+/// Why an extension call produced no results.
+#[derive(Debug)]
+pub enum ExtRefusal {
+    /// Answer with this RPC status.
+    Rpc(ReplyStatus),
+}
+
+impl ExtServer {
+    /// A server reading through `inner`, with this proxy's file cache and
+    /// its upstream's extension when it has them.
+    pub fn new(
+        inner: Arc<dyn NfsService>,
+        files: Option<Arc<FileCache>>,
+        upstream: Option<Arc<dyn ChunkSource>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            files,
+            upstream,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ExtStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        ExtStats {
+            fetch_calls: g(&c.fetch_calls),
+            raw_bytes: g(&c.raw_bytes),
+            wire_bytes: g(&c.wire_bytes),
+            from_file_cache: g(&c.from_file_cache),
+            forwarded: g(&c.forwarded),
+            compressed_here: g(&c.compressed_here),
+            store_calls: g(&c.store_calls),
+            stored_wire_bytes: g(&c.stored_wire_bytes),
+            stored_raw_bytes: g(&c.stored_raw_bytes),
+            errors: g(&c.errors),
+        }
+    }
+
+    /// Runs one call of the program and returns its XDR results.
+    pub async fn handle(
+        &self,
+        cx: &CallContext,
+        vers: u32,
+        proc_: u32,
+        args: &[u8],
+    ) -> Result<Vec<u8>, ExtRefusal> {
+        if let Some(status) = ext::rpc_refusal(vers, proc_) {
+            return Err(ExtRefusal::Rpc(status));
+        }
+        if proc_ == ext::PROC_NULL {
+            return Ok(Vec::new());
+        }
+        if proc_ == ext::PROC_STORE {
+            let Ok(store) = StoreArgs::decode(args) else {
+                return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+            };
+            bump(&self.counters.store_calls, 1);
+            bump(&self.counters.stored_wire_bytes, store.data.len() as u64);
+            let res = self.store(cx, store).await;
+            if res.is_err() {
+                bump(&self.counters.errors, 1);
+            }
+            let mut out = Vec::new();
+            encode_store_res(&mut out, &res);
+            return Ok(out);
+        }
+        let Ok(fetch) = FetchArgs::decode(args) else {
+            return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+        };
+        bump(&self.counters.fetch_calls, 1);
+        let upstream_speaks = match &self.upstream {
+            Some(u) => u.supported().await,
+            None => false,
+        };
+        let res = match (&self.files, &self.upstream) {
+            (Some(files), Some(up)) if upstream_speaks => {
+                bump(&self.counters.from_file_cache, 1);
+                self.via_file_cache(cx, files, up.clone(), &fetch).await
+            }
+            (None, Some(up)) if upstream_speaks => {
+                bump(&self.counters.forwarded, 1);
+                return match up.forward(&cx.cred, args).await {
+                    Ok(bytes) => {
+                        if let Ok(Ok(ok)) = ext::decode_fetch_res(&bytes) {
+                            self.count(&ok);
+                        }
+                        Ok(bytes)
+                    }
+                    Err(e) => {
+                        bump(&self.counters.errors, 1);
+                        tracing::warn!(error = %e, "forwarding FETCH failed");
+                        Ok(self.encode(&Err(nfsstat3::NFS3ERR_IO)))
+                    }
+                };
+            }
+            _ => {
+                bump(&self.counters.compressed_here, 1);
+                self.read_below(cx, &fetch).await
+            }
+        };
+        Ok(self.encode(&res))
+    }
+
+    fn count(&self, ok: &FetchOk) {
+        bump(&self.counters.raw_bytes, u64::from(ok.raw_len));
+        bump(&self.counters.wire_bytes, ok.data.len() as u64);
+    }
+
+    fn encode(&self, res: &Result<FetchOk, nfsstat3>) -> Vec<u8> {
+        match res {
+            Ok(ok) => self.count(ok),
+            Err(_) => bump(&self.counters.errors, 1),
+        }
+        let mut out = Vec::new();
+        encode_fetch_res(&mut out, res);
+        out
+    }
+
+    async fn getattr(&self, cx: &CallContext, fh: &[u8]) -> Result<fattr3, nfsstat3> {
+        let req = NfsRequest::Getattr(GETATTR3args {
+            object: nfs_fh3 {
+                data: Opaque::owned(fh.to_vec()),
+            },
+        });
+        match self.inner.call(cx, req).await {
+            Ok(NfsReply::Getattr(Nfs3Result::Ok(ok))) => Ok(ok.obj_attributes),
+            Ok(other) => Err(other.status()),
+            Err(e) => Err(e.nfsstat()),
+        }
+    }
+
+    /// The file's attributes, when the caller may read it: the file cache
+    /// serves everyone, so each stream (a FETCH at offset 0) asks upstream.
+    async fn may_read(&self, cx: &CallContext, fh: &[u8]) -> Result<fattr3, nfsstat3> {
+        let req = NfsRequest::Access(ACCESS3args {
+            object: nfs_fh3 {
+                data: Opaque::owned(fh.to_vec()),
+            },
+            access: ACCESS3_READ,
+        });
+        match self.inner.call(cx, req).await {
+            Ok(NfsReply::Access(Nfs3Result::Ok(ok))) => {
+                if ok.access & ACCESS3_READ == 0 {
+                    return Err(nfsstat3::NFS3ERR_ACCES);
+                }
+                match ok.obj_attributes {
+                    Nfs3Option::Some(a) => Ok(a),
+                    Nfs3Option::None => self.getattr(cx, fh).await,
+                }
+            }
+            Ok(other) => Err(other.status()),
+            Err(e) => Err(e.nfsstat()),
+        }
+    }
+
+    /// A chunk from this proxy's file cache, fetching the whole file into
+    /// it (once, for everyone) when it is not there.
+    async fn via_file_cache(
+        &self,
+        cx: &CallContext,
+        files: &Arc<FileCache>,
+        up: Arc<dyn ChunkSource>,
+        args: &FetchArgs,
+    ) -> Result<FetchOk, nfsstat3> {
+        let cached = files.get(&args.fh);
+        let trust = cached
+            .as_ref()
+            .is_some_and(|f| args.offset != 0 && f.checked_at().elapsed() < RECHECK);
+        let entry = match cached {
+            Some(f) if trust => f,
+            _ => {
+                let attrs = self.may_read(cx, &args.fh).await?;
+                if attrs.type_ != ftype3::NF3REG {
+                    return Err(nfsstat3::NFS3ERR_INVAL);
+                }
+                let f = files
+                    .start(&args.fh, &attrs, None, up.clone(), &cx.cred)
+                    .map_err(|why| {
+                        tracing::warn!(%why, "cannot hold a file for FETCH");
+                        nfsstat3::NFS3ERR_IO
+                    })?;
+                f.mark_checked();
+                f
+            }
+        };
+        let (raw, eof) = entry
+            .read(files, up.as_ref(), &cx.cred, args.offset, args.count)
+            .await
+            .map_err(|why| {
+                tracing::warn!(%why, "FETCH from the file cache failed");
+                nfsstat3::NFS3ERR_IO
+            })?;
+        let attrs = entry.attrs();
+        Self::package(attrs, raw, eof).await
+    }
+
+    /// A STORE: the chunk decompressed and written through the layers
+    /// below, durably (FILE_SYNC, or a COMMIT when a layer answered
+    /// UNSTABLE), before it is acknowledged.
+    async fn store(&self, cx: &CallContext, args: StoreArgs) -> Result<fattr3, nfsstat3> {
+        let fh = args.fh.clone();
+        let offset = args.offset;
+        let raw = tokio::task::spawn_blocking(move || args.raw())
+            .await
+            .map_err(|_| nfsstat3::NFS3ERR_SERVERFAULT)?
+            .map_err(|why| {
+                tracing::warn!(%why, "refusing a STORE");
+                nfsstat3::NFS3ERR_INVAL
+            })?;
+        let count = raw.len() as u32;
+        let file = nfs_fh3 {
+            data: Opaque::owned(fh.clone()),
+        };
+        let req = NfsRequest::Write(WRITE3args {
+            file: file.clone(),
+            offset,
+            count,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::owned(raw),
+        });
+        let (mut attrs, committed) = match self.inner.call(cx, req).await {
+            Ok(NfsReply::Write(Nfs3Result::Ok(ok))) => {
+                if ok.count != count {
+                    return Err(nfsstat3::NFS3ERR_IO);
+                }
+                let attrs = match ok.file_wcc.after {
+                    Nfs3Option::Some(a) => Some(a),
+                    Nfs3Option::None => None,
+                };
+                (attrs, !matches!(ok.committed, stable_how::UNSTABLE))
+            }
+            Ok(other) => return Err(other.status()),
+            Err(e) => return Err(e.nfsstat()),
+        };
+        if !committed {
+            let req = NfsRequest::Commit(COMMIT3args {
+                file,
+                offset,
+                count,
+            });
+            match self.inner.call(cx, req).await {
+                Ok(NfsReply::Commit(Nfs3Result::Ok(ok))) => {
+                    if let Nfs3Option::Some(a) = ok.file_wcc.after {
+                        attrs = Some(a);
+                    }
+                }
+                Ok(other) => return Err(other.status()),
+                Err(e) => return Err(e.nfsstat()),
+            }
+        }
+        bump(&self.counters.stored_raw_bytes, u64::from(count));
+        match attrs {
+            Some(a) => Ok(a),
+            None => self.getattr(cx, &fh).await,
+        }
+    }
+
+    /// A chunk read through the layers below and compressed here.
+    async fn read_below(&self, cx: &CallContext, args: &FetchArgs) -> Result<FetchOk, nfsstat3> {
+        let mut data: Vec<u8> = Vec::new();
+        let mut attrs = None;
+        let mut eof = false;
+        while !eof && (data.len() as u32) < args.count {
+            let want = args.count - data.len() as u32;
+            let req = NfsRequest::Read(READ3args {
+                file: nfs_fh3 {
+                    data: Opaque::owned(args.fh.clone()),
+                },
+                offset: args.offset + data.len() as u64,
+                count: want.min(CHUNK),
+            });
+            match self.inner.call(cx, req).await {
+                Ok(NfsReply::Read(Nfs3Result::Ok(ok))) => {
+                    let Nfs3Option::Some(a) = ok.file_attributes else {
+                        return Err(nfsstat3::NFS3ERR_SERVERFAULT);
+                    };
+                    // Every piece must come from one version of the file.
+                    if attrs.as_ref().is_some_and(|b| !same_version(&a, b)) {
+                        return Err(nfsstat3::NFS3ERR_JUKEBOX);
+                    }
+                    attrs = Some(a);
+                    let n = ok.data.len().min(want as usize);
+                    data.extend_from_slice(&ok.data[..n]);
+                    eof = ok.eof || n == 0;
+                }
+                Ok(other) => return Err(other.status()),
+                Err(e) => return Err(e.nfsstat()),
+            }
+        }
+        let attrs = match attrs {
+            Some(a) => a,
+            None => self.getattr(cx, &args.fh).await?,
+        };
+        eof = eof || args.offset + data.len() as u64 >= attrs.size;
+        Self::package(attrs, data, eof).await
+    }
+
+    async fn package(attrs: fattr3, raw: Vec<u8>, eof: bool) -> Result<FetchOk, nfsstat3> {
+        let raw_len = raw.len() as u32;
+        let (codec, data) = tokio::task::spawn_blocking(move || compress(&raw, LEVEL))
+            .await
+            .map_err(|_| nfsstat3::NFS3ERR_SERVERFAULT)?;
+        Ok(FetchOk {
+            attrs,
+            raw_len,
+            eof,
+            codec,
+            data,
+        })
+    }
+}

@@ -1,0 +1,305 @@
+//! Compress-and-copy through the real binaries, with nfs-ganesha as the
+//! image server and libnfs as the client: a file whose metadata asks for it
+//! is fetched whole, as a stream of compressed chunks over the gvfs
+//! extension program, into the client proxy's file cache; a LAN proxy in
+//! the middle keeps what it passed on, so a second compute node's proxy
+//! gets it with no WAN traffic, and eight nodes asking at once cause one
+//! fetch across the WAN.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use gvfs::data::{compare_files, write_memory_image};
+use gvfs::libnfs::{nfs_cat, nfs_cp};
+use gvfs::nfsclient::NfsClient;
+use gvfs::process;
+use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_nfs::NfsReply;
+use gvfs_nfs::NfsRequest;
+use gvfs_nfs::nfs3_types::nfs3::{Nfs3Result, READ3args};
+use gvfs_wanlink::{LinkConfig, WanLink};
+
+const MIB: u64 = 1 << 20;
+
+/// An image at the origin with compress-and-copy metadata beside it.
+fn image(g: &Ganesha, name: &str, size: u64, seed: u64) -> Result<std::path::PathBuf> {
+    let path = g.export_dir().join(name);
+    write_memory_image(&path, size, seed)?;
+    let said = gvfsctl(&["meta", "gen", &path.display().to_string(), "--compress"])?;
+    ensure!(said.contains(name), "meta gen said: {said}");
+    Ok(path)
+}
+
+/// A proxy with a small block cache (and so a file cache) in `dir`.
+fn caching(upstream: String, dir: &Path) -> Result<Proxy> {
+    Proxy::spawn(
+        ProxyArgs::new(upstream)
+            .arg("--cache-dir")
+            .arg(dir.display().to_string())
+            .arg("--cache-size")
+            .arg("64M"),
+    )
+}
+
+async fn wait_complete(p: &Proxy, files: u64) -> Result<serde_json::Value> {
+    for _ in 0..300 {
+        let s = p.cache_stats_all()?;
+        if n(&s, "file_cache.files_complete") >= files {
+            return Ok(s);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("the file cache never finished: {}", p.cache_stats_all()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_256_mib_image_comes_as_one_compressed_stream_and_is_served_before_it_ends() -> Result<()>
+{
+    let g = Ganesha::start()?;
+    let size = 256 * MIB;
+    let src = image(&g, "mem.raw", size, 5)?;
+    // The proxy next to the image server compresses; a 200 Mbit/s link
+    // makes the stream last long enough to read from it while it runs.
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let link = WanLink::start(
+        "127.0.0.1:0".parse()?,
+        server.addr(),
+        LinkConfig::from_rtt(Duration::from_millis(2), Some(200_000_000)),
+    )
+    .await?;
+    let cache = tempfile::tempdir()?;
+    let client = caching(server.upstream_url_at(link.local_addr()), cache.path())?;
+
+    // The first READ is answered while the rest of the file is on its way.
+    let nfs = NfsClient::of_proxy(&client, Duration::from_secs(60)).await?;
+    let fh = nfs.resolve("mem.raw").await?.context("no mem.raw")?;
+    let reply = nfs
+        .call(NfsRequest::Read(READ3args {
+            file: fh,
+            offset: 3 * MIB + 512,
+            count: 65_536,
+        }))
+        .await?;
+    let NfsReply::Read(Nfs3Result::Ok(ok)) = reply else {
+        anyhow::bail!("READ failed: {reply:?}");
+    };
+    let want = std::fs::read(&src)?;
+    ensure!(
+        ok.data.as_ref() == &want[(3 * MIB + 512) as usize..(3 * MIB + 512 + 65_536) as usize],
+        "the first READ returned other bytes"
+    );
+    let early = client.cache_stats_all()?;
+    ensure!(
+        n(&early, "meta.copy_reads") == 1 && n(&early, "file_cache.files_complete") == 0,
+        "the READ was not served from a stream under way: {early}"
+    );
+
+    let local = tempfile::tempdir()?;
+    let back = local.path().join("mem.raw");
+    nfs_cp(&client.url("mem.raw"), &back.display().to_string())?;
+    compare_files(&src, &back).context("compress-and-copy bytes")?;
+
+    let s = wait_complete(&client, 1).await?;
+    let chunks = n(&s, "file_cache.chunks_fetched");
+    let zero = n(&s, "file_cache.zero_chunks");
+    ensure!(
+        n(&s, "file_cache.files_fetched") == 1 && chunks + zero == size / MIB,
+        "one whole-file fetch of 256 chunks: {s}"
+    );
+    // No block of the image was read below the file cache (only the small
+    // metadata file went through the block cache).
+    ensure!(n(&s, "cache.fetched_bytes") < MIB, "block reads: {s}");
+    let wire = n(&s, "file_cache.wire_bytes");
+    let raw = n(&s, "file_cache.raw_bytes");
+    ensure!(
+        wire * 10 < raw * 7,
+        "compressed {raw} bytes into {wire}: {s}"
+    );
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&up, "ext.fetch_calls") == chunks && n(&up, "ext.compressed_here") == chunks,
+        "the image server's proxy answered {} FETCHes for {chunks} chunks: {up}",
+        n(&up, "ext.fetch_calls")
+    );
+    // Block by block this would be thousands of READs; here the only READs
+    // that reached the image server's proxy are of the metadata file.
+    ensure!(server.calls("READ")? <= 2, "READs upstream: {up}");
+    let crossed = link.stats().downstream_bytes;
+    ensure!(
+        crossed < wire + 2 * MIB,
+        "{crossed} bytes crossed the link for {wire} bytes of chunks"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight() -> Result<()> {
+    let g = Ganesha::start()?;
+    let a_img = image(&g, "a.raw", 48 * MIB, 11)?;
+    let b_img = image(&g, "b.raw", 24 * MIB, 12)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let link = WanLink::start(
+        "127.0.0.1:0".parse()?,
+        server.addr(),
+        LinkConfig::from_rtt(Duration::from_millis(2), None),
+    )
+    .await?;
+    let lan_dir = tempfile::tempdir()?;
+    let lan = caching(server.upstream_url_at(link.local_addr()), lan_dir.path())?;
+    let local = tempfile::tempdir()?;
+
+    // Node A warms the LAN proxy.
+    let a_dir = tempfile::tempdir()?;
+    let node_a = caching(lan.upstream_url(), a_dir.path())?;
+    let to_a = local.path().join("a-from-a");
+    nfs_cp(&node_a.url("a.raw"), &to_a.display().to_string())?;
+    compare_files(&a_img, &to_a).context("node A's copy")?;
+    wait_complete(&lan, 1).await?;
+    let wan_before = link.stats().downstream_bytes + link.stats().upstream_bytes;
+    let fetches_before = n(&server.cache_stats_all()?, "ext.fetch_calls");
+    let reads_before = server.calls("READ")?;
+
+    // Node B gets the same image from the LAN proxy alone.
+    let b_dir = tempfile::tempdir()?;
+    let node_b = caching(lan.upstream_url(), b_dir.path())?;
+    let to_b = local.path().join("a-from-b");
+    nfs_cp(&node_b.url("a.raw"), &to_b.display().to_string())?;
+    compare_files(&a_img, &to_b).context("node B's copy")?;
+    let b = node_b.cache_stats_all()?;
+    ensure!(
+        n(&b, "meta.copy_reads") > 0,
+        "node B did not use compress-and-copy: {b}"
+    );
+    let wan = link.stats().downstream_bytes + link.stats().upstream_bytes - wan_before;
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&up, "ext.fetch_calls") == fetches_before && server.calls("READ")? == reads_before,
+        "node B's copy reached the image server: {up}"
+    );
+    // Only a few lookups and attribute checks cross: no file data.
+    ensure!(wan < 64 * 1024, "{wan} bytes crossed the WAN for node B");
+
+    // Eight nodes ask for another image at once: one fetch crosses the WAN.
+    let mut nodes = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..8 {
+        let d = tempfile::tempdir()?;
+        nodes.push(caching(lan.upstream_url(), d.path())?);
+        dirs.push(d);
+    }
+    let fetches_before = n(&server.cache_stats_all()?, "ext.fetch_calls");
+    let copies: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (from, to) = (p.url("b.raw"), local.path().join(format!("b-{i}")));
+            tokio::task::spawn_blocking(move || nfs_cp(&from, &to.display().to_string()))
+        })
+        .collect();
+    for (i, c) in copies.into_iter().enumerate() {
+        c.await?.with_context(|| format!("node {i}'s copy"))?;
+        compare_files(&b_img, &local.path().join(format!("b-{i}")))
+            .with_context(|| format!("node {i}'s bytes"))?;
+    }
+    let up = server.cache_stats_all()?;
+    let l = lan.cache_stats_all()?;
+    ensure!(
+        n(&up, "ext.fetch_calls") - fetches_before == 24,
+        "eight nodes caused {} FETCHes of a 24-chunk image upstream (LAN: {l})",
+        n(&up, "ext.fetch_calls") - fetches_before
+    );
+    ensure!(
+        n(&l, "file_cache.files_fetched") == 2,
+        "the LAN proxy fetched: {l}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_to_a_held_file_stay_local_until_written_back_compressed() -> Result<()> {
+    let g = Ganesha::start()?;
+    let size = 16 * MIB;
+    let src = image(&g, "wb.raw", size, 21)?;
+    let original = std::fs::read(&src)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let cache = tempfile::tempdir()?;
+    // QEMU finds NFS through PORTMAP on port 111 of the address it is given.
+    let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 41)), 111);
+    let client = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .listen(listen)
+            .arg("--cache-dir")
+            .arg(cache.path().display().to_string())
+            .arg("--cache-size")
+            .arg("64M"),
+    )?;
+    ensure!(nfs_cat(&client.url("wb.raw"))? == original, "first read");
+    wait_complete(&client, 1).await?;
+
+    // QEMU writes into the image: at 3 MiB and over its last page (a raw
+    // image cannot grow through QEMU; growing is covered in crates/meta).
+    let url = format!("nfs://{}/export/wb.raw", client.ip());
+    let out = process::run_ok(
+        std::process::Command::new("qemu-io").args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0xab 3146000 70000",
+            "-c",
+            &format!("write -P 0xcd {} 4096", size - 4096),
+            "-c",
+            "flush",
+            &url,
+        ]),
+        Duration::from_secs(60),
+    )
+    .context("qemu-io (apt-get install qemu-utils qemu-block-extra)")?;
+    ensure!(
+        out.stdout_text().contains("wrote 70000"),
+        "qemu-io said: {}",
+        out.stdout_text()
+    );
+    let mut want = original.clone();
+    want[3_146_000..3_146_000 + 70_000].fill(0xab);
+    want[size as usize - 4096..].fill(0xcd);
+    let s = client.cache_stats_all()?;
+    ensure!(
+        n(&s, "meta.copy_writes") >= 2 && n(&s, "file_cache.dirty_files") == 1,
+        "the writes did not stay in the file cache: {s}"
+    );
+    ensure!(
+        std::fs::read(&src)? == original,
+        "the origin changed before write-back"
+    );
+    ensure!(
+        nfs_cat(&client.url("wb.raw"))? == want,
+        "reads through the proxy do not show the writes"
+    );
+
+    client.write_back()?;
+    ensure!(
+        std::fs::read(&src)? == want,
+        "the origin does not hold the writes after write-back"
+    );
+    let s = client.cache_stats_all()?;
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&s, "file_cache.written_back_files") == 1 && n(&s, "file_cache.dirty_files") == 0,
+        "client: {s}"
+    );
+    // Two chunks were touched (the one at 3 MiB and the last), sent
+    // compressed with STORE.
+    ensure!(
+        n(&up, "ext.store_calls") == 2
+            && n(&up, "ext.stored_wire_bytes") < n(&up, "ext.stored_raw_bytes"),
+        "image server's proxy: {up}"
+    );
+    ensure!(
+        nfs_cat(&client.url("wb.raw"))? == want,
+        "read after write-back"
+    );
+    Ok(())
+}
