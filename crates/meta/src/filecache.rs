@@ -396,6 +396,14 @@ impl CachedFile {
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or("write past the largest offset")?;
+        // The chunk table grows with the file: a client's offset is capped
+        // by the cache's budget before anything is allocated for it.
+        if end > cache.max_bytes {
+            return Err(format!(
+                "a write ending at {end} does not fit the file cache ({} bytes)",
+                cache.max_bytes
+            ));
+        }
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
             me.file.write_all_at(&data, offset)?;
@@ -1036,7 +1044,10 @@ pub(crate) mod tests {
         ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
             Box::pin(async move {
                 self.calls.fetch_add(1, Ordering::Relaxed);
-                let _p = self.gate.acquire().await;
+                // Each fetch uses up a permit: the test decides how many pass.
+                if let Ok(p) = self.gate.acquire().await {
+                    p.forget();
+                }
                 let s = args.offset as usize;
                 let e = (s + args.count as usize).min(self.data.len());
                 let (codec, data) = compress(&self.data[s..e], 3);
@@ -1228,6 +1239,9 @@ pub(crate) mod tests {
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        // A write far past the end is refused before anything grows.
+        let huge = f.write(&c, &cred, 1 << 60, b"x".to_vec(), false).await;
+        assert!(huge.is_err(), "a write at 2^60 was taken");
         let at = 2 * u64::from(CHUNK) - 3;
         let (before, after) = f
             .write(&c, &cred, at, b"abcdef".to_vec(), false)

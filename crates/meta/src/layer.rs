@@ -886,7 +886,8 @@ impl NfsService for MetaLayer {
                     self.forward(cx, NfsRequest::Setattr(args)).await
                 }
                 other => {
-                    let fh = subject_of(&other);
+                    // Only a proxy with a file cache has files to patch.
+                    let fh = self.copy.as_ref().and_then(|_| subject_of(&other));
                     let mut reply = self.forward(cx, other).await?;
                     if let Some(f) = fh.and_then(|fh| self.held_dirty(&fh)) {
                         patch_attrs(&mut reply, &f.local_attrs());
