@@ -30,19 +30,8 @@ use gvfs::{Ganesha, Proxy, ProxyArgs};
 
 const SEED: u64 = 0x7475_6e6e_656c;
 
-fn gvfsctl(args: &[&str]) -> Result<()> {
-    gvfs::proxy::gvfsctl_local(args).map(|_| ())
-}
-
-fn tls_args(ca: &Path, name: &str, mut p: ProxyArgs) -> ProxyArgs {
-    for (flag, file) in [
-        ("--cert", format!("{name}.pem")),
-        ("--key", format!("{name}-key.pem")),
-        ("--ca", "ca.pem".to_string()),
-    ] {
-        p = p.arg(flag).arg(ca.join(file).display().to_string());
-    }
-    p
+fn tls_args(ca: &Path, name: &str, p: ProxyArgs) -> ProxyArgs {
+    p.tls(ca, name)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -63,21 +52,7 @@ fn main() -> Result<()> {
 
     let local = gvfs::bench::shm_tempdir()?;
     let work = tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?;
-    let ca: PathBuf = work.path().join("ca");
-    let ca_s = ca.display().to_string();
-    gvfsctl(&["ca", "init", &ca_s])?;
-    for name in ["image-server", "node1"] {
-        gvfsctl(&[
-            "ca",
-            "issue",
-            "--ca",
-            &ca_s,
-            "--name",
-            name,
-            "--ip",
-            "127.0.0.1",
-        ])?;
-    }
+    let ca: PathBuf = gvfs::proxy::site_ca(work.path(), &["image-server", "node1"])?;
     let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
     eprintln!("load average {} at start", loadavg());
     let server = Proxy::spawn(

@@ -19,8 +19,13 @@ if dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null | grep -q 'bpo12'; then
   backports=(-t bookworm-backports)
 fi
 sudo_ apt-get update -qq
+# The clone benchmark's quick run (tests/clone.rs) boots guests with
+# qemu-system-x86, a busybox-static initramfs, an ext4 disk made by mke2fs,
+# and Debian's kernel, which it fetches itself with `apt-get download`; its
+# chart needs a TTF font.
 sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${backports[@]}" \
-  nfs-ganesha nfs-ganesha-vfs libnfs-utils qemu-utils qemu-block-extra >/dev/null
+  nfs-ganesha nfs-ganesha-vfs libnfs-utils qemu-utils qemu-block-extra \
+  qemu-system-x86 busybox-static e2fsprogs fonts-dejavu-core >/dev/null
 
 # The integration tests run the real gvfs-proxy binary: build it first.
 cargo build --locked --workspace --bins

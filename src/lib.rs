@@ -11,6 +11,7 @@
 //! - [`proxy`]: the `gvfs-proxy` binary as a child process.
 //! - [`data`]: deterministic file contents, sparse files, comparisons.
 //! - [`process`]: child processes with deadlines.
+//! - [`clone`]: the VM clone benchmark (QEMU guests, golden images, scenarios).
 //! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
 //!
 //! The fixtures are synchronous (all but [`nfsclient`]): tests call them
@@ -20,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod clone;
 pub mod data;
 pub mod ganesha;
 pub mod libnfs;

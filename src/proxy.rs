@@ -107,6 +107,19 @@ impl ProxyArgs {
         self
     }
 
+    /// `--cert --key --ca`: certificate `name` of the site CA in `ca`
+    /// (made by [`site_ca`]).
+    pub fn tls(mut self, ca: &Path, name: &str) -> Self {
+        for (flag, file) in [
+            ("--cert", format!("{name}.pem")),
+            ("--key", format!("{name}-key.pem")),
+            ("--ca", "ca.pem".to_owned()),
+        ] {
+            self = self.arg(flag).arg(ca.join(file).display().to_string());
+        }
+        self
+    }
+
     /// Sets an environment variable for the proxy.
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((key.into(), value.into()));
@@ -196,6 +209,28 @@ pub fn gvfsctl_local(args: &[&str]) -> Result<String> {
         bail!("gvfsctl {args:?} failed: {}", out.stderr_text());
     }
     Ok(out.stdout_text())
+}
+
+/// A site CA made with `gvfsctl ca init` in `dir/ca`, and a certificate
+/// (for IP 127.0.0.1) issued by it for each of `names` (`NAME.pem`,
+/// `NAME-key.pem` beside `ca.pem`); returns the CA directory.
+pub fn site_ca(dir: &Path, names: &[&str]) -> Result<PathBuf> {
+    let ca = dir.join("ca");
+    let ca_s = ca.display().to_string();
+    gvfsctl_local(&["ca", "init", &ca_s])?;
+    for name in names {
+        gvfsctl_local(&[
+            "ca",
+            "issue",
+            "--ca",
+            &ca_s,
+            "--name",
+            name,
+            "--ip",
+            "127.0.0.1",
+        ])?;
+    }
+    Ok(ca)
 }
 
 /// The number at a dotted `path` (`"file_cache.wire_bytes"`) of a stats

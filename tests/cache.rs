@@ -10,6 +10,7 @@ use anyhow::{Context, Result, ensure};
 use gvfs::data::{compare_file_with, compare_files, random_bytes_at, write_random_file};
 use gvfs::libnfs::{nfs_cat, nfs_cp};
 use gvfs::nfsclient::NfsClient;
+use gvfs::proxy::stat;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::NfsRequest;
 use gvfs_nfs::nfs3_types::nfs3::*;
@@ -355,5 +356,61 @@ fn metrics_endpoint_serves_the_cache_counters() -> Result<()> {
     ensure!(text.starts_with("HTTP/1.1 200"), "{text}");
     ensure!(text.contains("gvfs_cache_misses_total"), "{text}");
     ensure!(text.contains("gvfs_status_nfs_calls_READ_total"), "{text}");
+    Ok(())
+}
+
+/// `--attr-timeout`: a second client session on the same file costs no
+/// calls upstream (NULL, MNT, LOOKUP, GETATTR, ACCESS all answered from the
+/// attribute cache and the data from the block cache); a write through the
+/// proxy empties it, so the writer's next session sees its own change.
+#[test]
+fn attribute_cache_answers_repeat_sessions_locally_and_empties_on_writes() -> Result<()> {
+    let g = Ganesha::start()?;
+    let src = g.export_dir().join("golden.img");
+    write_random_file(&src, 31, 3 << 20)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let dir = tempfile::tempdir()?;
+    let client = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .arg("--cache-dir")
+            .arg(dir.path().display().to_string())
+            .arg("--cache-size")
+            .arg("64M")
+            .arg("--attr-timeout")
+            .arg("60"),
+    )?;
+    let calls = |p: &Proxy| -> Result<u64> {
+        let s = p.status()?;
+        let nfs: u64 = s["nfs_calls"]
+            .as_object()
+            .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
+            .unwrap_or(0);
+        Ok(nfs + n(&s, "mount_calls"))
+    };
+    let first = nfs_cat(&client.url("golden.img"))?;
+    compare_file_with(&first, &src)?;
+    let before = calls(&server)?;
+    let second = nfs_cat(&client.url("golden.img"))?;
+    compare_file_with(&second, &src)?;
+    ensure!(
+        calls(&server)? == before,
+        "a repeat session reached upstream: {}",
+        server.status()?
+    );
+    let s = client.cache_stats_all()?;
+    ensure!(
+        stat(&s, "attr_cache.hits") > 0,
+        "no attribute cache hits: {s}"
+    );
+
+    // A write through the proxy: the next GETATTR goes upstream again.
+    let local = dir.path().join("new.img");
+    write_random_file(&local, 32, 4096)?;
+    nfs_cp(&local.display().to_string(), &client.url("new.img"))?;
+    ensure!(
+        stat(&client.cache_stats_all()?, "attr_cache.invalidations") > 0,
+        "CREATE/WRITE did not empty the attribute cache"
+    );
+    compare_file_with(&nfs_cat(&client.url("new.img"))?, &local)?;
     Ok(())
 }

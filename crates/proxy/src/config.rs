@@ -122,6 +122,9 @@ pub struct FileConfig {
     pub meta: Option<bool>,
     /// Budget of the file cache (whole files fetched by compress-and-copy).
     pub file_cache_size: Option<String>,
+    /// Answer GETATTR, LOOKUP, ACCESS, FSINFO, PATHCONF and MNT from replies
+    /// at most this many seconds old (0 = off, the default).
+    pub attr_timeout_secs: Option<u64>,
     /// uid and gid of squashed calls.
     pub nobody: Option<(u32, u32)>,
 }
@@ -179,6 +182,7 @@ impl FileConfig {
             unknown_peers: other.unknown_peers.or(self.unknown_peers),
             meta: other.meta.or(self.meta),
             file_cache_size: other.file_cache_size.or(self.file_cache_size),
+            attr_timeout_secs: other.attr_timeout_secs.or(self.attr_timeout_secs),
             nobody: other.nobody.or(self.nobody),
         }
     }
@@ -245,6 +249,8 @@ pub struct Config {
     pub tls: Option<TlsSettings>,
     /// Metadata actions on (default: when there is a block cache).
     pub meta: bool,
+    /// The attribute cache's timeout; `None` leaves it off.
+    pub attr_timeout: Option<Duration>,
 }
 
 /// Validated TLS settings.
@@ -517,6 +523,10 @@ impl Config {
             limits,
             drain_timeout: Duration::from_secs(f.drain_timeout_secs.unwrap_or(10)),
             meta: f.meta.unwrap_or(cache.is_some()),
+            attr_timeout: match f.attr_timeout_secs {
+                Some(0) | None => None,
+                Some(s) => Some(Duration::from_secs(s)),
+            },
             cache,
             metrics,
             tls,

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod attrcache;
 pub mod config;
 pub mod control;
 pub mod drc;
@@ -220,6 +221,11 @@ pub async fn run(
         Some(layer) => layer.clone(),
         None => bottom.service.clone(),
     };
+    let attrs = cfg.attr_timeout.map(|ttl| {
+        let layer = attrcache::AttrCache::new(service.clone(), ttl);
+        service = layer.clone();
+        layer
+    });
     // The upstream's side of the extension program, when it is reached
     // over RPC (it may be another gvfs-proxy that compresses for us).
     let ext_client: Option<Arc<dyn gvfs_meta::ChunkSource>> = bottom
@@ -310,6 +316,7 @@ pub async fn run(
         cache: cache.clone(),
         meta,
         files,
+        attrs,
         ext: ext_server,
         jobs: jobs.clone(),
         started: Instant::now(),
@@ -460,6 +467,7 @@ struct StatusSource {
     cache: Option<Arc<gvfs_cache::CacheLayer>>,
     meta: Option<Arc<gvfs_meta::MetaLayer>>,
     files: Option<Arc<gvfs_meta::FileCache>>,
+    attrs: Option<Arc<attrcache::AttrCache>>,
     ext: Arc<gvfs_meta::ExtServer>,
     jobs: Arc<writeback::Jobs>,
     started: Instant,
@@ -491,6 +499,15 @@ impl StatusSource {
             "cache": self.cache.as_ref().map(|c| json!(c.stats())),
             "meta": self.meta.as_ref().map(|m| json!(m.stats())),
             "file_cache": self.files.as_ref().map(|f| json!(f.stats())),
+            "attr_cache": self.attrs.as_ref().map(|a| {
+                let s = a.stats();
+                let g = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+                json!({
+                    "hits": g(&s.hits),
+                    "misses": g(&s.misses),
+                    "invalidations": g(&s.invalidations),
+                })
+            }),
             "ext": json!(self.ext.stats()),
             "writeback": self.jobs.state(),
         })

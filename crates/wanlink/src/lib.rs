@@ -1,10 +1,12 @@
 //! A WAN link emulator for machines without `tc netem`: a TCP relay that
-//! gives every connection through it a one-way delay and a bandwidth limit
+//! gives the connections through it a one-way delay and a bandwidth limit
 //! per direction, and can cut the link (reset or blackhole) and restore it.
+//! All connections through one link share its bandwidth, as flows across one
+//! WAN link do: eight clients at once each get an eighth of it.
 //!
 //! Each chunk read from one side is delivered to the other no earlier than
 //! its arrival plus the one-way delay, after queueing behind earlier chunks
-//! for its serialisation time at the configured rate:
+//! (of any connection) for its serialisation time at the configured rate:
 //! `delivery = max(arrival, link_free) + bytes * 8 / rate + delay`.
 //! Bytes read but not yet delivered are capped per direction (about twice
 //! the bandwidth-delay product), so a fast sender is back-pressured through

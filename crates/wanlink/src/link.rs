@@ -3,8 +3,8 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
+use crate::clock::Transmitter;
 use crate::config::{CutMode, Direction, LinkConfig};
 use crate::error::{Error, Result};
 use crate::pipe::relay_direction;
@@ -48,6 +49,10 @@ struct Shared {
     timer: Timer,
     upstream_bytes: AtomicU64,
     downstream_bytes: AtomicU64,
+    /// One serialisation queue per direction for all connections: they share
+    /// the link's bandwidth, as connections across one WAN link do.
+    upstream_tx: Mutex<Transmitter>,
+    downstream_tx: Mutex<Transmitter>,
     connections_accepted: AtomicU64,
     connections_active: AtomicU64,
     connections_reset: AtomicU64,
@@ -118,6 +123,8 @@ impl WanLink {
             timer,
             upstream_bytes: AtomicU64::new(0),
             downstream_bytes: AtomicU64::new(0),
+            upstream_tx: Mutex::default(),
+            downstream_tx: Mutex::default(),
             connections_accepted: AtomicU64::new(0),
             connections_active: AtomicU64::new(0),
             connections_reset: AtomicU64::new(0),
@@ -331,6 +338,7 @@ async fn serve(
             Direction::Upstream,
             shared.state.subscribe(),
             &shared.timer,
+            &shared.upstream_tx,
             &shared.upstream_bytes,
         );
         let downstream = relay_direction(
@@ -339,6 +347,7 @@ async fn serve(
             Direction::Downstream,
             shared.state.subscribe(),
             &shared.timer,
+            &shared.downstream_tx,
             &shared.downstream_bytes,
         );
         tokio::select! {

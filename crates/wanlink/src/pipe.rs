@@ -8,8 +8,8 @@
 //! instead of in our memory.
 
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -34,9 +34,10 @@ struct Segment {
     _budget: Option<OwnedSemaphorePermit>,
 }
 
-/// Relays `reader` to `writer` as `direction` of the link until the reader's
-/// end of stream has been delivered (then `writer` is shut down) or either
-/// side fails. Delivered bytes are added to `delivered`; `timer` waits for
+/// Relays `reader` to `writer` as `direction` of the link, each chunk
+/// queued for serialisation in `transmitter` (shared by every connection of
+/// the link), until the reader's end of stream has been delivered (then
+/// `writer` is shut down) or either side fails. Delivered bytes are added to `delivered`; `timer` waits for
 /// each chunk's delivery time.
 pub(crate) async fn relay_direction<R, W>(
     reader: R,
@@ -44,6 +45,7 @@ pub(crate) async fn relay_direction<R, W>(
     direction: Direction,
     state: watch::Receiver<LinkState>,
     timer: &Timer,
+    transmitter: &Mutex<Transmitter>,
     delivered: &AtomicU64,
 ) -> io::Result<()>
 where
@@ -62,6 +64,7 @@ where
         queue_tx,
         direction,
         state.clone(),
+        transmitter,
         budget,
         budget_bytes,
     );
@@ -74,6 +77,7 @@ async fn transmit<R>(
     queue: mpsc::Sender<Segment>,
     direction: Direction,
     state: watch::Receiver<LinkState>,
+    transmitter: &Mutex<Transmitter>,
     budget: Arc<Semaphore>,
     budget_bytes: usize,
 ) -> io::Result<()>
@@ -81,7 +85,6 @@ where
     R: AsyncRead + Unpin,
 {
     let mut buf = vec![0u8; MAX_CHUNK];
-    let mut transmitter = Transmitter::default();
     loop {
         let chunk_size = state
             .borrow()
@@ -103,7 +106,10 @@ where
         let deliver_at = {
             let state = state.borrow();
             let arrival = state.clock.link_time(Instant::now());
-            transmitter.schedule(arrival, n, state.config.direction(direction))
+            transmitter
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .schedule(arrival, n, state.config.direction(direction))
         };
         let segment = Segment {
             data: buf[..n].to_vec(),
@@ -200,12 +206,14 @@ mod tests {
         let counter = Arc::clone(&delivered);
         let relay = tokio::spawn(async move {
             let timer = Timer::Tokio;
+            let transmitter = Mutex::default();
             relay_direction(
                 relay_in,
                 relay_out,
                 Direction::Upstream,
                 state_rx,
                 &timer,
+                &transmitter,
                 &counter,
             )
             .await

@@ -263,6 +263,50 @@ async fn downstream_throughput_matches_the_configured_rate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_share_the_link_bandwidth() {
+    const RATE: u64 = 50_000_000;
+    const BYTES: usize = 1 << 20;
+    const FLOWS: usize = 4;
+    let source = source_server(BYTES).await;
+    let config = LinkConfig {
+        upstream: DirectionConfig::new(Duration::from_millis(10), None),
+        downstream: DirectionConfig::new(Duration::from_millis(10), Some(RATE)),
+        ..LinkConfig::default()
+    };
+    let link = start_link(source, config).await;
+
+    // Four flows at once get the link's rate between them, not four times it.
+    assert_measures(
+        "aggregate Mbit/s of 4 flows",
+        RATE as f64 / 1e6,
+        async || {
+            let mut flows = Vec::new();
+            for _ in 0..FLOWS {
+                let mut stream = connect(&link).await;
+                flows.push(tokio::spawn(async move {
+                    timeout(Duration::from_secs(10), receive_all(&mut stream))
+                        .await
+                        .expect("transfer timed out")
+                        .expect("receive")
+                }));
+            }
+            let mut transfers = Vec::new();
+            for flow in flows {
+                transfers.push(flow.await.expect("flow task"));
+            }
+            assert!(transfers.iter().all(|t| t.bytes == BYTES));
+            let first = transfers.iter().map(|t| t.first_at).min().expect("flows");
+            let last = transfers.iter().map(|t| t.last_at).max().expect("flows");
+            let counted: usize = transfers.iter().map(|t| t.bytes).sum::<usize>()
+                - transfers.iter().map(|t| t.first_read).min().unwrap_or(0);
+            counted as f64 * 8.0 / (last - first).as_secs_f64() / 1e6
+        },
+    )
+    .await;
+    link.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_data_is_relayed_byte_exact_both_ways() {
     let (echo, _) = echo_server().await;
     for config in [

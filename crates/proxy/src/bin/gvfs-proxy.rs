@@ -187,6 +187,14 @@ struct Cli {
     /// Do not look for metadata files.
     #[arg(long, help_heading = "Metadata actions")]
     no_meta: bool,
+
+    /// Answer GETATTR, LOOKUP, ACCESS, FSINFO, PATHCONF, MNT and NULL
+    /// locally from replies at most SECS old, like a client's actimeo: saves
+    /// the round trips every client session starts with. For read-only
+    /// images; changes made upstream by others show within SECS. Calls that
+    /// change anything through this proxy empty it [default: 0, off].
+    #[arg(long, value_name = "SECS")]
+    attr_timeout: Option<u64>,
 }
 
 impl Cli {
@@ -228,6 +236,7 @@ impl Cli {
             peers: (!peers.is_empty()).then_some(peers),
             unknown_peers: self.unknown_peers.clone(),
             nobody: None,
+            attr_timeout_secs: self.attr_timeout,
             meta: match (self.meta, self.no_meta) {
                 (true, _) => Some(true),
                 (_, true) => Some(false),

@@ -1,0 +1,52 @@
+//! The clone benchmark (the GVFS paper's section 4.3, Figure 6, Table 1)
+//! with QEMU: golden images on nfs-ganesha behind an emulated WAN, cloned
+//! and resumed in every scenario through gvfs, and the two baselines (full
+//! copy, plain NFS). The harness is `gvfs::clone`; see its docs for what a
+//! clone is and the topology.
+//!
+//! Run: `cargo build --release --workspace --bins && cargo bench --bench
+//! clone`. It writes `docs/clone.md`, `docs/clone.csv` and `docs/clone.png`
+//! (or into `GVFS_CLONE_OUT`). Environment: `GVFS_CLONE_IMAGES` (8),
+//! `GVFS_CLONE_CLONES` (8), `GVFS_CLONE_RAM_MIB` (256),
+//! `GVFS_CLONE_DISK_MIB` (384), `GVFS_BENCH_RTT_MS` (40), `GVFS_BENCH_MBIT`
+//! (50), `GVFS_CLONE_SCENARIOS` (all: `local,s1,s2,s3,p,full,plain`). Without `--bench` (under `cargo test --benches`) it does the quick
+//! run of `tests/clone.rs` and writes into a temporary directory.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use gvfs::bench::env_u64;
+use gvfs::clone::{self, Scenario, Settings};
+
+fn main() -> Result<()> {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let mut s = if bench {
+        Settings::full()
+    } else {
+        Settings::quick()
+    };
+    s.images = env_u64("GVFS_CLONE_IMAGES", s.images as u64)? as usize;
+    s.clones = env_u64("GVFS_CLONE_CLONES", s.clones as u64)? as usize;
+    s.size.ram_mib = env_u64("GVFS_CLONE_RAM_MIB", s.size.ram_mib)?;
+    s.size.disk_files_mib = env_u64("GVFS_CLONE_DISK_MIB", s.size.disk_files_mib)?;
+    s.rtt = Duration::from_millis(env_u64("GVFS_BENCH_RTT_MS", s.rtt.as_millis() as u64)?);
+    s.mbit = env_u64("GVFS_BENCH_MBIT", s.mbit)?;
+    if let Ok(list) = std::env::var("GVFS_CLONE_SCENARIOS") {
+        s.scenarios = list
+            .split(',')
+            .map(Scenario::parse)
+            .collect::<Result<_>>()?;
+    }
+
+    let scratch = tempfile::tempdir()?;
+    let out = match std::env::var_os("GVFS_CLONE_OUT") {
+        Some(dir) => PathBuf::from(dir),
+        None if bench => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs"),
+        None => scratch.path().to_path_buf(),
+    };
+    let outcome = clone::run(&s)?;
+    clone::write_outputs(&outcome, &out, "cargo bench --bench clone")?;
+    println!("\n{}\nwritten to {}", outcome.markdown, out.display());
+    Ok(())
+}

@@ -1,0 +1,408 @@
+//! An attribute and name cache, like an NFS client's `actimeo`
+//! (`--attr-timeout SECS`; off by default).
+//!
+//! Every client session (an `nfs-cp`, a `qemu-img`, a QEMU opening its disk)
+//! starts with the same few calls: NULL, MNT, FSINFO, then LOOKUP, GETATTR
+//! and ACCESS along the path. Across a WAN each costs a round trip, and for
+//! read-only golden images they return the same thing every time. With a
+//! timeout set, this layer (just above the block cache, below the metadata
+//! layer, so its patches stay on top) answers:
+//! - NULL at once (it pings the server the client talks to: this proxy);
+//! - the root handle (MNT), GETATTR, LOOKUP, ACCESS, FSINFO and PATHCONF
+//!   from a successful reply to the same arguments and the same caller's
+//!   credentials at most the timeout ago.
+//!
+//! Any call that may change something (WRITE, SETATTR, CREATE, REMOVE,
+//! RENAME, COMMIT...) empties the cache before it is forwarded, so this
+//! proxy's own clients read their writes; changes made upstream by others
+//! show within the timeout, as with a kernel client's attribute cache.
+//! Entries are bounded ([`MAX_ENTRIES`]): when full, expired entries go,
+//! then everything.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use gvfs_nfs::client::Reply;
+use gvfs_nfs::nfs3_types::nfs3::{nfs_fh3, nfsstat3};
+use gvfs_nfs::nfs3_types::xdr_codec::Void;
+use gvfs_nfs::proc::{NfsProc, NfsReply, NfsRequest};
+use gvfs_nfs::rpc::Credentials;
+use gvfs_nfs::service::{BoxFuture, CallContext, NfsService, ServiceError};
+
+/// Most cached replies (each a few hundred bytes at most).
+pub const MAX_ENTRIES: usize = 16_384;
+
+/// Calls whose successful replies are kept.
+fn cacheable(p: NfsProc) -> bool {
+    matches!(
+        p,
+        NfsProc::Getattr | NfsProc::Lookup | NfsProc::Access | NfsProc::Fsinfo | NfsProc::Pathconf
+    )
+}
+
+/// Calls that change nothing, so they leave the cache as it is.
+fn read_only(p: NfsProc) -> bool {
+    cacheable(p)
+        || matches!(
+            p,
+            NfsProc::Null
+                | NfsProc::Read
+                | NfsProc::Readlink
+                | NfsProc::Readdir
+                | NfsProc::Readdirplus
+                | NfsProc::Fsstat
+        )
+}
+
+/// The caller as far as permissions go.
+fn cred_key(cred: &Credentials) -> Vec<u32> {
+    match cred {
+        Credentials::None => vec![u32::MAX],
+        Credentials::Unix(u) => {
+            let mut k = vec![u.uid, u.gid];
+            k.extend(&u.gids);
+            k
+        }
+    }
+}
+
+#[derive(Hash, PartialEq, Eq)]
+struct Key {
+    proc_: u32,
+    args: Vec<u8>,
+    cred: Vec<u32>,
+}
+
+/// A reply, as XDR (replies are not `Clone`).
+struct Entry {
+    at: Instant,
+    proc_: NfsProc,
+    reply: Vec<u8>,
+}
+
+/// Hits and misses, for `gvfsctl stats`.
+#[derive(Debug, Default)]
+pub struct AttrCacheStats {
+    /// Calls answered here (NULL included).
+    pub hits: AtomicU64,
+    /// Cacheable calls that went below.
+    pub misses: AtomicU64,
+    /// Times a changing call emptied the cache.
+    pub invalidations: AtomicU64,
+}
+
+/// The layer.
+pub struct AttrCache {
+    below: Arc<dyn NfsService>,
+    ttl: Duration,
+    entries: Mutex<HashMap<Key, Entry>>,
+    roots: Mutex<HashMap<Vec<u32>, (Instant, nfs_fh3)>>,
+    stats: AttrCacheStats,
+}
+
+impl AttrCache {
+    /// Caches for `ttl` on top of `below`.
+    pub fn new(below: Arc<dyn NfsService>, ttl: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            below,
+            ttl,
+            entries: Mutex::new(HashMap::new()),
+            roots: Mutex::new(HashMap::new()),
+            stats: AttrCacheStats::default(),
+        })
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> &AttrCacheStats {
+        &self.stats
+    }
+
+    fn fresh(&self, at: Instant) -> bool {
+        at.elapsed() < self.ttl
+    }
+
+    fn invalidate(&self) {
+        self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.roots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    fn lookup(&self, key: &Key) -> Option<NfsReply> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = entries.get(key)?;
+        if !self.fresh(e.at) {
+            return None;
+        }
+        NfsReply::decode(e.proc_, &e.reply).ok()
+    }
+
+    fn store(&self, key: Key, reply: &NfsReply) {
+        let mut bytes = Vec::new();
+        reply.encode(&mut bytes);
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= MAX_ENTRIES {
+            entries.retain(|_, e| e.at.elapsed() < self.ttl);
+            if entries.len() >= MAX_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(
+            key,
+            Entry {
+                at: Instant::now(),
+                proc_: reply.proc_(),
+                reply: bytes,
+            },
+        );
+    }
+}
+
+impl NfsService for AttrCache {
+    fn call<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+        Box::pin(async move {
+            let p = req.proc_();
+            if p == NfsProc::Null {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(NfsReply::Null(Void));
+            }
+            if !read_only(p) {
+                self.invalidate();
+                return self.below.call(cx, req).await;
+            }
+            if !cacheable(p) {
+                return self.below.call(cx, req).await;
+            }
+            let mut args = Vec::new();
+            req.encode(&mut args);
+            let key = Key {
+                proc_: p as u32,
+                args,
+                cred: cred_key(&cx.cred),
+            };
+            if let Some(reply) = self.lookup(&key) {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(reply);
+            }
+            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            let reply = self.below.call(cx, req).await?;
+            if reply.status() == nfsstat3::NFS3_OK {
+                self.store(key, &reply);
+            }
+            Ok(reply)
+        })
+    }
+
+    fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+        Box::pin(async move {
+            let key = cred_key(&cx.cred);
+            {
+                let roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some((at, fh)) = roots.get(&key)
+                    && self.fresh(*at)
+                {
+                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(fh.clone());
+                }
+            }
+            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            let fh = self.below.root(cx).await?;
+            let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+            if roots.len() >= MAX_ENTRIES {
+                roots.clear();
+            }
+            roots.insert(key, (Instant::now(), fh.clone()));
+            Ok(fh)
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "attribute cache ({} s) over {}",
+            self.ttl.as_secs_f64(),
+            self.below.describe()
+        )
+    }
+
+    fn forward_raw<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        proc_: NfsProc,
+        args: &'a [u8],
+    ) -> Option<BoxFuture<'a, Result<Reply, ServiceError>>> {
+        if !read_only(proc_) {
+            self.invalidate();
+        }
+        self.below.forward_raw(cx, proc_, args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gvfs_nfs::nfs3_types::nfs3::{
+        COMMIT3args, GETATTR3args, GETATTR3resok, Nfs3Result, fattr3, ftype3, nfstime3,
+    };
+    use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+
+    /// Answers GETATTR with the number of calls that reached it as the size,
+    /// and every other call with an error; counts what reached it.
+    #[derive(Default)]
+    struct Below {
+        calls: AtomicU64,
+        roots: AtomicU64,
+    }
+
+    fn fh(b: &[u8]) -> nfs_fh3 {
+        nfs_fh3 {
+            data: Opaque::owned(b.to_vec()),
+        }
+    }
+
+    fn attrs(size: u64) -> fattr3 {
+        fattr3 {
+            type_: ftype3::NF3REG,
+            mode: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size,
+            used: size,
+            rdev: Default::default(),
+            fsid: 1,
+            fileid: 1,
+            atime: nfstime3::default(),
+            mtime: nfstime3::default(),
+            ctime: nfstime3::default(),
+        }
+    }
+
+    impl NfsService for Below {
+        fn call<'a>(
+            &'a self,
+            _cx: &'a CallContext,
+            req: NfsRequest,
+        ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+            Box::pin(async move {
+                let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+                Ok(match req {
+                    NfsRequest::Getattr(a) if a.object.data.as_ref() != b"gone" => {
+                        NfsReply::Getattr(Nfs3Result::Ok(GETATTR3resok {
+                            obj_attributes: attrs(n),
+                        }))
+                    }
+                    other => NfsReply::error(other.proc_(), nfsstat3::NFS3ERR_NOENT),
+                })
+            })
+        }
+
+        fn root<'a>(
+            &'a self,
+            _cx: &'a CallContext,
+        ) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+            Box::pin(async move {
+                self.roots.fetch_add(1, Ordering::Relaxed);
+                Ok(fh(b"root"))
+            })
+        }
+
+        fn describe(&self) -> String {
+            "fake".into()
+        }
+    }
+
+    async fn size(c: &AttrCache, cx: &CallContext, f: &[u8]) -> Option<u64> {
+        match c
+            .call(cx, NfsRequest::Getattr(GETATTR3args { object: fh(f) }))
+            .await
+            .expect("call")
+        {
+            NfsReply::Getattr(Nfs3Result::Ok(ok)) => Some(ok.obj_attributes.size),
+            _ => None,
+        }
+    }
+
+    fn setup(ttl: Duration) -> (Arc<Below>, Arc<AttrCache>) {
+        let below = Arc::new(Below::default());
+        let cache = AttrCache::new(below.clone(), ttl);
+        (below, cache)
+    }
+
+    #[tokio::test]
+    async fn repeated_getattr_is_answered_here_until_the_timeout() {
+        let (below, c) = setup(Duration::from_millis(300));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        assert_eq!(size(&c, &cx, b"a").await, Some(1));
+        assert_eq!(size(&c, &cx, b"a").await, Some(1), "from the cache");
+        assert_eq!(size(&c, &cx, b"b").await, Some(2), "another handle");
+        assert_eq!(below.calls.load(Ordering::Relaxed), 2);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert_eq!(size(&c, &cx, b"a").await, Some(3), "expired: asked again");
+        assert_eq!(c.stats().hits.load(Ordering::Relaxed), 1);
+        assert_eq!(c.stats().misses.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn errors_are_not_kept_and_callers_do_not_share_entries() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        assert_eq!(size(&c, &cx, b"gone").await, None);
+        assert_eq!(size(&c, &cx, b"gone").await, None);
+        assert_eq!(
+            below.calls.load(Ordering::Relaxed),
+            2,
+            "NOENT is not cached"
+        );
+        assert_eq!(size(&c, &cx, b"a").await, Some(3));
+        let other = CallContext::with_cred(Credentials::unix(2, 2));
+        assert_eq!(
+            size(&c, &other, b"a").await,
+            Some(4),
+            "another user asks below"
+        );
+        assert_eq!(size(&c, &other, b"a").await, Some(4));
+    }
+
+    #[tokio::test]
+    async fn a_changing_call_empties_it_and_null_and_root_stay_local() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        assert_eq!(size(&c, &cx, b"a").await, Some(1));
+        let commit = NfsRequest::Commit(COMMIT3args {
+            file: fh(b"a"),
+            offset: 0,
+            count: 0,
+        });
+        c.call(&cx, commit).await.expect("commit");
+        assert_eq!(
+            size(&c, &cx, b"a").await,
+            Some(3),
+            "asked again after COMMIT"
+        );
+        assert_eq!(c.stats().invalidations.load(Ordering::Relaxed), 1);
+
+        let before = below.calls.load(Ordering::Relaxed);
+        let null = NfsRequest::decode(0, &[]).expect("NULL");
+        assert!(matches!(c.call(&cx, null).await, Ok(NfsReply::Null(_))));
+        assert_eq!(
+            below.calls.load(Ordering::Relaxed),
+            before,
+            "NULL stays here"
+        );
+        for _ in 0..3 {
+            assert_eq!(c.root(&cx).await.expect("root"), fh(b"root"));
+        }
+        assert_eq!(below.roots.load(Ordering::Relaxed), 1);
+    }
+}

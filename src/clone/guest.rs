@@ -1,0 +1,929 @@
+//! The guest side of the clone benchmark: a kernel and initramfs (the
+//! "kit"), golden images made by booting and suspending a guest, and the
+//! resume of a clone, all with an unmodified QEMU under TCG.
+//!
+//! # The kit
+//! Debian's kernel (`linux-image-amd64`, fetched with `apt-get download` and
+//! unpacked with `dpkg-deb -x`, no root needed) and an initramfs written here
+//! as a `newc` archive: the static busybox, the eleven modules the guest needs
+//! for a virtio disk with ext4, and [`INIT`]. Built once under
+//! `target/gvfs-guest/` and reused while [`KIT_STAMP`] is unchanged.
+//!
+//! # A golden image (one directory)
+//! - `disk.qcow2`: an ext4 file system (`mke2fs -d`, no root needed) with
+//!   `boot/` (the working set the guest reads into its page cache at boot),
+//!   `run/` (small files the running guest reads, one per tick) and `data/`
+//!   (the rest of a disk's files, never read by the guest);
+//! - `mem`: guest RAM as a raw file (`memory-backend-file`), ~70% zeros;
+//! - `state`: the device state, saved with `x-ignore-shared` so it leaves
+//!   RAM out (a few hundred KB);
+//! - `vm.json` ([`VmConfig`]): what a clone needs to start the same machine
+//!   and check that it runs on.
+//!
+//! The guest prints `tick N MD5` about ten times a second, where MD5 is the
+//! digest of `run/(N mod R)` read from its disk. A clone is verified running
+//! when its serial line continues the golden counter with the right digest:
+//! the memory, the device state and the disk all came through intact.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
+
+use crate::data::fill_at;
+use crate::process::{self, run_ok};
+
+/// Changes whenever the kit's content would change (init script, modules).
+pub const KIT_STAMP: &str = "gvfs-guest-kit 1";
+
+/// Modules the guest loads, in dependency order (read from each module's
+/// `depends=`; Debian's package ships no modules.dep).
+const MODULES: [&str; 11] = [
+    "virtio_ring",
+    "virtio",
+    "virtio_pci_modern_dev",
+    "virtio_pci_legacy_dev",
+    "virtio_pci",
+    "virtio_blk",
+    "crc16",
+    "mbcache",
+    "jbd2",
+    "crc32c_generic",
+    "ext4",
+];
+
+/// The guest's /init.
+pub const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in MODULES; do insmod /lib/modules/$m.ko || echo "gvfs-guest: insmod $m failed"; done
+i=0
+while [ ! -b /dev/vda ] && [ $i -lt 200 ]; do usleep 50000; i=$((i+1)); done
+mkdir -p /mnt
+mount -t ext4 -o ro /dev/vda /mnt || echo "gvfs-guest: mount failed"
+cat /mnt/boot/* > /dev/null
+runs=$(ls /mnt/run | wc -l)
+echo "gvfs-guest ready runs=$runs"
+n=0
+while :; do
+  n=$((n+1))
+  set -- $(md5sum /mnt/run/$((n % runs)))
+  echo "tick $n $1"
+  usleep 100000
+done
+"#;
+
+/// Seconds QEMU may take to boot a golden guest to its third tick.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a QMP reply, or a command-line tool, may take.
+const QMP_TIMEOUT: Duration = Duration::from_secs(60);
+const TOOL_TIMEOUT: Duration = Duration::from_secs(600);
+const MIB: u64 = 1 << 20;
+
+/// A kernel and initramfs for the guest.
+#[derive(Debug, Clone)]
+pub struct GuestKit {
+    /// The kernel (`-kernel`).
+    pub kernel: PathBuf,
+    /// The initramfs (`-initrd`), an uncompressed newc archive.
+    pub initrd: PathBuf,
+}
+
+/// The directory the kit is kept in: `GVFS_GUEST_DIR`, else
+/// `$CARGO_TARGET_DIR/gvfs-guest`, else `target/gvfs-guest` of the workspace.
+pub fn kit_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("GVFS_GUEST_DIR") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    target.join("gvfs-guest")
+}
+
+impl GuestKit {
+    /// The kit in `dir`, built there first if it is missing or stale.
+    pub fn prepare(dir: &Path) -> Result<Self> {
+        let kit = Self {
+            kernel: dir.join("vmlinuz"),
+            initrd: dir.join("initrd.cpio"),
+        };
+        let stamp = dir.join("stamp");
+        if std::fs::read_to_string(&stamp).ok().as_deref() == Some(KIT_STAMP)
+            && kit.kernel.is_file()
+            && kit.initrd.is_file()
+        {
+            return Ok(kit);
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let unpacked = fetch_kernel_package(dir)?;
+        let boot = unpacked.join("boot");
+        let vmlinuz = only_entry(&boot, "vmlinuz-")?;
+        let modules = only_entry(&unpacked.join("lib/modules"), "")?.join("kernel");
+        std::fs::copy(&vmlinuz, &kit.kernel)
+            .with_context(|| format!("copying {}", vmlinuz.display()))?;
+        write_initramfs(&kit.initrd, &modules)?;
+        std::fs::write(&stamp, KIT_STAMP)?;
+        std::fs::remove_dir_all(&unpacked).ok();
+        Ok(kit)
+    }
+}
+
+/// Downloads Debian's current `linux-image-amd64` kernel package into
+/// `dir/pkg` and unpacks it; returns the unpacked tree.
+fn fetch_kernel_package(dir: &Path) -> Result<PathBuf> {
+    let pkg = dir.join("pkg");
+    std::fs::create_dir_all(&pkg)?;
+    let hint = "fetching Debian's kernel package for the guest (needs apt-get with \
+                Debian's archive reachable, and dpkg-deb)";
+    let download = |name: &str| -> Result<PathBuf> {
+        run_ok(
+            Command::new("apt-get")
+                .args(["download", "-q", name])
+                .current_dir(&pkg),
+            TOOL_TIMEOUT,
+        )
+        .with_context(|| format!("apt-get download {name}: {hint}"))?;
+        newest_deb(&pkg, name)
+    };
+    let meta = download("linux-image-amd64")?;
+    let depends = run_ok(
+        Command::new("dpkg-deb").arg("-f").arg(&meta).arg("Depends"),
+        TOOL_TIMEOUT,
+    )?
+    .stdout_text();
+    let image = depends
+        .split(',')
+        .map(|d| d.split_whitespace().next().unwrap_or(""))
+        .find(|d| d.starts_with("linux-image-") && d != &"linux-image-amd64")
+        .with_context(|| format!("no kernel image in Depends of linux-image-amd64: {depends}"))?
+        .to_owned();
+    let deb = download(&image)?;
+    let unpacked = pkg.join("unpacked");
+    std::fs::remove_dir_all(&unpacked).ok();
+    run_ok(
+        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked),
+        TOOL_TIMEOUT,
+    )
+    .context(hint)?;
+    for entry in std::fs::read_dir(&pkg)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "deb") {
+            std::fs::remove_file(path).ok();
+        }
+    }
+    Ok(unpacked)
+}
+
+/// The `.deb` of package `name` in `dir`.
+fn newest_deb(dir: &Path, name: &str) -> Result<PathBuf> {
+    let prefix = format!("{name}_");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
+        })
+        .collect();
+    found.sort();
+    found.pop().with_context(|| {
+        format!(
+            "apt-get download left no {prefix}*.deb in {}",
+            dir.display()
+        )
+    })
+}
+
+/// The one entry of `dir` whose name starts with `prefix`.
+fn only_entry(dir: &Path, prefix: &str) -> Result<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .with_context(|| format!("no {prefix}* in {}", dir.display()))
+}
+
+/// Writes the initramfs: busybox, the modules, /init and /dev/console.
+fn write_initramfs(path: &Path, modules: &Path) -> Result<()> {
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .context("no busybox (apt-get install busybox-static)")?;
+    let mut cpio = Newc::default();
+    for dir in ["bin", "dev", "proc", "sys", "mnt", "lib", "lib/modules"] {
+        cpio.dir(dir);
+    }
+    cpio.char_device("dev/console", 5, 1);
+    cpio.file("bin/busybox", 0o755, std::fs::read(busybox)?);
+    let init = INIT.replace("MODULES", &MODULES.join(" "));
+    cpio.file("init", 0o755, init.into_bytes());
+    let found = modules_by_name(modules)?;
+    for m in MODULES {
+        let p = found
+            .get(m)
+            .with_context(|| format!("module {m}.ko not in {}", modules.display()))?;
+        cpio.file(&format!("lib/modules/{m}.ko"), 0o644, std::fs::read(p)?);
+    }
+    std::fs::write(path, cpio.finish()).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Every `NAME.ko` under `dir`, by NAME.
+fn modules_by_name(dir: &Path) -> Result<BTreeMap<String, PathBuf>> {
+    let mut found = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Some(name) = path.file_name().and_then(|n| n.to_str())
+                && let Some(stem) = name.strip_suffix(".ko")
+            {
+                found.insert(stem.to_owned(), path.clone());
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// A `newc` (SVR4, no CRC) cpio archive, as the kernel unpacks an initramfs.
+#[derive(Default)]
+struct Newc {
+    out: Vec<u8>,
+    ino: u32,
+}
+
+impl Newc {
+    fn dir(&mut self, name: &str) {
+        self.entry(name, 0o040_755, 0, &[]);
+    }
+
+    fn file(&mut self, name: &str, perm: u32, data: Vec<u8>) {
+        self.entry(name, 0o100_000 | perm, 0, &data);
+    }
+
+    fn char_device(&mut self, name: &str, major: u32, minor: u32) {
+        self.entry(name, 0o020_600, (major << 8) | minor, &[]);
+    }
+
+    fn entry(&mut self, name: &str, mode: u32, rdev: u32, data: &[u8]) {
+        self.ino += 1;
+        let (rmaj, rmin) = (rdev >> 8, rdev & 0xff);
+        let fields = [
+            self.ino,
+            mode,
+            0,
+            0,
+            1,
+            0,
+            u32::try_from(data.len()).unwrap_or(u32::MAX),
+            0,
+            0,
+            rmaj,
+            rmin,
+            u32::try_from(name.len() + 1).unwrap_or(u32::MAX),
+            0,
+        ];
+        self.out.extend_from_slice(b"070701");
+        for f in fields {
+            self.out.extend_from_slice(format!("{f:08x}").as_bytes());
+        }
+        self.out.extend_from_slice(name.as_bytes());
+        self.out.push(0);
+        self.pad();
+        self.out.extend_from_slice(data);
+        self.pad();
+    }
+
+    fn pad(&mut self) {
+        while !self.out.len().is_multiple_of(4) {
+            self.out.push(0);
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.entry("TRAILER!!!", 0, 0, &[]);
+        self.out
+    }
+}
+
+/// The size of a golden image.
+#[derive(Debug, Clone, Copy)]
+pub struct GoldenSize {
+    /// Guest RAM.
+    pub ram_mib: u64,
+    /// Files the guest reads at boot (they stay in its page cache, so in
+    /// the memory image).
+    pub working_set_mib: u64,
+    /// All the files on the disk, the working set included.
+    pub disk_files_mib: u64,
+}
+
+/// Files in `run/`: the guest reads one per tick.
+const RUN_FILES: u64 = 32;
+const RUN_FILE_BYTES: u64 = 64 * 1024;
+/// Size of each file in `boot/` and `data/`.
+const FILE_BYTES: u64 = 4 * MIB;
+
+/// What a clone needs to know about its golden image (`vm.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VmConfig {
+    /// The golden image's name.
+    pub name: String,
+    /// Guest RAM in MiB (`-m`, and the size of `mem`).
+    pub ram_mib: u64,
+    /// The kernel command line the golden guest booted with.
+    pub cmdline: String,
+    /// The last `tick N` the golden guest printed before it was saved.
+    pub last_tick: u64,
+    /// MD5 digests of `run/0` .. `run/R-1`, in order.
+    pub run_sums: Vec<String>,
+}
+
+impl VmConfig {
+    /// The JSON text of `vm.json`.
+    pub fn to_json(&self) -> String {
+        json!({
+            "name": self.name,
+            "ram_mib": self.ram_mib,
+            "cmdline": self.cmdline,
+            "last_tick": self.last_tick,
+            "run_sums": self.run_sums,
+        })
+        .to_string()
+    }
+
+    /// Parses `vm.json`.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let v: Value = serde_json::from_str(text).context("vm.json is not JSON")?;
+        let str_of = |k: &str| -> Result<String> {
+            Ok(v[k]
+                .as_str()
+                .with_context(|| format!("vm.json: no {k}"))?
+                .to_owned())
+        };
+        let num_of = |k: &str| v[k].as_u64().with_context(|| format!("vm.json: no {k}"));
+        let run_sums = v["run_sums"]
+            .as_array()
+            .context("vm.json: no run_sums")?
+            .iter()
+            .map(|s| s.as_str().map(str::to_owned).context("vm.json: run_sums"))
+            .collect::<Result<Vec<_>>>()?;
+        ensure!(!run_sums.is_empty(), "vm.json: run_sums is empty");
+        Ok(Self {
+            name: str_of("name")?,
+            ram_mib: num_of("ram_mib")?,
+            cmdline: str_of("cmdline")?,
+            last_tick: num_of("last_tick")?,
+            run_sums,
+        })
+    }
+
+    /// Reads `vm.json` at `path`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::from_json(&text)
+    }
+}
+
+/// Names of a golden image's files.
+pub const CONFIG: &str = "vm.json";
+/// Guest RAM.
+pub const MEM: &str = "mem";
+/// Device state.
+pub const STATE: &str = "state";
+/// The disk.
+pub const DISK: &str = "disk.qcow2";
+/// Every file of a golden image, in the order a full copy sends them.
+pub const FILES: [&str; 4] = [CONFIG, MEM, STATE, DISK];
+
+/// Builds golden image number `seed` in `dir`: its disk, then boots it and
+/// saves it; returns its config.
+pub fn build_golden(kit: &GuestKit, dir: &Path, seed: u64, size: GoldenSize) -> Result<VmConfig> {
+    std::fs::create_dir_all(dir)?;
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("vm")
+        .to_owned();
+    let scratch = tempfile::Builder::new()
+        .prefix("gvfs-golden-")
+        .tempdir()
+        .context("scratch directory")?;
+    let files = scratch.path().join("files");
+    let run_sums = write_disk_files(&files, seed, size)?;
+    let raw = scratch.path().join("disk.raw");
+    // ext4 needs room for its metadata and journal beside the files.
+    let fs_mib = size.disk_files_mib + size.disk_files_mib / 8 + 32;
+    run_ok(
+        Command::new("mke2fs")
+            .args([
+                "-q",
+                "-F",
+                "-t",
+                "ext4",
+                "-L",
+                &name,
+                "-E",
+                "root_owner=0:0",
+                "-d",
+            ])
+            .arg(&files)
+            .arg(&raw)
+            .arg(format!("{fs_mib}M")),
+        TOOL_TIMEOUT,
+    )
+    .context("mke2fs (apt-get install e2fsprogs)")?;
+    std::fs::remove_dir_all(&files).ok();
+    let disk = dir.join(DISK);
+    qemu_img(&["convert", "-f", "raw", "-O", "qcow2"], &[&raw, &disk])?;
+    std::fs::remove_file(&raw).ok();
+
+    // Boot it on a throw-away overlay (clones get their own).
+    let overlay = scratch.path().join("golden.qcow2");
+    create_overlay(&disk.display().to_string(), &overlay)?;
+    let cmdline = format!("console=ttyS0 quiet panic=-1 gvfs.seed={seed}");
+    let mem = dir.join(MEM);
+    std::fs::remove_file(&mem).ok();
+    let machine = Machine {
+        kit,
+        ram_mib: size.ram_mib,
+        cmdline: &cmdline,
+        mem: &mem,
+        disk: &overlay,
+        incoming: false,
+    };
+    let mut vm = Qemu::start(&machine, scratch.path())?;
+    let ticks = vm.wait_for_tick(|n| n >= 3, BOOT_TIMEOUT)?;
+    let mut qmp = vm.qmp()?;
+    qmp.execute("stop", None)?;
+    set_ignore_shared(&mut qmp)?;
+    let state = dir.join(STATE);
+    qmp.execute(
+        "migrate",
+        Some(json!({"uri": format!("exec:cat > '{}'", state.display())})),
+    )?;
+    wait_migration(&mut qmp, "migrate")?;
+    // The counter stood where the last complete line says when it stopped.
+    let last_tick = vm.ticks()?.last().map_or(ticks, |t| t.0);
+    qmp.execute("quit", None).ok();
+    vm.wait_exit(QMP_TIMEOUT)?;
+
+    let config = VmConfig {
+        name,
+        ram_mib: size.ram_mib,
+        cmdline,
+        last_tick,
+        run_sums,
+    };
+    std::fs::write(dir.join(CONFIG), config.to_json())?;
+    Ok(config)
+}
+
+/// Writes the disk's files for `seed` under `root`; returns the MD5 of each
+/// `run/` file.
+fn write_disk_files(root: &Path, seed: u64, size: GoldenSize) -> Result<Vec<String>> {
+    let data_mib = size.disk_files_mib.saturating_sub(size.working_set_mib);
+    for (sub, mib) in [("boot", size.working_set_mib), ("data", data_mib)] {
+        let dir = root.join(sub);
+        std::fs::create_dir_all(&dir)?;
+        let count = (mib * MIB).div_ceil(FILE_BYTES);
+        for i in 0..count {
+            let len = FILE_BYTES.min(mib * MIB - i * FILE_BYTES);
+            write_guest_file(&dir.join(format!("{i}")), seed, sub, i, len)?;
+        }
+    }
+    let run = root.join("run");
+    std::fs::create_dir_all(&run)?;
+    for i in 0..RUN_FILES {
+        write_guest_file(&run.join(format!("{i}")), seed, "run", i, RUN_FILE_BYTES)?;
+    }
+    let out = run_ok(
+        Command::new("md5sum")
+            .args((0..RUN_FILES).map(|i| i.to_string()))
+            .current_dir(&run),
+        TOOL_TIMEOUT,
+    )?;
+    out.stdout_text()
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .next()
+                .map(str::to_owned)
+                .context("md5sum output")
+        })
+        .collect()
+}
+
+/// A file of the guest's disk: each 4 KiB page is half pseudo-random bytes
+/// and half text naming the image and file, so it compresses about 2:1, as
+/// a VM's files and caches do.
+fn write_guest_file(path: &Path, seed: u64, kind: &str, index: u64, len: u64) -> Result<()> {
+    const PAGE: usize = 4096;
+    let stream = seed
+        .wrapping_mul(0x1000_0000_01b3)
+        .wrapping_add(index)
+        .wrapping_add(kind.len() as u64 * 0x9e37);
+    let label = format!("gvfs golden image {seed}, {kind}/{index}: ");
+    let mut f = std::io::BufWriter::new(
+        File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    let mut page = vec![0u8; PAGE];
+    let mut at = 0;
+    while at < len {
+        fill_at(stream, at, &mut page[..PAGE / 2]);
+        for (i, b) in page[PAGE / 2..].iter_mut().enumerate() {
+            *b = label.as_bytes()[i % label.len()];
+        }
+        let n = (len - at).min(PAGE as u64) as usize;
+        f.write_all(&page[..n])?;
+        at += n as u64;
+    }
+    f.flush()
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs `qemu-img ARGS PATHS`.
+fn qemu_img(args: &[&str], paths: &[&Path]) -> Result<()> {
+    run_ok(
+        Command::new("qemu-img").args(args).args(paths),
+        TOOL_TIMEOUT,
+    )
+    .context("qemu-img (apt-get install qemu-utils qemu-block-extra)")?;
+    Ok(())
+}
+
+/// Creates a qcow2 overlay at `path` on `backing` (a path or an `nfs://`
+/// URL), as a clone's own writable disk.
+pub fn create_overlay(backing: &str, path: &Path) -> Result<()> {
+    run_ok(
+        Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing])
+            .arg(path),
+        TOOL_TIMEOUT,
+    )
+    .with_context(|| format!("qemu-img create on {backing}"))?;
+    Ok(())
+}
+
+/// How long each part of a clone's resume took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Resume {
+    /// QEMU start to the device state loaded.
+    pub incoming_secs: f64,
+    /// `cont` to the first verified tick.
+    pub run_secs: f64,
+}
+
+/// Resumes a clone whose files are in `dir` (`vm.json`, `mem`, `state`
+/// copied there, and `disk.qcow2` the overlay): starts QEMU with
+/// `-incoming defer`, loads the state, continues it, and waits until the
+/// guest prints the tick after the golden one's last with the right digest.
+pub fn resume_clone(kit: &GuestKit, dir: &Path, timeout: Duration) -> Result<Resume> {
+    let config = VmConfig::load(&dir.join(CONFIG))?;
+    let start = Instant::now();
+    let machine = Machine {
+        kit,
+        ram_mib: config.ram_mib,
+        cmdline: &config.cmdline,
+        mem: &dir.join(MEM),
+        disk: &dir.join(DISK),
+        incoming: true,
+    };
+    let mut vm = Qemu::start(&machine, dir)?;
+    let mut qmp = vm.qmp()?;
+    set_ignore_shared(&mut qmp)?;
+    qmp.execute(
+        "migrate-incoming",
+        Some(json!({"uri": format!("exec:cat '{}'", dir.join(STATE).display())})),
+    )?;
+    wait_migration(&mut qmp, "migrate-incoming")?;
+    let incoming_secs = start.elapsed().as_secs_f64();
+    let cont = Instant::now();
+    qmp.execute("cont", None)?;
+    let last = config.last_tick;
+    let remaining = timeout.saturating_sub(start.elapsed());
+    let tick = vm.wait_for_tick(|n| n > last, remaining)?;
+    let run_secs = cont.elapsed().as_secs_f64();
+    let (n, sum) = vm
+        .ticks()?
+        .into_iter()
+        .find(|t| t.0 == tick)
+        .context("the tick line went away")?;
+    // The first line may finish one the golden guest had begun.
+    ensure!(
+        n <= last + 2,
+        "{}: the clone printed tick {n} after the golden image's {last}: it did not resume \
+         from the saved state",
+        config.name
+    );
+    let want = &config.run_sums[(n % config.run_sums.len() as u64) as usize];
+    ensure!(
+        &sum == want,
+        "{}: tick {n} read run/{} with MD5 {sum}, the disk has {want}",
+        config.name,
+        n % config.run_sums.len() as u64
+    );
+    qmp.execute("quit", None).ok();
+    vm.wait_exit(QMP_TIMEOUT)?;
+    Ok(Resume {
+        incoming_secs,
+        run_secs,
+    })
+}
+
+/// What QEMU is started with.
+struct Machine<'a> {
+    kit: &'a GuestKit,
+    ram_mib: u64,
+    cmdline: &'a str,
+    mem: &'a Path,
+    disk: &'a Path,
+    incoming: bool,
+}
+
+/// A running `qemu-system-x86_64`, killed on drop.
+struct Qemu {
+    child: Child,
+    qmp: PathBuf,
+    serial: PathBuf,
+    log: PathBuf,
+}
+
+impl Qemu {
+    fn start(m: &Machine<'_>, dir: &Path) -> Result<Self> {
+        let qmp = dir.join("qmp.sock");
+        let serial = dir.join("serial.log");
+        let log = dir.join("qemu.log");
+        std::fs::remove_file(&qmp).ok();
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args(["-accel", "tcg", "-machine", "pc,memory-backend=mem"])
+            .args(["-m", &format!("{}M", m.ram_mib), "-smp", "1"])
+            .args(["-display", "none", "-monitor", "none", "-nodefaults"])
+            .args(["-no-user-config", "-no-reboot"])
+            .arg("-kernel")
+            .arg(&m.kit.kernel)
+            .arg("-initrd")
+            .arg(&m.kit.initrd)
+            .args(["-append", m.cmdline])
+            .arg("-object")
+            .arg(format!(
+                "memory-backend-file,id=mem,size={}M,mem-path={},share=on",
+                m.ram_mib,
+                m.mem.display()
+            ))
+            .arg("-drive")
+            .arg(format!(
+                "file={},format=qcow2,if=virtio,id=disk0",
+                m.disk.display()
+            ))
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .arg("-serial")
+            .arg(format!("file:{}", serial.display()));
+        if m.incoming {
+            cmd.args(["-incoming", "defer"]);
+        }
+        let out = File::create(&log)?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        Ok(Self {
+            child,
+            qmp,
+            serial,
+            log,
+        })
+    }
+
+    /// Connects to its QMP socket (QEMU creates it as it starts).
+    fn qmp(&mut self) -> Result<Qmp> {
+        let deadline = Instant::now() + QMP_TIMEOUT;
+        loop {
+            if let Ok(s) = UnixStream::connect(&self.qmp) {
+                return Qmp::handshake(s);
+            }
+            self.check_alive()?;
+            ensure!(
+                Instant::now() < deadline,
+                "no QMP socket from QEMU: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("QEMU exited ({status}): {}", self.log_text());
+        }
+        Ok(())
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Complete `tick N MD5` lines printed so far.
+    fn ticks(&self) -> Result<Vec<(u64, String)>> {
+        let text = std::fs::read(&self.serial).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        let mut lines: Vec<&str> = text.split('\n').collect();
+        lines.pop(); // the part after the last newline is not complete
+        Ok(lines
+            .into_iter()
+            .filter_map(|l| {
+                let mut w = l.trim_end_matches('\r').split(' ');
+                match (w.next(), w.next(), w.next(), w.next()) {
+                    (Some("tick"), Some(n), Some(sum), None) if sum.len() == 32 => {
+                        Some((n.parse().ok()?, sum.to_owned()))
+                    }
+                    _ => None,
+                }
+            })
+            .collect())
+    }
+
+    /// Waits for a tick line whose number satisfies `pred`; returns it.
+    fn wait_for_tick(&mut self, pred: impl Fn(u64) -> bool, timeout: Duration) -> Result<u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(t) = self.ticks()?.into_iter().find(|t| pred(t.0)) {
+                return Ok(t.0);
+            }
+            self.check_alive()?;
+            if Instant::now() >= deadline {
+                let serial = std::fs::read(&self.serial).unwrap_or_default();
+                bail!(
+                    "the guest did not tick on within {timeout:?}; serial:\n{}\nQEMU:\n{}",
+                    String::from_utf8_lossy(&serial),
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> Result<()> {
+        if process::wait_timeout(&mut self.child, timeout)?.is_none() {
+            self.child.kill().ok();
+            self.child.wait().ok();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.child.kill().ok();
+            self.child.wait().ok();
+        }
+    }
+}
+
+/// A QMP connection: one JSON command per line, events skipped.
+struct Qmp {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Qmp {
+    fn handshake(stream: UnixStream) -> Result<Self> {
+        stream.set_read_timeout(Some(QMP_TIMEOUT))?;
+        stream.set_write_timeout(Some(QMP_TIMEOUT))?;
+        let writer = stream.try_clone()?;
+        let mut qmp = Self {
+            reader: BufReader::new(stream),
+            writer,
+        };
+        let greeting = qmp.read_message()?;
+        ensure!(
+            greeting.get("QMP").is_some(),
+            "not a QMP greeting: {greeting}"
+        );
+        qmp.execute("qmp_capabilities", None)?;
+        Ok(qmp)
+    }
+
+    fn read_message(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        // A QMP message is a line of JSON; QEMU's are small.
+        let n = (&mut self.reader)
+            .take(1 << 20)
+            .read_line(&mut line)
+            .context("reading from QMP")?;
+        ensure!(n > 0, "QEMU closed its QMP socket");
+        serde_json::from_str(&line).with_context(|| format!("QMP sent {line:?}"))
+    }
+
+    /// Runs `command`; returns its `return` value.
+    fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value> {
+        let mut msg = json!({ "execute": command });
+        if let Some(a) = arguments {
+            msg["arguments"] = a;
+        }
+        writeln!(self.writer, "{msg}").context("writing to QMP")?;
+        loop {
+            let reply = self.read_message()?;
+            if let Some(r) = reply.get("return") {
+                return Ok(r.clone());
+            }
+            if let Some(e) = reply.get("error") {
+                bail!("QMP {command}: {e}");
+            }
+        }
+    }
+}
+
+use std::io::Read as _;
+
+/// Leaves the shared RAM (the `mem` file) out of the migration stream.
+fn set_ignore_shared(qmp: &mut Qmp) -> Result<()> {
+    qmp.execute(
+        "migrate-set-capabilities",
+        Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]})),
+    )?;
+    Ok(())
+}
+
+/// Polls `query-migrate` until the migration `what` completes.
+fn wait_migration(qmp: &mut Qmp, what: &str) -> Result<()> {
+    let deadline = Instant::now() + QMP_TIMEOUT;
+    loop {
+        let r = qmp.execute("query-migrate", None)?;
+        match r["status"].as_str() {
+            Some("completed") => return Ok(()),
+            Some("failed") | Some("cancelled") => bail!("{what} failed: {r}"),
+            _ => {}
+        }
+        ensure!(Instant::now() < deadline, "{what} did not complete: {r}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newc_archive_is_aligned_and_ends_with_a_trailer() {
+        let mut c = Newc::default();
+        c.dir("bin");
+        c.file("init", 0o755, b"#!/bin/sh\n".to_vec());
+        c.char_device("dev/console", 5, 1);
+        let out = c.finish();
+        assert_eq!(out.len() % 4, 0);
+        assert!(out.starts_with(b"070701"));
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("TRAILER!!!"));
+        // The console's device numbers are in the header fields.
+        let at = text.find("dev/console").expect("entry");
+        let header = &text[at - 110..at];
+        assert_eq!(&header[78..86], "00000005");
+        assert_eq!(&header[86..94], "00000001");
+    }
+
+    #[test]
+    fn vm_config_round_trips_and_refuses_what_is_missing() {
+        let c = VmConfig {
+            name: "vm1".into(),
+            ram_mib: 256,
+            cmdline: "console=ttyS0".into(),
+            last_tick: 7,
+            run_sums: vec!["0123456789abcdef0123456789abcdef".into()],
+        };
+        assert_eq!(VmConfig::from_json(&c.to_json()).expect("parse"), c);
+        assert!(VmConfig::from_json("{}").is_err());
+        assert!(VmConfig::from_json("not json").is_err());
+        assert!(
+            VmConfig::from_json(
+                r#"{"name":"a","ram_mib":1,"cmdline":"","last_tick":1,"run_sums":[]}"#
+            )
+            .is_err()
+        );
+    }
+}

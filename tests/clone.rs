@@ -1,0 +1,83 @@
+//! The clone benchmark's quick mode, end to end: QEMU builds two small
+//! golden images on nfs-ganesha, clones them in every scenario (through
+//! client proxies, a LAN proxy and the TLS tunnel across an emulated WAN,
+//! and the two baselines), verifies that every clone runs on from its
+//! golden image, and writes the table, CSV and chart.
+//!
+//! What it checks beyond "it ran" are the byte counts that make the
+//! scenarios what they are; the times are the benchmark's
+//! (`cargo bench --bench clone`).
+
+use anyhow::{Result, ensure};
+use gvfs::clone::{self, Settings, report::CloneRecord};
+
+fn wan(records: &[CloneRecord], scenario: &str, clone: usize) -> Result<u64> {
+    records
+        .iter()
+        .find(|r| r.scenario == scenario && r.clone == clone)
+        .map(|r| r.wan_bytes)
+        .ok_or_else(|| anyhow::anyhow!("no {scenario} clone {clone}"))
+}
+
+#[test]
+fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
+    let settings = Settings::quick();
+    let outcome = clone::run(&settings)?;
+    let out = tempfile::tempdir()?;
+    clone::write_outputs(&outcome, out.path(), "cargo test --test clone")?;
+    let r = &outcome.records;
+    for (scenario, count) in [
+        ("Local", 2),
+        ("WAN-S1", 2),
+        ("WAN-S2", 2),
+        ("WAN-S3", 2),
+        ("WAN-P cold", 2),
+        ("WAN-P warm", 2),
+        ("full copy", 1),
+        ("plain NFS", 1),
+    ] {
+        let n = r.iter().filter(|x| x.scenario == scenario).count();
+        ensure!(n == count, "{scenario}: {n} clones, expected {count}");
+    }
+    ensure!(r.iter().all(|x| x.total_secs > 0.0 && x.resume_secs > 0.0));
+
+    // A warm clone of the same image crosses the WAN for almost nothing;
+    // a clone from the LAN proxy's cache likewise.
+    let cold = wan(r, "WAN-S1", 1)?;
+    let warm = wan(r, "WAN-S1", 2)?;
+    ensure!(
+        warm * 20 < cold,
+        "WAN-S1: warm clone {warm} B, cold {cold} B"
+    );
+    ensure!(
+        wan(r, "WAN-S2", 2)? * 2 > cold,
+        "WAN-S2's second image came cold"
+    );
+    let lan = wan(r, "WAN-S3", 1)?.max(wan(r, "WAN-S3", 2)?);
+    ensure!(
+        lan * 20 < cold,
+        "WAN-S3: {lan} B over the WAN from the LAN cache"
+    );
+    // The compressed memory image crosses once for all parallel nodes.
+    let parallel = wan(r, "WAN-P cold", 1)? * 2;
+    ensure!(
+        parallel < cold * 3 / 2,
+        "WAN-P: {parallel} B for 2 nodes, one alone {cold} B"
+    );
+    // The full copy moves every byte; metadata actions move less.
+    ensure!(
+        wan(r, "full copy", 1)? > cold,
+        "full copy moved less than a cold clone"
+    );
+
+    let csv = std::fs::read_to_string(out.path().join("clone.csv"))?;
+    ensure!(csv.lines().count() == r.len() + 1, "CSV:\n{csv}");
+    let md = std::fs::read_to_string(out.path().join("clone.md"))?;
+    ensure!(md.contains("WAN-P warm") && md.contains("floor"), "{md}");
+    let png = std::fs::read(out.path().join("clone.png"))?;
+    ensure!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "clone.png is not a PNG"
+    );
+    Ok(())
+}
