@@ -412,5 +412,16 @@ fn attribute_cache_answers_repeat_sessions_locally_and_empties_on_writes() -> Re
         "CREATE/WRITE did not empty the attribute cache"
     );
     compare_file_with(&nfs_cat(&client.url("new.img"))?, &local)?;
+    // A write-back changes files upstream: it empties the cache too.
+    let before = stat(&client.cache_stats_all()?, "attr_cache.invalidations");
+    client.write_back()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while stat(&client.cache_stats_all()?, "attr_cache.invalidations") == before {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the write-back did not empty the attribute cache"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     Ok(())
 }

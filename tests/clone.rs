@@ -9,7 +9,8 @@
 //! (`cargo bench --bench clone`).
 
 use anyhow::{Result, ensure};
-use gvfs::clone::{self, Settings, report::CloneRecord};
+use gvfs::clone::{self, Scenario, Settings, report::CloneRecord};
+use gvfs::proxy::stat;
 
 fn wan(records: &[CloneRecord], scenario: &str, clone: usize) -> Result<u64> {
     records
@@ -69,6 +70,37 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
         wan(r, "full copy", 1)? > cold,
         "full copy moved less than a cold clone"
     );
+
+    // The cold clone fetched the memory image by compress-and-copy; the
+    // warm one made none of the calls a session starts with across the WAN
+    // (the node proxy's attribute cache answered them).
+    let (_, s1) = outcome
+        .client_stats
+        .iter()
+        .find(|(s, _)| *s == Scenario::WanS1)
+        .ok_or_else(|| anyhow::anyhow!("no WAN-S1 client stats"))?;
+    ensure!(
+        stat(s1, "file_cache.files_fetched") >= 2 && stat(s1, "meta.copy_reads") > 0,
+        "WAN-S1's cold clone did not use compress-and-copy: {s1}"
+    );
+    let calls = |label: &str| {
+        outcome
+            .wan_calls
+            .iter()
+            .find(|(l, _)| l.starts_with(label))
+            .map(|(_, c)| c.clone())
+            .ok_or_else(|| anyhow::anyhow!("no WAN calls for the {label} clone"))
+    };
+    ensure!(calls("cold")?.get("LOOKUP").copied().unwrap_or(0) > 0);
+    let warm_calls = calls("warm")?;
+    for p in [
+        "NULL", "MOUNT", "FSINFO", "LOOKUP", "GETATTR", "ACCESS", "ext",
+    ] {
+        ensure!(
+            !warm_calls.contains_key(p),
+            "the warm clone sent {p} across the WAN: {warm_calls:?}"
+        );
+    }
 
     let csv = std::fs::read_to_string(out.path().join("clone.csv"))?;
     ensure!(csv.lines().count() == r.len() + 1, "CSV:\n{csv}");

@@ -44,6 +44,15 @@ impl Pki {
         gvfs::proxy::gvfsctl_local(args)
     }
 
+    /// A CA with a certificate for each of `names`.
+    fn with(names: &[&str]) -> Result<Pki> {
+        let pki = Pki::new()?;
+        for name in names {
+            pki.issue(name)?;
+        }
+        Ok(pki)
+    }
+
     /// Issues a certificate for `name` (with IP 127.0.0.1) with gvfsctl.
     fn issue(&self, name: &str) -> Result<()> {
         let ca = self.ca_dir().display().to_string();
@@ -125,9 +134,7 @@ fn tls_count(p: &Proxy, what: &str) -> Result<u64> {
 
 #[test]
 fn a_chain_over_tls_serves_libnfs_and_qemu_byte_for_byte() -> Result<()> {
-    let pki = Pki::new()?;
-    pki.issue("image-server")?;
-    pki.issue("node1")?;
+    let pki = Pki::with(&["image-server", "node1"])?;
     let g = Ganesha::start()?;
     let (server, tls) = image_server(&pki, g.upstream_url(), &["--map-peer", "node1=pass"])?;
     let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 31)), 111);
@@ -400,9 +407,7 @@ async fn probe(s: &mut tokio::net::TcpStream) -> Result<Vec<u8>> {
 
 #[test]
 fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
-    let pki = Pki::new()?;
-    pki.issue("image-server")?;
-    pki.issue("node1")?;
+    let pki = Pki::with(&["image-server", "node1"])?;
     let site = tempfile::tempdir()?;
     std::fs::write(site.path().join("f"), b"inside tls")?;
     let p = Proxy::spawn(pki.args(
@@ -479,9 +484,7 @@ fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_20_second_outage_delays_a_large_read_and_write_without_errors() -> Result<()> {
-    let pki = Pki::new()?;
-    pki.issue("image-server")?;
-    pki.issue("node1")?;
+    let pki = Pki::with(&["image-server", "node1"])?;
     let g = Ganesha::start()?;
     let (_server, tls) = image_server(&pki, g.upstream_url(), &["--map-peer", "node1=pass"])?;
     let link = gvfs_wanlink::WanLink::start(
@@ -524,9 +527,7 @@ async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Re
     use gvfs_nfs::nfs3_types::nfs3::*;
     use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 
-    let pki = Pki::new()?;
-    pki.issue("image-server")?;
-    pki.issue("node1")?;
+    let pki = Pki::with(&["image-server", "node1"])?;
     let site = tempfile::tempdir()?;
     let image = site.path().join("img.bin");
     write_random_file(&image, 3, 4 * MIB)?;
@@ -615,9 +616,7 @@ async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Re
 
 #[test]
 fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
-    let pki = Pki::new()?;
-    pki.issue("image-server")?;
-    pki.issue("node1")?;
+    let pki = Pki::with(&["image-server", "node1"])?;
     let g = Ganesha::start()?;
     let image = g.export_dir().join("mem.raw");
     gvfs::data::write_memory_image(&image, 12 * MIB + 4096, 9)?;

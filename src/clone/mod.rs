@@ -281,9 +281,13 @@ fn clone_one(kit: &GuestKit, source: &Source, work: &Path, timeout: Duration) ->
     })
 }
 
-/// A loopback address for node `n`'s proxy (QEMU reaches it on port 111).
+/// Most nodes (clones in WAN-P): their addresses are 127.0.0.60 and up.
+pub const MAX_NODES: usize = 64;
+
+/// A loopback address for node `n` (< [`MAX_NODES`])'s proxy (QEMU reaches
+/// it on port 111).
 fn node_ip(n: usize) -> Ipv4Addr {
-    Ipv4Addr::new(127, 0, 0, 60 + u8::try_from(n).unwrap_or(100))
+    Ipv4Addr::new(127, 0, 0, 60 + u8::try_from(n.min(MAX_NODES)).unwrap_or(0))
 }
 
 /// The address plain NFS reaches the image server at through the WAN.
@@ -640,6 +644,9 @@ fn wire(link: &WanLink) -> u64 {
     s.upstream_bytes + s.downstream_bytes
 }
 
+/// Longest wait for a connection, or for the next bytes, of the full copy.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Serves the files of one directory, one per connection, like scp: the
 /// client sends a file name and a newline, the server sends the bytes and
 /// closes.
@@ -655,6 +662,11 @@ impl FileServer {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
+                if stream.set_read_timeout(Some(STREAM_TIMEOUT)).is_err()
+                    || stream.set_write_timeout(Some(STREAM_TIMEOUT)).is_err()
+                {
+                    continue;
+                }
                 let dir = Arc::clone(&dir);
                 std::thread::spawn(move || {
                     let mut name = Vec::new();
@@ -680,8 +692,9 @@ impl FileServer {
 
 /// Fetches file `name` from a [`FileServer`] at `addr` into `to`.
 fn fetch_stream(addr: SocketAddr, name: &str, to: &Path) -> Result<()> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(30))?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut stream = TcpStream::connect_timeout(&addr, STREAM_TIMEOUT)?;
+    stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
+    stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
     stream.write_all(format!("{name}\n").as_bytes())?;
     let mut f = std::fs::File::create(to)?;
     let n = std::io::copy(&mut stream, &mut f).with_context(|| format!("fetching {name}"))?;
@@ -696,6 +709,12 @@ pub struct Outcome {
     pub records: Vec<CloneRecord>,
     /// The report: parameters, tables, goals, where the time goes.
     pub markdown: String,
+    /// `gvfsctl stats --json` of the first node's proxy after its first
+    /// clone, per sequential WAN scenario.
+    pub client_stats: Vec<(Scenario, serde_json::Value)>,
+    /// Calls that crossed the WAN, by procedure, for WAN-S1's cold and warm
+    /// clone.
+    pub wan_calls: Vec<(String, BTreeMap<String, u64>)>,
 }
 
 /// Runs every scenario with `settings`.
@@ -703,6 +722,10 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     ensure!(
         settings.images >= 1 && settings.clones >= 1 && settings.mbit > 0,
         "images, clones and bandwidth must be at least 1"
+    );
+    ensure!(
+        settings.clones <= MAX_NODES,
+        "at most {MAX_NODES} clones per sequence (each WAN-P node takes a loopback address)"
     );
     let load_start = loadavg();
     let started = Instant::now();
@@ -751,7 +774,12 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
             started.elapsed().as_secs_f64()
         ),
     );
-    Ok(Outcome { records, markdown })
+    Ok(Outcome {
+        records,
+        markdown,
+        client_stats: stats,
+        wan_calls: calls,
+    })
 }
 
 /// The least time a cold clone can take on the link.

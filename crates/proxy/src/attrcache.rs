@@ -13,8 +13,9 @@
 //!   credentials at most the timeout ago.
 //!
 //! Any call that may change something (WRITE, SETATTR, CREATE, REMOVE,
-//! RENAME, COMMIT...) empties the cache before it is forwarded, so this
-//! proxy's own clients read their writes; changes made upstream by others
+//! RENAME, COMMIT...) empties the cache before it is forwarded, and so does
+//! the end of every write-back job, so this proxy's own clients read their
+//! writes; changes made upstream by others
 //! show within the timeout, as with a kernel client's attribute cache.
 //! Entries are bounded ([`MAX_ENTRIES`]): when full, expired entries go,
 //! then everything.
@@ -89,7 +90,7 @@ pub struct AttrCacheStats {
     pub hits: AtomicU64,
     /// Cacheable calls that went below.
     pub misses: AtomicU64,
-    /// Times a changing call emptied the cache.
+    /// Times a changing call or a write-back emptied a non-empty cache.
     pub invalidations: AtomicU64,
 }
 
@@ -100,6 +101,15 @@ pub struct AttrCache {
     entries: Mutex<HashMap<Key, Entry>>,
     roots: Mutex<HashMap<Vec<u32>, (Instant, nfs_fh3)>>,
     stats: AttrCacheStats,
+}
+
+impl std::fmt::Debug for AttrCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttrCache")
+            .field("ttl", &self.ttl)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
 }
 
 impl AttrCache {
@@ -123,16 +133,19 @@ impl AttrCache {
         at.elapsed() < self.ttl
     }
 
-    fn invalidate(&self) {
+    /// Forgets every reply. Called before any changing call, and after a
+    /// write-back (which changes files upstream without a call through
+    /// here: a file held whole by compress-and-copy must not show its
+    /// attributes from before the writes once the metadata layer lets it go).
+    pub fn invalidate(&self) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.is_empty() && roots.is_empty() {
+            return;
+        }
         self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
-        self.entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-        self.roots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        entries.clear();
+        roots.clear();
     }
 
     fn lookup(&self, key: &Key) -> Option<NfsReply> {

@@ -305,6 +305,9 @@ pub async fn run(
     if let (Some(m), Some(_)) = (&meta, &files) {
         jobs.with_file_cache(m.clone());
     }
+    if let Some(a) = &attrs {
+        jobs.with_attr_cache(a.clone());
+    }
     if let Some(layer) = &cache {
         writeback::on_signals(jobs.clone(), layer.clone()).map_err(ProxyError::Signals)?;
     }

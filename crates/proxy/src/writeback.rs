@@ -38,12 +38,19 @@ pub struct Jobs {
     last: Mutex<Option<Value>>,
     /// Whose file cache is written back first (compress-and-copy files).
     meta: Mutex<Option<Arc<gvfs_meta::MetaLayer>>>,
+    /// Emptied when a job ends: what it wrote changed attributes upstream.
+    attrs: Mutex<Option<Arc<crate::attrcache::AttrCache>>>,
 }
 
 impl Jobs {
     /// Also writes back `meta`'s file cache (first) in every job.
     pub fn with_file_cache(&self, meta: Arc<gvfs_meta::MetaLayer>) {
         *lock(&self.meta) = Some(meta);
+    }
+
+    /// Empties `attrs` at the end of every job.
+    pub fn with_attr_cache(&self, attrs: Arc<crate::attrcache::AttrCache>) {
+        *lock(&self.attrs) = Some(attrs);
     }
 
     /// Starts a job unless one is running; says which is running either way.
@@ -59,6 +66,7 @@ impl Jobs {
         let before = self.state();
         let (jobs, cache) = (self.clone(), cache.clone());
         let meta = lock(&self.meta).clone();
+        let attrs = lock(&self.attrs).clone();
         tokio::spawn(async move {
             tracing::info!(job = kind.name(), "write-back started");
             let progress = |done: u64, total: u64| {
@@ -92,6 +100,9 @@ impl Jobs {
                     json!({"job": kind.name(), "ok": false, "error": e.to_string()})
                 }
             };
+            if let Some(a) = &attrs {
+                a.invalidate();
+            }
             *lock(&jobs.last) = Some(outcome);
             jobs.finished.fetch_add(1, Ordering::AcqRel);
             jobs.running.store(false, Ordering::Release);

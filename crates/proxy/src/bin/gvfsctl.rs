@@ -563,6 +563,16 @@ fn print_stats(s: &Value) {
             n(&f["written_back_bytes"])
         );
     }
+    let a = &s["attr_cache"];
+    if a.is_object() {
+        println!("attribute cache (--attr-timeout)");
+        println!(
+            "  calls       {} answered here, {} asked upstream; emptied {} times",
+            n(&a["hits"]),
+            n(&a["misses"]),
+            n(&a["invalidations"])
+        );
+    }
     let e = &s["ext"];
     if n(&e["fetch_calls"]) + n(&e["store_calls"]) > 0 {
         println!("extension program (answering other proxies)");
