@@ -65,6 +65,16 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
         parallel < cold * 3 / 2,
         "WAN-P: {parallel} B for 2 nodes, one alone {cold} B"
     );
+    // The LAN proxy handed the nodes the chunks as they came across the
+    // WAN: it compressed none of them again.
+    let lan = outcome
+        .lan_stats
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("no LAN proxy stats from WAN-P"))?;
+    ensure!(
+        stat(lan, "file_cache.frames_reused") > 0 && stat(lan, "file_cache.frames_made") == 0,
+        "WAN-P's LAN proxy compressed chunks again: {lan}"
+    );
     // The full copy moves every byte; metadata actions move less.
     ensure!(
         wan(r, "full copy", 1)? > cold,
@@ -105,7 +115,10 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
     let csv = std::fs::read_to_string(out.path().join("clone.csv"))?;
     ensure!(csv.lines().count() == r.len() + 1, "CSV:\n{csv}");
     let md = std::fs::read_to_string(out.path().join("clone.md"))?;
-    ensure!(md.contains("WAN-P warm") && md.contains("floor"), "{md}");
+    ensure!(
+        md.contains("WAN-P warm") && md.contains("floor") && md.contains("Where the time goes"),
+        "{md}"
+    );
     let png = std::fs::read(out.path().join("clone.png"))?;
     ensure!(
         png.starts_with(b"\x89PNG\r\n\x1a\n"),

@@ -15,6 +15,11 @@
 //! per file handle: concurrent users of one file (READs here, FETCH calls
 //! from other proxies when this is a LAN proxy) share one fetch.
 //!
+//! A proxy that answers other proxies' FETCHes from here (a LAN proxy)
+//! also keeps each chunk's frame, as it arrived, in `NAME.frames` beside the
+//! file, and hands that on: the many client proxies it serves cost it no
+//! compression (see [`Frame`]).
+//!
 //! Crash safety: a finished file is synced, then recorded in the
 //! [`MetaIndex`] with its attributes; files without such a record (a fetch
 //! cut short) are deleted when the cache is opened. Entries are evicted,
@@ -23,6 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -34,7 +40,9 @@ use gvfs_nfs::xdr::{XdrReader, encode_into, put_u32};
 use tokio::sync::watch;
 
 use crate::MetaIndex;
-use crate::ext::{CHUNK, ChunkSource, FetchArgs, FetchError, StoreArgs, decompress};
+use crate::ext::{
+    CHUNK, ChunkSource, Codec, FetchArgs, FetchError, StoreArgs, compress, decompress,
+};
 use crate::format::MetaFile;
 use crate::server::LEVEL;
 
@@ -46,6 +54,152 @@ enum Chunk {
     Missing,
     InFlight,
     Present,
+    /// All zeros by the zero map: a hole in the local file, read as zeros
+    /// without touching it.
+    Zero,
+}
+
+impl Chunk {
+    fn here(self) -> bool {
+        matches!(self, Chunk::Present | Chunk::Zero)
+    }
+}
+
+/// A chunk in the form another proxy fetches it: the frame it arrived in,
+/// or the one made here the first time another proxy asked for it.
+#[derive(Debug)]
+pub struct Frame {
+    /// How `data` is encoded.
+    pub codec: Codec,
+    /// The bytes on the wire.
+    pub data: Vec<u8>,
+}
+
+/// Where a chunk's frame lies in its file's frame file.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    at: u64,
+    len: u32,
+    codec: Codec,
+}
+
+/// The frames of one file's chunks, kept by a LAN proxy in a file beside
+/// the cached file (`NAME.frames`), so that serving the file to many client
+/// proxies decompresses it once and compresses nothing. Frames are only a
+/// cache: the file goes with its entry, and a restart drops it (they are
+/// made again on demand). A write drops the touched chunks' frames; the
+/// frame file stops growing at the file's size plus a chunk, past which
+/// frames are made for each caller and not kept.
+#[derive(Debug)]
+struct FrameStore {
+    path: PathBuf,
+    file: Mutex<FrameFile>,
+    end: AtomicU64,
+    slots: Mutex<HashMap<usize, Slot>>,
+}
+
+/// The frame file's state. Once removed it is never opened again: a new
+/// entry for the same file may have made its own at the same path.
+#[derive(Debug)]
+enum FrameFile {
+    None,
+    Open(Arc<std::fs::File>),
+    Removed,
+}
+
+impl FrameStore {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            file: Mutex::new(FrameFile::None),
+            end: AtomicU64::new(0),
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Bytes of the frame file.
+    fn bytes(&self) -> u64 {
+        self.end.load(Ordering::Relaxed)
+    }
+
+    fn file(&self) -> std::io::Result<Arc<std::fs::File>> {
+        let mut f = lock(&self.file);
+        match &*f {
+            FrameFile::Open(file) => return Ok(file.clone()),
+            FrameFile::Removed => {
+                return Err(std::io::Error::other("the entry was let go"));
+            }
+            FrameFile::None => {}
+        }
+        let file = Arc::new(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&self.path)?,
+        );
+        *f = FrameFile::Open(file.clone());
+        Ok(file)
+    }
+
+    /// Appends chunk `idx`'s frame (blocking I/O), unless the file was
+    /// written since `writes_seen` or the frame file is full for `size`.
+    fn keep(
+        &self,
+        idx: usize,
+        frame: &Frame,
+        size: u64,
+        writes_seen: u64,
+        writes: &AtomicU64,
+    ) -> std::io::Result<bool> {
+        let len = frame.data.len() as u64;
+        let at = self.end.fetch_add(len, Ordering::Relaxed);
+        if at + len > size + u64::from(CHUNK) {
+            self.end.fetch_sub(len, Ordering::Relaxed);
+            return Ok(false);
+        }
+        self.file()?.write_all_at(&frame.data, at)?;
+        let mut slots = lock(&self.slots);
+        if writes.load(Ordering::Acquire) != writes_seen {
+            return Ok(false);
+        }
+        slots.insert(
+            idx,
+            Slot {
+                at,
+                len: len as u32,
+                codec: frame.codec,
+            },
+        );
+        Ok(true)
+    }
+
+    fn slot(&self, idx: usize) -> Option<Slot> {
+        lock(&self.slots).get(&idx).copied()
+    }
+
+    /// Reads a kept frame (blocking I/O).
+    fn read(&self, slot: Slot) -> std::io::Result<Frame> {
+        let mut data = vec![0u8; slot.len as usize];
+        self.file()?.read_exact_at(&mut data, slot.at)?;
+        Ok(Frame {
+            codec: slot.codec,
+            data,
+        })
+    }
+
+    /// Drops the frames of chunks `first..=last`.
+    fn forget(&self, first: usize, last: usize) {
+        lock(&self.slots).retain(|c, _| !(first..=last).contains(c));
+    }
+
+    fn remove(&self) {
+        let was = std::mem::replace(&mut *lock(&self.file), FrameFile::Removed);
+        if matches!(was, FrameFile::Open(_)) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// Counters, for `gvfsctl stats` and the metrics endpoint.
@@ -71,6 +225,17 @@ pub struct FileCacheStats {
     pub hits: u64,
     /// Bytes served from the file cache.
     pub hit_bytes: u64,
+    /// Chunks sent to other proxies in a kept frame, compressed by nobody.
+    pub frames_reused: u64,
+    /// Chunks compressed here for other proxies (then kept).
+    pub frames_made: u64,
+    /// Bytes of frame files held now (counted in the budget).
+    pub frame_bytes: u64,
+    /// Wall time of the whole-file fetches that finished, summed, from the
+    /// start to the last chunk (microseconds).
+    pub fetch_micros: u64,
+    /// Time spent decompressing arrived chunks (microseconds).
+    pub decompress_micros: u64,
     /// Files evicted to stay under the budget.
     pub evicted: u64,
     /// Bytes of files held now.
@@ -97,6 +262,10 @@ struct Counters {
     raw_bytes: AtomicU64,
     hits: AtomicU64,
     hit_bytes: AtomicU64,
+    frames_reused: AtomicU64,
+    frames_made: AtomicU64,
+    fetch_micros: AtomicU64,
+    decompress_micros: AtomicU64,
     evicted: AtomicU64,
     written_back_files: AtomicU64,
     written_back_bytes: AtomicU64,
@@ -147,6 +316,8 @@ pub struct CachedFile {
     path: PathBuf,
     file: std::fs::File,
     chunks: Mutex<Vec<Chunk>>,
+    /// Frames of present chunks kept for other proxies (LAN proxies only).
+    frames: FrameStore,
     /// Bumped whenever a chunk arrives or the fetch fails.
     changed: watch::Sender<u64>,
     failed: Mutex<Option<String>>,
@@ -186,7 +357,7 @@ impl CachedFile {
 
     /// Whether every chunk has arrived.
     pub fn complete(&self) -> bool {
-        lock(&self.chunks).iter().all(|c| *c == Chunk::Present)
+        lock(&self.chunks).iter().all(|c| c.here())
     }
 
     /// Why the fetch was abandoned, if it was.
@@ -250,6 +421,7 @@ impl CachedFile {
         idx: usize,
     ) -> Result<(), String> {
         let (offset, count) = self.chunk_range(idx);
+        let writes = self.writes.load(Ordering::Acquire);
         let args = FetchArgs {
             fh: self.fh.clone(),
             offset,
@@ -270,15 +442,27 @@ impl CachedFile {
                 ));
             }
             let wire = ok.data.len() as u64;
+            let keep = cache.keep_frames.load(Ordering::Relaxed);
             let me = self.clone();
-            tokio::task::spawn_blocking(move || {
+            let spent = tokio::task::spawn_blocking(move || {
+                let frame = keep.then(|| Frame {
+                    codec: ok.codec,
+                    data: ok.data.clone(),
+                });
+                let t = Instant::now();
                 let raw = decompress(ok)?;
+                let spent = t.elapsed().as_micros() as u64;
                 me.file
                     .write_all_at(&raw, offset)
-                    .map_err(|e| format!("writing {}: {e}", me.path.display()))
+                    .map_err(|e| format!("writing {}: {e}", me.path.display()))?;
+                if let Some(frame) = frame {
+                    me.keep_frame(idx, &frame, writes);
+                }
+                Ok::<_, String>(spent)
             })
             .await
             .map_err(|e| e.to_string())??;
+            bump(&cache.counters.decompress_micros, spent);
             bump(&cache.counters.chunks_fetched, 1);
             bump(&cache.counters.wire_bytes, wire);
             bump(&cache.counters.raw_bytes, u64::from(count));
@@ -329,7 +513,7 @@ impl CachedFile {
                             missing = Some(i);
                         }
                         Chunk::Missing | Chunk::InFlight => waiting = true,
-                        Chunk::Present => {}
+                        Chunk::Present | Chunk::Zero => {}
                     }
                 }
                 (missing, waiting)
@@ -362,19 +546,121 @@ impl CachedFile {
         let len = end.saturating_sub(offset);
         self.ensure(cache, source, cred, offset, len).await?;
         self.last_used.store(now_secs(), Ordering::Relaxed);
+        let pieces = self.data_pieces(offset, end);
         let me = self.clone();
         let data = tokio::task::spawn_blocking(move || {
+            // Fresh zeroed memory costs nothing until written: holes in the
+            // file are not read, or zeroed twice.
             let mut buf = vec![0u8; len as usize];
-            me.file
-                .read_exact_at(&mut buf, offset)
-                .map(|()| buf)
-                .map_err(|e| format!("reading {}: {e}", me.path.display()))
+            for (from, to) in pieces {
+                let at = (from - offset) as usize..(to - offset) as usize;
+                me.file
+                    .read_exact_at(&mut buf[at], from)
+                    .map_err(|e| format!("reading {}: {e}", me.path.display()))?;
+            }
+            Ok::<_, String>(buf)
         })
         .await
         .map_err(|e| e.to_string())??;
         bump(&cache.counters.hits, 1);
         bump(&cache.counters.hit_bytes, len);
         Ok((data, end >= size))
+    }
+
+    /// The parts of `offset..end` outside chunks of zeros, as ranges.
+    fn data_pieces(&self, offset: u64, end: u64) -> Vec<(u64, u64)> {
+        if end <= offset {
+            return Vec::new();
+        }
+        let (first, last) = chunks_of(offset, end);
+        let chunks = lock(&self.chunks);
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        for idx in first..=last {
+            if chunks.get(idx) == Some(&Chunk::Zero) {
+                continue;
+            }
+            let from = (idx as u64 * u64::from(CHUNK)).max(offset);
+            let to = ((idx as u64 + 1) * u64::from(CHUNK)).min(end);
+            match pieces.last_mut() {
+                Some(p) if p.1 == from => p.1 = to,
+                _ => pieces.push((from, to)),
+            }
+        }
+        pieces
+    }
+
+    /// Keeps chunk `idx`'s frame in the frame file (blocking I/O); a
+    /// frame that cannot be kept is only not kept.
+    fn keep_frame(&self, idx: usize, frame: &Frame, writes_seen: u64) -> bool {
+        let size = self.size();
+        match self
+            .frames
+            .keep(idx, frame, size, writes_seen, &self.writes)
+        {
+            Ok(kept) => kept,
+            Err(e) => {
+                tracing::debug!(path = %self.frames.path.display(), "cannot keep a frame: {e}");
+                false
+            }
+        }
+    }
+
+    /// `offset..offset + count` for another proxy's FETCH, as a frame: the
+    /// one kept for that chunk, or compressed now (and kept, when it is a
+    /// whole chunk). Returns the frame, the file bytes it holds and whether
+    /// they reach the end of the file.
+    pub async fn read_frame(
+        self: &Arc<Self>,
+        cache: &FileCache,
+        source: &dyn ChunkSource,
+        cred: &Credentials,
+        offset: u64,
+        count: u32,
+    ) -> Result<(Frame, u32, bool), String> {
+        let idx = usize::try_from(offset / u64::from(CHUNK)).unwrap_or(usize::MAX);
+        let (start, len) = self.chunk_range(idx);
+        let whole = len > 0 && offset == start && count >= len;
+        if whole {
+            self.ensure(cache, source, cred, offset, u64::from(len))
+                .await?;
+            if let Some(slot) = self.frames.slot(idx) {
+                let me = self.clone();
+                let kept = tokio::task::spawn_blocking(move || me.frames.read(slot))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match kept {
+                    Ok(frame) => {
+                        self.last_used.store(now_secs(), Ordering::Relaxed);
+                        bump(&cache.counters.frames_reused, 1);
+                        bump(&cache.counters.hits, 1);
+                        bump(&cache.counters.hit_bytes, u64::from(len));
+                        let eof = start + u64::from(len) >= self.size();
+                        return Ok((frame, len, eof));
+                    }
+                    Err(e) => {
+                        tracing::debug!(path = %self.frames.path.display(), "cannot read a frame: {e}");
+                        self.frames.forget(idx, idx);
+                    }
+                }
+            }
+        }
+        let writes = self.writes.load(Ordering::Acquire);
+        let (raw, eof) = self.read(cache, source, cred, offset, count).await?;
+        let raw_len = raw.len() as u32;
+        let keep = whole && raw_len == len;
+        let me = self.clone();
+        let (frame, kept) = tokio::task::spawn_blocking(move || {
+            let (codec, data) = compress(&raw, LEVEL);
+            let frame = Frame { codec, data };
+            let kept = keep && me.keep_frame(idx, &frame, writes);
+            (frame, kept)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        if kept {
+            bump(&cache.counters.frames_made, 1);
+        }
+        Ok((frame, raw_len, eof))
     }
 }
 
@@ -404,6 +690,15 @@ impl CachedFile {
                 cache.max_bytes
             ));
         }
+        if end > offset {
+            let (first, last) = chunks_of(offset, end);
+            let mut chunks = lock(&self.chunks);
+            for c in chunks.iter_mut().take(last + 1).skip(first) {
+                if *c == Chunk::Zero {
+                    *c = Chunk::Present;
+                }
+            }
+        }
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
             me.file.write_all_at(&data, offset)?;
@@ -412,7 +707,11 @@ impl CachedFile {
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("writing {}: {e}", self.path.display()))?;
-        let n = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
+        if end > offset {
+            let (first, last) = chunks_of(offset, end);
+            self.frames.forget(first, last);
+        }
         let (before, after) = {
             let mut v = lock(&self.versions);
             let before = v.local.clone();
@@ -537,6 +836,8 @@ pub struct FileCache {
     index: Option<Arc<dyn MetaIndex>>,
     files: Mutex<HashMap<Vec<u8>, Arc<CachedFile>>>,
     max_bytes: u64,
+    /// Set once this proxy answers another proxy's FETCH from here.
+    keep_frames: AtomicBool,
     counters: Counters,
 }
 
@@ -559,6 +860,14 @@ fn index_key(fh: &[u8]) -> Vec<u8> {
 
 fn file_name(fh: &[u8]) -> String {
     fh.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The frame file beside a cached file (removed at open, as its name is not
+/// a handle's).
+fn frames_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".frames");
+    PathBuf::from(p)
 }
 
 fn parse_name(name: &str) -> Option<Vec<u8>> {
@@ -590,6 +899,7 @@ impl FileCache {
             index,
             files: Mutex::new(HashMap::new()),
             max_bytes,
+            keep_frames: AtomicBool::new(false),
             counters: Counters::default(),
         });
         for entry in std::fs::read_dir(dir)? {
@@ -640,11 +950,18 @@ impl FileCache {
             path: path.to_path_buf(),
             file,
             chunks: Mutex::new(vec![Chunk::Present; n]),
+            frames: FrameStore::new(frames_path(path)),
             changed: watch::channel(0).0,
             failed: Mutex::new(None),
             last_used: AtomicU64::new(now_secs()),
             checked: Mutex::new(Instant::now()),
         }))
+    }
+
+    /// Keeps chunks' frames from now on, for answering other proxies'
+    /// FETCHes without compressing again (see [`Frame`]).
+    pub fn keep_frames(&self) {
+        self.keep_frames.store(true, Ordering::Relaxed);
     }
 
     /// The write verifier of WRITEs and COMMITs answered from here.
@@ -656,10 +973,11 @@ impl FileCache {
     pub fn stats(&self) -> FileCacheStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let c = &self.counters;
-        let (cached_bytes, dirty_files) = {
+        let (cached_bytes, frame_bytes, dirty_files) = {
             let files = lock(&self.files);
             (
                 files.values().map(|f| f.size()).sum(),
+                files.values().map(|f| f.frames.bytes()).sum(),
                 files.values().filter(|f| f.is_dirty()).count() as u64,
             )
         };
@@ -674,6 +992,11 @@ impl FileCache {
             raw_bytes: g(&c.raw_bytes),
             hits: g(&c.hits),
             hit_bytes: g(&c.hit_bytes),
+            frames_reused: g(&c.frames_reused),
+            frames_made: g(&c.frames_made),
+            frame_bytes,
+            fetch_micros: g(&c.fetch_micros),
+            decompress_micros: g(&c.decompress_micros),
             evicted: g(&c.evicted),
             cached_bytes,
             dirty_files,
@@ -806,6 +1129,7 @@ impl FileCache {
             let _ = index.remove(&index_key(&f.fh));
         }
         let _ = std::fs::remove_file(&f.path);
+        f.frames.remove();
     }
 
     /// The entry for this version of the file, starting its fetch from
@@ -851,7 +1175,7 @@ impl FileCache {
                 let start = i as u64 * u64::from(CHUNK);
                 let len = (attrs.size - start).min(u64::from(CHUNK));
                 if m.range_is_zero(start, len) {
-                    *c = Chunk::Present;
+                    *c = Chunk::Zero;
                     zeros += 1;
                 }
             }
@@ -867,6 +1191,7 @@ impl FileCache {
                 writer: None,
             }),
             writes: AtomicU64::new(0),
+            frames: FrameStore::new(frames_path(&path)),
             path,
             file,
             chunks: Mutex::new(chunks),
@@ -895,7 +1220,7 @@ impl FileCache {
             ));
         }
         loop {
-            let held: u64 = files.values().map(|f| f.size()).sum();
+            let held: u64 = files.values().map(|f| f.size() + f.frames.bytes()).sum();
             if held + size <= self.max_bytes {
                 return Ok(());
             }
@@ -967,6 +1292,10 @@ impl FileCache {
         }
         self.record(&entry);
         bump(&self.counters.files_complete, 1);
+        bump(
+            &self.counters.fetch_micros,
+            started.elapsed().as_micros() as u64,
+        );
         tracing::info!(
             file = %entry.path.display(),
             bytes = entry.size(),
@@ -1100,30 +1429,40 @@ pub(crate) mod tests {
         FileCache::open(dir, Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// A cache in a fresh directory (keeping frames when `frames`) with the
+    /// fetch of `data` as file `fh` started, its fetches let through when
+    /// `open`.
+    fn started(
+        fh: &[u8],
+        data: Vec<u8>,
+        open: bool,
+        zero: Option<&MetaFile>,
+        frames: bool,
+    ) -> (
+        tempfile::TempDir,
+        Arc<Fake>,
+        Arc<FileCache>,
+        Arc<CachedFile>,
+    ) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let fake = Fake::new(data, open);
+        let c = cache(dir.path());
+        if frames {
+            c.keep_frames();
+        }
+        let f = c
+            .start(fh, &fake.attrs, zero, fake.clone(), &Credentials::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        (dir, fake, c, f)
+    }
+
     #[tokio::test]
     async fn fetches_whole_file_and_skips_zero_chunks() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 10 * CHUNK as usize + 1234;
-        let fake = Fake::new(content(len), true);
-        let mut zero = ZeroMap::new(crate::block_count(len as u64, 65_536));
         // Chunks 1, 4, 7 are zeros (content() makes them so).
-        for c in [1u64, 4, 7] {
-            zero.set_zero_range(c * 16, c * 16 + 16);
-        }
-        let meta = MetaFile {
-            block_size: 65_536,
-            file_size: len as u64,
-            mtime: (7, 0),
-            ctime: (7, 0),
-            actions: crate::Actions::COMPRESS_AND_COPY,
-            compressed_size: 0,
-            zero,
-        };
-        let c = cache(dir.path());
+        let meta = zero_meta(len, &[1, 4, 7]);
+        let (_dir, fake, c, f) = started(b"fh1", content(len), true, Some(&meta), false);
         let cred = Credentials::default();
-        let f = c
-            .start(b"fh1", &fake.attrs, Some(&meta), fake.clone(), &cred)
-            .unwrap_or_else(|e| panic!("{e}"));
         let (all, eof) = f
             .read(&c, fake.as_ref(), &cred, 0, len as u32)
             .await
@@ -1142,14 +1481,9 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_read_far_ahead_is_served_before_the_rest() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 40 * CHUNK as usize;
-        let fake = Fake::new(content(len), false);
-        let c = cache(dir.path());
+        let (_dir, fake, c, f) = started(b"fh2", content(len), false, None, false);
         let cred = Credentials::default();
-        let f = c
-            .start(b"fh2", &fake.attrs, None, fake.clone(), &cred)
-            .unwrap_or_else(|e| panic!("{e}"));
         // Let the background window and the reader's own chunk through.
         fake.gate.add_permits(WINDOW + 1);
         let at = 30 * u64::from(CHUNK) + 5;
@@ -1193,12 +1527,7 @@ pub(crate) mod tests {
         }
         assert_eq!(fake.calls.load(Ordering::Relaxed), 6, "one fetch per chunk");
         // Wait for the record, then reopen: the file is kept, nothing fetched.
-        for _ in 0..200 {
-            if c.stats().files_complete == 1 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        whole(&c).await;
         drop(c);
         std::fs::write(dir.path().join("abcd"), b"half a fetch").unwrap_or_else(|e| panic!("{e}"));
         let c = FileCache::open(dir.path(), Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"));
@@ -1233,12 +1562,7 @@ pub(crate) mod tests {
         f.read(&c, fake.as_ref(), &cred, 0, 10)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        for _ in 0..200 {
-            if c.stats().files_complete == 1 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        whole(&c).await;
         // A write far past the end is refused before anything grows.
         let huge = f.write(&c, &cred, 1 << 60, b"x".to_vec(), false).await;
         assert!(huge.is_err(), "a write at 2^60 was taken");
@@ -1286,6 +1610,181 @@ pub(crate) mod tests {
         }
         assert!(c.get(b"fh5").is_none(), "a written-back file is let go");
         assert!(c.stats().written_back_wire_bytes < bytes);
+    }
+
+    fn zero_meta(len: usize, zero_chunks: &[u64]) -> MetaFile {
+        let mut zero = ZeroMap::new(crate::block_count(len as u64, 65_536));
+        for c in zero_chunks {
+            zero.set_zero_range(c * 16, c * 16 + 16);
+        }
+        MetaFile {
+            block_size: 65_536,
+            file_size: len as u64,
+            mtime: (7, 0),
+            ctime: (7, 0),
+            actions: crate::Actions::COMPRESS_AND_COPY,
+            compressed_size: 0,
+            zero,
+        }
+    }
+
+    async fn whole(c: &FileCache) {
+        for _ in 0..500 {
+            if c.stats().files_complete == 1 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the file never arrived whole");
+    }
+
+    #[tokio::test]
+    async fn chunks_of_zeros_are_not_read_until_written() {
+        let len = 6 * CHUNK as usize;
+        let meta = zero_meta(len, &[1, 4]);
+        let (dir, fake, c, f) = started(b"fz", content(len), true, Some(&meta), false);
+        let cred = Credentials::default();
+        whole(&c).await;
+        // Bytes behind the cache's back in a chunk of zeros are not read:
+        // the zero map answers for it.
+        let path = dir.path().join(file_name(b"fz"));
+        let local = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("{e}"));
+        local
+            .write_all_at(b"junk", u64::from(CHUNK) + 10)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let at = u64::from(CHUNK) - 100;
+        let (got, _) = f
+            .read(&c, fake.as_ref(), &cred, at, 2 * CHUNK)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(got[..] == fake.data[at as usize..at as usize + 2 * CHUNK as usize]);
+        // A write into one makes it data.
+        let at = 4 * u64::from(CHUNK) + 100;
+        f.write(&c, &cred, at, b"hello".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (got, _) = f
+            .read(&c, fake.as_ref(), &cred, at - 1, 7)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, b"\0hello\0");
+    }
+
+    /// Bytes that do not compress.
+    fn noise(len: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn unframe(frame: &Frame, raw_len: u32) -> Vec<u8> {
+        crate::ext::decompress(FetchOk {
+            attrs: attrs(0, 0),
+            raw_len,
+            eof: false,
+            codec: frame.codec,
+            data: frame.data.clone(),
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[tokio::test]
+    async fn other_proxies_get_the_frames_chunks_came_in() {
+        let len = 3 * CHUNK as usize + 500;
+        let (_dir, fake, c, f) = started(b"ff", content(len), true, None, true);
+        let cred = Credentials::default();
+        whole(&c).await;
+        let s = c.stats();
+        assert!(s.fetch_micros > 0 && s.decompress_micros > 0, "{s:?}");
+        let mut served = Vec::new();
+        for i in 0..4u64 {
+            let (frame, n, eof) = f
+                .read_frame(&c, fake.as_ref(), &cred, i * u64::from(CHUNK), CHUNK)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(eof, i == 3);
+            served.extend(unframe(&frame, n));
+        }
+        assert!(served == fake.data);
+        let s = c.stats();
+        assert_eq!((s.frames_reused, s.frames_made), (4, 0), "{s:?}");
+        assert!(s.frame_bytes > 0 && s.frame_bytes < len as u64);
+        // A write drops the chunk's frame: the next FETCH sees the write.
+        f.write(&c, &cred, 10, b"new".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (frame, n, _) = f
+            .read_frame(&c, fake.as_ref(), &cred, 0, CHUNK)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&unframe(&frame, n)[10..13], b"new");
+        assert_eq!(c.stats().frames_made, 1);
+        // A piece of a chunk is compressed for the caller, not kept.
+        let (frame, n, _) = f
+            .read_frame(&c, fake.as_ref(), &cred, u64::from(CHUNK) + 7, 100)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let at = CHUNK as usize + 7;
+        assert!(unframe(&frame, n)[..] == fake.data[at..at + 100]);
+        let s = c.stats();
+        assert_eq!((s.frames_reused, s.frames_made), (4, 1));
+    }
+
+    #[tokio::test]
+    async fn frames_live_beside_their_file_and_go_with_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let len = 4 * CHUNK as usize;
+        let fake = Fake::new(noise(len), true);
+        let index: Arc<dyn MetaIndex> = Arc::new(MemIndex::new(100));
+        let c = FileCache::open(dir.path(), Some(index.clone()), 1 << 30)
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.keep_frames();
+        let cred = Credentials::default();
+        let f = c
+            .start(b"fb", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c).await;
+        // These chunks do not compress: the frames hold the whole file.
+        let frames = dir.path().join(format!("{}.frames", file_name(b"fb")));
+        let on_disk = std::fs::metadata(&frames).map_or(0, |m| m.len());
+        assert_eq!(on_disk, len as u64);
+        assert_eq!(c.stats().frame_bytes, len as u64);
+        // Made again after a write, they stop growing at a chunk past the
+        // file's size, and are still served.
+        for round in 0..3u8 {
+            for i in 0..4u64 {
+                let at = i * u64::from(CHUNK);
+                f.write(&c, &cred, at, vec![round; 10], false)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let (frame, n, _) = f
+                    .read_frame(&c, fake.as_ref(), &cred, at, CHUNK)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(unframe(&frame, n)[..10], vec![round; 10][..]);
+            }
+        }
+        let s = c.stats();
+        assert!(s.frame_bytes <= len as u64 + u64::from(CHUNK), "{s:?}");
+        assert_eq!(s.frames_made, 1, "{s:?}");
+        // A restart drops them; so does letting the file go.
+        c.write_back(fake.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!frames.exists(), "frames outlived their file");
+        std::fs::write(&frames, b"left by a crash").unwrap_or_else(|e| panic!("{e}"));
+        drop(c);
+        FileCache::open(dir.path(), Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!frames.exists(), "a restart kept old frames");
     }
 
     #[tokio::test]

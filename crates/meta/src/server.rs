@@ -5,7 +5,8 @@
 //! - its file cache, when its own upstream speaks the extension too (a LAN
 //!   proxy in the middle): the whole file is fetched once into the cache,
 //!   however many client proxies ask at once, and each chunk is served as
-//!   soon as it has arrived;
+//!   soon as it has arrived, in the frame it came in (kept, so the chunk is
+//!   neither compressed again nor decompressed for each client);
 //! - its upstream's extension, forwarded as it came, when it has no file
 //!   cache;
 //! - otherwise (the proxy next to a plain NFS server) by reading the chunk
@@ -264,6 +265,7 @@ impl ExtServer {
         up: Arc<dyn ChunkSource>,
         args: &FetchArgs,
     ) -> Result<FetchOk, nfsstat3> {
+        files.keep_frames();
         let cached = files.get(&args.fh);
         let trust = cached
             .as_ref()
@@ -285,15 +287,20 @@ impl ExtServer {
                 f
             }
         };
-        let (raw, eof) = entry
-            .read(files, up.as_ref(), &cx.cred, args.offset, args.count)
+        let (frame, raw_len, eof) = entry
+            .read_frame(files, up.as_ref(), &cx.cred, args.offset, args.count)
             .await
             .map_err(|why| {
                 tracing::warn!(%why, "FETCH from the file cache failed");
                 nfsstat3::NFS3ERR_IO
             })?;
-        let attrs = entry.attrs();
-        Self::package(attrs, raw, eof).await
+        Ok(FetchOk {
+            attrs: entry.attrs(),
+            raw_len,
+            eof,
+            codec: frame.codec,
+            data: frame.data,
+        })
     }
 
     /// A STORE: the chunk decompressed and written through the layers

@@ -556,12 +556,25 @@ fn print_stats(s: &Value) {
             n(&f["zero_chunks"])
         );
         println!(
+            "  time        {:.2} s fetching whole files (start to last chunk, summed), {:.2} s decompressing",
+            n(&f["fetch_micros"]) as f64 / 1e6,
+            n(&f["decompress_micros"]) as f64 / 1e6
+        );
+        println!(
             "  held        {} bytes; {} files with writes; {} files ({} bytes) written back",
             n(&f["cached_bytes"]),
             n(&f["dirty_files"]),
             n(&f["written_back_files"]),
             n(&f["written_back_bytes"])
         );
+        if n(&f["frames_reused"]) + n(&f["frames_made"]) > 0 {
+            println!(
+                "  frames      {} chunks sent to other proxies as they came, {} compressed here; {} bytes kept",
+                n(&f["frames_reused"]),
+                n(&f["frames_made"]),
+                n(&f["frame_bytes"])
+            );
+        }
     }
     let a = &s["attr_cache"];
     if a.is_object() {
