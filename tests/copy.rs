@@ -215,6 +215,11 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
         n(&l, "file_cache.files_fetched") == 2,
         "the LAN proxy fetched: {l}"
     );
+    // It handed every chunk on in the frame it came in.
+    ensure!(
+        n(&l, "file_cache.frames_reused") >= 24 + 48 && n(&l, "file_cache.frames_made") == 0,
+        "the LAN proxy compressed chunks again: {l}"
+    );
     Ok(())
 }
 
