@@ -1311,37 +1311,8 @@ pub(crate) mod tests {
     use crate::ext::{FetchOk, compress};
     use crate::{MemIndex, ZeroMap};
     use gvfs_nfs::BoxFuture;
-    use gvfs_nfs::nfs3_types::nfs3::{ftype3, nfstime3, specdata3};
 
-    pub(crate) fn attrs(size: u64, mtime: u32) -> fattr3 {
-        fattr3 {
-            type_: ftype3::NF3REG,
-            mode: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            size,
-            used: size,
-            rdev: specdata3 {
-                specdata1: 0,
-                specdata2: 0,
-            },
-            fsid: 1,
-            fileid: 2,
-            atime: nfstime3 {
-                seconds: mtime,
-                nseconds: 0,
-            },
-            mtime: nfstime3 {
-                seconds: mtime,
-                nseconds: 0,
-            },
-            ctime: nfstime3 {
-                seconds: mtime,
-                nseconds: 0,
-            },
-        }
-    }
+    pub(crate) use gvfs_nfs::testing::file_attrs as attrs;
 
     /// A source serving `data` as a file, counting FETCHes, optionally
     /// holding every fetch until released.
@@ -1424,9 +1395,17 @@ pub(crate) mod tests {
             .collect()
     }
 
+    fn index() -> Arc<dyn MetaIndex> {
+        Arc::new(MemIndex::new(100))
+    }
+
+    /// Opens (or reopens, as after a restart) a 1 GiB cache in `dir`.
+    fn reopen(dir: &Path, index: &Arc<dyn MetaIndex>) -> Arc<FileCache> {
+        FileCache::open(dir, Some(index.clone()), 1 << 30).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     fn cache(dir: &Path) -> Arc<FileCache> {
-        let index: Arc<dyn MetaIndex> = Arc::new(MemIndex::new(100));
-        FileCache::open(dir, Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"))
+        reopen(dir, &index())
     }
 
     /// A cache in a fresh directory (keeping frames when `frames`) with the
@@ -1506,9 +1485,8 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 6 * CHUNK as usize;
         let fake = Fake::new(content(len), true);
-        let index: Arc<dyn MetaIndex> = Arc::new(MemIndex::new(100));
-        let c = FileCache::open(dir.path(), Some(index.clone()), 1 << 30)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let index = index();
+        let c = reopen(dir.path(), &index);
         let cred = Credentials::default();
         let mut tasks = Vec::new();
         for _ in 0..8 {
@@ -1530,7 +1508,7 @@ pub(crate) mod tests {
         whole(&c).await;
         drop(c);
         std::fs::write(dir.path().join("abcd"), b"half a fetch").unwrap_or_else(|e| panic!("{e}"));
-        let c = FileCache::open(dir.path(), Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        let c = reopen(dir.path(), &index);
         assert!(
             !dir.path().join("abcd").exists(),
             "unfinished files are removed"
@@ -1551,9 +1529,8 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 5 * CHUNK as usize;
         let fake = Fake::new(content(len), true);
-        let index: Arc<dyn MetaIndex> = Arc::new(MemIndex::new(100));
-        let c = FileCache::open(dir.path(), Some(index.clone()), 1 << 30)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let index = index();
+        let c = reopen(dir.path(), &index);
         let cred = Credentials::unix(7, 8);
         let f = c
             .start(b"fh5", &fake.attrs, None, fake.clone(), &cred)
@@ -1585,7 +1562,7 @@ pub(crate) mod tests {
         want.extend_from_slice(b"tail");
         // Reopened (a restart after COMMIT): the writes are still there.
         drop((f, c));
-        let c = FileCache::open(dir.path(), Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        let c = reopen(dir.path(), &index);
         let f = c.get(b"fh5").unwrap_or_else(|| panic!("dirty file kept"));
         assert!(f.is_dirty());
         let (got, eof) = f
@@ -1744,9 +1721,8 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 4 * CHUNK as usize;
         let fake = Fake::new(noise(len), true);
-        let index: Arc<dyn MetaIndex> = Arc::new(MemIndex::new(100));
-        let c = FileCache::open(dir.path(), Some(index.clone()), 1 << 30)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let index = index();
+        let c = reopen(dir.path(), &index);
         c.keep_frames();
         let cred = Credentials::default();
         let f = c
@@ -1783,7 +1759,7 @@ pub(crate) mod tests {
         assert!(!frames.exists(), "frames outlived their file");
         std::fs::write(&frames, b"left by a crash").unwrap_or_else(|e| panic!("{e}"));
         drop(c);
-        FileCache::open(dir.path(), Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        reopen(dir.path(), &index);
         assert!(!frames.exists(), "a restart kept old frames");
     }
 

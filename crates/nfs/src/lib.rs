@@ -19,6 +19,8 @@ pub mod record;
 pub mod rpc;
 pub mod service;
 pub mod stream;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 pub mod xdr;
 
 pub use nfs3_types;

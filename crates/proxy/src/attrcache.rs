@@ -265,7 +265,7 @@ impl NfsService for AttrCache {
 mod tests {
     use super::*;
     use gvfs_nfs::nfs3_types::nfs3::{
-        COMMIT3args, GETATTR3args, GETATTR3resok, Nfs3Result, fattr3, ftype3, nfstime3,
+        COMMIT3args, GETATTR3args, GETATTR3resok, Nfs3Result, fattr3,
     };
     use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 
@@ -284,21 +284,7 @@ mod tests {
     }
 
     fn attrs(size: u64) -> fattr3 {
-        fattr3 {
-            type_: ftype3::NF3REG,
-            mode: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            size,
-            used: size,
-            rdev: Default::default(),
-            fsid: 1,
-            fileid: 1,
-            atime: nfstime3::default(),
-            mtime: nfstime3::default(),
-            ctime: nfstime3::default(),
-        }
+        gvfs_nfs::testing::file_attrs(size, 0)
     }
 
     impl NfsService for Below {

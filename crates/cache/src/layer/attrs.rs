@@ -210,29 +210,7 @@ impl FileTable {
 mod tests {
     use super::*;
 
-    fn attrs(size: u64, mtime: u32) -> fattr3 {
-        fattr3 {
-            type_: ftype3::NF3REG,
-            mode: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            size,
-            used: size,
-            rdev: Default::default(),
-            fsid: 1,
-            fileid: 1,
-            atime: nfstime3::default(),
-            mtime: nfstime3 {
-                seconds: mtime,
-                nseconds: 0,
-            },
-            ctime: nfstime3 {
-                seconds: mtime,
-                nseconds: 0,
-            },
-        }
-    }
+    use gvfs_nfs::testing::file_attrs as attrs;
 
     #[test]
     fn foreign_change_is_stale_unless_pinned() {

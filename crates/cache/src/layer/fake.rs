@@ -49,24 +49,9 @@ fn fh3(fh: &[u8]) -> nfs_fh3 {
 }
 
 fn attrs(f: &File) -> fattr3 {
-    let t = nfstime3 {
-        seconds: f.mtime,
-        nseconds: 0,
-    };
     fattr3 {
-        type_: ftype3::NF3REG,
-        mode: 0o644,
-        nlink: 1,
-        uid: 0,
-        gid: 0,
-        size: f.data.len() as u64,
-        used: f.data.len() as u64,
-        rdev: specdata3::default(),
-        fsid: 1,
         fileid: f.fileid,
-        atime: t,
-        mtime: t,
-        ctime: t,
+        ..gvfs_nfs::testing::file_attrs(f.data.len() as u64, f.mtime)
     }
 }
 
