@@ -9,8 +9,11 @@
 //! (or into `GVFS_CLONE_OUT`). Environment: `GVFS_CLONE_IMAGES` (8),
 //! `GVFS_CLONE_CLONES` (8), `GVFS_CLONE_RAM_MIB` (256),
 //! `GVFS_CLONE_DISK_MIB` (384), `GVFS_BENCH_RTT_MS` (40), `GVFS_BENCH_MBIT`
-//! (50), `GVFS_CLONE_SCENARIOS` (all: `local,s1,s2,s3,p,full,plain`). Without `--bench` (under `cargo test --benches`) it does the quick
-//! run of `tests/clone.rs` and writes into a temporary directory.
+//! (50), `GVFS_CLONE_SCENARIOS` (all: `local,s1,s2,s3,p,full,plain`),
+//! `GVFS_CLONE_LARGER_RAM_MIB` (2048 when all scenarios run, else 0: the
+//! RAM of the larger guests also cloned, `Settings::larger`; 0 skips them).
+//! Without `--bench` (under `cargo test --benches`) it does the quick run of
+//! `tests/clone.rs` and writes into a temporary directory.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +35,7 @@ fn main() -> Result<()> {
     s.size.disk_files_mib = env_u64("GVFS_CLONE_DISK_MIB", s.size.disk_files_mib)?;
     s.rtt = Duration::from_millis(env_u64("GVFS_BENCH_RTT_MS", s.rtt.as_millis() as u64)?);
     s.mbit = env_u64("GVFS_BENCH_MBIT", s.mbit)?;
+    let only_some = std::env::var_os("GVFS_CLONE_SCENARIOS").is_some();
     if let Ok(list) = std::env::var("GVFS_CLONE_SCENARIOS") {
         s.scenarios = list
             .split(',')
@@ -45,8 +49,27 @@ fn main() -> Result<()> {
         None if bench => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs"),
         None => scratch.path().to_path_buf(),
     };
+    // With guests of the default size, the full run also clones larger
+    // ones (Settings::larger), unless only some scenarios were asked for.
+    let larger_mib = env_u64(
+        "GVFS_CLONE_LARGER_RAM_MIB",
+        if bench && !only_some { 2048 } else { 0 },
+    )?;
     let outcome = clone::run(&s)?;
-    clone::write_outputs(&outcome, &out, "cargo bench --bench clone")?;
-    println!("\n{}\nwritten to {}", outcome.markdown, out.display());
+    let larger = match larger_mib {
+        0 => None,
+        mib => {
+            let mut l = s.larger();
+            l.size.ram_mib = mib;
+            Some(clone::run(&l)?)
+        }
+    };
+    let command = "cargo bench --bench clone";
+    clone::write_outputs(&outcome, larger.as_ref(), &out, command)?;
+    println!(
+        "\n{}\nwritten to {}",
+        clone::report_markdown(&outcome, larger.as_ref(), command),
+        out.display()
+    );
     Ok(())
 }

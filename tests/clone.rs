@@ -25,7 +25,7 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
     let settings = Settings::quick();
     let outcome = clone::run(&settings)?;
     let out = tempfile::tempdir()?;
-    clone::write_outputs(&outcome, out.path(), "cargo test --test clone")?;
+    clone::write_outputs(&outcome, None, out.path(), "cargo test --test clone")?;
     let r = &outcome.records;
     for (scenario, count) in [
         ("Local", 2),

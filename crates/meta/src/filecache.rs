@@ -25,6 +25,7 @@
 //! cut short) are deleted when the cache is opened. Entries are evicted,
 //! least recently used first, to keep the total under a byte budget.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -36,7 +37,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use gvfs_nfs::Credentials;
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, writeverf3};
 use gvfs_nfs::nfs3_types::xdr_codec::Unpack;
-use gvfs_nfs::xdr::{XdrReader, encode_into, put_u32};
+use gvfs_nfs::xdr::{XdrReader, encode_into, put_u32, zeros};
 use tokio::sync::watch;
 
 use crate::MetaIndex;
@@ -44,6 +45,7 @@ use crate::ext::{
     CHUNK, ChunkSource, Codec, FetchArgs, FetchError, StoreArgs, compress, decompress,
 };
 use crate::format::MetaFile;
+use crate::scan::data_extent;
 use crate::server::LEVEL;
 
 /// Chunks one file's background fetch keeps in flight.
@@ -54,8 +56,9 @@ enum Chunk {
     Missing,
     InFlight,
     Present,
-    /// All zeros by the zero map: a hole in the local file, read as zeros
-    /// without touching it.
+    /// All zeros by the zero map (or, for a file kept across a restart, a
+    /// hole in it): a hole in the local file, read as zeros without
+    /// touching it.
     Zero,
 }
 
@@ -540,28 +543,32 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-    ) -> Result<(Vec<u8>, bool), String> {
+    ) -> Result<(Cow<'static, [u8]>, bool), String> {
         let size = self.size();
         let end = offset.saturating_add(u64::from(count)).min(size);
         let len = end.saturating_sub(offset);
         self.ensure(cache, source, cred, offset, len).await?;
         self.last_used.store(now_secs(), Ordering::Relaxed);
         let pieces = self.data_pieces(offset, end);
-        let me = self.clone();
-        let data = tokio::task::spawn_blocking(move || {
-            // Fresh zeroed memory costs nothing until written: holes in the
-            // file are not read, or zeroed twice.
-            let mut buf = vec![0u8; len as usize];
-            for (from, to) in pieces {
-                let at = (from - offset) as usize..(to - offset) as usize;
-                me.file
-                    .read_exact_at(&mut buf[at], from)
-                    .map_err(|e| format!("reading {}: {e}", me.path.display()))?;
-            }
-            Ok::<_, String>(buf)
-        })
-        .await
-        .map_err(|e| e.to_string())??;
+        let data = if pieces.is_empty() {
+            // Only zero chunks (most of a memory image): no file, no buffer.
+            zeros(len as usize)
+        } else {
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || {
+                // Holes in the file are not read, or zeroed twice.
+                let mut buf = vec![0u8; len as usize];
+                for (from, to) in pieces {
+                    let at = (from - offset) as usize..(to - offset) as usize;
+                    me.file
+                        .read_exact_at(&mut buf[at], from)
+                        .map_err(|e| format!("reading {}: {e}", me.path.display()))?;
+                }
+                Ok::<_, String>(Cow::Owned(buf))
+            })
+            .await
+            .map_err(|e| e.to_string())??
+        };
         bump(&cache.counters.hits, 1);
         bump(&cache.counters.hit_bytes, len);
         Ok((data, end >= size))
@@ -942,14 +949,14 @@ impl FileCache {
                 "file cache: kept a file with writes not yet written back"
             );
         }
-        let n = CachedFile::chunk_count(size);
+        let chunks = restored_chunks(&file, size);
         Some(Arc::new(CachedFile {
             fh: fh.to_vec(),
             versions: Mutex::new(versions),
             writes: AtomicU64::new(0),
             path: path.to_path_buf(),
             file,
-            chunks: Mutex::new(vec![Chunk::Present; n]),
+            chunks: Mutex::new(chunks),
             frames: FrameStore::new(frames_path(path)),
             changed: watch::channel(0).0,
             failed: Mutex::new(None),
@@ -1305,6 +1312,27 @@ impl FileCache {
     }
 }
 
+/// The chunks of a file kept from before a restart: those wholly in holes
+/// of the (sparse) file are zeros, as the zero map made them when it was
+/// fetched, and are answered without reading it; the rest are data.
+fn restored_chunks(file: &std::fs::File, size: u64) -> Vec<Chunk> {
+    let mut chunks = vec![Chunk::Zero; CachedFile::chunk_count(size)];
+    let chunk = u64::from(CHUNK);
+    let mut pos = 0;
+    while pos < size {
+        let (start, end) = data_extent(file, pos, size);
+        if start >= end {
+            break;
+        }
+        let (first, last) = ((start / chunk) as usize, ((end - 1) / chunk) as usize);
+        for c in chunks.iter_mut().take(last + 1).skip(first) {
+            *c = Chunk::Present;
+        }
+        pos = end;
+    }
+    chunks
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -1470,7 +1498,7 @@ pub(crate) mod tests {
             .read(&c, fake.as_ref(), &cred, at, 1000)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(got, fake.data[at as usize..at as usize + 1000]);
+        assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
         assert!(!f.complete(), "served before the end arrived");
         fake.gate.add_permits(1 << 20);
         let (all, _) = f
@@ -1522,6 +1550,52 @@ pub(crate) mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(got == fake.data);
         assert_eq!(fake.calls.load(Ordering::Relaxed), 6);
+    }
+
+    #[tokio::test]
+    async fn zero_chunks_stay_unread_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let len = 10 * CHUNK as usize + 1234;
+        let meta = zero_meta(len, &[1, 4, 7]);
+        let fake = Fake::new(content(len), true);
+        let index = index();
+        let c = reopen(dir.path(), &index);
+        let cred = Credentials::default();
+        c.start(b"fh0", &fake.attrs, Some(&meta), fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c).await;
+        drop(c);
+        // The zero map is not asked again: the file's holes tell.
+        let c = reopen(dir.path(), &index);
+        let f = c
+            .get(b"fh0")
+            .unwrap_or_else(|| panic!("kept across reopen"));
+        let zero: Vec<usize> = lock(&f.chunks)
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c == Chunk::Zero)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(zero, [1, 4, 7]);
+        let at = 4 * u64::from(CHUNK);
+        let (got, _) = f
+            .read(&c, fake.as_ref(), &cred, at, CHUNK)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(got, Cow::Borrowed(_)) && got.iter().all(|&b| b == 0),
+            "a zero chunk was read from the file"
+        );
+        let (all, _) = f
+            .read(&c, fake.as_ref(), &cred, 0, len as u32)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(all == fake.data);
+        assert_eq!(
+            fake.calls.load(Ordering::Relaxed),
+            8,
+            "nothing fetched again"
+        );
     }
 
     #[tokio::test]
@@ -1647,7 +1721,7 @@ pub(crate) mod tests {
             .read(&c, fake.as_ref(), &cred, at - 1, 7)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(got, b"\0hello\0");
+        assert_eq!(&*got, b"\0hello\0");
     }
 
     /// Bytes that do not compress.

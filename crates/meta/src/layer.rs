@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_nfs::xdr::zeros;
 use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
 use crate::MetaIndex;
@@ -463,6 +464,17 @@ impl MetaLayer {
             pos = hi;
         }
         let runs = merge_short_gaps(runs);
+        if runs.iter().all(|r| r.2) {
+            // Nothing to read upstream: the reply lends static zeros.
+            bump(&self.counters.zero_bytes, end - args.offset);
+            bump(&self.counters.zero_reads, 1);
+            return Ok(NfsReply::Read(Nfs3Result::Ok(READ3resok {
+                file_attributes: Nfs3Option::Some(attrs),
+                count: (end - args.offset) as u32,
+                eof: end >= size,
+                data: Opaque(zeros((end - args.offset) as usize)),
+            })));
+        }
         let mut data = vec![0u8; (end - args.offset) as usize];
         let mut zero_bytes = 0;
         let mut last_attrs = Nfs3Option::Some(attrs.clone());
@@ -499,9 +511,6 @@ impl MetaLayer {
             return self.forward(cx, NfsRequest::Read(args)).await;
         }
         bump(&self.counters.zero_bytes, zero_bytes);
-        if runs.iter().all(|r| r.2) {
-            bump(&self.counters.zero_reads, 1);
-        }
         let n = data.len() as u32;
         Ok(NfsReply::Read(Nfs3Result::Ok(READ3resok {
             file_attributes: last_attrs,
@@ -576,7 +585,7 @@ impl MetaLayer {
             file_attributes: Nfs3Option::Some(f.local_attrs()),
             count: data.len() as u32,
             eof,
-            data: Opaque::owned(data),
+            data: Opaque(data),
         })))
     }
 

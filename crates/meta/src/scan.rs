@@ -136,7 +136,7 @@ fn times(m: &std::fs::Metadata) -> ((u64, u32), (u64, u32)) {
 
 /// The data extent at or after `pos`: `(start, end)` with everything in
 /// `pos..start` a hole. Without `SEEK_DATA` support it is `(pos, size)`.
-fn data_extent(file: &File, pos: u64, size: u64) -> (u64, u64) {
+pub(crate) fn data_extent(file: &File, pos: u64, size: u64) -> (u64, u64) {
     use rustix::fs::{SeekFrom, seek};
     let start = match seek(file, SeekFrom::Data(pos)) {
         Ok(start) => start.clamp(pos, size),

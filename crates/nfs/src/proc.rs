@@ -5,6 +5,8 @@
 //! cross task boundaries and sit in caches. File handles are carried as the
 //! opaque bytes the upstream issued; nothing here interprets them.
 
+use std::borrow::Cow;
+
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Void;
 
@@ -169,10 +171,10 @@ macro_rules! nfs_procedures {
             /// `out`, then zero padding to a multiple of 4. `data` is the
             /// last field of `READ3resok` (RFC 1813 section 3.3.6; opaque
             /// padding, RFC 4506 section 4.10).
-            pub fn encode_split(self, out: &mut Vec<u8>) -> Vec<u8> {
+            pub fn encode_split(self, out: &mut Vec<u8>) -> Cow<'static, [u8]> {
                 match self {
                     Self::Read(Nfs3Result::Ok(ok)) => {
-                        let data = ok.data.into_owned();
+                        let data = ok.data.0;
                         encode_into(out, &nfsstat3::NFS3_OK);
                         encode_into(out, &ok.file_attributes);
                         encode_into(out, &ok.count);
@@ -182,7 +184,7 @@ macro_rules! nfs_procedures {
                     }
                     other => {
                         other.encode(out);
-                        Vec::new()
+                        Cow::Borrowed(&[])
                     }
                 }
             }

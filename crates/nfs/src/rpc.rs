@@ -5,6 +5,8 @@
 //! and the client. Outgoing messages are built with room for the
 //! record-marking header in front, so they go to the socket without a copy.
 
+use std::borrow::Cow;
+
 use crate::record;
 use crate::xdr::{self, XdrError, XdrReader};
 
@@ -365,8 +367,9 @@ pub fn is_tls_probe(msg: &[u8]) -> Option<u32> {
 pub struct ReplyRecord {
     /// Record mark, reply header and the results before the payload.
     head: Vec<u8>,
-    /// Holds the payload at `payload_at..`.
-    payload: Vec<u8>,
+    /// Holds the payload at `payload_at..` (borrowed when it is static,
+    /// such as a run of zeros).
+    payload: Cow<'static, [u8]>,
     payload_at: usize,
 }
 
@@ -377,7 +380,8 @@ impl ReplyRecord {
     /// Seals a record started by [`reply_start`] (results appended, up to
     /// the payload) that goes on with `payload[payload_at..]`, then zero
     /// padding to a multiple of 4 bytes.
-    pub fn new(head: Vec<u8>, payload: Vec<u8>, payload_at: usize) -> Self {
+    pub fn new(head: Vec<u8>, payload: impl Into<Cow<'static, [u8]>>, payload_at: usize) -> Self {
+        let payload = payload.into();
         let payload_at = payload_at.min(payload.len());
         let mut rec = Self {
             head,
@@ -425,7 +429,7 @@ impl From<Vec<u8>> for ReplyRecord {
     fn from(record: Vec<u8>) -> Self {
         Self {
             head: record,
-            payload: Vec::new(),
+            payload: Cow::Borrowed(&[]),
             payload_at: 0,
         }
     }

@@ -120,3 +120,37 @@ pub fn put_opaque(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(data);
     out.extend_from_slice(&[0u8; 3][..(4 - data.len() % 4) % 4]);
 }
+
+/// The longest run of zeros [`zeros`] lends without allocating.
+pub const ZEROS_LEN: usize = 1 << 20;
+
+/// One static run of zeros, in memory no page of which is ever written.
+static ZEROS: [u8; ZEROS_LEN] = [0; ZEROS_LEN];
+
+/// `len` zero bytes for a reply's data: borrowed from one static run up to
+/// [`ZEROS_LEN`] (nothing allocated, nothing zeroed; the socket copies from
+/// pages that stay in the cache), allocated beyond it.
+pub fn zeros(len: usize) -> std::borrow::Cow<'static, [u8]> {
+    match ZEROS.get(..len) {
+        Some(run) => std::borrow::Cow::Borrowed(run),
+        None => std::borrow::Cow::Owned(vec![0; len]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zeros_are_lent_up_to_a_mebibyte_and_made_beyond() {
+        for len in [0, 1, 4096, ZEROS_LEN] {
+            let z = zeros(len);
+            assert!(matches!(z, std::borrow::Cow::Borrowed(_)));
+            assert_eq!(z.len(), len);
+        }
+        let big = zeros(ZEROS_LEN + 3);
+        assert!(matches!(big, std::borrow::Cow::Owned(_)));
+        assert_eq!(big.len(), ZEROS_LEN + 3);
+        assert!(big.iter().all(|&b| b == 0));
+    }
+}
