@@ -160,3 +160,37 @@ fn bad_metadata_is_ignored_with_a_warning_and_the_data_stays_right() -> Result<(
     );
     Ok(())
 }
+
+/// A LOOKUP starts looking for the file's metadata, so it is known by the
+/// time the client reads: no READ has been sent when the proxy has found it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_finds_the_metadata_before_any_read() -> Result<()> {
+    let g = Ganesha::start()?;
+    let image = g.export_dir().join("early.img");
+    make_image(&image, 3)?;
+    gvfsctl(&["meta", "gen", &image.display().to_string()])?;
+    let cache = tempfile::tempdir()?;
+    let p = caching_proxy(&g, cache.path(), &[])?;
+    let nfs = gvfs::nfsclient::NfsClient::of_proxy(&p, std::time::Duration::from_secs(30)).await?;
+    ensure!(nfs.lookup(&nfs.root, "early.img").await?.is_some());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let stats = loop {
+        let s = p.cache_stats_all()?;
+        if n(&s["meta"], "meta_found") == 1 || std::time::Instant::now() > deadline {
+            break s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    ensure!(
+        n(&stats["meta"], "meta_found") == 1 && n(&stats["cache"], "reads") == 1,
+        "after a LOOKUP (only the metadata file read): {stats}"
+    );
+    // The client's read uses it, with no second look.
+    compare_file_with(&nfs_cat(&p.url("early.img"))?, &image)?;
+    let after = p.cache_stats_all()?;
+    ensure!(
+        n(&after["meta"], "meta_found") == 1 && n(&after["meta"], "zero_reads") > 0,
+        "{after}"
+    );
+    Ok(())
+}

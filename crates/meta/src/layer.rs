@@ -20,7 +20,7 @@
 //! the origin) drops its metadata.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gvfs_nfs::nfs3_types::nfs3::*;
@@ -48,6 +48,9 @@ pub struct CopyPath {
 const MAX_FILES: usize = 65_536;
 /// Largest READ sent for one data run or for the metadata file.
 const MAX_READ: u32 = 1 << 20;
+
+/// Most metadata lookups started by LOOKUPs at once.
+const MAX_EARLY: usize = 4;
 
 /// What the layer knows about a file's metadata.
 #[derive(Debug, Clone)]
@@ -124,6 +127,11 @@ pub struct MetaLayer {
     index: Option<Arc<dyn MetaIndex>>,
     /// One metadata fetch at a time (they are rare: once per file).
     fetching: tokio::sync::Mutex<()>,
+    /// This layer, for the metadata lookups a LOOKUP starts in the
+    /// background.
+    me: std::sync::Weak<MetaLayer>,
+    /// Background metadata lookups under way (at most [`MAX_EARLY`]).
+    early: AtomicUsize,
     copy: Option<CopyPath>,
     counters: Counters,
 }
@@ -144,11 +152,13 @@ impl MetaLayer {
         index: Option<Arc<dyn MetaIndex>>,
         copy: Option<CopyPath>,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new_cyclic(|me| Self {
             inner,
             files: Mutex::new(HashMap::new()),
             index,
             fetching: tokio::sync::Mutex::new(()),
+            me: me.clone(),
+            early: AtomicUsize::new(0),
             copy,
             counters: Counters::default(),
         })
@@ -316,6 +326,37 @@ impl MetaLayer {
             Known::Meta(m) => Some((m, attrs)),
             _ => None,
         }
+    }
+
+    /// Starts looking for the metadata of a file just looked up, so that
+    /// it is known (or known absent) by the time the client has opened the
+    /// file and sends its first READ: the round trips of `.NAME.gvfsmeta`
+    /// overlap the client's own. At most [`MAX_EARLY`] at once; beyond
+    /// that (a client walking a directory) the first READ looks, as
+    /// before.
+    fn look_early(&self, cx: &CallContext, fh: Vec<u8>) {
+        let unknown = self
+            .files()
+            .get(&fh)
+            .is_some_and(|e| matches!(e.known, Known::Unknown) && e.name.is_some());
+        let (Some(me), Ok(rt)) = (self.me.upgrade(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        if !unknown
+            || self
+                .early
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < MAX_EARLY).then_some(n + 1)
+                })
+                .is_err()
+        {
+            return;
+        }
+        let cx = cx.clone();
+        rt.spawn(async move {
+            me.meta_for(&cx, &fh).await;
+            me.early.fetch_sub(1, Ordering::AcqRel);
+        });
     }
 
     async fn getattr(&self, cx: &CallContext, fh: &[u8]) -> Option<fattr3> {
@@ -708,6 +749,9 @@ impl MetaLayer {
                     self.note_name(&fh, dir, name);
                 }
                 self.note_post_op(&fh, &ok.obj_attributes);
+                if matches!(&ok.obj_attributes, Nfs3Option::Some(a) if a.type_ == ftype3::NF3REG) {
+                    self.look_early(cx, fh);
+                }
             }
             NfsReply::Readdirplus(Nfs3Result::Ok(ok)) => {
                 if let Some(dir) = &subject {
