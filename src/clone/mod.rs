@@ -1082,7 +1082,12 @@ fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, load: &str) ->
                 least one round trip):\n\n| clone | calls |\n|---|---|\n";
         for (label, c) in calls {
             let list: Vec<String> = c.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            out += &format!("| {label} | {} |\n", list.join(", "));
+            let list = if list.is_empty() {
+                "none".to_owned()
+            } else {
+                list.join(", ")
+            };
+            out += &format!("| {label} | {list} |\n");
         }
     }
     out
