@@ -1436,6 +1436,22 @@ pub(crate) mod tests {
         reopen(dir, &index())
     }
 
+    /// A fresh directory, an index, a cache opened on both (reopen it with
+    /// [`reopen`] to stand for a restart) and an upstream holding `data`.
+    fn restartable(
+        data: Vec<u8>,
+    ) -> (
+        tempfile::TempDir,
+        Arc<dyn MetaIndex>,
+        Arc<FileCache>,
+        Arc<Fake>,
+    ) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let index = index();
+        let c = reopen(dir.path(), &index);
+        (dir, index, c, Fake::new(data, true))
+    }
+
     /// A cache in a fresh directory (keeping frames when `frames`) with the
     /// fetch of `data` as file `fh` started, its fetches let through when
     /// `open`.
@@ -1510,11 +1526,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 6 * CHUNK as usize;
-        let fake = Fake::new(content(len), true);
-        let index = index();
-        let c = reopen(dir.path(), &index);
+        let (dir, index, c, fake) = restartable(content(len));
         let cred = Credentials::default();
         let mut tasks = Vec::new();
         for _ in 0..8 {
@@ -1554,12 +1567,9 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn zero_chunks_stay_unread_after_a_restart() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 10 * CHUNK as usize + 1234;
         let meta = zero_meta(len, &[1, 4, 7]);
-        let fake = Fake::new(content(len), true);
-        let index = index();
-        let c = reopen(dir.path(), &index);
+        let (dir, index, c, fake) = restartable(content(len));
         let cred = Credentials::default();
         c.start(b"fh0", &fake.attrs, Some(&meta), fake.clone(), &cred)
             .unwrap_or_else(|e| panic!("{e}"));
@@ -1600,11 +1610,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 5 * CHUNK as usize;
-        let fake = Fake::new(content(len), true);
-        let index = index();
-        let c = reopen(dir.path(), &index);
+        let (dir, index, c, fake) = restartable(content(len));
         let cred = Credentials::unix(7, 8);
         let f = c
             .start(b"fh5", &fake.attrs, None, fake.clone(), &cred)
@@ -1792,11 +1799,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn frames_live_beside_their_file_and_go_with_it() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let len = 4 * CHUNK as usize;
-        let fake = Fake::new(noise(len), true);
-        let index = index();
-        let c = reopen(dir.path(), &index);
+        let (dir, index, c, fake) = restartable(noise(len));
         c.keep_frames();
         let cred = Credentials::default();
         let f = c
