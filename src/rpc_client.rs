@@ -20,10 +20,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest reply accepted.
 pub const MAX_REPLY: u32 = 1 << 20;
 
-/// MOUNT program number (RFC 1813 appendix I).
-pub const MOUNT_PROGRAM: u32 = 100_005;
-/// NFS program number.
-pub const NFS_PROGRAM: u32 = 100_003;
+pub use gvfs_nfs::proc::{MOUNT_PROGRAM, NFS_PROGRAM};
 
 static XID: AtomicU32 = AtomicU32::new(0x6776_1000);
 

@@ -359,7 +359,8 @@ fn metrics_endpoint_serves_the_cache_counters() -> Result<()> {
     Ok(())
 }
 
-/// `--attr-timeout`: a second client session on the same file costs no
+/// `--attr-timeout`: a first session asks GETATTR of the file no further
+/// than the proxy; a second client session on the same file costs no
 /// calls upstream (NULL, MNT, LOOKUP, GETATTR, ACCESS all answered from the
 /// attribute cache and the data from the block cache); a write through the
 /// proxy empties it, so the writer's next session sees its own change.
@@ -387,8 +388,18 @@ fn attribute_cache_answers_repeat_sessions_locally_and_empties_on_writes() -> Re
             .unwrap_or(0);
         Ok(nfs + n(&s, "mount_calls"))
     };
+    let getattrs = |p: &Proxy| -> Result<u64> { Ok(n(&p.status()?["nfs_calls"], "GETATTR")) };
+    let before = getattrs(&server)?;
     let first = nfs_cat(&client.url("golden.img"))?;
     compare_file_with(&first, &src)?;
+    // The first session's GETATTR of the file is answered from the
+    // attributes its LOOKUP and ACCESS replies carried: only the export
+    // root's (which no reply has described) goes upstream.
+    ensure!(
+        getattrs(&server)? - before == 1,
+        "GETATTRs upstream in a first session: {} (want the root's only)",
+        getattrs(&server)? - before
+    );
     let before = calls(&server)?;
     let second = nfs_cat(&client.url("golden.img"))?;
     compare_file_with(&second, &src)?;

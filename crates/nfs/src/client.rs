@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::proc::CallName;
 use crate::record::RecordLimits;
 use crate::rpc::{self, Credentials, ReplyError};
 use crate::service::BoxFuture;
@@ -265,7 +266,17 @@ impl RpcClient {
                 None => inner.cfg.retransmit_after,
             };
             match tokio::time::timeout(wait, rx).await {
-                Ok(Ok(reply)) => return self.finish(reply),
+                Ok(Ok(reply)) => {
+                    tracing::trace!(
+                        server = %inner.connector.describe(),
+                        call = %CallName(prog, proc_),
+                        xid,
+                        attempt,
+                        ms = start.elapsed().as_secs_f64() * 1e3,
+                        "upstream reply"
+                    );
+                    return self.finish(reply);
+                }
                 // The connection died and dropped our slot: resend on a new one.
                 Ok(Err(_)) => {}
                 Err(_) => {

@@ -12,6 +12,25 @@ use nfs3_types::xdr_codec::Void;
 
 use crate::xdr::{XdrError, decode_exact, encode_into};
 
+/// NFS program number (RFC 1813).
+pub const NFS_PROGRAM: u32 = 100_003;
+/// MOUNT program number (RFC 1813, appendix I).
+pub const MOUNT_PROGRAM: u32 = 100_005;
+
+/// A call as logs name it, from its program and procedure numbers: the
+/// NFSv3 procedure's name, else `program/procedure`.
+#[derive(Debug, Clone, Copy)]
+pub struct CallName(pub u32, pub u32);
+
+impl std::fmt::Display for CallName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.0, NfsProc::from_u32(self.1)) {
+            (NFS_PROGRAM, Some(p)) => f.write_str(p.name()),
+            (prog, _) => write!(f, "{prog}/{}", self.1),
+        }
+    }
+}
+
 /// Longest file handle NFSv3 allows (RFC 1813 section 2.3.3).
 pub const MAX_FH_LEN: usize = NFS3_FHSIZE;
 

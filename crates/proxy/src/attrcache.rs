@@ -10,7 +10,11 @@
 //! - NULL at once (it pings the server the client talks to: this proxy);
 //! - the root handle (MNT), GETATTR, LOOKUP, ACCESS, FSINFO and PATHCONF
 //!   from a successful reply to the same arguments and the same caller's
-//!   credentials at most the timeout ago.
+//!   credentials at most the timeout ago;
+//! - GETATTR also from the attributes a LOOKUP or ACCESS reply carried for
+//!   that object (and a LOOKUP's for its directory), as a client's
+//!   attribute cache takes them: opening a file costs LOOKUP and ACCESS,
+//!   not a third round trip for GETATTR.
 //!
 //! Any call that may change something (WRITE, SETATTR, CREATE, REMOVE,
 //! RENAME, COMMIT...) empties the cache before it is forwarded, and so does
@@ -26,7 +30,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use gvfs_nfs::client::Reply;
-use gvfs_nfs::nfs3_types::nfs3::{nfs_fh3, nfsstat3};
+use gvfs_nfs::nfs3_types::nfs3::{
+    GETATTR3args, GETATTR3resok, Nfs3Option, Nfs3Result, fattr3, nfs_fh3, nfsstat3,
+};
 use gvfs_nfs::nfs3_types::xdr_codec::Void;
 use gvfs_nfs::proc::{NfsProc, NfsReply, NfsRequest};
 use gvfs_nfs::rpc::Credentials;
@@ -67,6 +73,58 @@ fn cred_key(cred: &Credentials) -> Vec<u32> {
             k
         }
     }
+}
+
+/// The handle in a call's arguments whose attributes its reply carries
+/// (LOOKUP's directory, ACCESS's object).
+fn subject(req: &NfsRequest) -> Option<nfs_fh3> {
+    match req {
+        NfsRequest::Lookup(a) => Some(a.what.dir.clone()),
+        NfsRequest::Access(a) => Some(a.object.clone()),
+        _ => None,
+    }
+}
+
+/// The objects a successful reply gives the attributes of, as GETATTR of
+/// each would: LOOKUP's object and directory, ACCESS's object. An NFS
+/// client's attribute cache takes them from any reply; kept as GETATTR
+/// answers, they spare the GETATTR every client sends after LOOKUP and
+/// ACCESS when it opens a file (a round trip per file across a WAN).
+fn carried_attrs(subject: Option<nfs_fh3>, reply: &NfsReply) -> Vec<(nfs_fh3, &fattr3)> {
+    let mut out = Vec::new();
+    match (reply, subject) {
+        (NfsReply::Lookup(Nfs3Result::Ok(ok)), Some(dir)) => {
+            if let Nfs3Option::Some(a) = &ok.obj_attributes {
+                out.push((ok.object.clone(), a));
+            }
+            if let Nfs3Option::Some(a) = &ok.dir_attributes {
+                out.push((dir, a));
+            }
+        }
+        (NfsReply::Access(Nfs3Result::Ok(ok)), Some(object)) => {
+            if let Nfs3Option::Some(a) = &ok.obj_attributes {
+                out.push((object, a));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+fn getattr_key(object: nfs_fh3, cred: Vec<u32>) -> Key {
+    let mut args = Vec::new();
+    NfsRequest::Getattr(GETATTR3args { object }).encode(&mut args);
+    Key {
+        proc_: NfsProc::Getattr as u32,
+        args,
+        cred,
+    }
+}
+
+fn getattr_reply(attrs: &fattr3) -> NfsReply {
+    NfsReply::Getattr(Nfs3Result::Ok(GETATTR3resok {
+        obj_attributes: attrs.clone(),
+    }))
 }
 
 #[derive(Hash, PartialEq, Eq)]
@@ -209,8 +267,12 @@ impl NfsService for AttrCache {
                 return Ok(reply);
             }
             self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            let subject = subject(&req);
             let reply = self.below.call(cx, req).await?;
             if reply.status() == nfsstat3::NFS3_OK {
+                for (object, attrs) in carried_attrs(subject, &reply) {
+                    self.store(getattr_key(object, key.cred.clone()), &getattr_reply(attrs));
+                }
                 self.store(key, &reply);
             }
             Ok(reply)
@@ -265,12 +327,17 @@ impl NfsService for AttrCache {
 mod tests {
     use super::*;
     use gvfs_nfs::nfs3_types::nfs3::{
-        COMMIT3args, GETATTR3args, GETATTR3resok, Nfs3Result, fattr3,
+        ACCESS3args, ACCESS3resok, COMMIT3args, LOOKUP3args, LOOKUP3resok, diropargs3, filename3,
     };
     use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 
+    const LOOKUP_OBJ_SIZE: u64 = 1 << 40;
+    const LOOKUP_DIR_SIZE: u64 = 1 << 41;
+    const ACCESS_OBJ_SIZE: u64 = 1 << 42;
+
     /// Answers GETATTR with the number of calls that reached it as the size,
-    /// and every other call with an error; counts what reached it.
+    /// LOOKUP (but of `missing`) and ACCESS with attributes of the sizes
+    /// above, and every other call with an error; counts what reached it.
     #[derive(Default)]
     struct Below {
         calls: AtomicU64,
@@ -296,6 +363,17 @@ mod tests {
             Box::pin(async move {
                 let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
                 Ok(match req {
+                    NfsRequest::Lookup(a) if a.what.name.as_ref() != b"missing" => {
+                        NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
+                            object: fh(a.what.name.as_ref()),
+                            obj_attributes: Nfs3Option::Some(attrs(LOOKUP_OBJ_SIZE)),
+                            dir_attributes: Nfs3Option::Some(attrs(LOOKUP_DIR_SIZE)),
+                        }))
+                    }
+                    NfsRequest::Access(a) => NfsReply::Access(Nfs3Result::Ok(ACCESS3resok {
+                        obj_attributes: Nfs3Option::Some(attrs(ACCESS_OBJ_SIZE)),
+                        access: a.access,
+                    })),
                     NfsRequest::Getattr(a) if a.object.data.as_ref() != b"gone" => {
                         NfsReply::Getattr(Nfs3Result::Ok(GETATTR3resok {
                             obj_attributes: attrs(n),
@@ -371,6 +449,51 @@ mod tests {
             "another user asks below"
         );
         assert_eq!(size(&c, &other, b"a").await, Some(4));
+    }
+
+    #[tokio::test]
+    async fn lookup_and_access_replies_answer_getattr_of_what_they_describe() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        let lookup = |name: &[u8]| {
+            NfsRequest::Lookup(LOOKUP3args {
+                what: diropargs3 {
+                    dir: fh(b"dir"),
+                    name: filename3::from(name.to_vec()),
+                },
+            })
+        };
+        match c.call(&cx, lookup(b"f")).await.expect("lookup") {
+            NfsReply::Lookup(Nfs3Result::Ok(ok)) => assert_eq!(ok.object, fh(b"f")),
+            other => panic!("{other:?}"),
+        }
+        let asked = below.calls.load(Ordering::Relaxed);
+        assert_eq!(size(&c, &cx, b"f").await, Some(LOOKUP_OBJ_SIZE));
+        assert_eq!(size(&c, &cx, b"dir").await, Some(LOOKUP_DIR_SIZE));
+        assert_eq!(
+            below.calls.load(Ordering::Relaxed),
+            asked,
+            "GETATTR of the object and its directory answered from the LOOKUP"
+        );
+        let other = CallContext::with_cred(Credentials::unix(2, 2));
+        assert_ne!(
+            size(&c, &other, b"f").await,
+            Some(LOOKUP_OBJ_SIZE),
+            "another caller asks below"
+        );
+
+        let access = NfsRequest::Access(ACCESS3args {
+            object: fh(b"g"),
+            access: 1,
+        });
+        c.call(&cx, access).await.expect("access");
+        let asked = below.calls.load(Ordering::Relaxed);
+        assert_eq!(size(&c, &cx, b"g").await, Some(ACCESS_OBJ_SIZE));
+        assert_eq!(below.calls.load(Ordering::Relaxed), asked);
+
+        // A failed LOOKUP leaves nothing behind.
+        c.call(&cx, lookup(b"missing")).await.expect("lookup");
+        assert_ne!(size(&c, &cx, b"missing").await, Some(LOOKUP_OBJ_SIZE));
     }
 
     #[tokio::test]

@@ -239,10 +239,16 @@ pub async fn run(
     };
     let meta = if cfg.meta {
         let copy = match (&files, &ext_client) {
-            (Some(files), Some(source)) => Some(gvfs_meta::CopyPath {
-                files: files.clone(),
-                source: source.clone(),
-            }),
+            (Some(files), Some(source)) => {
+                // Ask now whether the upstream speaks the extension, so the
+                // first whole-file fetch does not wait a round trip for it.
+                let probe = source.clone();
+                tokio::spawn(async move { probe.supported().await });
+                Some(gvfs_meta::CopyPath {
+                    files: files.clone(),
+                    source: source.clone(),
+                })
+            }
             _ => None,
         };
         let layer = gvfs_meta::MetaLayer::new(service.clone(), index, copy);

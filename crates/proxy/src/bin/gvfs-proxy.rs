@@ -92,7 +92,9 @@ struct Cli {
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
 
-    /// Log filter, e.g. info, debug, gvfs_proxy=trace [default: info, or RUST_LOG].
+    /// Log filter, e.g. info, debug, gvfs_proxy=trace; gvfs_proxy::front=trace
+    /// logs every client call and gvfs_nfs::client=trace every upstream
+    /// call, with latencies [default: info, or RUST_LOG].
     #[arg(long, value_name = "FILTER")]
     log: Option<String>,
 

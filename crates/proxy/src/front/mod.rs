@@ -21,10 +21,8 @@ use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
 use crate::drc::{Drc, DrcKey, Lookup, PeerId};
 
-/// NFS program number.
-pub const NFS_PROGRAM: u32 = 100_003;
-/// MOUNT program number.
-pub const MOUNT_PROGRAM: u32 = 100_005;
+use gvfs_nfs::proc::CallName;
+pub use gvfs_nfs::proc::{MOUNT_PROGRAM, NFS_PROGRAM};
 
 /// Counters kept by the front end, shown by `gvfsctl status`.
 #[derive(Debug, Default)]
@@ -166,7 +164,8 @@ impl FrontEnd {
             peer: peer.addr,
             xid: hdr.xid,
         };
-        match hdr.prog {
+        let start = std::time::Instant::now();
+        let reply = match hdr.prog {
             NFS_PROGRAM => self.nfs(&hdr, &cx, peer.id(), args).await,
             MOUNT_PROGRAM => {
                 self.stats.mount_calls.fetch_add(1, Ordering::Relaxed);
@@ -188,7 +187,15 @@ impl FrontEnd {
                 )
             }
             _ => Some(self.error(hdr.xid, ReplyStatus::ProgUnavail).into()),
-        }
+        };
+        tracing::trace!(
+            peer = ?peer.addr,
+            call = %CallName(hdr.prog, hdr.proc_),
+            xid = hdr.xid,
+            ms = start.elapsed().as_secs_f64() * 1e3,
+            "client call answered"
+        );
+        reply
     }
 
     fn reject(&self, e: CallError) -> Option<Vec<u8>> {
