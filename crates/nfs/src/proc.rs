@@ -17,15 +17,35 @@ pub const NFS_PROGRAM: u32 = 100_003;
 /// MOUNT program number (RFC 1813, appendix I).
 pub const MOUNT_PROGRAM: u32 = 100_005;
 
+/// MOUNT procedure numbers (RFC 1813, appendix I).
+pub mod mount_procs {
+    /// NULL.
+    pub const NULL: u32 = 0;
+    /// MNT: the root handle of an export path.
+    pub const MNT: u32 = 1;
+    /// DUMP: the mount list.
+    pub const DUMP: u32 = 2;
+    /// UMNT.
+    pub const UMNT: u32 = 3;
+    /// UMNTALL.
+    pub const UMNTALL: u32 = 4;
+    /// EXPORT: the export list.
+    pub const EXPORT: u32 = 5;
+}
+
 /// A call as logs name it, from its program and procedure numbers: the
-/// NFSv3 procedure's name, else `program/procedure`.
+/// NFSv3 or MOUNT procedure's name, else `program/procedure`.
 #[derive(Debug, Clone, Copy)]
 pub struct CallName(pub u32, pub u32);
 
 impl std::fmt::Display for CallName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const MOUNT: [&str; 6] = ["MOUNT NULL", "MNT", "DUMP", "UMNT", "UMNTALL", "EXPORT"];
         match (self.0, NfsProc::from_u32(self.1)) {
             (NFS_PROGRAM, Some(p)) => f.write_str(p.name()),
+            (MOUNT_PROGRAM, _) if (self.1 as usize) < MOUNT.len() => {
+                f.write_str(MOUNT[self.1 as usize])
+            }
             (prog, _) => write!(f, "{prog}/{}", self.1),
         }
     }
@@ -387,6 +407,16 @@ mod tests {
         nfs_fh3 {
             data: Opaque::owned(bytes),
         }
+    }
+
+    #[test]
+    fn calls_are_named_for_logs() {
+        assert_eq!(CallName(NFS_PROGRAM, 6).to_string(), "READ");
+        assert_eq!(CallName(MOUNT_PROGRAM, mount_procs::MNT).to_string(), "MNT");
+        assert_eq!(CallName(MOUNT_PROGRAM, 0).to_string(), "MOUNT NULL");
+        assert_eq!(CallName(MOUNT_PROGRAM, 9).to_string(), "100005/9");
+        assert_eq!(CallName(NFS_PROGRAM, 22).to_string(), "100003/22");
+        assert_eq!(CallName(7, 1).to_string(), "7/1");
     }
 
     #[test]

@@ -17,14 +17,7 @@ const MNTPATHLEN: usize = 1024;
 /// Most entries kept in the mount list shown by DUMP.
 const MAX_MOUNT_ENTRIES: usize = 1024;
 
-mod procs {
-    pub(super) const NULL: u32 = 0;
-    pub(super) const MNT: u32 = 1;
-    pub(super) const DUMP: u32 = 2;
-    pub(super) const UMNT: u32 = 3;
-    pub(super) const UMNTALL: u32 = 4;
-    pub(super) const EXPORT: u32 = 5;
-}
+use gvfs_nfs::proc::mount_procs as procs;
 
 const MNT3ERR_NOENT: u32 = 2;
 const MNT3ERR_NOTDIR: u32 = 20;
