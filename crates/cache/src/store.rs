@@ -18,7 +18,11 @@
 //!   unless it is committed: its mismatch can only come from an in-flight
 //!   overwrite, whose bytes the client resends, while its other bytes are the
 //!   committed ones and must not be lost. It is kept dirty and the verifier
-//!   changes.
+//!   changes. A clean fill merged around a committed partial sub-block's
+//!   extent takes the sub-block's committed bit away until the next sync
+//!   (its tag must not claim the merged bytes as durable); should that
+//!   sub-block not match on open while still dirty, it goes back to the
+//!   committed extent the frame's older tag names.
 //! * **No resurrection.** A frame whose durable tag still claims committed
 //!   dirty data is not reused before a sync makes its cleaner tag durable;
 //!   `truncate` and `invalidate` always sync before returning (also making
@@ -935,33 +939,44 @@ impl Inner {
                             continue;
                         }
                         changed = true;
-                        // A clean fill merging into a committed partial
-                        // sub-block whose data write did not land: its
-                        // extent, which the merge rewrote unchanged, is
-                        // intact; the durable tag still describes it.
-                        let was_partial = older.as_ref().and_then(|o| {
-                            let (a, b) = o.extents[i];
-                            (o.fh == tag.fh
-                                && o.block == tag.block
-                                && o.partial.contains(sb)
-                                && !tag.partial.contains(sb)
-                                && crc32fast::hash(
-                                    &block_buf[i * sbs + a as usize..i * sbs + b as usize],
-                                ) == o.crcs[i])
-                                .then_some(((a, b), o.crcs[i]))
-                        });
+                        // A committed partial sub-block made whole since
+                        // its commit (a clean fill merged around it; such a
+                        // tag does not claim the whole as committed) whose
+                        // data did not all land: the older tag names the
+                        // committed extent. While the sub-block is still
+                        // dirty the frame has not been reused (that takes a
+                        // write-back, then a sync, see "No resurrection"),
+                        // so whatever differs in the extent can only come
+                        // from an in-flight overwrite the client resends, as
+                        // below; the bytes around it go.
+                        let committed_extent = older
+                            .as_ref()
+                            .filter(|o| {
+                                o.fh == tag.fh
+                                    && o.block == tag.block
+                                    && o.partial.contains(sb)
+                                    && o.committed.contains(sb)
+                                    && tag.dirty.contains(sb)
+                                    && !tag.partial.contains(sb)
+                            })
+                            .map(|o| o.extents[i]);
                         if committed.contains(sb) {
+                            // Committed whole: its mismatch is an in-flight
+                            // overwrite's, which the client resends.
                             report.torn_committed_kept += 1;
-                            if let Some((extent, crc)) = was_partial {
-                                tag.valid.remove(sb);
-                                tag.partial.insert(sb);
-                                tag.extents[i] = extent;
-                                tag.crcs[i] = crc;
-                            } else {
-                                tag.crcs[i] = crc;
-                                tag.dirty.insert(sb);
-                                tag.committed.insert(sb);
-                            }
+                            tag.crcs[i] = crc;
+                            tag.dirty.insert(sb);
+                            tag.committed.insert(sb);
+                        } else if let Some((a, b)) = committed_extent {
+                            report.torn_committed_kept += 1;
+                            tag.valid.remove(sb);
+                            tag.partial.insert(sb);
+                            tag.dirty.insert(sb);
+                            tag.committed.insert(sb);
+                            tag.extents[i] = (a, b);
+                            tag.crcs[i] = crc32fast::hash(
+                                &block_buf[i * sbs + a as usize..i * sbs + b as usize],
+                            );
                         } else {
                             if tag.dirty.contains(sb) {
                                 report.dirty_sub_blocks_lost += 1;
@@ -1278,6 +1293,13 @@ impl Inner {
                         f.valid.insert(sb);
                         f.partial.remove(sb);
                         f.extents[s] = (0, 0);
+                        if step == Step::Merge {
+                            // Only the extent was committed, not the bytes
+                            // merged around it: until a sync, the tag must
+                            // not claim the whole sub-block (recovery then
+                            // goes back to the extent the older tag names).
+                            f.committed.remove(sb);
+                        }
                     }
                 }
                 if mode == WriteMode::Dirty {

@@ -493,3 +493,55 @@ fn truncate_after_unsynced_eviction_stays_truncated() {
     });
     h.apply(&Op::WriteBackAll);
 }
+
+/// A sub-block committed as a partial extent, then written whole and
+/// committed again, keeps all of its committed bytes when a later update of
+/// it is torn in a crash: recovery must not go back to the older tag's
+/// extent (found by the model test).
+#[test]
+fn torn_update_of_a_sub_block_committed_whole_keeps_it_whole() {
+    let mut h = Harness::new();
+    for op in [
+        Op::Write {
+            file: 0,
+            offset: 82752,
+            len: 3265,
+            seed: 0,
+        },
+        Op::CloseReopen,
+        Op::Write {
+            file: 0,
+            offset: 67881,
+            len: 18136,
+            seed: 0,
+        },
+        Op::Crash {
+            how: CrashHow::Random(3833852267494932641),
+        },
+        Op::Sync,
+        Op::Write {
+            file: 0,
+            offset: 57344,
+            len: 12288,
+            seed: 0,
+        },
+        Op::Write {
+            file: 2,
+            offset: 65536,
+            len: 1,
+            seed: 0,
+        },
+        Op::Write {
+            file: 0,
+            offset: 68168,
+            len: 13753,
+            seed: 0,
+        },
+        Op::Crash {
+            how: CrashHow::Random(1345269632902742003),
+        },
+        Op::WriteBackAll,
+    ] {
+        h.apply(&op);
+    }
+}
