@@ -28,9 +28,30 @@ const MIB: u64 = 1 << 20;
 fn image(g: &Ganesha, name: &str, size: u64, seed: u64) -> Result<std::path::PathBuf> {
     let path = g.export_dir().join(name);
     write_memory_image(&path, size, seed)?;
-    let said = gvfsctl(&["meta", "gen", &path.display().to_string(), "--compress"])?;
-    ensure!(said.contains(name), "meta gen said: {said}");
+    mark_for_copy(&path)?;
     Ok(path)
+}
+
+/// Writes compress-and-copy metadata beside `path`.
+fn mark_for_copy(path: &Path) -> Result<()> {
+    let said = gvfsctl(&["meta", "gen", &path.display().to_string(), "--compress"])?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    ensure!(said.contains(name), "meta gen said: {said}");
+    Ok(())
+}
+
+/// An image-server proxy in front of `g`, a 2 ms WAN link to it, and a LAN
+/// proxy with its cache in `dir` across that link.
+async fn lan_across_a_wan(g: &Ganesha, dir: &Path) -> Result<(Proxy, WanLink, Proxy)> {
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let link = WanLink::start(
+        "127.0.0.1:0".parse()?,
+        server.addr(),
+        LinkConfig::from_rtt(Duration::from_millis(2), None),
+    )
+    .await?;
+    let lan = caching(server.upstream_url_at(link.local_addr()), dir)?;
+    Ok((server, link, lan))
 }
 
 /// A proxy with a small block cache (and so a file cache) in `dir`.
@@ -140,15 +161,8 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
     let g = Ganesha::start()?;
     let a_img = image(&g, "a.raw", 48 * MIB, 11)?;
     let b_img = image(&g, "b.raw", 24 * MIB, 12)?;
-    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
-    let link = WanLink::start(
-        "127.0.0.1:0".parse()?,
-        server.addr(),
-        LinkConfig::from_rtt(Duration::from_millis(2), None),
-    )
-    .await?;
     let lan_dir = tempfile::tempdir()?;
-    let lan = caching(server.upstream_url_at(link.local_addr()), lan_dir.path())?;
+    let (server, link, lan) = lan_across_a_wan(&g, lan_dir.path()).await?;
     let local = tempfile::tempdir()?;
 
     // Node A warms the LAN proxy.
@@ -219,6 +233,36 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
     ensure!(
         n(&l, "file_cache.frames_reused") >= 24 + 48 && n(&l, "file_cache.frames_made") == 0,
         "the LAN proxy compressed chunks again: {l}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lan_proxy_fetches_no_chunks_the_zero_map_says_are_zeros() -> Result<()> {
+    let g = Ganesha::start()?;
+    // 24 chunks, of which 4..20 are all zeros (as much of a memory image is).
+    let path = g.export_dir().join("z.raw");
+    write_memory_image(&path, 24 * MIB, 31)?;
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path)?;
+        f.seek(SeekFrom::Start(4 * MIB))?;
+        f.write_all(&vec![0; 16 * MIB as usize])?;
+    }
+    mark_for_copy(&path)?;
+    let lan_dir = tempfile::tempdir()?;
+    let (server, _link, lan) = lan_across_a_wan(&g, lan_dir.path()).await?;
+    let node_dir = tempfile::tempdir()?;
+    let node = caching(lan.upstream_url(), node_dir.path())?;
+    let local = tempfile::tempdir()?;
+    let to = local.path().join("z");
+    nfs_cp(&node.url("z.raw"), &to.display().to_string())?;
+    compare_files(&path, &to).context("the node's copy")?;
+    let l = wait_complete(&lan, 1).await?;
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&l, "file_cache.zero_chunks") == 16 && n(&up, "ext.fetch_calls") == 8,
+        "the LAN proxy fetched chunks of zeros across the WAN: LAN {l}, server {up}"
     );
     Ok(())
 }

@@ -50,7 +50,7 @@
 
 use std::io::Cursor;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
 
 use gvfs_nfs::client::{ClientError, RpcClient};
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
@@ -75,6 +75,9 @@ pub const CHUNK: u32 = 1 << 20;
 pub const MAX_FRAME_SLACK: u32 = 4096;
 /// Largest NFSv3 file handle (RFC 1813, NFS3_FHSIZE).
 const FHSIZE: usize = 64;
+/// Longest wait for the upstream's answer to the extension's NULL; with
+/// none by then, the next whole-file fetch asks again.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The arguments of FETCH.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -388,8 +391,11 @@ pub trait ChunkSource: Send + Sync + 'static {
 /// The extension program spoken to an upstream over its NFS connection.
 pub struct ExtClient {
     client: RpcClient,
-    /// 0 = not asked yet, 1 = speaks it, 2 = does not.
-    probed: AtomicU8,
+    /// Whether the upstream speaks the program, once it has answered;
+    /// callers that come while it is being asked wait for that answer.
+    speaks: tokio::sync::OnceCell<bool>,
+    /// Longest wait for that answer ([`PROBE_TIMEOUT`]).
+    probe_timeout: Duration,
 }
 
 impl std::fmt::Debug for ExtClient {
@@ -405,7 +411,8 @@ impl ExtClient {
     pub fn new(client: RpcClient) -> Arc<Self> {
         Arc::new(Self {
             client,
-            probed: AtomicU8::new(0),
+            speaks: tokio::sync::OnceCell::new(),
+            probe_timeout: PROBE_TIMEOUT,
         })
     }
 
@@ -418,6 +425,32 @@ impl ExtClient {
         match self.client.call(PROGRAM, VERSION, proc_, cred, args).await {
             Ok(reply) => Ok(reply.to_vec()),
             Err(e) => Err(FetchError::Transport(e.to_string())),
+        }
+    }
+
+    /// Sends the extension's NULL: `Ok` with whether the upstream speaks
+    /// it, `Err` when no answer came (ask again next time).
+    async fn probe(&self) -> Result<bool, ()> {
+        let cred = Credentials::default();
+        let call = self.client.call(PROGRAM, VERSION, PROC_NULL, &cred, &[]);
+        match tokio::time::timeout(self.probe_timeout, call).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(ClientError::Rpc { error, .. })) => {
+                tracing::info!(
+                    server = %self.client.server(),
+                    "upstream does not speak the gvfs extension ({error}); \
+                     compress-and-copy files are read block by block"
+                );
+                Ok(false)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "extension probe got no answer");
+                Err(())
+            }
+            Err(_) => {
+                tracing::debug!(after = ?self.probe_timeout, "extension probe got no answer");
+                Err(())
+            }
         }
     }
 }
@@ -465,35 +498,8 @@ impl ChunkSource for ExtClient {
 
     fn supported(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
-            match self.probed.load(Ordering::Relaxed) {
-                1 => return true,
-                2 => return false,
-                _ => {}
-            }
-            let cred = Credentials::default();
-            let answer = self
-                .client
-                .call(PROGRAM, VERSION, PROC_NULL, &cred, &[])
-                .await;
-            let yes = match answer {
-                Ok(_) => true,
-                Err(ClientError::Rpc { error, .. }) => {
-                    tracing::info!(
-                        server = %self.client.server(),
-                        "upstream does not speak the gvfs extension ({error}); \
-                         compress-and-copy files are read block by block"
-                    );
-                    false
-                }
-                // Not an answer: ask again next time.
-                Err(e) => {
-                    tracing::debug!(error = %e, "extension probe got no answer");
-                    return false;
-                }
-            };
-            self.probed
-                .store(if yes { 1 } else { 2 }, Ordering::Relaxed);
-            yes
+            let answer = self.speaks.get_or_try_init(|| self.probe()).await;
+            answer.is_ok_and(|yes| *yes)
         })
     }
 
@@ -649,5 +655,82 @@ mod tests {
         let (codec, data) = compress(&raw, 3);
         assert_eq!(codec, Codec::Stored);
         assert_eq!(data, raw);
+    }
+
+    /// A loopback server of RPC records that counts the calls it gets and
+    /// answers each with `status`, or never when `status` is `None`.
+    async fn counting_server(
+        status: Option<ReplyStatus>,
+    ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let mut head = [0u8; 4];
+                    while s.read_exact(&mut head).await.is_ok() {
+                        let len = (u32::from_be_bytes(head) & 0x7fff_ffff) as usize;
+                        let mut call = vec![0; len.min(1 << 16)];
+                        if s.read_exact(&mut call).await.is_err() || call.len() < 4 {
+                            return;
+                        }
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        let xid = u32::from_be_bytes(call[..4].try_into().unwrap());
+                        if let Some(status) = status {
+                            let reply = gvfs_nfs::rpc::reply_record(xid, status, &[]);
+                            if s.write_all(&reply).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, calls)
+    }
+
+    fn client_of(addr: std::net::SocketAddr, probe_timeout: Duration) -> ExtClient {
+        let cfg = gvfs_nfs::client::ClientConfig {
+            // A hard mount: the call itself never gives up.
+            give_up_after: None,
+            ..Default::default()
+        };
+        let rpc = RpcClient::new(gvfs_nfs::client::TcpConnector { addr }, cfg);
+        ExtClient {
+            client: rpc,
+            speaks: tokio::sync::OnceCell::new(),
+            probe_timeout,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_probe_is_asked_once_by_callers_at_once_and_remembered() {
+        use std::sync::atomic::Ordering;
+        for (status, speaks) in [
+            (ReplyStatus::Success, true),
+            (ReplyStatus::ProgUnavail, false),
+        ] {
+            let (addr, calls) = counting_server(Some(status)).await;
+            let ext = client_of(addr, PROBE_TIMEOUT);
+            let (a, b) = tokio::join!(ext.supported(), ext.supported());
+            assert_eq!((a, b), (speaks, speaks), "{status:?}");
+            assert_eq!(ext.supported().await, speaks);
+            assert_eq!(calls.load(Ordering::SeqCst), 1, "{status:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_probe_without_an_answer_gives_up_and_is_asked_again() {
+        use std::sync::atomic::Ordering;
+        let (addr, calls) = counting_server(None).await;
+        let ext = client_of(addr, Duration::from_millis(200));
+        assert!(!ext.supported().await);
+        assert!(!ext.supported().await);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
 }

@@ -328,6 +328,20 @@ impl MetaLayer {
         }
     }
 
+    /// The metadata of `fh` when it is valid for this version of the file
+    /// (`attrs`, fresh from upstream), looking for it on first use.
+    pub(crate) async fn meta_of_version(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+        attrs: &fattr3,
+    ) -> Option<Arc<MetaFile>> {
+        self.note_attrs(fh, attrs);
+        let (m, _) = self.meta_for(cx, fh).await?;
+        m.matches(attrs.size, mtime_of(attrs), ctime_of(attrs), false)
+            .then_some(m)
+    }
+
     /// Starts looking for the metadata of a file just looked up, so that
     /// it is known (or known absent) by the time the client has opened the
     /// file and sends its first READ: the round trips of `.NAME.gvfsmeta`

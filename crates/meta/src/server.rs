@@ -6,7 +6,9 @@
 //!   proxy in the middle): the whole file is fetched once into the cache,
 //!   however many client proxies ask at once, and each chunk is served as
 //!   soon as it has arrived, in the frame it came in (kept, so the chunk is
-//!   neither compressed again nor decompressed for each client);
+//!   neither compressed again nor decompressed for each client); chunks the
+//!   file's zero map (found by this proxy's metadata layer) says are zeros
+//!   are not fetched;
 //! - its upstream's extension, forwarded as it came, when it has no file
 //!   cache;
 //! - otherwise (the proxy next to a plain NFS server) by reading the chunk
@@ -30,6 +32,7 @@ use crate::ext::{
     encode_store_res,
 };
 use crate::filecache::{FileCache, same_version};
+use crate::layer::MetaLayer;
 
 /// The zstd level chunks are compressed at: fast, and most of what a VM
 /// image saves comes from runs of zeros and repeats any level finds.
@@ -86,6 +89,8 @@ pub struct ExtServer {
     inner: Arc<dyn NfsService>,
     files: Option<Arc<FileCache>>,
     upstream: Option<Arc<dyn ChunkSource>>,
+    /// This proxy's metadata layer: the zero maps of files it fetches whole.
+    meta: Option<Arc<MetaLayer>>,
     counters: Counters,
 }
 
@@ -106,17 +111,19 @@ pub enum ExtRefusal {
 }
 
 impl ExtServer {
-    /// A server reading through `inner`, with this proxy's file cache and
-    /// its upstream's extension when it has them.
+    /// A server reading through `inner`, with this proxy's file cache, its
+    /// upstream's extension and its metadata layer when it has them.
     pub fn new(
         inner: Arc<dyn NfsService>,
         files: Option<Arc<FileCache>>,
         upstream: Option<Arc<dyn ChunkSource>>,
+        meta: Option<Arc<MetaLayer>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             inner,
             files,
             upstream,
+            meta,
             counters: Counters::default(),
         })
     }
@@ -277,8 +284,12 @@ impl ExtServer {
                 if attrs.type_ != ftype3::NF3REG {
                     return Err(nfsstat3::NFS3ERR_INVAL);
                 }
+                let zero = match &self.meta {
+                    Some(m) => m.meta_of_version(cx, &args.fh, &attrs).await,
+                    None => None,
+                };
                 let f = files
-                    .start(&args.fh, &attrs, None, up.clone(), &cx.cred)
+                    .start(&args.fh, &attrs, zero.as_deref(), up.clone(), &cx.cred)
                     .map_err(|why| {
                         tracing::warn!(%why, "cannot hold a file for FETCH");
                         nfsstat3::NFS3ERR_IO

@@ -286,7 +286,8 @@ pub async fn run(
         }
         _ => None,
     };
-    let ext_server = gvfs_meta::ExtServer::new(service.clone(), files.clone(), ext_client);
+    let ext_server =
+        gvfs_meta::ExtServer::new(service.clone(), files.clone(), ext_client, meta.clone());
     let front = Arc::new(
         FrontEnd::new(service.clone(), cfg.export.clone(), addr.port())
             .with_ext(ext_server.clone()),
