@@ -1076,6 +1076,7 @@ fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, load: &str) ->
             stat(v, "file_cache.frames_reused"),
             stat(v, "file_cache.frames_made"),
         );
+        out += &parallel_time(records, v, size.ram_mib);
     }
     if !calls.is_empty() {
         out += "\nCalls that crossed the WAN (answered by the image-server proxy; each costs at \
@@ -1091,6 +1092,35 @@ fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, load: &str) ->
         }
     }
     out
+}
+
+/// Where WAN-P cold's time goes: the LAN proxy's fetches across the WAN,
+/// then the nodes' copying after the last chunk, set against the same
+/// copies with every cache warm. Empty without WAN-P's records.
+fn parallel_time(records: &[CloneRecord], lan: &serde_json::Value, ram_mib: u64) -> String {
+    let of = |label: &'static str| records.iter().filter(move |r| r.scenario == label);
+    let Some(slowest) =
+        of(Scenario::WanPCold.label()).max_by(|a, b| a.total_secs.total_cmp(&b.total_secs))
+    else {
+        return String::new();
+    };
+    let warm: Vec<f64> = of(Scenario::WanPWarm.label())
+        .map(|r| r.copy_secs)
+        .collect();
+    let warm_copy = warm.iter().sum::<f64>() / warm.len().max(1) as f64;
+    let nodes = of(Scenario::WanPCold.label()).count();
+    let fetch = stat(lan, "file_cache.fetch_micros") as f64 / 1e6;
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    format!(
+        "\nWhere the time goes in WAN-P cold (the slowest of {nodes} clones, {:.2} s): its copy \
+         step took {:.2} s, in which the LAN proxy's whole-file fetches across the WAN took \
+         {fetch:.2} s; the {:.2} s after them went to the nodes copying what was left of their \
+         {ram_mib} MiB memory images, {nodes} at once on {cpus} CPUs. With every cache warm the \
+         same copies took {warm_copy:.2} s (WAN-P warm, mean).\n",
+        slowest.total_secs,
+        slowest.copy_secs,
+        (slowest.copy_secs - fetch).max(0.0),
+    )
 }
 
 /// The whole report: `outcome`'s, then `larger`'s (the same benchmark with
@@ -1261,5 +1291,30 @@ mod tests {
         );
         assert!(a < b, "each size's tables, in order: {md}");
         assert!(!report_markdown(&small, None, "cmd").contains("2048"));
+    }
+
+    #[test]
+    fn wan_p_time_splits_at_the_lan_proxy_s_last_chunk() {
+        let records = vec![
+            rec("WAN-S1", 1, 10.0),
+            rec("WAN-P cold", 1, 16.0),
+            rec("WAN-P cold", 2, 20.0),
+            rec("WAN-P warm", 1, 4.0),
+            rec("WAN-P warm", 2, 6.0),
+        ];
+        let lan = serde_json::json!({"file_cache": {"fetch_micros": 8_000_000}});
+        let text = parallel_time(&records, &lan, 1024);
+        // The slowest cold clone copied for 10 s, 8 of them fetching.
+        assert!(
+            text.contains("of 2 clones, 20.00 s): its copy step took 10.00 s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("took 8.00 s; the 2.00 s after them"),
+            "{text}"
+        );
+        assert!(text.contains("1024 MiB memory images, 2 at once"), "{text}");
+        assert!(text.contains("took 2.50 s (WAN-P warm, mean)"), "{text}");
+        assert_eq!(parallel_time(&records[..1], &lan, 1024), "");
     }
 }
