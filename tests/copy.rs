@@ -267,6 +267,88 @@ async fn a_lan_proxy_fetches_no_chunks_the_zero_map_says_are_zeros() -> Result<(
     Ok(())
 }
 
+/// Writes `blocks` incompressible 4 KiB blocks to `path`, every second one
+/// a copy of an earlier block; returns the bytes the copies hold.
+fn write_with_repeats(path: &Path, blocks: usize, seed: u64) -> Result<u64> {
+    let mut x = seed | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut data = vec![0u8; blocks * 4096];
+    for b in 0..blocks {
+        if b % 2 == 1 {
+            let from = (next() as usize % (b / 2 + 1)) * 2;
+            data.copy_within(from * 4096..(from + 1) * 4096, b * 4096);
+        } else {
+            for w in data[b * 4096..(b + 1) * 4096].chunks_exact_mut(8) {
+                w.copy_from_slice(&next().to_le_bytes());
+            }
+        }
+    }
+    std::fs::write(path, &data)?;
+    Ok((blocks / 2 * 4096) as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_blocks_cross_the_wan_once_and_every_proxy_gets_them_whole() -> Result<()> {
+    let g = Ganesha::start()?;
+    let path = g.export_dir().join("rep.raw");
+    let raw = 2048 * 4096u64;
+    let repeated = write_with_repeats(&path, 2048, 77)?;
+    mark_for_copy(&path)?;
+    let meta = gvfsctl(&["meta", "show", &path.display().to_string()])?;
+    ensure!(meta.contains("repeat"), "meta show: {meta}");
+    // The image server's proxy reads the metadata (it would by default
+    // with --listen-tls); a LAN proxy across a WAN link; a node behind it.
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;
+    let link = WanLink::start(
+        "127.0.0.1:0".parse()?,
+        server.addr(),
+        LinkConfig::from_rtt(Duration::from_millis(2), None),
+    )
+    .await?;
+    let lan_dir = tempfile::tempdir()?;
+    let lan = caching(server.upstream_url_at(link.local_addr()), lan_dir.path())?;
+    let node_dir = tempfile::tempdir()?;
+    let node = caching(lan.upstream_url(), node_dir.path())?;
+    let local = tempfile::tempdir()?;
+    let to = local.path().join("rep");
+    nfs_cp(&node.url("rep.raw"), &to.display().to_string())?;
+    compare_files(&path, &to).context("the node's copy")?;
+    let l = wait_complete(&lan, 1).await?;
+    let wan = link.stats();
+    ensure!(
+        n(&l, "file_cache.repeat_bytes") == repeated,
+        "the LAN proxy did not fill every repeat: {l}"
+    );
+    // Half the blocks are repeats of random data: about half crosses.
+    ensure!(
+        wan.downstream_bytes < raw * 6 / 10,
+        "{} bytes crossed the WAN for {raw} of file, {repeated} repeated",
+        wan.downstream_bytes
+    );
+    // The LAN proxy hands the chunks on as they came, compressing none;
+    // the node fills the repeats itself.
+    let nd = wait_complete(&node, 1).await?;
+    ensure!(
+        n(&nd, "file_cache.repeat_bytes") == repeated && n(&l, "file_cache.frames_made") == 0,
+        "node: {nd}, LAN: {l}"
+    );
+    // A node straight behind the image server fills them itself.
+    let direct_dir = tempfile::tempdir()?;
+    let direct = caching(server.upstream_url(), direct_dir.path())?;
+    ensure!(
+        nfs_cat(&direct.url("rep.raw"))? == std::fs::read(&path)?,
+        "direct copy"
+    );
+    let d = wait_complete(&direct, 1).await?;
+    ensure!(n(&d, "file_cache.repeat_bytes") == repeated, "direct: {d}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_to_a_held_file_stay_local_until_written_back_compressed() -> Result<()> {
     let g = Ganesha::start()?;

@@ -2,7 +2,7 @@
 //! cannot, on the same connection as NFS (so inside the TLS tunnel when
 //! there is one).
 //!
-//! Version 1 has two procedures besides NULL:
+//! Version 1 has three procedures besides NULL:
 //!
 //! ```text
 //! program GVFS_EXT  0x20475646  ("user-defined" range, RFC 5531 section 8.3)
@@ -10,6 +10,7 @@
 //!   0  NULL   (void) -> void
 //!   1  FETCH  (fetch_args) -> fetch_res
 //!   2  STORE  (store_args) -> store_res
+//!   3  FETCH_REPEATS (fetch_args) -> fetch_repeats_res
 //!
 //! struct fetch_args {
 //!     opaque   fh<64>;     /* the file's NFSv3 handle, as upstream gave it */
@@ -39,7 +40,25 @@
 //! default:
 //!     void;
 //! };
+//! struct repeat {          /* bytes to..to+len are those at from..from+len */
+//!     uint64   to;         /* inside the chunk */
+//!     uint64   from;       /* from + len <= to: earlier in the file */
+//!     uint32   len;
+//! };
+//! union fetch_repeats_res switch (nfsstat3 status) {
+//! case NFS3_OK:
+//!     (fetch_res's fields)
+//!     repeat   repeats<256>; /* sent as zeros, in file order */
+//! default:
+//!     void;
+//! };
 //! ```
+//!
+//! FETCH_REPEATS is FETCH for a caller that fills repeated bytes itself:
+//! where the file's metadata says a range repeats an earlier one, the
+//! server sends zeros there (which compress to nothing) and says so. A
+//! caller whose upstream answers it with PROC_UNAVAIL (an older proxy)
+//! uses FETCH from then on.
 //!
 //! A whole file is fetched as a stream of FETCH calls, several in flight at
 //! once, each answered with one compressed chunk: the server side reads and
@@ -55,9 +74,11 @@ use std::time::Duration;
 use gvfs_nfs::client::{ClientError, RpcClient};
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
 use gvfs_nfs::nfs3_types::xdr_codec::Unpack;
-use gvfs_nfs::rpc::ReplyStatus;
+use gvfs_nfs::rpc::{ReplyError, ReplyStatus};
 use gvfs_nfs::xdr::{XdrError, XdrReader, encode_into, put_opaque, put_u32};
 use gvfs_nfs::{BoxFuture, Credentials};
+
+use crate::format::ByteRepeat;
 
 /// The program number.
 pub const PROGRAM: u32 = 0x2047_5646;
@@ -69,6 +90,10 @@ pub const PROC_NULL: u32 = 0;
 pub const PROC_FETCH: u32 = 1;
 /// STORE: one compressed chunk written back, durably.
 pub const PROC_STORE: u32 = 2;
+/// FETCH_REPEATS: FETCH with repeated bytes sent as zeros and listed.
+pub const PROC_FETCH_REPEATS: u32 = 3;
+/// Most repeats one FETCH_REPEATS answer lists (one per 4 KiB block).
+pub const MAX_REPEATS: usize = (CHUNK / 4096) as usize;
 /// Bytes of file data per chunk (and the most one FETCH may ask for).
 pub const CHUNK: u32 = 1 << 20;
 /// What a zstd frame may add to its input before it is sent stored instead.
@@ -112,6 +137,34 @@ pub struct FetchOk {
     pub codec: Codec,
     /// The bytes on the wire.
     pub data: Vec<u8>,
+    /// Ranges of the chunk sent as zeros that repeat earlier bytes of the
+    /// file (FETCH_REPEATS only), in file order.
+    pub repeats: Vec<ByteRepeat>,
+}
+
+impl FetchOk {
+    /// Checks the repeats against the chunk at `offset`: each inside it,
+    /// its source before it, in order, not overlapping.
+    pub fn check_repeats(&self, offset: u64) -> Result<(), String> {
+        let end = offset + u64::from(self.raw_len);
+        let mut next = offset;
+        for r in &self.repeats {
+            let len = u64::from(r.len);
+            let to_end = r.to.checked_add(len);
+            let bad = len == 0
+                || r.to < next
+                || to_end.is_none_or(|e| e > end)
+                || r.from.checked_add(len).is_none_or(|e| e > r.to);
+            if bad {
+                return Err(format!(
+                    "repeat of {}+{} from {} does not fit the chunk at {offset}",
+                    r.to, r.len, r.from
+                ));
+            }
+            next = r.to + len;
+        }
+        Ok(())
+    }
 }
 
 impl FetchArgs {
@@ -155,8 +208,30 @@ pub fn encode_fetch_res(out: &mut Vec<u8>, res: &Result<FetchOk, nfsstat3>) {
     }
 }
 
+/// Appends the XDR results of FETCH_REPEATS.
+pub fn encode_fetch_repeats_res(out: &mut Vec<u8>, res: &Result<FetchOk, nfsstat3>) {
+    encode_fetch_res(out, res);
+    if let Ok(ok) = res {
+        put_u32(out, ok.repeats.len() as u32);
+        for r in &ok.repeats {
+            put_u64(out, r.to);
+            put_u64(out, r.from);
+            put_u32(out, r.len);
+        }
+    }
+}
+
 /// Decodes the XDR results of FETCH, with every length capped.
 pub fn decode_fetch_res(bytes: &[u8]) -> Result<Result<FetchOk, nfsstat3>, XdrError> {
+    decode_fetch(bytes, false)
+}
+
+/// Decodes the XDR results of FETCH_REPEATS, with every length capped.
+pub fn decode_fetch_repeats_res(bytes: &[u8]) -> Result<Result<FetchOk, nfsstat3>, XdrError> {
+    decode_fetch(bytes, true)
+}
+
+fn decode_fetch(bytes: &[u8], repeats: bool) -> Result<Result<FetchOk, nfsstat3>, XdrError> {
     let mut cur = Cursor::new(bytes);
     let (status, _) = nfsstat3::unpack(&mut cur)?;
     if !matches!(status, nfsstat3::NFS3_OK) {
@@ -184,6 +259,24 @@ pub fn decode_fetch_res(bytes: &[u8]) -> Result<Result<FetchOk, nfsstat3>, XdrEr
     if codec == Codec::Stored && data.len() != raw_len as usize {
         return Err(XdrError::InvalidValue(raw_len));
     }
+    let mut list = Vec::new();
+    if repeats {
+        let n = r.u32()? as usize;
+        if n > MAX_REPEATS {
+            return Err(XdrError::TooLong {
+                len: n,
+                limit: MAX_REPEATS,
+            });
+        }
+        list.reserve(n);
+        for _ in 0..n {
+            list.push(ByteRepeat {
+                to: get_u64(&mut r)?,
+                from: get_u64(&mut r)?,
+                len: r.u32()?,
+            });
+        }
+    }
     end(&r)?;
     Ok(Ok(FetchOk {
         attrs,
@@ -191,6 +284,7 @@ pub fn decode_fetch_res(bytes: &[u8]) -> Result<Result<FetchOk, nfsstat3>, XdrEr
         eof,
         codec,
         data,
+        repeats: list,
     }))
 }
 
@@ -396,6 +490,8 @@ pub struct ExtClient {
     speaks: tokio::sync::OnceCell<bool>,
     /// Longest wait for that answer ([`PROBE_TIMEOUT`]).
     probe_timeout: Duration,
+    /// Whether to ask with FETCH_REPEATS (until the upstream refuses it).
+    repeats: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ExtClient {
@@ -413,6 +509,7 @@ impl ExtClient {
             client,
             speaks: tokio::sync::OnceCell::new(),
             probe_timeout: PROBE_TIMEOUT,
+            repeats: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -464,8 +561,37 @@ impl ChunkSource for ExtClient {
         Box::pin(async move {
             let mut buf = Vec::with_capacity(args.fh.len() + 24);
             args.encode(&mut buf);
-            let bytes = self.call(PROC_FETCH, cred, &buf).await?;
-            match decode_fetch_res(&bytes) {
+            let with_repeats = self.repeats.load(std::sync::atomic::Ordering::Relaxed);
+            let (bytes, with_repeats) = if with_repeats {
+                let call = self
+                    .client
+                    .call(PROGRAM, VERSION, PROC_FETCH_REPEATS, cred, &buf)
+                    .await;
+                match call {
+                    Ok(reply) => (reply.to_vec(), true),
+                    Err(ClientError::Rpc {
+                        error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
+                        ..
+                    }) => {
+                        tracing::info!(
+                            server = %self.client.server(),
+                            "upstream does not know FETCH_REPEATS; using FETCH"
+                        );
+                        self.repeats
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                        (self.call(PROC_FETCH, cred, &buf).await?, false)
+                    }
+                    Err(e) => return Err(FetchError::Transport(e.to_string())),
+                }
+            } else {
+                (self.call(PROC_FETCH, cred, &buf).await?, false)
+            };
+            let decoded = if with_repeats {
+                decode_fetch_repeats_res(&bytes)
+            } else {
+                decode_fetch_res(&bytes)
+            };
+            match decoded {
                 Ok(Ok(ok)) => Ok(ok),
                 Ok(Err(st)) => Err(FetchError::Nfs(st)),
                 Err(e) => Err(FetchError::Transport(format!(
@@ -520,7 +646,7 @@ pub fn rpc_refusal(vers: u32, proc_: u32) -> Option<ReplyStatus> {
             high: VERSION,
         });
     }
-    (proc_ > PROC_STORE).then_some(ReplyStatus::ProcUnavail)
+    (proc_ > PROC_FETCH_REPEATS).then_some(ReplyStatus::ProcUnavail)
 }
 
 #[cfg(test)]
@@ -564,6 +690,7 @@ mod tests {
             eof: true,
             codec,
             data,
+            repeats: Vec::new(),
         };
         let mut b = Vec::new();
         encode_fetch_res(&mut b, &Ok(ok.clone()));
@@ -602,6 +729,7 @@ mod tests {
                 eof: false,
                 codec: Codec::Stored,
                 data: vec![1, 2, 3],
+                repeats: Vec::new(),
             }),
         );
         for cut in 0..b.len() {
@@ -662,6 +790,16 @@ mod tests {
     async fn counting_server(
         status: Option<ReplyStatus>,
     ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        answering_server(move |_| status.map(|s| (s, Vec::new()))).await
+    }
+
+    /// A loopback server of RPC records that counts the calls it gets and
+    /// answers each as `answer` says for its procedure number (never, for
+    /// `None`).
+    async fn answering_server(
+        answer: impl Fn(u32) -> Option<(ReplyStatus, Vec<u8>)> + Send + Sync + 'static,
+    ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let answer = Arc::new(answer);
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -671,6 +809,7 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((mut s, _)) = listener.accept().await {
                 let counted = counted.clone();
+                let answer = answer.clone();
                 tokio::spawn(async move {
                     let mut head = [0u8; 4];
                     while s.read_exact(&mut head).await.is_ok() {
@@ -680,9 +819,13 @@ mod tests {
                             return;
                         }
                         counted.fetch_add(1, Ordering::SeqCst);
-                        let xid = u32::from_be_bytes(call[..4].try_into().unwrap());
-                        if let Some(status) = status {
-                            let reply = gvfs_nfs::rpc::reply_record(xid, status, &[]);
+                        let word = |i: usize| {
+                            call.get(i..i + 4)
+                                .map_or(0, |w| u32::from_be_bytes(w.try_into().unwrap()))
+                        };
+                        let xid = word(0);
+                        if let Some((status, results)) = answer(word(20)) {
+                            let reply = gvfs_nfs::rpc::reply_record(xid, status, &results);
                             if s.write_all(&reply).await.is_err() {
                                 return;
                             }
@@ -705,6 +848,7 @@ mod tests {
             client: rpc,
             speaks: tokio::sync::OnceCell::new(),
             probe_timeout,
+            repeats: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -721,6 +865,102 @@ mod tests {
             assert_eq!((a, b), (speaks, speaks), "{status:?}");
             assert_eq!(ext.supported().await, speaks);
             assert_eq!(calls.load(Ordering::SeqCst), 1, "{status:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_upstream_without_fetch_repeats_is_asked_with_fetch_from_then_on() {
+        use std::sync::atomic::Ordering;
+        let raw = vec![7u8; 4096];
+        let (codec, data) = compress(&raw, 3);
+        let ok = FetchOk {
+            attrs: attrs(),
+            raw_len: 4096,
+            eof: false,
+            codec,
+            data,
+            repeats: Vec::new(),
+        };
+        let mut res = Vec::new();
+        encode_fetch_res(&mut res, &Ok(ok));
+        let (addr, calls) = answering_server(move |proc_| match proc_ {
+            PROC_FETCH => Some((ReplyStatus::Success, res.clone())),
+            _ => Some((ReplyStatus::ProcUnavail, Vec::new())),
+        })
+        .await;
+        let ext = client_of(addr, PROBE_TIMEOUT);
+        let args = FetchArgs {
+            fh: vec![1; 8],
+            offset: 0,
+            count: 4096,
+        };
+        let cred = Credentials::default();
+        for (i, want_calls) in [(0, 2), (1, 3)] {
+            let got = ext
+                .fetch(&cred, &args)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(decompress(got), Ok(raw.clone()), "fetch {i}");
+            assert_eq!(calls.load(Ordering::SeqCst), want_calls, "fetch {i}");
+        }
+    }
+
+    #[test]
+    fn repeat_lists_round_trip_capped_and_checked() {
+        let raw = vec![0u8; 8192];
+        let (codec, data) = compress(&raw, 3);
+        let mut ok = FetchOk {
+            attrs: attrs(),
+            raw_len: 8192,
+            eof: false,
+            codec,
+            data,
+            repeats: vec![ByteRepeat {
+                to: 1_000_000 + 4096,
+                from: 10,
+                len: 4096,
+            }],
+        };
+        let mut b = Vec::new();
+        encode_fetch_repeats_res(&mut b, &Ok(ok.clone()));
+        let back = decode_fetch_repeats_res(&b).unwrap_or_else(|e| panic!("{e}"));
+        let back = back.unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(back.repeats, ok.repeats);
+        assert_eq!(back.check_repeats(1_000_000), Ok(()));
+        // Outside the chunk, from after to, or overlapping: refused.
+        assert!(back.check_repeats(1_000_000 + 8192).is_err());
+        ok.repeats[0].from = 1_000_000 + 1;
+        assert!(ok.check_repeats(1_000_000).is_err());
+        ok.repeats = vec![
+            ByteRepeat {
+                to: 1_000_000 + 4096,
+                from: 0,
+                len: 4096,
+            },
+            ByteRepeat {
+                to: 1_000_000 + 4096,
+                from: 0,
+                len: 10,
+            },
+        ];
+        assert!(ok.check_repeats(1_000_000).is_err());
+        // A list longer than the cap is refused before it is read.
+        ok.repeats = vec![
+            ByteRepeat {
+                to: 0,
+                from: 0,
+                len: 1
+            };
+            MAX_REPEATS + 1
+        ];
+        let mut b = Vec::new();
+        encode_fetch_repeats_res(&mut b, &Ok(ok));
+        assert!(matches!(
+            decode_fetch_repeats_res(&b),
+            Err(XdrError::TooLong { .. })
+        ));
+        for cut in 0..b.len() {
+            assert!(decode_fetch_repeats_res(&b[..cut]).is_err(), "cut at {cut}");
         }
     }
 

@@ -44,7 +44,7 @@ use crate::MetaIndex;
 use crate::ext::{
     CHUNK, ChunkSource, Codec, FetchArgs, FetchError, StoreArgs, compress, decompress,
 };
-use crate::format::MetaFile;
+use crate::format::{ByteRepeat, MetaFile};
 use crate::scan::data_extent;
 use crate::server::LEVEL;
 
@@ -76,14 +76,18 @@ pub struct Frame {
     pub codec: Codec,
     /// The bytes on the wire.
     pub data: Vec<u8>,
+    /// Ranges sent as zeros that repeat earlier bytes, as the frame
+    /// arrived with them (only callers that fill repeats get such frames).
+    pub repeats: Vec<ByteRepeat>,
 }
 
 /// Where a chunk's frame lies in its file's frame file.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Slot {
     at: u64,
     len: u32,
     codec: Codec,
+    repeats: Arc<[ByteRepeat]>,
 }
 
 /// The frames of one file's chunks, kept by a LAN proxy in a file beside
@@ -173,13 +177,14 @@ impl FrameStore {
                 at,
                 len: len as u32,
                 codec: frame.codec,
+                repeats: frame.repeats.clone().into(),
             },
         );
         Ok(true)
     }
 
     fn slot(&self, idx: usize) -> Option<Slot> {
-        lock(&self.slots).get(&idx).copied()
+        lock(&self.slots).get(&idx).cloned()
     }
 
     /// Reads a kept frame (blocking I/O).
@@ -189,6 +194,7 @@ impl FrameStore {
         Ok(Frame {
             codec: slot.codec,
             data,
+            repeats: slot.repeats.to_vec(),
         })
     }
 
@@ -239,6 +245,9 @@ pub struct FileCacheStats {
     pub fetch_micros: u64,
     /// Time spent decompressing arrived chunks (microseconds).
     pub decompress_micros: u64,
+    /// File bytes sent as zeros because they repeat earlier bytes, and
+    /// copied from those here.
+    pub repeat_bytes: u64,
     /// Files evicted to stay under the budget.
     pub evicted: u64,
     /// Bytes of files held now.
@@ -269,6 +278,7 @@ struct Counters {
     frames_made: AtomicU64,
     fetch_micros: AtomicU64,
     decompress_micros: AtomicU64,
+    repeat_bytes: AtomicU64,
     evicted: AtomicU64,
     written_back_files: AtomicU64,
     written_back_bytes: AtomicU64,
@@ -445,16 +455,30 @@ impl CachedFile {
                 ));
             }
             let wire = ok.data.len() as u64;
+            ok.check_repeats(offset)?;
+            let mut ok = ok;
+            let repeats = std::mem::take(&mut ok.repeats);
+            // Their sources before this chunk must be here first: earlier
+            // chunks, which never wait for later ones.
+            for r in repeats.iter().filter(|r| r.from < offset) {
+                let end = (r.from + u64::from(r.len)).min(offset);
+                self.wait_for(r.from, end).await?;
+            }
+            let repeated: u64 = repeats.iter().map(|r| u64::from(r.len)).sum();
             let keep = cache.keep_frames.load(Ordering::Relaxed);
             let me = self.clone();
             let spent = tokio::task::spawn_blocking(move || {
+                // Kept with its repeats: handed on only to callers that
+                // fill them.
                 let frame = keep.then(|| Frame {
                     codec: ok.codec,
                     data: ok.data.clone(),
+                    repeats: repeats.clone(),
                 });
                 let t = Instant::now();
-                let raw = decompress(ok)?;
+                let mut raw = decompress(ok)?;
                 let spent = t.elapsed().as_micros() as u64;
+                me.fill_repeats(&mut raw, offset, &repeats)?;
                 me.file
                     .write_all_at(&raw, offset)
                     .map_err(|e| format!("writing {}: {e}", me.path.display()))?;
@@ -466,6 +490,7 @@ impl CachedFile {
             .await
             .map_err(|e| e.to_string())??;
             bump(&cache.counters.decompress_micros, spent);
+            bump(&cache.counters.repeat_bytes, repeated);
             bump(&cache.counters.chunks_fetched, 1);
             bump(&cache.counters.wire_bytes, wire);
             bump(&cache.counters.raw_bytes, u64::from(count));
@@ -483,6 +508,65 @@ impl CachedFile {
                 Err(why)
             }
         }
+    }
+
+    /// Waits until the data chunks under `from..end` have arrived (someone
+    /// else fetches them: they come before the chunk that waits). A chunk
+    /// of zeros there contradicts the repeat that points at it.
+    async fn wait_for(&self, from: u64, end: u64) -> Result<(), String> {
+        if end <= from {
+            return Ok(());
+        }
+        let (first, last) = chunks_of(from, end);
+        let mut rx = self.changed.subscribe();
+        loop {
+            if let Some(why) = self.failure() {
+                return Err(why);
+            }
+            let here = {
+                let chunks = lock(&self.chunks);
+                let span = chunks
+                    .get(first..=last)
+                    .ok_or("a repeat points past the file")?;
+                if span.contains(&Chunk::Zero) {
+                    return Err(format!(
+                        "a repeat's source at {from} lies in a chunk of zeros"
+                    ));
+                }
+                span.iter().all(|c| *c == Chunk::Present)
+            };
+            if here {
+                return Ok(());
+            }
+            rx.changed()
+                .await
+                .map_err(|_| "the fetch went away".to_string())?;
+        }
+    }
+
+    /// Copies each repeat's source into `raw`, the chunk at `offset` (blocking
+    /// I/O): bytes before the chunk from the file, the rest from `raw`.
+    fn fill_repeats(
+        &self,
+        raw: &mut [u8],
+        offset: u64,
+        repeats: &[ByteRepeat],
+    ) -> Result<(), String> {
+        for r in repeats {
+            let to = (r.to - offset) as usize;
+            let len = r.len as usize;
+            let before = offset.saturating_sub(r.from).min(u64::from(r.len)) as usize;
+            if before > 0 {
+                self.file
+                    .read_exact_at(&mut raw[to..to + before], r.from)
+                    .map_err(|e| format!("reading {}: {e}", self.path.display()))?;
+            }
+            if before < len {
+                let from = (r.from + before as u64 - offset) as usize;
+                raw.copy_within(from..from + (len - before), to + before);
+            }
+        }
+        Ok(())
     }
 
     /// Waits until `offset..offset + len` has arrived, fetching chunks that
@@ -613,9 +697,10 @@ impl CachedFile {
     }
 
     /// `offset..offset + count` for another proxy's FETCH, as a frame: the
-    /// one kept for that chunk, or compressed now (and kept, when it is a
-    /// whole chunk). Returns the frame, the file bytes it holds and whether
-    /// they reach the end of the file.
+    /// one kept for that chunk (one with repeats only when the caller fills
+    /// them, `repeats`), or compressed now (and kept, when it is a whole
+    /// chunk and none is). Returns the frame, the file bytes it holds and
+    /// whether they reach the end of the file.
     pub async fn read_frame(
         self: &Arc<Self>,
         cache: &FileCache,
@@ -623,6 +708,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
+        repeats: bool,
     ) -> Result<(Frame, u32, bool), String> {
         let idx = usize::try_from(offset / u64::from(CHUNK)).unwrap_or(usize::MAX);
         let (start, len) = self.chunk_range(idx);
@@ -630,7 +716,11 @@ impl CachedFile {
         if whole {
             self.ensure(cache, source, cred, offset, u64::from(len))
                 .await?;
-            if let Some(slot) = self.frames.slot(idx) {
+            if let Some(slot) = self
+                .frames
+                .slot(idx)
+                .filter(|s| repeats || s.repeats.is_empty())
+            {
                 let me = self.clone();
                 let kept = tokio::task::spawn_blocking(move || me.frames.read(slot))
                     .await
@@ -654,11 +744,15 @@ impl CachedFile {
         let writes = self.writes.load(Ordering::Acquire);
         let (raw, eof) = self.read(cache, source, cred, offset, count).await?;
         let raw_len = raw.len() as u32;
-        let keep = whole && raw_len == len;
+        let keep = whole && raw_len == len && self.frames.slot(idx).is_none();
         let me = self.clone();
         let (frame, kept) = tokio::task::spawn_blocking(move || {
             let (codec, data) = compress(&raw, LEVEL);
-            let frame = Frame { codec, data };
+            let frame = Frame {
+                codec,
+                data,
+                repeats: Vec::new(),
+            };
             let kept = keep && me.keep_frame(idx, &frame, writes);
             (frame, kept)
         })
@@ -1004,6 +1098,7 @@ impl FileCache {
             frame_bytes,
             fetch_micros: g(&c.fetch_micros),
             decompress_micros: g(&c.decompress_micros),
+            repeat_bytes: g(&c.repeat_bytes),
             evicted: g(&c.evicted),
             cached_bytes,
             dirty_files,
@@ -1350,6 +1445,9 @@ pub(crate) mod tests {
         pub calls: AtomicU64,
         pub gate: tokio::sync::Semaphore,
         pub stored: Mutex<Vec<(u64, Vec<u8>)>>,
+        /// Ranges of `data` repeating earlier ranges: sent as zeros and
+        /// listed, as a server with a repeat map does.
+        pub repeats: Mutex<Vec<ByteRepeat>>,
     }
 
     impl Fake {
@@ -1360,6 +1458,7 @@ pub(crate) mod tests {
                 calls: AtomicU64::new(0),
                 gate: tokio::sync::Semaphore::new(if open { 1 << 20 } else { 0 }),
                 stored: Mutex::new(Vec::new()),
+                repeats: Mutex::new(Vec::new()),
             })
         }
     }
@@ -1378,13 +1477,30 @@ pub(crate) mod tests {
                 }
                 let s = args.offset as usize;
                 let e = (s + args.count as usize).min(self.data.len());
-                let (codec, data) = compress(&self.data[s..e], 3);
+                let mut raw = self.data[s..e].to_vec();
+                let mut listed = Vec::new();
+                for r in lock(&self.repeats).iter() {
+                    let (a, b) = (
+                        (r.to as usize).max(s),
+                        (r.to as usize + r.len as usize).min(e),
+                    );
+                    if a < b {
+                        raw[a - s..b - s].fill(0);
+                        listed.push(ByteRepeat {
+                            to: a as u64,
+                            from: r.from + (a as u64 - r.to),
+                            len: (b - a) as u32,
+                        });
+                    }
+                }
+                let (codec, data) = compress(&raw, 3);
                 Ok(FetchOk {
                     attrs: self.attrs.clone(),
                     raw_len: (e - s) as u32,
                     eof: e == self.data.len(),
                     codec,
                     data,
+                    repeats: listed,
                 })
             })
         }
@@ -1500,6 +1616,155 @@ pub(crate) mod tests {
         let s = c.stats();
         assert_eq!((s.zero_chunks, s.chunks_fetched), (3, 8));
         assert!(s.wire_bytes < s.raw_bytes);
+    }
+
+    /// `data` with `(to, from, len)` made repeats of earlier bytes, and
+    /// those repeats listed.
+    fn with_repeats(mut data: Vec<u8>, list: &[(u64, u64, u32)]) -> (Vec<u8>, Vec<ByteRepeat>) {
+        let mut out = Vec::new();
+        for &(to, from, len) in list {
+            let (t, f, n) = (to as usize, from as usize, len as usize);
+            data.copy_within(f..f + n, t);
+            out.push(ByteRepeat { to, from, len });
+        }
+        (data, out)
+    }
+
+    #[tokio::test]
+    async fn repeated_bytes_are_copied_from_earlier_ones_in_any_order() {
+        let c = u64::from(CHUNK);
+        let len = 6 * CHUNK as usize;
+        let (data, list) = with_repeats(
+            content(len),
+            &[
+                // From chunk 0 into chunk 2.
+                (2 * c + 4096, 8192, 3 * 4096),
+                // Within chunk 3.
+                (3 * c + 65536, 3 * c, 4096),
+                // From across the end of chunk 3 into chunk 5 (chunk 4 is
+                // zeros in content()).
+                (5 * c + 4096, 4 * c - 4096, 8192),
+                // Into the last bytes of the file.
+                (6 * c - 4096, 5 * 4096, 4096),
+            ],
+        );
+        for read_last_first in [false, true] {
+            let (_dir, fake, cache, f) = started(b"fhr", data.clone(), true, None, false);
+            *lock(&fake.repeats) = list.clone();
+            let cred = Credentials::default();
+            if read_last_first {
+                // A reader that needs the last chunk before the others came.
+                let at = 6 * c - 4096;
+                let (got, _) = f
+                    .read(&cache, fake.as_ref(), &cred, at, 4096)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(*got, data[at as usize..]);
+            }
+            let (all, _) = f
+                .read(&cache, fake.as_ref(), &cred, 0, len as u32)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                all == data,
+                "file cache bytes differ (last first: {read_last_first})"
+            );
+            assert_eq!(cache.stats().repeat_bytes, 3 * 4096 + 4096 + 8192 + 4096);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() {
+        let c = u64::from(CHUNK);
+        let len = 3 * CHUNK as usize;
+        let (data, list) = with_repeats(content(len), &[(2 * c + 8192, 4096, 8192)]);
+        let (_dir, fake, cache, f) = started(b"fhl", data.clone(), true, None, true);
+        *lock(&fake.repeats) = list.clone();
+        let cred = Credentials::default();
+        let (all, _) = f
+            .read(&cache, fake.as_ref(), &cred, 0, len as u32)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(all == data);
+        // As it came: zeros where the repeat is, and the list.
+        let (frame, n, _) = f
+            .read_frame(&cache, fake.as_ref(), &cred, 2 * c, CHUNK, true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(frame.repeats, list);
+        let mut holes = data[2 * c as usize..].to_vec();
+        holes[8192..16384].fill(0);
+        assert!(unframe(&frame, n) == holes);
+        // A caller that does not fill repeats gets the whole chunk.
+        let (frame, n, _) = f
+            .read_frame(&cache, fake.as_ref(), &cred, 2 * c, CHUNK, false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(frame.repeats.is_empty());
+        assert!(unframe(&frame, n) == data[2 * c as usize..]);
+        let s = cache.stats();
+        assert_eq!((s.frames_reused, s.frames_made), (1, 0), "{s:?}");
+    }
+
+    #[tokio::test]
+    async fn repeats_that_do_not_fit_their_chunk_fail_the_fetch() {
+        let c = u64::from(CHUNK);
+        for bad in [
+            // The source after the repeat; the source overlapping it; out
+            // of order.
+            vec![ByteRepeat {
+                to: c + 4096,
+                from: c + 8192,
+                len: 4096,
+            }],
+            vec![ByteRepeat {
+                to: c + 4096,
+                from: c,
+                len: 8192,
+            }],
+            vec![
+                ByteRepeat {
+                    to: c + 8192,
+                    from: 0,
+                    len: 4096,
+                },
+                ByteRepeat {
+                    to: c + 4096,
+                    from: 0,
+                    len: 4096,
+                },
+            ],
+        ] {
+            let (_dir, fake, cache, f) =
+                started(b"fhb", content(3 * CHUNK as usize), true, None, false);
+            *lock(&fake.repeats) = bad.clone();
+            let err = f
+                .read(&cache, fake.as_ref(), &Credentials::default(), 0, 3 * CHUNK)
+                .await
+                .map(|_| ())
+                .expect_err("a lying repeat");
+            assert!(err.contains("does not fit"), "{bad:?}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_repeat_from_a_chunk_of_zeros_fails_the_fetch() {
+        let len = 3 * CHUNK as usize;
+        // content() makes chunk 1 zeros; the zero map says so.
+        let meta = zero_meta(len, &[1]);
+        let (_dir, fake, cache, f) = started(b"fhz", content(len), true, Some(&meta), false);
+        *lock(&fake.repeats) = vec![ByteRepeat {
+            to: 2 * u64::from(CHUNK),
+            from: u64::from(CHUNK) + 4096,
+            len: 4096,
+        }];
+        let cred = Credentials::default();
+        let err = f
+            .read(&cache, fake.as_ref(), &cred, 0, len as u32)
+            .await
+            .map(|_| ())
+            .expect_err("the repeat contradicts the zero map");
+        assert!(err.contains("chunk of zeros"), "{err}");
     }
 
     #[tokio::test]
@@ -1683,6 +1948,7 @@ pub(crate) mod tests {
             actions: crate::Actions::COMPRESS_AND_COPY,
             compressed_size: 0,
             zero,
+            repeats: Vec::new(),
         }
     }
 
@@ -1751,6 +2017,7 @@ pub(crate) mod tests {
             eof: false,
             codec: frame.codec,
             data: frame.data.clone(),
+            repeats: Vec::new(),
         })
         .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -1766,7 +2033,7 @@ pub(crate) mod tests {
         let mut served = Vec::new();
         for i in 0..4u64 {
             let (frame, n, eof) = f
-                .read_frame(&c, fake.as_ref(), &cred, i * u64::from(CHUNK), CHUNK)
+                .read_frame(&c, fake.as_ref(), &cred, i * u64::from(CHUNK), CHUNK, true)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(eof, i == 3);
@@ -1781,14 +2048,14 @@ pub(crate) mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let (frame, n, _) = f
-            .read_frame(&c, fake.as_ref(), &cred, 0, CHUNK)
+            .read_frame(&c, fake.as_ref(), &cred, 0, CHUNK, true)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&unframe(&frame, n)[10..13], b"new");
         assert_eq!(c.stats().frames_made, 1);
         // A piece of a chunk is compressed for the caller, not kept.
         let (frame, n, _) = f
-            .read_frame(&c, fake.as_ref(), &cred, u64::from(CHUNK) + 7, 100)
+            .read_frame(&c, fake.as_ref(), &cred, u64::from(CHUNK) + 7, 100, true)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let at = CHUNK as usize + 7;
@@ -1821,7 +2088,7 @@ pub(crate) mod tests {
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
                 let (frame, n, _) = f
-                    .read_frame(&c, fake.as_ref(), &cred, at, CHUNK)
+                    .read_frame(&c, fake.as_ref(), &cred, at, CHUNK, true)
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(unframe(&frame, n)[..10], vec![round; 10][..]);

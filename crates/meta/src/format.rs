@@ -1,11 +1,12 @@
 //! The metadata file `.NAME.gvfsmeta` that sits beside `NAME` (the GVFS
 //! paper, section 3.2.2): what the image server knows about a file that NFS
-//! cannot say. All integers are little-endian. Format version 1.
+//! cannot say. All integers are little-endian. Format version 1, or 2 when the
+//! file has repeated blocks.
 //!
 //! ```text
 //!  off   len field
 //!    0     8 magic "GVFSMETA"
-//!    8     4 format version (1)
+//!    8     4 format version (1, or 2 with the repeat list below)
 //!   12     4 block size: a power of two, 4 KiB..=1 MiB
 //!   16     8 file size in bytes when scanned
 //!   24     8 file mtime, seconds since the epoch
@@ -17,9 +18,14 @@
 //!   52     8 zstd-compressed size of the whole file (0 = unknown)
 //!   60     4 R, the number of zero-map runs
 //!   64   4*R zero-map runs (u32 each), see below
-//! 64+4R    4 CRC32 (IEEE, crc32fast) of bytes 0..64+4R
+//! version 2 only:
+//! 64+4R    4 P, the number of repeats
+//! 68+4R  20*P repeats: u64 to, u64 from, u32 len (in blocks), see below
+//! end-4    4 CRC32 (IEEE, crc32fast) of every byte before it
 //! ```
-//! The file is exactly `68 + 4R` bytes and at most [`MAX_META_LEN`].
+//! The file is exactly `68 + 4R` bytes (version 1) or `72 + 4R + 20P`
+//! (version 2), and at most [`MAX_META_LEN`]. A file with no repeats is
+//! written as version 1, so proxies that only know version 1 read it.
 //!
 //! The zero map covers `B = ceil(file size / block size)` blocks; block `i`
 //! is zero when all its bytes are zero (the last, partial block when its
@@ -30,13 +36,21 @@
 //! written as `u32::MAX`, a 0-length run of the other kind, and the rest.
 //! The encoding is canonical: no other run sequence decodes, so encoding a
 //! decoded file gives back the same bytes. An empty file has `R = 0`.
+//!
+//! A repeat says that blocks `to..to+len` hold the same bytes as blocks
+//! `from..from+len`, which come before them (`from + len <= to`): a whole
+//! file fetch sends them as zeros and the receiver copies them from the
+//! earlier blocks, which it always has first. Repeats are sorted by `to`,
+//! do not overlap, and cover whole blocks inside the file.
 
 use crate::error::MetaError;
 
 /// Metadata file magic.
 pub const META_MAGIC: [u8; 8] = *b"GVFSMETA";
-/// Current format version.
+/// Format version of a file without repeats.
 pub const META_VERSION: u32 = 1;
+/// Format version of a file with repeats.
+pub const META_VERSION_REPEATS: u32 = 2;
 /// The suffix of a metadata file name: `.NAME.gvfsmeta` describes `NAME`.
 pub const META_SUFFIX: &str = ".gvfsmeta";
 /// The largest metadata file accepted: a peer-supplied one larger than this
@@ -53,6 +67,8 @@ pub const MAX_NAME_LEN: usize = 255;
 const FIXED_LEN: usize = 64;
 /// Bytes of a metadata file with no runs (the fixed part and the CRC).
 const EMPTY_LEN: usize = FIXED_LEN + 4;
+/// Bytes of one repeat.
+const REPEAT_LEN: usize = 20;
 
 const COMPRESS: u32 = 1 << 0;
 const REMOTE_COPY: u32 = 1 << 1;
@@ -319,6 +335,32 @@ pub struct MetaFile {
     pub compressed_size: u64,
     /// Which blocks are all zeros; covers [`MetaFile::blocks`] blocks.
     pub zero: ZeroMap,
+    /// Runs of blocks that repeat earlier blocks, sorted by `to`.
+    pub repeats: Vec<Repeat>,
+}
+
+/// Blocks `to..to + len` hold the same bytes as `from..from + len`
+/// (`from + len <= to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repeat {
+    /// The first repeated block.
+    pub to: u64,
+    /// The first block it repeats.
+    pub from: u64,
+    /// How many blocks, at least 1.
+    pub len: u32,
+}
+
+/// A repeat inside one byte range of the file: bytes `to..to + len` are
+/// the same as `from..from + len` (`from + len <= to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteRepeat {
+    /// Where the repeated bytes start.
+    pub to: u64,
+    /// Where the bytes they repeat start.
+    pub from: u64,
+    /// How many bytes.
+    pub len: u32,
 }
 
 /// The number of blocks of `block_size` bytes a file of `file_size` bytes
@@ -356,7 +398,56 @@ impl MetaFile {
                 self.blocks()
             )));
         }
+        let whole_blocks = self.file_size / u64::from(bs);
+        let mut next_to = 0u64;
+        for r in &self.repeats {
+            let len = u64::from(r.len);
+            let bad = len == 0
+                || r.to < next_to
+                || r.from.checked_add(len).is_none_or(|e| e > r.to)
+                || r.to.checked_add(len).is_none_or(|e| e > whole_blocks);
+            if bad {
+                return Err(MetaError::Invalid(format!(
+                    "repeat of blocks {}+{} from {} is out of order, empty, not before \
+                     them, or past the file's last whole block",
+                    r.to, r.len, r.from
+                )));
+            }
+            next_to = r.to + len;
+        }
         Ok(())
+    }
+
+    /// The repeats that fall in `offset..offset + len`, in bytes, clipped
+    /// to it, in file order.
+    pub fn repeats_in(&self, offset: u64, len: u64) -> Vec<ByteRepeat> {
+        let bs = u64::from(self.block_size);
+        let end = offset.saturating_add(len);
+        let first = self
+            .repeats
+            .partition_point(|r| (r.to + u64::from(r.len)) * bs <= offset);
+        let mut out = Vec::new();
+        for r in &self.repeats[first..] {
+            let (to, to_end) = (r.to * bs, (r.to + u64::from(r.len)) * bs);
+            if to >= end {
+                break;
+            }
+            let (a, b) = (to.max(offset), to_end.min(end));
+            if a < b {
+                out.push(ByteRepeat {
+                    to: a,
+                    from: r.from * bs + (a - to),
+                    len: (b - a) as u32,
+                });
+            }
+        }
+        out
+    }
+
+    /// Bytes the repeats cover.
+    pub fn repeat_bytes(&self) -> u64 {
+        let bs = u64::from(self.block_size);
+        self.repeats.iter().map(|r| u64::from(r.len) * bs).sum()
     }
 
     /// The bytes of the metadata file. It writes the fields as they are; a
@@ -364,9 +455,14 @@ impl MetaFile {
     /// [`MetaFile::decode`] refuses.
     pub fn encode(&self) -> Vec<u8> {
         let runs = self.zero.runs();
-        let mut out = Vec::with_capacity(EMPTY_LEN + 4 * runs.len());
+        let mut out = Vec::with_capacity(self.encoded_len());
         out.extend_from_slice(&META_MAGIC);
-        out.extend_from_slice(&META_VERSION.to_le_bytes());
+        let version = if self.repeats.is_empty() {
+            META_VERSION
+        } else {
+            META_VERSION_REPEATS
+        };
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&self.block_size.to_le_bytes());
         out.extend_from_slice(&self.file_size.to_le_bytes());
         out.extend_from_slice(&self.mtime.0.to_le_bytes());
@@ -380,6 +476,14 @@ impl MetaFile {
         for run in runs {
             out.extend_from_slice(&run.to_le_bytes());
         }
+        if !self.repeats.is_empty() {
+            out.extend_from_slice(&(self.repeats.len() as u32).to_le_bytes());
+            for r in &self.repeats {
+                out.extend_from_slice(&r.to.to_le_bytes());
+                out.extend_from_slice(&r.from.to_le_bytes());
+                out.extend_from_slice(&r.len.to_le_bytes());
+            }
+        }
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out
@@ -387,7 +491,11 @@ impl MetaFile {
 
     /// The length [`MetaFile::encode`] would return, without encoding.
     pub fn encoded_len(&self) -> usize {
-        EMPTY_LEN + 4 * self.zero.runs().len()
+        let repeats = match self.repeats.len() {
+            0 => 0,
+            n => 4 + REPEAT_LEN * n,
+        };
+        EMPTY_LEN + 4 * self.zero.runs().len() + repeats
     }
 
     /// Decodes and checks a metadata file. Every length is checked against
@@ -402,7 +510,7 @@ impl MetaFile {
         }
         let mut r = Reader { bytes, at: 8 };
         let version = r.u32()?;
-        if version != META_VERSION {
+        if version != META_VERSION && version != META_VERSION_REPEATS {
             return Err(MetaError::Version(version));
         }
         let block_size = r.u32()?;
@@ -413,7 +521,23 @@ impl MetaFile {
         let compressed_size = r.u64()?;
         let run_count = r.u32()? as usize;
         // run_count <= 2^32 and MAX_META_LEN bounds the input: no overflow.
-        let total = EMPTY_LEN + 4 * run_count;
+        let runs_end = FIXED_LEN + 4 * run_count;
+        let mut total = runs_end + 4;
+        let mut repeat_count = 0;
+        if version == META_VERSION_REPEATS {
+            if bytes.len() < runs_end + 4 {
+                return Err(MetaError::Truncated);
+            }
+            let mut p = [0u8; 4];
+            p.copy_from_slice(&bytes[runs_end..runs_end + 4]);
+            repeat_count = u32::from_le_bytes(p) as usize;
+            if repeat_count == 0 {
+                return Err(MetaError::Invalid(
+                    "version 2 with no repeats (written as version 1)".into(),
+                ));
+            }
+            total = runs_end + 4 + REPEAT_LEN * repeat_count + 4;
+        }
         if bytes.len() < total {
             return Err(MetaError::Truncated);
         }
@@ -431,7 +555,7 @@ impl MetaFile {
         }
         let actions = Actions::from_bits(bits)
             .ok_or_else(|| MetaError::Invalid(format!("unknown action bits {bits:#x}")))?;
-        let runs: Vec<u32> = body[FIXED_LEN..]
+        let runs: Vec<u32> = body[FIXED_LEN..runs_end]
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
@@ -443,10 +567,29 @@ impl MetaFile {
             actions,
             compressed_size,
             zero: ZeroMap::new(0),
+            repeats: Vec::new(),
         };
         // Check the block size before using it to count blocks.
         meta.validate_header()?;
         meta.zero = ZeroMap::from_runs(meta.blocks(), &runs)?;
+        if repeat_count > 0 {
+            // The length check above bounds the count by the input's size.
+            meta.repeats = body[runs_end + 4..]
+                .chunks_exact(REPEAT_LEN)
+                .map(|c| {
+                    let u64_at = |i: usize| {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(&c[i..i + 8]);
+                        u64::from_le_bytes(b)
+                    };
+                    Repeat {
+                        to: u64_at(0),
+                        from: u64_at(8),
+                        len: u32::from_le_bytes([c[16], c[17], c[18], c[19]]),
+                    }
+                })
+                .collect();
+        }
         meta.validate()?;
         Ok(meta)
     }
@@ -454,6 +597,7 @@ impl MetaFile {
     fn validate_header(&self) -> Result<(), MetaError> {
         let mut probe = self.clone();
         probe.zero = ZeroMap::new(self.blocks());
+        probe.repeats.clear();
         probe.validate()
     }
 
@@ -529,6 +673,7 @@ mod tests {
             actions: Actions::COMPRESS_AND_COPY,
             compressed_size: 777,
             zero,
+            repeats: Vec::new(),
         }
     }
 
@@ -570,8 +715,125 @@ mod tests {
                     actions: Actions::from_bits(acts).unwrap_or_default(),
                     compressed_size: csize,
                     zero: from_bits(&bits),
+                    repeats: Vec::new(),
                 })
             })
+    }
+
+    #[test]
+    fn repeats_round_trip_as_version_2_and_clip_to_ranges() {
+        let mut m = sample();
+        assert_eq!(
+            m.encode()[8..12],
+            META_VERSION.to_le_bytes(),
+            "no repeats: version 1"
+        );
+        m.repeats = vec![
+            Repeat {
+                to: 2,
+                from: 1,
+                len: 1,
+            },
+            Repeat {
+                to: 6,
+                from: 1,
+                len: 2,
+            },
+        ];
+        m.validate().unwrap_or_else(|e| panic!("{e}"));
+        let b = m.encode();
+        assert_eq!(b.len(), m.encoded_len());
+        assert_eq!(b[8..12], META_VERSION_REPEATS.to_le_bytes());
+        assert_eq!(MetaFile::decode(&b).unwrap_or_else(|e| panic!("{e}")), m);
+        assert_eq!(m.repeat_bytes(), 3 * 4096);
+        // Blocks 6..8 repeat 1..3: the bytes 7*4096-100.. of them, clipped.
+        assert_eq!(
+            m.repeats_in(7 * 4096 - 100, 1000),
+            vec![ByteRepeat {
+                to: 7 * 4096 - 100,
+                from: 2 * 4096 - 100,
+                len: 1000
+            }]
+        );
+        assert_eq!(
+            m.repeats_in(0, 9 * 4096),
+            vec![
+                ByteRepeat {
+                    to: 2 * 4096,
+                    from: 4096,
+                    len: 4096
+                },
+                ByteRepeat {
+                    to: 6 * 4096,
+                    from: 4096,
+                    len: 8192
+                },
+            ]
+        );
+        assert!(m.repeats_in(3 * 4096, 3 * 4096).is_empty());
+        for cut in 0..b.len() {
+            assert!(MetaFile::decode(&b[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn bad_repeats_are_refused() {
+        let bad = [
+            // Empty; source not before; overlapping itself; past the last
+            // whole block (block 9 is partial); out of order.
+            vec![Repeat {
+                to: 2,
+                from: 1,
+                len: 0,
+            }],
+            vec![Repeat {
+                to: 2,
+                from: 2,
+                len: 1,
+            }],
+            vec![Repeat {
+                to: 2,
+                from: 1,
+                len: 2,
+            }],
+            vec![Repeat {
+                to: 8,
+                from: 1,
+                len: 2,
+            }],
+            vec![
+                Repeat {
+                    to: 6,
+                    from: 1,
+                    len: 1,
+                },
+                Repeat {
+                    to: 2,
+                    from: 1,
+                    len: 1,
+                },
+            ],
+            vec![Repeat {
+                to: u64::MAX,
+                from: 1,
+                len: 1,
+            }],
+        ];
+        for repeats in bad {
+            let mut m = sample();
+            m.repeats = repeats.clone();
+            assert!(m.validate().is_err(), "{repeats:?}");
+            assert!(MetaFile::decode(&m.encode()).is_err(), "{repeats:?}");
+        }
+        // Version 2 announcing no repeats is not canonical.
+        let mut b = sample().encode();
+        b[8..12].copy_from_slice(&META_VERSION_REPEATS.to_le_bytes());
+        let crc_at = b.len() - 4;
+        b.truncate(crc_at);
+        b.extend_from_slice(&0u32.to_le_bytes());
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        assert!(matches!(MetaFile::decode(&b), Err(MetaError::Invalid(_))));
     }
 
     proptest! {
@@ -688,9 +950,9 @@ mod tests {
         assert_eq!(MetaFile::decode(&bytes[..20]), Err(MetaError::Truncated));
         assert_eq!(MetaFile::decode(b"GVFSMET"), Err(MetaError::Truncated));
         assert_eq!(MetaFile::decode(b"GVFSBANKxxxx"), Err(MetaError::BadMagic));
-        let mut v2 = bytes.clone();
-        v2[8] = 2;
-        assert_eq!(MetaFile::decode(&v2), Err(MetaError::Version(2)));
+        let mut v3 = bytes.clone();
+        v3[8] = 3;
+        assert_eq!(MetaFile::decode(&v3), Err(MetaError::Version(3)));
         let mut flip = bytes.clone();
         flip[20] ^= 1;
         assert_eq!(MetaFile::decode(&flip), Err(MetaError::Checksum));
@@ -788,6 +1050,7 @@ mod tests {
             actions: Actions::default(),
             compressed_size: 0,
             zero,
+            repeats: Vec::new(),
         };
         let runs = m.zero.runs();
         assert_eq!(runs, vec![1, u32::MAX, 0, u32::MAX, 0, 4, u32::MAX, 0, 2]);
@@ -818,6 +1081,7 @@ mod tests {
             actions: Actions::default(),
             compressed_size: 0,
             zero,
+            repeats: Vec::new(),
         };
         let len = m.encode().len();
         assert!(len <= 400, "{len} bytes");

@@ -7,8 +7,11 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+
 use crate::format::{
-    Actions, MAX_BLOCK_SIZE, MAX_META_LEN, MIN_BLOCK_SIZE, MetaFile, ZeroMap, block_count,
+    Actions, MAX_BLOCK_SIZE, MAX_META_LEN, MIN_BLOCK_SIZE, MetaFile, Repeat, ZeroMap, block_count,
     meta_name,
 };
 
@@ -16,13 +19,18 @@ use crate::format::{
 const BUF_LEN: usize = 1 << 20;
 /// zstd level of the compressed size (the level the proxy streams with).
 const ZSTD_LEVEL: i32 = 3;
+/// Most distinct blocks remembered while looking for repeats (about 40
+/// bytes each); blocks after that are still matched against them.
+const MAX_DISTINCT_BLOCKS: usize = 1 << 22;
 
 /// Scans the regular file at `path` into a [`MetaFile`]: its size, mtime
 /// and ctime (nanoseconds), which `block_size` blocks are all zeros (holes
 /// are found with `SEEK_DATA`/`SEEK_HOLE` and not read), and, when
 /// `actions.compress`, the size of the whole file as one zstd level 3
-/// stream (computed streaming). `progress` is called with the number of
-/// bytes of the file scanned so far.
+/// stream (computed streaming) and the blocks that repeat earlier blocks
+/// byte for byte (a second pass over the non-zero blocks; each match is
+/// read back and compared, never trusted to a hash). `progress` is called
+/// with the number of bytes of the file scanned so far.
 ///
 /// Fails with `InvalidInput` for a bad block size or a file that is not
 /// regular, and with `Other` if the file changed while it was scanned. A
@@ -94,6 +102,18 @@ pub fn scan(
         pos += n as u64;
         progress(pos);
     }
+    let zero = zeros.finish();
+    let repeats = if actions.compress {
+        find_repeats(&file, &zero, size, block_size).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                changed(path)
+            } else {
+                e
+            }
+        })?
+    } else {
+        Vec::new()
+    };
     let after = file.metadata()?;
     if (after.len(), times(&after)) != (size, times(&before)) {
         return Err(changed(path));
@@ -110,13 +130,88 @@ pub fn scan(
         ctime,
         actions,
         compressed_size,
-        zero: zeros.finish(),
+        zero,
+        repeats,
     };
+    if meta.encoded_len() > MAX_META_LEN {
+        // Repeats only save bytes; the longest are kept, up to half the room.
+        let room = (MAX_META_LEN / 2) / 20;
+        if meta.repeats.len() > room {
+            meta.repeats.sort_by_key(|r| std::cmp::Reverse(r.len));
+            meta.repeats.truncate(room);
+            meta.repeats.sort_by_key(|r| r.to);
+        }
+    }
     while meta.encoded_len() > MAX_META_LEN {
         let keep = meta.zero.zero_ranges().len().min((MAX_META_LEN - 68) / 8) * 3 / 4;
         meta.zero.keep_longest(keep);
     }
     Ok(meta)
+}
+
+/// The whole non-zero blocks of `file` that repeat an earlier block byte for
+/// byte, as runs. Blocks are matched by a hash of their bytes and every
+/// match is confirmed by reading the earlier block again.
+fn find_repeats(
+    file: &File,
+    zero: &ZeroMap,
+    size: u64,
+    block_size: u32,
+) -> io::Result<Vec<Repeat>> {
+    let bs = block_size as usize;
+    let whole = size / u64::from(block_size);
+    let per_read = (BUF_LEN / bs).max(1) as u64;
+    let hasher = BuildHasherDefault::<DefaultHasher>::default();
+    let mut first: HashMap<u64, u64> = HashMap::new();
+    let mut repeats: Vec<Repeat> = Vec::new();
+    let mut buf = vec![0u8; per_read as usize * bs];
+    let mut earlier = vec![0u8; bs];
+    let mut at = 0u64;
+    while at < whole {
+        let n = per_read.min(whole - at);
+        if zero.all_zero(at, at + n) {
+            at += n;
+            continue;
+        }
+        let bytes = &mut buf[..n as usize * bs];
+        file.read_exact_at(bytes, at * u64::from(block_size))?;
+        for (i, block) in bytes.chunks_exact(bs).enumerate() {
+            let b = at + i as u64;
+            if zero.is_zero(b) {
+                continue;
+            }
+            let h = hasher.hash_one(block);
+            match first.get(&h) {
+                Some(&f) => {
+                    file.read_exact_at(&mut earlier, f * u64::from(block_size))?;
+                    if earlier != block {
+                        continue;
+                    }
+                    match repeats.last_mut() {
+                        Some(r)
+                            if r.to + u64::from(r.len) == b
+                                && r.from + u64::from(r.len) == f
+                                && f < r.to
+                                && r.len < u32::MAX =>
+                        {
+                            r.len += 1
+                        }
+                        _ => repeats.push(Repeat {
+                            to: b,
+                            from: f,
+                            len: 1,
+                        }),
+                    }
+                }
+                None if first.len() < MAX_DISTINCT_BLOCKS => {
+                    first.insert(h, b);
+                }
+                None => {}
+            }
+        }
+        at += n;
+    }
+    Ok(repeats)
 }
 
 fn changed(path: &Path) -> io::Error {
@@ -484,6 +579,53 @@ mod tests {
         assert_eq!(meta.compressed_size, expect);
         assert!(meta.range_is_zero(8192, 4096 * 40));
         assert!(!meta.range_is_zero(4096, 4096));
+    }
+
+    #[test]
+    fn repeats_are_exactly_the_blocks_seen_before() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("mem");
+        let bs = 4096usize;
+        // 600 blocks drawn from 40 patterns and zeros, and a partial tail.
+        let patterns: Vec<Vec<u8>> = (0..40)
+            .map(|_| (0..bs).map(|_| rng.r#gen::<u8>()).collect())
+            .collect();
+        let mut data = Vec::new();
+        for _ in 0..600 {
+            match rng.gen_range(0..50usize) {
+                40.. => data.extend_from_slice(&vec![0u8; bs]),
+                p => data.extend_from_slice(&patterns[p]),
+            }
+        }
+        data.extend_from_slice(&patterns[0][..100]);
+        std::fs::write(&path, &data).expect("write");
+        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, &mut |_| {}).expect("scan");
+        meta.validate().expect("valid");
+        // The model: each non-zero whole block repeats its first copy.
+        let blocks: Vec<&[u8]> = data.chunks_exact(bs).collect();
+        let mut want = Vec::new();
+        for (b, block) in blocks.iter().enumerate() {
+            if block.iter().all(|&x| x == 0) {
+                continue;
+            }
+            let first = blocks.iter().position(|o| o == block).unwrap_or(b);
+            if first < b {
+                want.push((b as u64, first as u64));
+            }
+        }
+        let got: Vec<(u64, u64)> = meta
+            .repeats
+            .iter()
+            .flat_map(|r| (0..u64::from(r.len)).map(move |i| (r.to + i, r.from + i)))
+            .collect();
+        assert_eq!(got, want);
+        assert!(meta.repeats.len() < want.len(), "neighbours make runs");
+        let back = MetaFile::decode(&meta.encode()).expect("decode");
+        assert_eq!(back, meta);
+        // Without compress-and-copy nothing is looked for.
+        let plain = scan(&path, 4096, Actions::default(), &mut |_| {}).expect("scan");
+        assert!(plain.repeats.is_empty());
     }
 
     #[test]

@@ -28,8 +28,8 @@ use gvfs_nfs::rpc::ReplyStatus;
 use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
 
 use crate::ext::{
-    self, CHUNK, ChunkSource, FetchArgs, FetchOk, StoreArgs, compress, encode_fetch_res,
-    encode_store_res,
+    self, CHUNK, ChunkSource, FetchArgs, FetchOk, StoreArgs, compress, encode_fetch_repeats_res,
+    encode_fetch_res, encode_store_res,
 };
 use crate::filecache::{FileCache, same_version};
 use crate::layer::MetaLayer;
@@ -177,6 +177,7 @@ impl ExtServer {
         let Ok(fetch) = FetchArgs::decode(args) else {
             return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
         };
+        let repeats = proc_ == ext::PROC_FETCH_REPEATS;
         bump(&self.counters.fetch_calls, 1);
         let upstream_speaks = match &self.upstream {
             Some(u) => u.supported().await,
@@ -185,7 +186,20 @@ impl ExtServer {
         let res = match (&self.files, &self.upstream) {
             (Some(files), Some(up)) if upstream_speaks => {
                 bump(&self.counters.from_file_cache, 1);
-                self.via_file_cache(cx, files, up.clone(), &fetch).await
+                self.via_file_cache(cx, files, up.clone(), &fetch, repeats)
+                    .await
+            }
+            (None, Some(up)) if upstream_speaks && repeats => {
+                // Asked of the upstream with FETCH_REPEATS, or FETCH if it
+                // does not know it; answered as it came.
+                bump(&self.counters.forwarded, 1);
+                up.fetch(&cx.cred, &fetch).await.map_err(|e| {
+                    tracing::warn!(error = %e, "forwarding FETCH_REPEATS failed");
+                    match e {
+                        ext::FetchError::Nfs(st) => st,
+                        ext::FetchError::Transport(_) => nfsstat3::NFS3ERR_IO,
+                    }
+                })
             }
             (None, Some(up)) if upstream_speaks => {
                 bump(&self.counters.forwarded, 1);
@@ -205,10 +219,15 @@ impl ExtServer {
             }
             _ => {
                 bump(&self.counters.compressed_here, 1);
-                self.read_below(cx, &fetch).await
+                self.read_below(cx, &fetch, repeats).await
             }
         };
-        Ok(self.encode(&res))
+        let mut out = self.encode(&res);
+        if repeats {
+            out.clear();
+            encode_fetch_repeats_res(&mut out, &res);
+        }
+        Ok(out)
     }
 
     fn count(&self, ok: &FetchOk) {
@@ -271,6 +290,7 @@ impl ExtServer {
         files: &Arc<FileCache>,
         up: Arc<dyn ChunkSource>,
         args: &FetchArgs,
+        repeats: bool,
     ) -> Result<FetchOk, nfsstat3> {
         files.keep_frames();
         let cached = files.get(&args.fh);
@@ -299,7 +319,14 @@ impl ExtServer {
             }
         };
         let (frame, raw_len, eof) = entry
-            .read_frame(files, up.as_ref(), &cx.cred, args.offset, args.count)
+            .read_frame(
+                files,
+                up.as_ref(),
+                &cx.cred,
+                args.offset,
+                args.count,
+                repeats,
+            )
             .await
             .map_err(|why| {
                 tracing::warn!(%why, "FETCH from the file cache failed");
@@ -311,6 +338,7 @@ impl ExtServer {
             eof,
             codec: frame.codec,
             data: frame.data,
+            repeats: frame.repeats,
         })
     }
 
@@ -375,8 +403,15 @@ impl ExtServer {
         }
     }
 
-    /// A chunk read through the layers below and compressed here.
-    async fn read_below(&self, cx: &CallContext, args: &FetchArgs) -> Result<FetchOk, nfsstat3> {
+    /// A chunk read through the layers below and compressed here; with
+    /// `repeats`, the ranges the file's metadata says repeat earlier bytes
+    /// are sent as zeros and listed.
+    async fn read_below(
+        &self,
+        cx: &CallContext,
+        args: &FetchArgs,
+        repeats: bool,
+    ) -> Result<FetchOk, nfsstat3> {
         let mut data: Vec<u8> = Vec::new();
         let mut attrs = None;
         let mut eof = false;
@@ -412,10 +447,26 @@ impl ExtServer {
             None => self.getattr(cx, &args.fh).await?,
         };
         eof = eof || args.offset + data.len() as u64 >= attrs.size;
-        Self::package(attrs, data, eof).await
+        let listed = match &self.meta {
+            Some(m) if repeats => match m.meta_of_version(cx, &args.fh, &attrs).await {
+                Some(meta) => meta.repeats_in(args.offset, data.len() as u64),
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        for r in &listed {
+            let at = (r.to - args.offset) as usize;
+            data[at..at + r.len as usize].fill(0);
+        }
+        Self::package(attrs, data, eof, listed).await
     }
 
-    async fn package(attrs: fattr3, raw: Vec<u8>, eof: bool) -> Result<FetchOk, nfsstat3> {
+    async fn package(
+        attrs: fattr3,
+        raw: Vec<u8>,
+        eof: bool,
+        repeats: Vec<crate::format::ByteRepeat>,
+    ) -> Result<FetchOk, nfsstat3> {
         let raw_len = raw.len() as u32;
         let (codec, data) = tokio::task::spawn_blocking(move || compress(&raw, LEVEL))
             .await
@@ -426,6 +477,7 @@ impl ExtServer {
             eof,
             codec,
             data,
+            repeats,
         })
     }
 }

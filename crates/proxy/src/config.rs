@@ -522,7 +522,11 @@ impl Config {
             connect_timeout,
             limits,
             drain_timeout: Duration::from_secs(f.drain_timeout_secs.unwrap_or(10)),
-            meta: f.meta.unwrap_or(cache.is_some()),
+            // A proxy that serves other proxies (--listen-tls) reads the
+            // metadata for their whole-file fetches (repeated blocks).
+            meta: f
+                .meta
+                .unwrap_or(cache.is_some() || tls.as_ref().is_some_and(|t| t.listen.is_some())),
             attr_timeout: match f.attr_timeout_secs {
                 Some(0) | None => None,
                 Some(s) => Some(Duration::from_secs(s)),

@@ -175,9 +175,11 @@ struct Cli {
     handshake_timeout: Option<u64>,
 
     /// Use metadata files found upstream (`.NAME.gvfsmeta`, made with
-    /// `gvfsctl meta gen`): reads of zero blocks are answered locally, and
+    /// `gvfsctl meta gen`): reads of zero blocks are answered locally,
     /// files marked for compress-and-copy are fetched whole, compressed,
-    /// into a file cache [default: on when there is a block cache].
+    /// into a file cache, and other proxies fetching them whole are sent
+    /// each repeated block once [default: on when there is a block cache or
+    /// a --listen-tls port].
     #[arg(long, conflicts_with = "no_meta", help_heading = "Metadata actions")]
     meta: bool,
 

@@ -77,9 +77,14 @@ enum MetaCmd {
         #[arg(long, default_value = "4K", value_name = "SIZE")]
         block_size: String,
         /// Mark the files compress-and-copy (fetched whole as one zstd
-        /// stream into the proxy's file cache), and record their zstd size.
+        /// stream into the proxy's file cache), and record their zstd size
+        /// and the blocks that repeat earlier ones (sent once, not twice).
         #[arg(long)]
         compress: bool,
+        /// With --compress, do not record repeated blocks: the file stays
+        /// in metadata format 1, which proxies older than repeats read.
+        #[arg(long, requires = "compress")]
+        no_repeats: bool,
     },
     /// Print a metadata file and whether it still matches its file.
     Show {
@@ -271,12 +276,18 @@ fn meta(cmd: MetaCmd) -> anyhow::Result<()> {
             paths,
             block_size,
             compress,
-        } => meta_gen(&paths, &block_size, compress),
+            no_repeats,
+        } => meta_gen(&paths, &block_size, compress, !no_repeats),
         MetaCmd::Show { path } => meta_show(&path),
     }
 }
 
-fn meta_gen(paths: &[PathBuf], block_size: &str, compress: bool) -> anyhow::Result<()> {
+fn meta_gen(
+    paths: &[PathBuf],
+    block_size: &str,
+    compress: bool,
+    repeats: bool,
+) -> anyhow::Result<()> {
     let bs = gvfs_proxy::config::parse_size(block_size)
         .ok()
         .and_then(|n| u32::try_from(n).ok())
@@ -322,8 +333,11 @@ fn meta_gen(paths: &[PathBuf], block_size: &str, compress: bool) -> anyhow::Resu
     let mut lines = Vec::new();
     for (path, _) in files {
         bar.set_message(path.display().to_string());
-        let scanned = gvfs_meta::scan(path, bs, actions, &mut |n| bar.set_position(done + n))
+        let mut scanned = gvfs_meta::scan(path, bs, actions, &mut |n| bar.set_position(done + n))
             .with_context(|| format!("scanning {}", path.display()))?;
+        if !repeats {
+            scanned.repeats.clear();
+        }
         let written = gvfs_meta::write_beside(path, &scanned)
             .with_context(|| format!("writing the metadata of {}", path.display()))?;
         done += scanned.file_size;
@@ -335,7 +349,11 @@ fn meta_gen(paths: &[PathBuf], block_size: &str, compress: bool) -> anyhow::Resu
             zero_summary(&scanned)
         );
         if compress {
-            line += &format!(", zstd {}", indicatif::HumanBytes(scanned.compressed_size));
+            line += &format!(
+                ", {} repeat earlier blocks, zstd {}",
+                indicatif::HumanBytes(scanned.repeat_bytes()),
+                indicatif::HumanBytes(scanned.compressed_size)
+            );
         }
         line += &format!(" -> {}", written.display());
         lines.push(line);
@@ -418,6 +436,11 @@ fn meta_show(path: &Path) -> anyhow::Result<()> {
     );
     println!("zero blocks:     {}", zero_summary(&m));
     println!("zero runs:       {}", m.zero.zero_ranges().len());
+    println!(
+        "repeated blocks: {} in {} runs (sent once by a whole-file fetch)",
+        indicatif::HumanBytes(m.repeat_bytes()),
+        m.repeats.len()
+    );
     println!(
         "actions:         {}",
         if actions.is_empty() {
@@ -549,11 +572,13 @@ fn print_stats(s: &Value) {
             n(&f["coalesced_fetches"])
         );
         println!(
-            "  wire        {} chunks, {} bytes for {} bytes of file; {} zero chunks never fetched",
+            "  wire        {} chunks, {} bytes for {} bytes of file; {} zero chunks never fetched; \
+             {} bytes copied from earlier ones (repeats)",
             n(&f["chunks_fetched"]),
             n(&f["wire_bytes"]),
             n(&f["raw_bytes"]),
-            n(&f["zero_chunks"])
+            n(&f["zero_chunks"]),
+            n(&f["repeat_bytes"])
         );
         println!(
             "  time        {:.2} s fetching whole files (start to last chunk, summed), {:.2} s decompressing",
