@@ -211,9 +211,9 @@ impl ExtServer {
                         Ok(bytes)
                     }
                     Err(e) => {
-                        bump(&self.counters.errors, 1);
+                        // Counted as an error by encode.
                         tracing::warn!(error = %e, "forwarding FETCH failed");
-                        Ok(self.encode(&Err(nfsstat3::NFS3ERR_IO)))
+                        Ok(self.encode(&Err(nfsstat3::NFS3ERR_IO), false))
                     }
                 };
             }
@@ -222,12 +222,7 @@ impl ExtServer {
                 self.read_below(cx, &fetch, repeats).await
             }
         };
-        let mut out = self.encode(&res);
-        if repeats {
-            out.clear();
-            encode_fetch_repeats_res(&mut out, &res);
-        }
-        Ok(out)
+        Ok(self.encode(&res, repeats))
     }
 
     fn count(&self, ok: &FetchOk) {
@@ -235,13 +230,19 @@ impl ExtServer {
         bump(&self.counters.wire_bytes, ok.data.len() as u64);
     }
 
-    fn encode(&self, res: &Result<FetchOk, nfsstat3>) -> Vec<u8> {
+    /// Counts an answer and encodes it as FETCH's results, or with
+    /// `repeats` as FETCH_REPEATS'.
+    fn encode(&self, res: &Result<FetchOk, nfsstat3>, repeats: bool) -> Vec<u8> {
         match res {
             Ok(ok) => self.count(ok),
             Err(_) => bump(&self.counters.errors, 1),
         }
         let mut out = Vec::new();
-        encode_fetch_res(&mut out, res);
+        if repeats {
+            encode_fetch_repeats_res(&mut out, res);
+        } else {
+            encode_fetch_res(&mut out, res);
+        }
         out
     }
 
