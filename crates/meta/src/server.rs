@@ -44,7 +44,7 @@ const RECHECK: Duration = Duration::from_secs(3);
 /// Counters, for `gvfsctl stats` and the metrics endpoint.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ExtStats {
-    /// FETCH calls answered.
+    /// FETCH and FETCH_REPEATS calls answered.
     pub fetch_calls: u64,
     /// File bytes those answers held.
     pub raw_bytes: u64,

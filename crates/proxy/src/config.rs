@@ -45,7 +45,7 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// readahead_blocks = 32
 /// writeback_on_exit = true
 /// exit_writeback_timeout_secs = 60
-/// meta = true                          # metadata actions (default: on with a cache)
+/// meta = true                          # metadata actions (default: on with a cache or listen_tls)
 /// file_cache_size = "16G"              # whole files fetched by compress-and-copy
 ///
 /// # TLS between proxies (certificates from `gvfsctl ca init` / `ca issue`)
