@@ -298,9 +298,22 @@ async fn repeated_blocks_cross_the_wan_once_and_every_proxy_gets_them_whole() ->
     let path = g.export_dir().join("rep.raw");
     let raw = 2048 * 4096u64;
     let repeated = write_with_repeats(&path, 2048, 77)?;
+    let path_s = path.display().to_string();
+    let runs = || -> Result<u64> {
+        let shown = gvfsctl(&["meta", "show", &path_s])?;
+        let line = shown
+            .lines()
+            .find(|l| l.starts_with("repeated blocks:"))
+            .with_context(|| format!("meta show: {shown}"))?;
+        let runs = line.split(" in ").nth(1).and_then(|r| r.split(' ').next());
+        runs.and_then(|r| r.parse().ok())
+            .with_context(|| format!("meta show: {line}"))
+    };
+    // Without repeats (for older proxies) none are recorded.
+    gvfsctl(&["meta", "gen", &path_s, "--compress", "--no-repeats"])?;
+    ensure!(runs()? == 0, "--no-repeats recorded repeats");
     mark_for_copy(&path)?;
-    let meta = gvfsctl(&["meta", "show", &path.display().to_string()])?;
-    ensure!(meta.contains("repeat"), "meta show: {meta}");
+    ensure!(runs()? > 0, "meta gen --compress found no repeats");
     // The image server's proxy reads the metadata (it would by default
     // with --listen-tls); a LAN proxy across a WAN link; a node behind it.
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;

@@ -6,7 +6,9 @@
 //! [`WINDOW`] chunks in flight, in file order; a read needing a chunk that
 //! has not arrived fetches that chunk itself (or waits for the fetch already
 //! under way), so reads of early parts are served before the end arrives
-//! and a read far ahead does not wait for the whole file. Chunks the zero
+//! and a read far ahead does not wait for the whole file. Such a fetch runs
+//! in a task of its own: others wait on it, and it must arrive even if the
+//! read that started it is dropped. Chunks the zero
 //! map says are all zeros are never fetched: the local file is sparse.
 //!
 //! Every chunk must come with the attributes the file had when the fetch
@@ -573,8 +575,8 @@ impl CachedFile {
     /// nobody fetches yet.
     async fn ensure(
         self: &Arc<Self>,
-        cache: &FileCache,
-        source: &dyn ChunkSource,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         offset: u64,
         len: u64,
@@ -606,7 +608,18 @@ impl CachedFile {
                 (missing, waiting)
             };
             match missing {
-                Some(idx) => self.fetch_chunk(cache, source, cred, idx).await?,
+                // Its own task: readers waiting for this chunk (and the
+                // background fetch, which has passed it) must not depend on
+                // this one, whose client may go away mid-fetch.
+                Some(idx) => {
+                    let (me, cache, source, cred) =
+                        (self.clone(), cache.clone(), source.clone(), cred.clone());
+                    tokio::spawn(async move {
+                        me.fetch_chunk(&cache, source.as_ref(), &cred, idx).await
+                    })
+                    .await
+                    .map_err(|e| format!("a chunk's fetch stopped: {e}"))??;
+                }
                 None if waiting => {
                     rx.changed()
                         .await
@@ -622,8 +635,8 @@ impl CachedFile {
     /// reach the end of the file.
     pub async fn read(
         self: &Arc<Self>,
-        cache: &FileCache,
-        source: &dyn ChunkSource,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         offset: u64,
         count: u32,
@@ -703,8 +716,8 @@ impl CachedFile {
     /// whether they reach the end of the file.
     pub async fn read_frame(
         self: &Arc<Self>,
-        cache: &FileCache,
-        source: &dyn ChunkSource,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         offset: u64,
         count: u32,
@@ -1527,6 +1540,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// `fake` as the file cache's reads take their source.
+    fn src(fake: &Arc<Fake>) -> Arc<dyn ChunkSource> {
+        fake.clone()
+    }
+
     fn content(len: usize) -> Vec<u8> {
         (0..len)
             .map(|i| {
@@ -1603,7 +1621,7 @@ pub(crate) mod tests {
         let (_dir, fake, c, f) = started(b"fh1", content(len), true, Some(&meta), false);
         let cred = Credentials::default();
         let (all, eof) = f
-            .read(&c, fake.as_ref(), &cred, 0, len as u32)
+            .read(&c, &src(&fake), &cred, 0, len as u32)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(eof);
@@ -1656,13 +1674,13 @@ pub(crate) mod tests {
                 // A reader that needs the last chunk before the others came.
                 let at = 6 * c - 4096;
                 let (got, _) = f
-                    .read(&cache, fake.as_ref(), &cred, at, 4096)
+                    .read(&cache, &src(&fake), &cred, at, 4096)
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(*got, data[at as usize..]);
             }
             let (all, _) = f
-                .read(&cache, fake.as_ref(), &cred, 0, len as u32)
+                .read(&cache, &src(&fake), &cred, 0, len as u32)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(
@@ -1682,13 +1700,13 @@ pub(crate) mod tests {
         *lock(&fake.repeats) = list.clone();
         let cred = Credentials::default();
         let (all, _) = f
-            .read(&cache, fake.as_ref(), &cred, 0, len as u32)
+            .read(&cache, &src(&fake), &cred, 0, len as u32)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(all == data);
         // As it came: zeros where the repeat is, and the list.
         let (frame, n, _) = f
-            .read_frame(&cache, fake.as_ref(), &cred, 2 * c, CHUNK, true)
+            .read_frame(&cache, &src(&fake), &cred, 2 * c, CHUNK, true)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(frame.repeats, list);
@@ -1697,7 +1715,7 @@ pub(crate) mod tests {
         assert!(unframe(&frame, n) == holes);
         // A caller that does not fill repeats gets the whole chunk.
         let (frame, n, _) = f
-            .read_frame(&cache, fake.as_ref(), &cred, 2 * c, CHUNK, false)
+            .read_frame(&cache, &src(&fake), &cred, 2 * c, CHUNK, false)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(frame.repeats.is_empty());
@@ -1739,7 +1757,7 @@ pub(crate) mod tests {
                 started(b"fhb", content(3 * CHUNK as usize), true, None, false);
             *lock(&fake.repeats) = bad.clone();
             let err = f
-                .read(&cache, fake.as_ref(), &Credentials::default(), 0, 3 * CHUNK)
+                .read(&cache, &src(&fake), &Credentials::default(), 0, 3 * CHUNK)
                 .await
                 .map(|_| ())
                 .expect_err("a lying repeat");
@@ -1760,7 +1778,7 @@ pub(crate) mod tests {
         }];
         let cred = Credentials::default();
         let err = f
-            .read(&cache, fake.as_ref(), &cred, 0, len as u32)
+            .read(&cache, &src(&fake), &cred, 0, len as u32)
             .await
             .map(|_| ())
             .expect_err("the repeat contradicts the zero map");
@@ -1776,17 +1794,46 @@ pub(crate) mod tests {
         fake.gate.add_permits(WINDOW + 1);
         let at = 30 * u64::from(CHUNK) + 5;
         let (got, _) = f
-            .read(&c, fake.as_ref(), &cred, at, 1000)
+            .read(&c, &src(&fake), &cred, at, 1000)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
         assert!(!f.complete(), "served before the end arrived");
         fake.gate.add_permits(1 << 20);
         let (all, _) = f
-            .read(&c, fake.as_ref(), &cred, 0, len as u32)
+            .read(&c, &src(&fake), &cred, 0, len as u32)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(all == fake.data);
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_goes_away_mid_fetch_leaves_no_chunk_stranded() {
+        let len = 40 * CHUNK as usize;
+        let (_dir, fake, c, f) = started(b"fh9", content(len), false, None, false);
+        let cred = Credentials::default();
+        // A client asks far ahead of the background window, then goes
+        // away (its connection closed) while its chunk is on the wire.
+        let at = 30 * u64::from(CHUNK);
+        let gone = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            f.read(&c, &src(&fake), &cred, at, 1000),
+        )
+        .await;
+        assert!(gone.is_err(), "the read waited for its chunk");
+        fake.gate.add_permits(1 << 20);
+        // Its chunk still arrives: the file completes, and reads of it end.
+        whole(&c).await;
+        let (got, _) = f
+            .read(&c, &src(&fake), &cred, at, 1000)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
+        assert_eq!(
+            fake.calls.load(Ordering::Relaxed),
+            40,
+            "one fetch per chunk"
+        );
     }
 
     #[tokio::test]
@@ -1799,7 +1846,7 @@ pub(crate) mod tests {
             let (c, fake, cred) = (c.clone(), fake.clone(), cred.clone());
             tasks.push(tokio::spawn(async move {
                 let f = c.start(b"fh3", &fake.attrs, None, fake.clone(), &cred)?;
-                f.read(&c, fake.as_ref(), &cred, 0, len as u32).await
+                f.read(&c, &src(&fake), &cred, 0, len as u32).await
             }));
         }
         for t in tasks {
@@ -1823,7 +1870,7 @@ pub(crate) mod tests {
             .get(b"fh3")
             .unwrap_or_else(|| panic!("kept across reopen"));
         let (got, _) = f
-            .read(&c, fake.as_ref(), &cred, 0, len as u32)
+            .read(&c, &src(&fake), &cred, 0, len as u32)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(got == fake.data);
@@ -1854,7 +1901,7 @@ pub(crate) mod tests {
         assert_eq!(zero, [1, 4, 7]);
         let at = 4 * u64::from(CHUNK);
         let (got, _) = f
-            .read(&c, fake.as_ref(), &cred, at, CHUNK)
+            .read(&c, &src(&fake), &cred, at, CHUNK)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(
@@ -1862,7 +1909,7 @@ pub(crate) mod tests {
             "a zero chunk was read from the file"
         );
         let (all, _) = f
-            .read(&c, fake.as_ref(), &cred, 0, len as u32)
+            .read(&c, &src(&fake), &cred, 0, len as u32)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(all == fake.data);
@@ -1882,7 +1929,7 @@ pub(crate) mod tests {
             .start(b"fh5", &fake.attrs, None, fake.clone(), &cred)
             .unwrap_or_else(|e| panic!("{e}"));
         // A write before the file is whole is refused (the caller forwards it).
-        f.read(&c, fake.as_ref(), &cred, 0, 10)
+        f.read(&c, &src(&fake), &cred, 0, 10)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         whole(&c).await;
@@ -1912,7 +1959,7 @@ pub(crate) mod tests {
         let f = c.get(b"fh5").unwrap_or_else(|| panic!("dirty file kept"));
         assert!(f.is_dirty());
         let (got, eof) = f
-            .read(&c, fake.as_ref(), &cred, 0, len as u32 + 100)
+            .read(&c, &src(&fake), &cred, 0, len as u32 + 100)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(eof && got == want, "reads see the writes");
@@ -1981,7 +2028,7 @@ pub(crate) mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let at = u64::from(CHUNK) - 100;
         let (got, _) = f
-            .read(&c, fake.as_ref(), &cred, at, 2 * CHUNK)
+            .read(&c, &src(&fake), &cred, at, 2 * CHUNK)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(got[..] == fake.data[at as usize..at as usize + 2 * CHUNK as usize]);
@@ -1991,7 +2038,7 @@ pub(crate) mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let (got, _) = f
-            .read(&c, fake.as_ref(), &cred, at - 1, 7)
+            .read(&c, &src(&fake), &cred, at - 1, 7)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&*got, b"\0hello\0");
@@ -2033,7 +2080,7 @@ pub(crate) mod tests {
         let mut served = Vec::new();
         for i in 0..4u64 {
             let (frame, n, eof) = f
-                .read_frame(&c, fake.as_ref(), &cred, i * u64::from(CHUNK), CHUNK, true)
+                .read_frame(&c, &src(&fake), &cred, i * u64::from(CHUNK), CHUNK, true)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(eof, i == 3);
@@ -2048,14 +2095,14 @@ pub(crate) mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let (frame, n, _) = f
-            .read_frame(&c, fake.as_ref(), &cred, 0, CHUNK, true)
+            .read_frame(&c, &src(&fake), &cred, 0, CHUNK, true)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&unframe(&frame, n)[10..13], b"new");
         assert_eq!(c.stats().frames_made, 1);
         // A piece of a chunk is compressed for the caller, not kept.
         let (frame, n, _) = f
-            .read_frame(&c, fake.as_ref(), &cred, u64::from(CHUNK) + 7, 100, true)
+            .read_frame(&c, &src(&fake), &cred, u64::from(CHUNK) + 7, 100, true)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let at = CHUNK as usize + 7;
@@ -2088,7 +2135,7 @@ pub(crate) mod tests {
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
                 let (frame, n, _) = f
-                    .read_frame(&c, fake.as_ref(), &cred, at, CHUNK, true)
+                    .read_frame(&c, &src(&fake), &cred, at, CHUNK, true)
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(unframe(&frame, n)[..10], vec![round; 10][..]);
@@ -2120,7 +2167,7 @@ pub(crate) mod tests {
         let f = c
             .start(b"fh4", &old, None, fake.clone(), &cred)
             .unwrap_or_else(|e| panic!("{e}"));
-        let r = f.read(&c, fake.as_ref(), &cred, 0, 100).await;
+        let r = f.read(&c, &src(&fake), &cred, 0, 100).await;
         assert!(r.is_err(), "bytes of another version were served");
         assert!(c.get(b"fh4").is_none());
     }

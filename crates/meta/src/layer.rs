@@ -627,13 +627,7 @@ impl MetaLayer {
     ) -> Result<NfsReply, String> {
         let count = args.count.min(MAX_READ);
         let (data, eof) = f
-            .read(
-                &copy.files,
-                copy.source.as_ref(),
-                &cx.cred,
-                args.offset,
-                count,
-            )
+            .read(&copy.files, &copy.source, &cx.cred, args.offset, count)
             .await?;
         bump(&self.counters.copy_reads, 1);
         Ok(NfsReply::Read(Nfs3Result::Ok(READ3resok {

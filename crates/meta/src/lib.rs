@@ -29,5 +29,5 @@ pub use format::{
 };
 pub use index::{MemIndex, MetaIndex, SledIndex};
 pub use layer::{CopyPath, MetaLayer, MetaStats};
-pub use scan::{scan, write_beside};
+pub use scan::{scan, scan_work, write_beside};
 pub use server::{ExtRefusal, ExtServer, ExtStats};

@@ -27,10 +27,12 @@ const MAX_DISTINCT_BLOCKS: usize = 1 << 22;
 /// and ctime (nanoseconds), which `block_size` blocks are all zeros (holes
 /// are found with `SEEK_DATA`/`SEEK_HOLE` and not read), and, when
 /// `actions.compress`, the size of the whole file as one zstd level 3
-/// stream (computed streaming) and the blocks that repeat earlier blocks
-/// byte for byte (a second pass over the non-zero blocks; each match is
-/// read back and compared, never trusted to a hash). `progress` is called
-/// with the number of bytes of the file scanned so far.
+/// stream (computed streaming) and, when `repeats` too, the blocks that
+/// repeat earlier blocks byte for byte (a second pass over the non-zero
+/// blocks; each match is read back and compared, never trusted to a hash).
+/// `progress` is called with the work done so far, in bytes: the first pass
+/// counts up to the file's size and the second on to twice it
+/// ([`scan_work`] is the whole).
 ///
 /// Fails with `InvalidInput` for a bad block size or a file that is not
 /// regular, and with `Other` if the file changed while it was scanned. A
@@ -40,6 +42,7 @@ pub fn scan(
     path: &Path,
     block_size: u32,
     actions: Actions,
+    repeats: bool,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<MetaFile> {
     if !block_size.is_power_of_two() || !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) {
@@ -103,8 +106,9 @@ pub fn scan(
         progress(pos);
     }
     let zero = zeros.finish();
-    let repeats = if actions.compress {
-        find_repeats(&file, &zero, size, block_size).map_err(|e| {
+    let repeats = if actions.compress && repeats {
+        let mut progress = |at: u64| progress(size + at);
+        find_repeats(&file, &zero, size, block_size, &mut progress).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 changed(path)
             } else {
@@ -152,11 +156,22 @@ pub fn scan(
 /// The whole non-zero blocks of `file` that repeat an earlier block byte for
 /// byte, as runs. Blocks are matched by a hash of their bytes and every
 /// match is confirmed by reading the earlier block again.
+/// Bytes of work [`scan`] reports through `progress` for a file of `size`.
+pub fn scan_work(size: u64, actions: Actions, repeats: bool) -> u64 {
+    if actions.compress && repeats {
+        2 * size
+    } else {
+        size
+    }
+}
+
+/// The second pass of [`scan`]: `progress` gets the offset reached.
 fn find_repeats(
     file: &File,
     zero: &ZeroMap,
     size: u64,
     block_size: u32,
+    progress: &mut dyn FnMut(u64),
 ) -> io::Result<Vec<Repeat>> {
     let bs = block_size as usize;
     let whole = size / u64::from(block_size);
@@ -210,7 +225,9 @@ fn find_repeats(
             }
         }
         at += n;
+        progress(at * u64::from(block_size));
     }
+    progress(size);
     Ok(repeats)
 }
 
@@ -469,7 +486,7 @@ mod tests {
             let (path, model) = make_file(&mut rng, dir.path(), &format!("f{i}"));
             for bs in [4 << 10, 64 << 10, 1 << 20] {
                 let mut last = 0;
-                let meta = scan(&path, bs, Actions::default(), &mut |n| {
+                let meta = scan(&path, bs, Actions::default(), false, &mut |n| {
                     assert!(n > last && n <= model.len() as u64);
                     last = n;
                 })
@@ -523,7 +540,7 @@ mod tests {
             data[at as usize] = 1;
             std::fs::write(&path, &data).expect("write");
             for bs in [4096, 65536] {
-                let meta = scan(&path, bs, Actions::default(), &mut |_| {}).expect("scan");
+                let meta = scan(&path, bs, Actions::default(), false, &mut |_| {}).expect("scan");
                 assert_eq!(meta.zero, model_map(&data, bs), "byte at {at}, bs {bs}");
                 assert_eq!(meta.zero.zero_blocks(), meta.zero.blocks() - 1);
             }
@@ -548,7 +565,7 @@ mod tests {
         for change in [&rewrite as &dyn Fn(&Path), &shrink] {
             std::fs::write(&path, &data).expect("write");
             let mut first = true;
-            let e = scan(&path, 4096, Actions::default(), &mut |_| {
+            let e = scan(&path, 4096, Actions::default(), false, &mut |_| {
                 if std::mem::take(&mut first) {
                     change(&path);
                 }
@@ -570,7 +587,7 @@ mod tests {
             .for_each(|(i, b)| *b = (i * 31 % 251) as u8);
         std::fs::write(&path, &data).expect("write");
         let m = std::fs::metadata(&path).expect("stat");
-        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, &mut |_| {}).expect("scan");
+        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, true, &mut |_| {}).expect("scan");
         assert_eq!(meta.mtime, (m.mtime() as u64, m.mtime_nsec() as u32));
         assert_eq!(meta.ctime, (m.ctime() as u64, m.ctime_nsec() as u32));
         assert!(meta.matches(m.len(), meta.mtime, meta.ctime, true));
@@ -600,8 +617,23 @@ mod tests {
         }
         data.extend_from_slice(&patterns[0][..100]);
         std::fs::write(&path, &data).expect("write");
-        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, &mut |_| {}).expect("scan");
+        let mut seen = Vec::new();
+        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, true, &mut |n| {
+            seen.push(n)
+        })
+        .expect("scan");
         meta.validate().expect("valid");
+        // Progress covers both passes, in order, and ends at the whole.
+        let work = scan_work(data.len() as u64, Actions::COMPRESS_AND_COPY, true);
+        assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+        assert!(seen.contains(&(data.len() as u64)));
+        assert_eq!(seen.last(), Some(&work));
+        let plain = scan(&path, 4096, Actions::COMPRESS_AND_COPY, false, &mut |n| {
+            assert!(n <= data.len() as u64, "one pass without repeats")
+        })
+        .expect("scan");
+        assert!(plain.repeats.is_empty());
+        assert_eq!(plain.compressed_size, meta.compressed_size);
         // The model: each non-zero whole block repeats its first copy.
         let blocks: Vec<&[u8]> = data.chunks_exact(bs).collect();
         let mut want = Vec::new();
@@ -624,7 +656,7 @@ mod tests {
         let back = MetaFile::decode(&meta.encode()).expect("decode");
         assert_eq!(back, meta);
         // Without compress-and-copy nothing is looked for.
-        let plain = scan(&path, 4096, Actions::default(), &mut |_| {}).expect("scan");
+        let plain = scan(&path, 4096, Actions::default(), false, &mut |_| {}).expect("scan");
         assert!(plain.repeats.is_empty());
     }
 
@@ -644,7 +676,7 @@ mod tests {
             )
         };
         let before = stat(&path);
-        let meta = scan(&path, 4096, Actions::default(), &mut |_| {}).expect("scan");
+        let meta = scan(&path, 4096, Actions::default(), false, &mut |_| {}).expect("scan");
         let written = write_beside(&path, &meta).expect("write_beside");
         assert_eq!(written, dir.path().join(".mem.vmss.gvfsmeta"));
         assert_eq!(stat(&path), before);
@@ -668,14 +700,14 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, b"x").expect("write");
         for bs in [0, 2048, 3 << 12, 2 << 20] {
-            let e = scan(&path, bs, Actions::default(), &mut |_| {}).expect_err("bad bs");
+            let e = scan(&path, bs, Actions::default(), false, &mut |_| {}).expect_err("bad bs");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         }
-        let e = scan(dir.path(), 4096, Actions::default(), &mut |_| {}).expect_err("dir");
+        let e = scan(dir.path(), 4096, Actions::default(), false, &mut |_| {}).expect_err("dir");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         let empty = dir.path().join("empty");
         std::fs::write(&empty, b"").expect("write");
-        let m = scan(&empty, 4096, Actions::default(), &mut |_| {}).expect("empty");
+        let m = scan(&empty, 4096, Actions::default(), false, &mut |_| {}).expect("empty");
         assert_eq!(m.zero.blocks(), 0);
         assert_eq!(
             MetaFile::decode(&m.encode()).map_err(|e: MetaError| e),

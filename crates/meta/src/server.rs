@@ -320,14 +320,7 @@ impl ExtServer {
             }
         };
         let (frame, raw_len, eof) = entry
-            .read_frame(
-                files,
-                up.as_ref(),
-                &cx.cred,
-                args.offset,
-                args.count,
-                repeats,
-            )
+            .read_frame(files, &up, &cx.cred, args.offset, args.count, repeats)
             .await
             .map_err(|why| {
                 tracing::warn!(%why, "FETCH from the file cache failed");

@@ -321,7 +321,8 @@ fn meta_gen(
             files.push((path, md.len()));
         }
     }
-    let bar = indicatif::ProgressBar::new(files.iter().map(|f| f.1).sum());
+    let work = |size| gvfs_meta::scan_work(size, actions, repeats);
+    let bar = indicatif::ProgressBar::new(files.iter().map(|f| work(f.1)).sum());
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
@@ -331,16 +332,15 @@ fn meta_gen(
     );
     let mut done = 0;
     let mut lines = Vec::new();
-    for (path, _) in files {
+    for (path, size) in files {
         bar.set_message(path.display().to_string());
-        let mut scanned = gvfs_meta::scan(path, bs, actions, &mut |n| bar.set_position(done + n))
-            .with_context(|| format!("scanning {}", path.display()))?;
-        if !repeats {
-            scanned.repeats.clear();
-        }
+        let scanned = gvfs_meta::scan(path, bs, actions, repeats, &mut |n| {
+            bar.set_position(done + n)
+        })
+        .with_context(|| format!("scanning {}", path.display()))?;
         let written = gvfs_meta::write_beside(path, &scanned)
             .with_context(|| format!("writing the metadata of {}", path.display()))?;
-        done += scanned.file_size;
+        done += work(size);
         bar.set_position(done);
         let mut line = format!(
             "{}: {}, {}",
