@@ -359,6 +359,56 @@ fn metrics_endpoint_serves_the_cache_counters() -> Result<()> {
     Ok(())
 }
 
+/// `--attr-timeout`: the first LOOKUP in a directory reads it
+/// (READDIRPLUS, from nfs-ganesha), so a session on another file there,
+/// and a lookup of a name that is not there, cost no LOOKUP upstream.
+#[test]
+fn a_directory_read_with_its_first_lookup_answers_the_next_names() -> Result<()> {
+    let g = Ganesha::start()?;
+    let dir = g.export_dir().join("img1");
+    std::fs::create_dir(&dir)?;
+    for (i, name) in ["vm.json", "mem", "state"].iter().enumerate() {
+        write_random_file(&dir.join(name), 40 + i as u64, 64 << 10)?;
+    }
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let cache = tempfile::tempdir()?;
+    let client = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .arg("--cache-dir")
+            .arg(cache.path().display().to_string())
+            .arg("--attr-timeout")
+            .arg("60"),
+    )?;
+    let upstream = |proc_: &str| -> Result<u64> { Ok(n(&server.status()?["nfs_calls"], proc_)) };
+    compare_file_with(&nfs_cat(&client.url("img1/vm.json"))?, &dir.join("vm.json"))?;
+    ensure!(
+        upstream("READDIRPLUS")? >= 1,
+        "no READDIRPLUS with the first LOOKUP in img1: {}",
+        server.status()?
+    );
+    let lookups = upstream("LOOKUP")?;
+    compare_file_with(&nfs_cat(&client.url("img1/mem"))?, &dir.join("mem"))?;
+    compare_file_with(&nfs_cat(&client.url("img1/state"))?, &dir.join("state"))?;
+    ensure!(
+        nfs_cat(&client.url("img1/not-there")).is_err(),
+        "a name not in the directory was found"
+    );
+    ensure!(
+        upstream("LOOKUP")? == lookups,
+        "LOOKUPs upstream for names in a directory already read: {} more",
+        upstream("LOOKUP")? - lookups
+    );
+    let s = client.cache_stats_all()?;
+    ensure!(stat(&s, "attr_cache.listings") >= 1, "{s}");
+    // A file made upstream shows once the timeout has passed (here: the
+    // proxy's own write empties the cache at once).
+    let local = cache.path().join("new");
+    write_random_file(&local, 49, 4096)?;
+    nfs_cp(&local.display().to_string(), &client.url("img1/new"))?;
+    compare_file_with(&nfs_cat(&client.url("img1/new"))?, &local)?;
+    Ok(())
+}
+
 /// `--attr-timeout`: a first session asks GETATTR of the file no further
 /// than the proxy; a second client session on the same file costs no
 /// calls upstream (NULL, MNT, LOOKUP, GETATTR, ACCESS all answered from the

@@ -14,7 +14,15 @@
 //! - GETATTR also from the attributes a LOOKUP or ACCESS reply carried for
 //!   that object (and a LOOKUP's for its directory), as a client's
 //!   attribute cache takes them: opening a file costs LOOKUP and ACCESS,
-//!   not a third round trip for GETATTR.
+//!   not a third round trip for GETATTR;
+//! - LOOKUP of any name in a directory from one READDIRPLUS of it, sent
+//!   along with the first LOOKUP there that misses (one reply of at most
+//!   [`LIST_MAXCOUNT`] bytes): a clone's session looks up a handful of
+//!   names in its image's directory (the files, their metadata files), and
+//!   each would cost a round trip. When that reply holds the whole
+//!   directory, names not in it are answered NOENT. Entries are kept only
+//!   if the LOOKUP sent with it found the name or not (so the caller may
+//!   search the directory), under that caller's credentials.
 //!
 //! Any call that may change something (WRITE, SETATTR, CREATE, REMOVE,
 //! RENAME, COMMIT...) empties the cache before it is forwarded, and so does
@@ -31,15 +39,22 @@ use std::time::{Duration, Instant};
 
 use gvfs_nfs::client::Reply;
 use gvfs_nfs::nfs3_types::nfs3::{
-    GETATTR3args, GETATTR3resok, Nfs3Option, Nfs3Result, fattr3, nfs_fh3, nfsstat3,
+    GETATTR3args, GETATTR3resok, LOOKUP3args, LOOKUP3resfail, LOOKUP3resok, Nfs3Option, Nfs3Result,
+    READDIRPLUS3args, cookieverf3, diropargs3, fattr3, filename3, nfs_fh3, nfsstat3, post_op_attr,
 };
-use gvfs_nfs::nfs3_types::xdr_codec::Void;
+use gvfs_nfs::nfs3_types::xdr_codec::{Opaque, Void};
 use gvfs_nfs::proc::{NfsProc, NfsReply, NfsRequest};
 use gvfs_nfs::rpc::Credentials;
 use gvfs_nfs::service::{BoxFuture, CallContext, NfsService, ServiceError};
 
 /// Most cached replies (each a few hundred bytes at most).
 pub const MAX_ENTRIES: usize = 16_384;
+
+/// The READDIRPLUS sent with a directory's first LOOKUP asks for at most
+/// this many bytes of reply (a few hundred entries), and ...
+pub const LIST_MAXCOUNT: u32 = 32 * 1024;
+/// ... this many bytes of names and cookies.
+const LIST_DIRCOUNT: u32 = 8 * 1024;
 
 /// Calls whose successful replies are kept.
 fn cacheable(p: NfsProc) -> bool {
@@ -121,6 +136,22 @@ fn getattr_key(object: nfs_fh3, cred: Vec<u32>) -> Key {
     }
 }
 
+fn lookup_key(dir: &nfs_fh3, name: &[u8], cred: &[u32]) -> Key {
+    let mut args = Vec::new();
+    NfsRequest::Lookup(LOOKUP3args {
+        what: diropargs3 {
+            dir: dir.clone(),
+            name: filename3(Opaque::owned(name.to_vec())),
+        },
+    })
+    .encode(&mut args);
+    Key {
+        proc_: NfsProc::Lookup as u32,
+        args,
+        cred: cred.to_vec(),
+    }
+}
+
 fn getattr_reply(attrs: &fattr3) -> NfsReply {
     NfsReply::Getattr(Nfs3Result::Ok(GETATTR3resok {
         obj_attributes: attrs.clone(),
@@ -141,6 +172,18 @@ struct Entry {
     reply: Vec<u8>,
 }
 
+/// A directory's handle and a caller ([`cred_key`]).
+type ListedKey = (Vec<u8>, Vec<u32>);
+
+/// A directory read ahead for one caller.
+struct Listed {
+    /// When it was asked for (no later than its entries were kept).
+    at: Instant,
+    /// Its attributes, when the reply held the whole directory: names not
+    /// in it are answered NOENT.
+    whole: Option<post_op_attr>,
+}
+
 /// Hits and misses, for `gvfsctl stats`.
 #[derive(Debug, Default)]
 pub struct AttrCacheStats {
@@ -148,6 +191,8 @@ pub struct AttrCacheStats {
     pub hits: AtomicU64,
     /// Cacheable calls that went below.
     pub misses: AtomicU64,
+    /// Directories read (READDIRPLUS) along with a LOOKUP that missed.
+    pub listings: AtomicU64,
     /// Times a changing call or a write-back emptied a non-empty cache.
     pub invalidations: AtomicU64,
 }
@@ -158,6 +203,8 @@ pub struct AttrCache {
     ttl: Duration,
     entries: Mutex<HashMap<Key, Entry>>,
     roots: Mutex<HashMap<Vec<u32>, (Instant, nfs_fh3)>>,
+    /// Directories read ahead, by handle and caller.
+    listed: Mutex<HashMap<ListedKey, Listed>>,
     stats: AttrCacheStats,
 }
 
@@ -178,6 +225,7 @@ impl AttrCache {
             ttl,
             entries: Mutex::new(HashMap::new()),
             roots: Mutex::new(HashMap::new()),
+            listed: Mutex::new(HashMap::new()),
             stats: AttrCacheStats::default(),
         })
     }
@@ -198,12 +246,88 @@ impl AttrCache {
     pub fn invalidate(&self) {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
-        if entries.is_empty() && roots.is_empty() {
+        let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.is_empty() && roots.is_empty() && listed.is_empty() {
             return;
         }
         self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
         entries.clear();
         roots.clear();
+        listed.clear();
+    }
+
+    /// Whether to read `dir` along with a LOOKUP in it: not when this
+    /// caller had it read within the timeout. Marks it read.
+    fn should_list(&self, dir: &nfs_fh3, cred: &[u32]) -> bool {
+        let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (dir.data.as_ref().to_vec(), cred.to_vec());
+        if listed.get(&key).is_some_and(|l| self.fresh(l.at)) {
+            return false;
+        }
+        if listed.len() >= MAX_ENTRIES {
+            listed.retain(|_, l| l.at.elapsed() < self.ttl);
+            if listed.len() >= MAX_ENTRIES {
+                listed.clear();
+            }
+        }
+        let at = Instant::now();
+        listed.insert(key, Listed { at, whole: None });
+        true
+    }
+
+    /// NOENT for a name in `dir` that a fresh reading of the whole
+    /// directory for this caller did not hold (its names were kept, so a
+    /// LOOKUP that got here is for another name).
+    fn not_listed(&self, dir: &nfs_fh3, cred: &[u32]) -> Option<NfsReply> {
+        let listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let l = listed.get(&(dir.data.as_ref().to_vec(), cred.to_vec()))?;
+        let dir_attributes = l.whole.clone().filter(|_| self.fresh(l.at))?;
+        Some(NfsReply::Lookup(Nfs3Result::Err((
+            nfsstat3::NFS3ERR_NOENT,
+            LOOKUP3resfail { dir_attributes },
+        ))))
+    }
+
+    /// Keeps what a READDIRPLUS of `dir` says as LOOKUP replies (and
+    /// their GETATTRs), and, when it is the whole directory, NOENT for
+    /// every other name.
+    fn store_listing(&self, dir: &nfs_fh3, cred: &[u32], listing: &NfsReply) {
+        let NfsReply::Readdirplus(Nfs3Result::Ok(ok)) = listing else {
+            return;
+        };
+        let at = Instant::now();
+        let mut names = 0;
+        for e in &ok.reply.entries.0 {
+            let name = e.name.0.as_ref();
+            let Nfs3Option::Some(object) = &e.name_handle else {
+                continue;
+            };
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let reply = NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
+                object: object.clone(),
+                obj_attributes: e.name_attributes.clone(),
+                dir_attributes: ok.dir_attributes.clone(),
+            }));
+            for (object, attrs) in carried_attrs(Some(dir.clone()), &reply) {
+                self.store(getattr_key(object, cred.to_vec()), &getattr_reply(attrs));
+            }
+            self.store(lookup_key(dir, name, cred), &reply);
+            names += 1;
+        }
+        if ok.reply.eof {
+            let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(l) = listed.get_mut(&(dir.data.as_ref().to_vec(), cred.to_vec())) {
+                l.at = at;
+                l.whole = Some(ok.dir_attributes.clone());
+            }
+        }
+        tracing::debug!(
+            names,
+            whole = ok.reply.eof,
+            "attribute cache: read a directory ahead"
+        );
     }
 
     fn lookup(&self, key: &Key) -> Option<NfsReply> {
@@ -223,6 +347,12 @@ impl AttrCache {
             entries.retain(|_, e| e.at.elapsed() < self.ttl);
             if entries.len() >= MAX_ENTRIES {
                 entries.clear();
+                // Their names are gone: a listing no longer says which
+                // names are not there.
+                self.listed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clear();
             }
         }
         entries.insert(
@@ -233,6 +363,20 @@ impl AttrCache {
                 reply: bytes,
             },
         );
+    }
+}
+
+impl AttrCache {
+    /// Keeps a successful reply to `key` and the attributes it carries
+    /// about `subject` and the object.
+    fn keep(&self, key: Key, subject: Option<nfs_fh3>, reply: &NfsReply) {
+        if reply.status() != nfsstat3::NFS3_OK {
+            return;
+        }
+        for (object, attrs) in carried_attrs(subject, reply) {
+            self.store(getattr_key(object, key.cred.clone()), &getattr_reply(attrs));
+        }
+        self.store(key, reply);
     }
 }
 
@@ -266,15 +410,40 @@ impl NfsService for AttrCache {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(reply);
             }
-            self.stats.misses.fetch_add(1, Ordering::Relaxed);
             let subject = subject(&req);
-            let reply = self.below.call(cx, req).await?;
-            if reply.status() == nfsstat3::NFS3_OK {
-                for (object, attrs) in carried_attrs(subject, &reply) {
-                    self.store(getattr_key(object, key.cred.clone()), &getattr_reply(attrs));
+            if let (NfsRequest::Lookup(a), Some(dir)) = (&req, &subject) {
+                // "." and ".." are in every directory, and not kept from
+                // a listing.
+                let dots = [&b"."[..], b".."].contains(&a.what.name.as_ref());
+                if let Some(reply) = self.not_listed(dir, &key.cred).filter(|_| !dots) {
+                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(reply);
                 }
-                self.store(key, &reply);
+                if self.should_list(dir, &key.cred) {
+                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    self.stats.listings.fetch_add(1, Ordering::Relaxed);
+                    let list = NfsRequest::Readdirplus(READDIRPLUS3args {
+                        dir: dir.clone(),
+                        cookie: 0,
+                        cookieverf: cookieverf3::default(),
+                        dircount: LIST_DIRCOUNT,
+                        maxcount: LIST_MAXCOUNT,
+                    });
+                    let (reply, listing) =
+                        tokio::join!(self.below.call(cx, req), self.below.call(cx, list));
+                    let reply = reply?;
+                    let searched =
+                        matches!(reply.status(), nfsstat3::NFS3_OK | nfsstat3::NFS3ERR_NOENT);
+                    if let (true, Ok(listing)) = (searched, &listing) {
+                        self.store_listing(dir, &key.cred, listing);
+                    }
+                    self.keep(key, subject, &reply);
+                    return Ok(reply);
+                }
             }
+            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            let reply = self.below.call(cx, req).await?;
+            self.keep(key, subject, &reply);
             Ok(reply)
         })
     }
@@ -327,13 +496,16 @@ impl NfsService for AttrCache {
 mod tests {
     use super::*;
     use gvfs_nfs::nfs3_types::nfs3::{
-        ACCESS3args, ACCESS3resok, COMMIT3args, LOOKUP3args, LOOKUP3resok, diropargs3, filename3,
+        ACCESS3args, ACCESS3resok, COMMIT3args, READDIRPLUS3resok, dirlistplus3, entryplus3,
     };
-    use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+    use gvfs_nfs::nfs3_types::xdr_codec::List;
 
     const LOOKUP_OBJ_SIZE: u64 = 1 << 40;
     const LOOKUP_DIR_SIZE: u64 = 1 << 41;
     const ACCESS_OBJ_SIZE: u64 = 1 << 42;
+    const LIST_DIR_SIZE: u64 = 1 << 43;
+    const LIST_A_SIZE: u64 = 1 << 44;
+    const LIST_B_SIZE: u64 = 1 << 45;
 
     /// Answers GETATTR with the number of calls that reached it as the size,
     /// LOOKUP (but of `missing`) and ACCESS with attributes of the sizes
@@ -363,6 +535,9 @@ mod tests {
             Box::pin(async move {
                 let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
                 Ok(match req {
+                    NfsRequest::Lookup(a) if a.what.name.as_ref() == b"denied" => {
+                        NfsReply::error(NfsProc::Lookup, nfsstat3::NFS3ERR_ACCES)
+                    }
                     NfsRequest::Lookup(a) if a.what.name.as_ref() != b"missing" => {
                         NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
                             object: fh(a.what.name.as_ref()),
@@ -377,6 +552,31 @@ mod tests {
                     NfsRequest::Getattr(a) if a.object.data.as_ref() != b"gone" => {
                         NfsReply::Getattr(Nfs3Result::Ok(GETATTR3resok {
                             obj_attributes: attrs(n),
+                        }))
+                    }
+                    // "whole" and "part" (one reply short of the end) hold
+                    // "..", "a" and "b"; "locked" cannot be read.
+                    NfsRequest::Readdirplus(a)
+                        if [&b"whole"[..], b"part"].contains(&a.dir.data.as_ref()) =>
+                    {
+                        let entry = |name: &[u8], size| entryplus3 {
+                            fileid: size,
+                            name: filename3::from(name.to_vec()),
+                            cookie: size,
+                            name_attributes: Nfs3Option::Some(attrs(size)),
+                            name_handle: Nfs3Option::Some(fh(name)),
+                        };
+                        NfsReply::Readdirplus(Nfs3Result::Ok(READDIRPLUS3resok {
+                            dir_attributes: Nfs3Option::Some(attrs(LIST_DIR_SIZE)),
+                            cookieverf: cookieverf3::default(),
+                            reply: dirlistplus3 {
+                                entries: List(vec![
+                                    entry(b"..", 1),
+                                    entry(b"a", LIST_A_SIZE),
+                                    entry(b"b", LIST_B_SIZE),
+                                ]),
+                                eof: a.dir.data.as_ref() == b"whole",
+                            },
                         }))
                     }
                     other => NfsReply::error(other.proc_(), nfsstat3::NFS3ERR_NOENT),
@@ -494,6 +694,104 @@ mod tests {
         // A failed LOOKUP leaves nothing behind.
         c.call(&cx, lookup(b"missing")).await.expect("lookup");
         assert_ne!(size(&c, &cx, b"missing").await, Some(LOOKUP_OBJ_SIZE));
+    }
+
+    fn lookup_in(dir: &[u8], name: &[u8]) -> NfsRequest {
+        NfsRequest::Lookup(LOOKUP3args {
+            what: diropargs3 {
+                dir: fh(dir),
+                name: filename3::from(name.to_vec()),
+            },
+        })
+    }
+
+    /// The status and, when found, the object and its size.
+    async fn look(c: &AttrCache, cx: &CallContext, dir: &[u8], name: &[u8]) -> (nfsstat3, u64) {
+        match c.call(cx, lookup_in(dir, name)).await.expect("lookup") {
+            NfsReply::Lookup(Nfs3Result::Ok(ok)) => {
+                let size = match ok.obj_attributes {
+                    Nfs3Option::Some(a) => a.size,
+                    Nfs3Option::None => 0,
+                };
+                assert_eq!(ok.object, fh(name));
+                (nfsstat3::NFS3_OK, size)
+            }
+            NfsReply::Lookup(Nfs3Result::Err((st, _))) => (st, 0),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_first_lookup_reads_the_directory_for_the_names_after_it() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        let calls = || below.calls.load(Ordering::Relaxed);
+        // The first LOOKUP goes below with a READDIRPLUS of its directory.
+        assert_eq!(
+            look(&c, &cx, b"whole", b"a").await,
+            (nfsstat3::NFS3_OK, LOOKUP_OBJ_SIZE)
+        );
+        assert_eq!(calls(), 2);
+        assert_eq!(c.stats().listings.load(Ordering::Relaxed), 1);
+        // The other names, their attributes and names not there: here.
+        assert_eq!(
+            look(&c, &cx, b"whole", b"b").await,
+            (nfsstat3::NFS3_OK, LIST_B_SIZE)
+        );
+        assert_eq!(size(&c, &cx, b"b").await, Some(LIST_B_SIZE));
+        assert_eq!(
+            look(&c, &cx, b"whole", b"c").await.0,
+            nfsstat3::NFS3ERR_NOENT
+        );
+        assert_eq!(calls(), 2, "answered from the listing");
+        // ".." is looked up for real.
+        look(&c, &cx, b"whole", b"..").await;
+        assert_eq!(calls(), 3);
+        // Another caller reads it for itself.
+        let other = CallContext::with_cred(Credentials::unix(2, 2));
+        look(&c, &other, b"whole", b"b").await;
+        assert_eq!(calls(), 5);
+
+        // A listing short of the end: names not in it are asked below,
+        // and the directory is not read again within the timeout.
+        look(&c, &cx, b"part", b"a").await;
+        assert_eq!(calls(), 7);
+        look(&c, &cx, b"part", b"b").await;
+        assert_eq!(calls(), 7);
+        assert_eq!(look(&c, &cx, b"part", b"c").await.0, nfsstat3::NFS3_OK);
+        assert_eq!(calls(), 8);
+
+        // A LOOKUP that fails otherwise (here: the name "missing" in a
+        // directory that cannot be read) keeps nothing.
+        look(&c, &cx, b"locked", b"missing").await;
+        look(&c, &cx, b"locked", b"b").await;
+        assert_eq!(calls(), 11, "one READDIRPLUS, two LOOKUPs");
+
+        // Nor does a LOOKUP refused (the caller may read the directory
+        // but not search it).
+        let third = CallContext::with_cred(Credentials::unix(3, 3));
+        let before = calls();
+        assert_eq!(
+            look(&c, &third, b"whole", b"denied").await.0,
+            nfsstat3::NFS3ERR_ACCES
+        );
+        look(&c, &third, b"whole", b"b").await;
+        assert_eq!(calls(), before + 3, "b asked below");
+
+        // A changing call forgets listings with everything else.
+        let commit = NfsRequest::Commit(COMMIT3args {
+            file: fh(b"a"),
+            offset: 0,
+            count: 0,
+        });
+        c.call(&cx, commit).await.expect("commit");
+        let before = calls();
+        assert_eq!(
+            look(&c, &cx, b"whole", b"c").await.0,
+            nfsstat3::NFS3_OK,
+            "asked below again"
+        );
+        assert_eq!(calls(), before + 2);
     }
 
     #[tokio::test]

@@ -515,6 +515,7 @@ impl StatusSource {
                 json!({
                     "hits": g(&s.hits),
                     "misses": g(&s.misses),
+                    "listings": g(&s.listings),
                     "invalidations": g(&s.invalidations),
                 })
             }),

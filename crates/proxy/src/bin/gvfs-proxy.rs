@@ -194,7 +194,9 @@ struct Cli {
 
     /// Answer GETATTR, LOOKUP, ACCESS, FSINFO, PATHCONF, MNT and NULL
     /// locally from replies at most SECS old, like a client's actimeo: saves
-    /// the round trips every client session starts with. For read-only
+    /// the round trips every client session starts with. A directory's
+    /// first LOOKUP also reads it (READDIRPLUS) to answer the names after
+    /// it. For read-only
     /// images; changes made upstream by others show within SECS. Calls that
     /// change anything through this proxy empty it [default: 0, off].
     #[arg(long, value_name = "SECS")]

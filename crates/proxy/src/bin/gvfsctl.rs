@@ -610,6 +610,10 @@ fn print_stats(s: &Value) {
             n(&a["misses"]),
             n(&a["invalidations"])
         );
+        println!(
+            "  listings    {} directories read along with a first LOOKUP",
+            n(&a["listings"])
+        );
     }
     let e = &s["ext"];
     if n(&e["fetch_calls"]) + n(&e["store_calls"]) > 0 {
