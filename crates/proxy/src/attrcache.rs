@@ -26,8 +26,8 @@
 //!
 //! Any call that may change something (WRITE, SETATTR, CREATE, REMOVE,
 //! RENAME, COMMIT...) empties the cache before it is forwarded, and so does
-//! the end of every write-back job, so this proxy's own clients read their
-//! writes; changes made upstream by others
+//! the end of every write-back job (a reply on its way meanwhile is not
+//! kept), so this proxy's own clients read their writes; changes made upstream by others
 //! show within the timeout, as with a kernel client's attribute cache.
 //! Entries are bounded ([`MAX_ENTRIES`]): when full, expired entries go,
 //! then everything.
@@ -205,6 +205,9 @@ pub struct AttrCache {
     roots: Mutex<HashMap<Vec<u32>, (Instant, nfs_fh3)>>,
     /// Directories read ahead, by handle and caller.
     listed: Mutex<HashMap<ListedKey, Listed>>,
+    /// Bumped by every [`AttrCache::invalidate`], under the locks: a reply
+    /// that was on its way while the cache was emptied is not kept.
+    generation: AtomicU64,
     stats: AttrCacheStats,
 }
 
@@ -226,6 +229,7 @@ impl AttrCache {
             entries: Mutex::new(HashMap::new()),
             roots: Mutex::new(HashMap::new()),
             listed: Mutex::new(HashMap::new()),
+            generation: AtomicU64::new(0),
             stats: AttrCacheStats::default(),
         })
     }
@@ -247,6 +251,7 @@ impl AttrCache {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
         let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        self.generation.fetch_add(1, Ordering::Relaxed);
         if entries.is_empty() && roots.is_empty() && listed.is_empty() {
             return;
         }
@@ -291,7 +296,7 @@ impl AttrCache {
     /// Keeps what a READDIRPLUS of `dir` says as LOOKUP replies (and
     /// their GETATTRs), and, when it is the whole directory, NOENT for
     /// every other name.
-    fn store_listing(&self, dir: &nfs_fh3, cred: &[u32], listing: &NfsReply) {
+    fn store_listing(&self, dir: &nfs_fh3, cred: &[u32], listing: &NfsReply, seen: u64) {
         let NfsReply::Readdirplus(Nfs3Result::Ok(ok)) = listing else {
             return;
         };
@@ -311,13 +316,20 @@ impl AttrCache {
                 dir_attributes: ok.dir_attributes.clone(),
             }));
             for (object, attrs) in carried_attrs(Some(dir.clone()), &reply) {
-                self.store(getattr_key(object, cred.to_vec()), &getattr_reply(attrs));
+                self.store(
+                    getattr_key(object, cred.to_vec()),
+                    &getattr_reply(attrs),
+                    seen,
+                );
             }
-            self.store(lookup_key(dir, name, cred), &reply);
+            self.store(lookup_key(dir, name, cred), &reply, seen);
             names += 1;
         }
         if ok.reply.eof {
             let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.generation.load(Ordering::Relaxed) != seen {
+                return;
+            }
             if let Some(l) = listed.get_mut(&(dir.data.as_ref().to_vec(), cred.to_vec())) {
                 l.at = at;
                 l.whole = Some(ok.dir_attributes.clone());
@@ -339,10 +351,15 @@ impl AttrCache {
         NfsReply::decode(e.proc_, &e.reply).ok()
     }
 
-    fn store(&self, key: Key, reply: &NfsReply) {
+    /// Keeps `reply` to `key`, unless the cache was emptied since `seen`
+    /// (the generation when the call went below).
+    fn store(&self, key: Key, reply: &NfsReply, seen: u64) {
         let mut bytes = Vec::new();
         reply.encode(&mut bytes);
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.generation.load(Ordering::Relaxed) != seen {
+            return;
+        }
         if entries.len() >= MAX_ENTRIES {
             entries.retain(|_, e| e.at.elapsed() < self.ttl);
             if entries.len() >= MAX_ENTRIES {
@@ -369,14 +386,18 @@ impl AttrCache {
 impl AttrCache {
     /// Keeps a successful reply to `key` and the attributes it carries
     /// about `subject` and the object.
-    fn keep(&self, key: Key, subject: Option<nfs_fh3>, reply: &NfsReply) {
+    fn keep(&self, key: Key, subject: Option<nfs_fh3>, reply: &NfsReply, seen: u64) {
         if reply.status() != nfsstat3::NFS3_OK {
             return;
         }
         for (object, attrs) in carried_attrs(subject, reply) {
-            self.store(getattr_key(object, key.cred.clone()), &getattr_reply(attrs));
+            self.store(
+                getattr_key(object, key.cred.clone()),
+                &getattr_reply(attrs),
+                seen,
+            );
         }
-        self.store(key, reply);
+        self.store(key, reply, seen);
     }
 }
 
@@ -411,6 +432,7 @@ impl NfsService for AttrCache {
                 return Ok(reply);
             }
             let subject = subject(&req);
+            let seen = self.generation.load(Ordering::Relaxed);
             if let (NfsRequest::Lookup(a), Some(dir)) = (&req, &subject) {
                 // "." and ".." are in every directory, and not kept from
                 // a listing.
@@ -435,15 +457,15 @@ impl NfsService for AttrCache {
                     let searched =
                         matches!(reply.status(), nfsstat3::NFS3_OK | nfsstat3::NFS3ERR_NOENT);
                     if let (true, Ok(listing)) = (searched, &listing) {
-                        self.store_listing(dir, &key.cred, listing);
+                        self.store_listing(dir, &key.cred, listing, seen);
                     }
-                    self.keep(key, subject, &reply);
+                    self.keep(key, subject, &reply, seen);
                     return Ok(reply);
                 }
             }
             self.stats.misses.fetch_add(1, Ordering::Relaxed);
             let reply = self.below.call(cx, req).await?;
-            self.keep(key, subject, &reply);
+            self.keep(key, subject, &reply, seen);
             Ok(reply)
         })
     }
@@ -461,8 +483,12 @@ impl NfsService for AttrCache {
                 }
             }
             self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            let seen = self.generation.load(Ordering::Relaxed);
             let fh = self.below.root(cx).await?;
             let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.generation.load(Ordering::Relaxed) != seen {
+                return Ok(fh);
+            }
             if roots.len() >= MAX_ENTRIES {
                 roots.clear();
             }
@@ -514,6 +540,8 @@ mod tests {
     struct Below {
         calls: AtomicU64,
         roots: AtomicU64,
+        /// A LOOKUP of "slow" waits for this.
+        slow: tokio::sync::Notify,
     }
 
     fn fh(b: &[u8]) -> nfs_fh3 {
@@ -534,6 +562,11 @@ mod tests {
         ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
             Box::pin(async move {
                 let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+                if let NfsRequest::Lookup(a) = &req
+                    && a.what.name.as_ref() == b"slow"
+                {
+                    self.slow.notified().await;
+                }
                 Ok(match req {
                     NfsRequest::Lookup(a) if a.what.name.as_ref() == b"denied" => {
                         NfsReply::error(NfsProc::Lookup, nfsstat3::NFS3ERR_ACCES)
@@ -792,6 +825,38 @@ mod tests {
             "asked below again"
         );
         assert_eq!(calls(), before + 2);
+    }
+
+    #[tokio::test]
+    async fn a_reply_on_its_way_while_the_cache_empties_is_not_kept() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        let calls = || below.calls.load(Ordering::Relaxed);
+        let asked = {
+            let (c, cx) = (c.clone(), cx.clone());
+            tokio::spawn(async move { look(&c, &cx, b"d", b"slow").await })
+        };
+        while calls() < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // A write through the proxy while that LOOKUP (and the directory's
+        // READDIRPLUS) are below.
+        let commit = NfsRequest::Commit(COMMIT3args {
+            file: fh(b"slow"),
+            offset: 0,
+            count: 0,
+        });
+        c.call(&cx, commit).await.expect("commit");
+        below.slow.notify_one();
+        assert_eq!(asked.await.expect("task").0, nfsstat3::NFS3_OK);
+        let before = calls();
+        below.slow.notify_one();
+        look(&c, &cx, b"d", b"slow").await;
+        assert_eq!(
+            calls(),
+            before + 2,
+            "the reply from before the write was kept"
+        );
     }
 
     #[tokio::test]
