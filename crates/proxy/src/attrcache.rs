@@ -22,7 +22,9 @@
 //!   each would cost a round trip. When that reply holds the whole
 //!   directory, names not in it are answered NOENT. Entries are kept only
 //!   if the LOOKUP sent with it found the name or not (so the caller may
-//!   search the directory), under that caller's credentials.
+//!   search the directory), under that caller's credentials. The LOOKUP's
+//!   reply waits for the listing at most [`LIST_GRACE`]; a slower one (a
+//!   huge directory) is kept when it comes.
 //!
 //! Any call that may change something (WRITE, SETATTR, CREATE, REMOVE,
 //! RENAME, COMMIT...) empties the cache before it is forwarded, and so does
@@ -55,6 +57,10 @@ pub const MAX_ENTRIES: usize = 16_384;
 pub const LIST_MAXCOUNT: u32 = 32 * 1024;
 /// ... this many bytes of names and cookies.
 const LIST_DIRCOUNT: u32 = 8 * 1024;
+/// How long a LOOKUP's reply waits, once it is here, for the READDIRPLUS
+/// sent with it (which normally arrives with it), so that the next names
+/// are answered here; a slower one is kept when it comes.
+pub const LIST_GRACE: Duration = Duration::from_millis(100);
 
 /// Calls whose successful replies are kept.
 fn cacheable(p: NfsProc) -> bool {
@@ -199,6 +205,9 @@ pub struct AttrCacheStats {
 
 /// The layer.
 pub struct AttrCache {
+    /// Itself, for a directory's reading that outlasts the LOOKUP it went
+    /// with.
+    me: std::sync::Weak<AttrCache>,
     below: Arc<dyn NfsService>,
     ttl: Duration,
     entries: Mutex<HashMap<Key, Entry>>,
@@ -223,7 +232,8 @@ impl std::fmt::Debug for AttrCache {
 impl AttrCache {
     /// Caches for `ttl` on top of `below`.
     pub fn new(below: Arc<dyn NfsService>, ttl: Duration) -> Arc<Self> {
-        Arc::new(Self {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             below,
             ttl,
             entries: Mutex::new(HashMap::new()),
@@ -365,11 +375,13 @@ impl AttrCache {
             if entries.len() >= MAX_ENTRIES {
                 entries.clear();
                 // Their names are gone: a listing no longer says which
-                // names are not there.
+                // names are not there, and one still being kept must not
+                // mark its directory whole with half its names.
                 self.listed
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clear();
+                self.generation.fetch_add(1, Ordering::Relaxed);
             }
         }
         entries.insert(
@@ -451,13 +463,32 @@ impl NfsService for AttrCache {
                         dircount: LIST_DIRCOUNT,
                         maxcount: LIST_MAXCOUNT,
                     });
-                    let (reply, listing) =
-                        tokio::join!(self.below.call(cx, req), self.below.call(cx, list));
-                    let reply = reply?;
+                    // In a task of its own: a slow listing (a huge
+                    // directory) never holds up the LOOKUP.
+                    let listing = {
+                        let (below, cx) = (self.below.clone(), cx.clone());
+                        tokio::spawn(async move { below.call(&cx, list).await })
+                    };
+                    let reply = match self.below.call(cx, req).await {
+                        Ok(reply) => reply,
+                        Err(e) => {
+                            listing.abort();
+                            return Err(e);
+                        }
+                    };
                     let searched =
                         matches!(reply.status(), nfsstat3::NFS3_OK | nfsstat3::NFS3ERR_NOENT);
-                    if let (true, Ok(listing)) = (searched, &listing) {
-                        self.store_listing(dir, &key.cred, listing, seen);
+                    match self.me.upgrade() {
+                        Some(me) if searched => {
+                            let (dir, cred) = (dir.clone(), key.cred.clone());
+                            let mut kept = tokio::spawn(async move {
+                                if let Ok(Ok(listing)) = listing.await {
+                                    me.store_listing(&dir, &cred, &listing, seen);
+                                }
+                            });
+                            let _ = tokio::time::timeout(LIST_GRACE, &mut kept).await;
+                        }
+                        _ => listing.abort(),
                     }
                     self.keep(key, subject, &reply, seen);
                     return Ok(reply);
@@ -542,6 +573,9 @@ mod tests {
         roots: AtomicU64,
         /// A LOOKUP of "slow" waits for this.
         slow: tokio::sync::Notify,
+        /// A READDIRPLUS of "gated" waits for this, then counts here.
+        gate: tokio::sync::Notify,
+        listed: AtomicU64,
     }
 
     fn fh(b: &[u8]) -> nfs_fh3 {
@@ -590,8 +624,12 @@ mod tests {
                     // "whole" and "part" (one reply short of the end) hold
                     // "..", "a" and "b"; "locked" cannot be read.
                     NfsRequest::Readdirplus(a)
-                        if [&b"whole"[..], b"part"].contains(&a.dir.data.as_ref()) =>
+                        if [&b"whole"[..], b"part", b"gated"].contains(&a.dir.data.as_ref()) =>
                     {
+                        if a.dir.data.as_ref() == b"gated" {
+                            self.gate.notified().await;
+                            self.listed.fetch_add(1, Ordering::Relaxed);
+                        }
                         let entry = |name: &[u8], size| entryplus3 {
                             fileid: size,
                             name: filename3::from(name.to_vec()),
@@ -608,7 +646,7 @@ mod tests {
                                     entry(b"a", LIST_A_SIZE),
                                     entry(b"b", LIST_B_SIZE),
                                 ]),
-                                eof: a.dir.data.as_ref() == b"whole",
+                                eof: a.dir.data.as_ref() != b"part",
                             },
                         }))
                     }
@@ -803,13 +841,15 @@ mod tests {
         // Nor does a LOOKUP refused (the caller may read the directory
         // but not search it).
         let third = CallContext::with_cred(Credentials::unix(3, 3));
-        let before = calls();
         assert_eq!(
             look(&c, &third, b"whole", b"denied").await.0,
             nfsstat3::NFS3ERR_ACCES
         );
+        // (Its READDIRPLUS is called off, so it may not reach below.)
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = calls();
         look(&c, &third, b"whole", b"b").await;
-        assert_eq!(calls(), before + 3, "b asked below");
+        assert_eq!(calls(), before + 1, "b asked below");
 
         // A changing call forgets listings with everything else.
         let commit = NfsRequest::Commit(COMMIT3args {
@@ -825,6 +865,58 @@ mod tests {
             "asked below again"
         );
         assert_eq!(calls(), before + 2);
+    }
+
+    #[tokio::test]
+    async fn a_slow_listing_does_not_hold_up_its_lookup_and_is_kept_when_it_comes() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        let calls = || below.calls.load(Ordering::Relaxed);
+        // The READDIRPLUS hangs; the LOOKUP is answered all the same (the
+        // bound only turns a hang into a failure).
+        let found = tokio::time::timeout(Duration::from_secs(10), look(&c, &cx, b"gated", b"a"))
+            .await
+            .expect("the LOOKUP waited for its directory's listing");
+        assert_eq!(found.0, nfsstat3::NFS3_OK);
+        look(&c, &cx, b"gated", b"b").await;
+        assert_eq!(calls(), 3, "b asked below while the listing is out");
+        // When it comes, it is kept.
+        below.gate.notify_one();
+        while below.listed.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for _ in 0..500 {
+            if look(&c, &cx, b"gated", b"zzz").await.0 == nfsstat3::NFS3ERR_NOENT {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let before = calls();
+        assert_eq!(
+            look(&c, &cx, b"gated", b"zzz").await.0,
+            nfsstat3::NFS3ERR_NOENT
+        );
+        assert_eq!(calls(), before, "answered from the listing");
+    }
+
+    #[tokio::test]
+    async fn a_listing_that_comes_back_after_the_cache_was_emptied_for_room_is_not_kept() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        let calls = || below.calls.load(Ordering::Relaxed);
+        look(&c, &cx, b"gated", b"a").await;
+        // The cache fills up and is emptied while the listing is out.
+        for i in 0..MAX_ENTRIES as u32 {
+            size(&c, &cx, &i.to_be_bytes()).await;
+        }
+        below.gate.notify_one();
+        while below.listed.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before = calls();
+        look(&c, &cx, b"gated", b"b").await;
+        assert!(calls() > before, "b answered from a listing from before");
     }
 
     #[tokio::test]
