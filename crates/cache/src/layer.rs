@@ -6,7 +6,10 @@
 //!   block, concurrent misses on one block coalesced into a single upstream
 //!   READ), filled clean, and the reply is cut to the file size the layer
 //!   knows. A READ that starts where the previous one of the file ended
-//!   starts read-ahead of the next blocks in the background.
+//!   (or at the file's start) reads the next blocks ahead in the
+//!   background, as far as the run of such READs has come, up to the
+//!   configured window: a stream gets the whole window at once, two small
+//!   reads that happen to touch (a disk image's tables) get a block.
 //! * **WRITE** under [`WritePolicy::WriteBack`] goes to the store dirty and
 //!   is answered UNSTABLE with the store's persistent verifier; COMMIT makes
 //!   the store durable (fsync) and answers the same verifier (RFC 1813
@@ -113,7 +116,8 @@ impl FromStr for WritePolicy {
 pub struct CacheConfig {
     /// Write-back or write-through.
     pub policy: WritePolicy,
-    /// Blocks read ahead of a sequential reader (0 disables read-ahead).
+    /// Most blocks read ahead of a sequential reader (0 disables
+    /// read-ahead); fewer while its run is shorter than that.
     pub readahead_blocks: u32,
 }
 
@@ -996,14 +1000,22 @@ impl CacheLayer {
                     n < offset && self.zero_hint.get().is_some_and(|h| h(fh, n, offset - n))
                 });
             st.next_read = Some(end);
-            if !sequential || ra == 0 || end == 0 {
-                if !sequential {
-                    st.readahead_next = 0;
-                }
+            if !sequential {
+                st.readahead_next = 0;
+                st.run_start = offset;
+            }
+            // A read at the start of a file starts a run, as a kernel's
+            // does: whoever opens a file reads its header, then what it
+            // points to.
+            if !(sequential || offset == 0) || ra == 0 || end == 0 {
                 return;
             }
+            // The window grows with the run, as a kernel's does: two small
+            // reads that happen to touch (a disk image's tables) do not pull
+            // a whole window across the WAN; a stream reaches it at once.
+            let run = end.saturating_sub(st.run_start).div_ceil(bs).max(1);
             let from = ((end - 1) / bs + 1).max(st.readahead_next);
-            let to = ((end - 1) / bs + 1 + ra).min(size.div_ceil(bs));
+            let to = ((end - 1) / bs + 1 + ra.min(run)).min(size.div_ceil(bs));
             if from >= to {
                 return;
             }

@@ -58,6 +58,9 @@ pub(super) struct FileState {
     pub(super) generation: u64,
     /// Where the last READ ended, to detect sequential access.
     pub(super) next_read: Option<u64>,
+    /// Where the current sequential run of READs started: read-ahead goes
+    /// as far past a READ as the run has come, up to the configured window.
+    pub(super) run_start: u64,
     /// First block read-ahead has not been issued for yet.
     pub(super) readahead_next: u64,
     lru: u64,

@@ -237,25 +237,50 @@ async fn sequential_reads_trigger_read_ahead() {
     let content = pattern(10 * BS, 3);
     let fh = s.fake.create("a", &content);
     read(&s.layer, &fh, 0, BS as u32).await;
+    idle(&s.layer).await;
+    // A read at the start of a file starts a run: one block long, so one
+    // block is read ahead.
+    assert_eq!(s.fake.calls(NfsProc::Read), 2, "block 1 read ahead");
     read(&s.layer, &fh, BS as u64, BS as u32).await;
     idle(&s.layer).await;
-    assert_eq!(s.fake.calls(NfsProc::Read), 2 + 4, "blocks 2..6 read ahead");
+    // The run is two blocks long: as far again is read ahead.
+    assert_eq!(s.fake.calls(NfsProc::Read), 2 + 2, "blocks 2..4 read ahead");
     for b in 2..6u64 {
         let (d, _, _) = read(&s.layer, &fh, b * BS as u64, BS as u32).await;
         assert_eq!(d, content[b as usize * BS..(b as usize + 1) * BS]);
+        idle(&s.layer).await;
     }
-    idle(&s.layer).await;
+    // From the fourth block on the run is as long as the window (4).
+    assert_eq!(s.fake.calls(NfsProc::Read), 10, "up to block 10");
     let st = s.layer.stats();
-    assert_eq!(st.readahead_hits, 4);
-    assert!(st.readahead_blocks >= 4);
+    assert_eq!(st.readahead_hits, 5);
+    assert_eq!(st.readahead_blocks, 9);
     // Read-ahead kept going, clipped at the end of the file.
+    for b in 6..10u64 {
+        read(&s.layer, &fh, b * BS as u64, BS as u32).await;
+        idle(&s.layer).await;
+    }
     assert_eq!(s.fake.calls(NfsProc::Read), 10);
     // A random read does not read ahead.
     let s = setup(WritePolicy::WriteBack, 4);
     let fh = s.fake.create("b", &content);
     read(&s.layer, &fh, 3 * BS as u64, 10).await;
-    read(&s.layer, &fh, 0, 10).await;
+    read(&s.layer, &fh, 7 * BS as u64, 10).await;
     idle(&s.layer).await;
+    assert_eq!(s.fake.calls(NfsProc::Read), 2);
+}
+
+#[tokio::test]
+async fn two_small_reads_that_touch_read_ahead_one_block_not_the_window() {
+    // A disk image's tables: a read, then one just past it. The old rule
+    // read the whole window (here 8 blocks) ahead of the second.
+    let s = setup(WritePolicy::WriteBack, 8);
+    let content = pattern(20 * BS, 4);
+    let fh = s.fake.create("a", &content);
+    read(&s.layer, &fh, 3 * BS as u64, 100).await;
+    read(&s.layer, &fh, 3 * BS as u64 + 100, 100).await;
+    idle(&s.layer).await;
+    assert_eq!(s.layer.stats().readahead_blocks, 1, "block 4 only");
     assert_eq!(s.fake.calls(NfsProc::Read), 2);
 }
 

@@ -130,7 +130,8 @@ struct Cli {
     #[arg(long, value_name = "POLICY", help_heading = "Block cache")]
     write_policy: Option<String>,
 
-    /// Blocks to read ahead on sequential access; 0 turns it off [default: 32].
+    /// Most blocks to read ahead on sequential access (as many as the
+    /// sequential run has read so far, up to N); 0 turns it off [default: 32].
     #[arg(long, value_name = "N", help_heading = "Block cache")]
     readahead: Option<u32>,
 
