@@ -8,6 +8,15 @@
 //! no reply within `retransmit_after` is sent again on the same connection.
 //! A call that cannot complete within `give_up_after` fails with
 //! [`ClientError::Unavailable`]; `None` waits like a hard mount.
+//!
+//! A connection the server has gone quiet on is left for a new one, as a
+//! kernel client does after a major timeout: when a call's reply is
+//! `retransmit_after` late and nothing at all has come from the server for
+//! as long, or a call record cannot be handed to the socket for as long
+//! (the server stopped reading). Every call on it is then resent on the
+//! next connection. A connection that dies before the server has answered
+//! anything on it is redialled only after a growing pause, so a server
+//! that hangs up at once is not called in a tight loop.
 
 use std::collections::HashMap;
 use std::io;
@@ -135,9 +144,21 @@ struct Inner {
     cfg: ClientConfig,
     next_xid: AtomicU32,
     in_flight: Semaphore,
-    conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
+    conn: tokio::sync::Mutex<Slot>,
     stats: ClientStats,
 }
+
+/// The connection, and the pause before dialling again after one that
+/// died before the server answered anything on it.
+#[derive(Default)]
+struct Slot {
+    conn: Option<Arc<Conn>>,
+    redial: Duration,
+}
+
+/// The first and the longest pause between connection attempts.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 type Pending = Mutex<HashMap<u32, oneshot::Sender<Vec<u8>>>>;
 
@@ -145,6 +166,10 @@ struct Conn {
     out: mpsc::Sender<Arc<Vec<u8>>>,
     pending: Arc<Pending>,
     dead: Arc<AtomicBool>,
+    /// When it was opened, and when a record last came in on it
+    /// (milliseconds after `opened`, plus one; 0: never).
+    opened: Instant,
+    heard: Arc<AtomicU64>,
     reader: tokio::task::JoinHandle<()>,
     writer: tokio::task::JoinHandle<()>,
 }
@@ -177,7 +202,7 @@ impl RpcClient {
                 in_flight: Semaphore::new(cfg.max_in_flight.max(1)),
                 cfg,
                 next_xid: AtomicU32::new(seed ^ std::process::id()),
-                conn: tokio::sync::Mutex::new(None),
+                conn: tokio::sync::Mutex::new(Slot::default()),
                 stats: ClientStats::default(),
             }),
         }
@@ -253,19 +278,26 @@ impl RpcClient {
             let conn = inner.connection(deadline, start).await?;
             let (tx, rx) = oneshot::channel();
             lock(&conn.pending).insert(xid, tx);
-            if conn.out.send(record.clone()).await.is_err() {
-                lock(&conn.pending).remove(&xid);
-                conn.dead.store(true, Ordering::Release);
-                continue;
+            let wait = inner.wait(deadline);
+            match tokio::time::timeout(wait, conn.out.send(record.clone())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => {
+                    lock(&conn.pending).remove(&xid);
+                    conn.dead.store(true, Ordering::Release);
+                    continue;
+                }
+                Err(_) => {
+                    // The writer has not taken a record for `wait`: the
+                    // server is not reading.
+                    lock(&conn.pending).remove(&xid);
+                    conn.abandon("the server stopped reading");
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(inner.unavailable(start, "server not reading".into()));
+                    }
+                    continue;
+                }
             }
-            let wait = match deadline {
-                Some(d) => inner
-                    .cfg
-                    .retransmit_after
-                    .min(d.saturating_duration_since(Instant::now())),
-                None => inner.cfg.retransmit_after,
-            };
-            match tokio::time::timeout(wait, rx).await {
+            match tokio::time::timeout(inner.wait(deadline), rx).await {
                 Ok(Ok(reply)) => {
                     tracing::trace!(
                         server = %inner.connector.describe(),
@@ -281,6 +313,9 @@ impl RpcClient {
                 Ok(Err(_)) => {}
                 Err(_) => {
                     lock(&conn.pending).remove(&xid);
+                    if conn.silent_for(inner.cfg.retransmit_after) {
+                        conn.abandon("nothing heard from the server");
+                    }
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(inner.unavailable(start, "no reply".into()));
                     }
@@ -332,6 +367,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Inner {
+    /// How long to wait for one step of a call: until a retransmission is
+    /// due, or the call's deadline if sooner.
+    fn wait(&self, deadline: Option<Instant>) -> Duration {
+        match deadline {
+            Some(d) => self
+                .cfg
+                .retransmit_after
+                .min(d.saturating_duration_since(Instant::now())),
+            None => self.cfg.retransmit_after,
+        }
+    }
+
     fn unavailable(&self, start: Instant, last_error: String) -> ClientError {
         ClientError::Unavailable {
             server: self.connector.describe(),
@@ -347,13 +394,26 @@ impl Inner {
         start: Instant,
     ) -> Result<Arc<Conn>, ClientError> {
         let mut slot = self.conn.lock().await;
-        if let Some(c) = slot.as_ref()
+        if let Some(c) = slot.conn.as_ref()
             && !c.dead.load(Ordering::Acquire)
         {
             return Ok(c.clone());
         }
-        *slot = None;
-        let mut backoff = Duration::from_millis(50);
+        if let Some(c) = slot.conn.take() {
+            if c.heard.load(Ordering::Acquire) == 0 {
+                // It died before the server said anything on it: pause
+                // before the next, longer each time it happens again.
+                slot.redial = (slot.redial * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
+                let pause = match deadline {
+                    Some(d) => slot.redial.min(d.saturating_duration_since(Instant::now())),
+                    None => slot.redial,
+                };
+                tokio::time::sleep(pause).await;
+            } else {
+                slot.redial = Duration::ZERO;
+            }
+        }
+        let mut backoff = FIRST_BACKOFF;
         loop {
             let budget = match deadline {
                 Some(d) => {
@@ -368,8 +428,8 @@ impl Inner {
             let err = match tokio::time::timeout(budget, self.connector.connect()).await {
                 Ok(Ok(stream)) => {
                     self.stats.connects.fetch_add(1, Ordering::Relaxed);
-                    let conn = Arc::new(Conn::start(stream, self.cfg.limits));
-                    *slot = Some(conn.clone());
+                    let conn = Arc::new(Conn::start(stream, &self.cfg));
+                    slot.conn = Some(conn.clone());
                     return Ok(conn);
                 }
                 Ok(Err(e)) => e.to_string(),
@@ -387,23 +447,34 @@ impl Inner {
                 None => backoff,
             };
             tokio::time::sleep(sleep).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 }
 
 impl Conn {
-    fn start(stream: BoxStream, limits: RecordLimits) -> Self {
+    fn start(stream: BoxStream, cfg: &ClientConfig) -> Self {
         let (rd, mut wr) = tokio::io::split(stream);
         let pending: Arc<Pending> = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
         let (out, mut out_rx) = mpsc::channel::<Arc<Vec<u8>>>(64);
+        let (opened, heard) = (Instant::now(), Arc::new(AtomicU64::new(0)));
+        let (limits, stall) = (cfg.limits, cfg.retransmit_after);
         let writer = {
             let (dead, pending_w) = (dead.clone(), pending.clone());
             tokio::spawn(async move {
                 while let Some(rec) = out_rx.recv().await {
-                    if wr.write_all(&rec).await.is_err() {
-                        break;
+                    // A server that takes no bytes for this long is not
+                    // reading: give the connection up.
+                    match tokio::time::timeout(stall, wr.write_all(&rec)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => {
+                            tracing::warn!(
+                                "dropping connection to server: it took no bytes for {stall:?}"
+                            );
+                            break;
+                        }
                     }
                 }
                 dead.store(true, Ordering::Release);
@@ -412,12 +483,13 @@ impl Conn {
             })
         };
         let reader = {
-            let (pending, dead) = (pending.clone(), dead.clone());
+            let (pending, dead, heard) = (pending.clone(), dead.clone(), heard.clone());
             tokio::spawn(async move {
                 let mut records = RecordStream::new(rd, limits);
                 loop {
                     match records.next().await {
                         Ok(Some(rec)) => {
+                            heard.store(millis_since(opened) + 1, Ordering::Release);
                             let Some(xid) = rpc::reply_xid(&rec) else {
                                 continue;
                             };
@@ -441,8 +513,32 @@ impl Conn {
             out,
             pending,
             dead,
+            opened,
+            heard,
             reader,
             writer,
         }
     }
+
+    /// Whether nothing has come in on it for `quiet`.
+    fn silent_for(&self, quiet: Duration) -> bool {
+        let last = match self.heard.load(Ordering::Acquire) {
+            0 => 0,
+            n => n - 1,
+        };
+        millis_since(self.opened).saturating_sub(last) >= quiet.as_millis() as u64
+    }
+
+    /// Gives it up: the next call opens another, and every call waiting
+    /// on it is woken to resend there.
+    fn abandon(&self, why: &str) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            tracing::warn!("leaving a connection to the server: {why}");
+        }
+        lock(&self.pending).clear();
+    }
+}
+
+fn millis_since(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
 }

@@ -194,9 +194,14 @@ macro_rules! nfs_procedures {
                 match self { $(Self::$variant(_) => NfsProc::$variant,)* }
             }
 
-            /// Decodes the results of procedure `p`.
+            /// Decodes the results of procedure `p`. A handle longer than
+            /// NFSv3 allows is refused here, as in a call: replies are kept
+            /// (duplicate-request and attribute caches) at a size that
+            /// assumes it.
             pub fn decode(p: NfsProc, bytes: &[u8]) -> Result<Self, DecodeError> {
-                Ok(match p { $(NfsProc::$variant => Self::$variant(decode_exact(bytes)?),)* })
+                let reply = match p { $(NfsProc::$variant => Self::$variant(decode_exact(bytes)?),)* };
+                reply.check_handles()?;
+                Ok(reply)
             }
 
             /// Appends the XDR results to `out`.
@@ -360,6 +365,40 @@ impl NfsRequest {
 }
 
 impl NfsReply {
+    /// The handles a successful reply gives the client.
+    fn handles(&self) -> Vec<&nfs_fh3> {
+        fn made(h: &Nfs3Option<nfs_fh3>) -> Option<&nfs_fh3> {
+            match h {
+                Nfs3Option::Some(fh) => Some(fh),
+                Nfs3Option::None => None,
+            }
+        }
+        match self {
+            Self::Lookup(Nfs3Result::Ok(ok)) => vec![&ok.object],
+            Self::Create(Nfs3Result::Ok(ok)) => made(&ok.obj).into_iter().collect(),
+            Self::Mkdir(Nfs3Result::Ok(ok)) => made(&ok.obj).into_iter().collect(),
+            Self::Symlink(Nfs3Result::Ok(ok)) => made(&ok.obj).into_iter().collect(),
+            Self::Mknod(Nfs3Result::Ok(ok)) => made(&ok.obj).into_iter().collect(),
+            Self::Readdirplus(Nfs3Result::Ok(ok)) => ok
+                .reply
+                .entries
+                .0
+                .iter()
+                .filter_map(|e| made(&e.name_handle))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn check_handles(&self) -> Result<(), DecodeError> {
+        for fh in self.handles() {
+            if fh.data.len() > MAX_FH_LEN {
+                return Err(DecodeError::HandleTooLong(fh.data.len()));
+            }
+        }
+        Ok(())
+    }
+
     /// The status of the reply (`NFS3_OK` for NULL).
     pub fn status(&self) -> nfsstat3 {
         macro_rules! st {
@@ -442,6 +481,40 @@ mod tests {
         .encode(&mut out);
         assert_eq!(
             NfsRequest::decode(1, &out).unwrap_err(),
+            DecodeError::HandleTooLong(65)
+        );
+    }
+
+    #[test]
+    fn a_reply_handing_out_an_oversized_handle_is_refused() {
+        let ok = |len: usize| {
+            NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
+                object: fh(vec![7; len]),
+                obj_attributes: Nfs3Option::None,
+                dir_attributes: Nfs3Option::None,
+            }))
+        };
+        let mut fits = Vec::new();
+        ok(MAX_FH_LEN).encode(&mut fits);
+        assert!(NfsReply::decode(NfsProc::Lookup, &fits).is_ok());
+        let mut out = Vec::new();
+        ok(1 << 20).encode(&mut out);
+        assert_eq!(
+            NfsReply::decode(NfsProc::Lookup, &out).unwrap_err(),
+            DecodeError::HandleTooLong(1 << 20)
+        );
+        let create = NfsReply::Create(Nfs3Result::Ok(CREATE3resok {
+            obj: Nfs3Option::Some(fh(vec![7; 65])),
+            obj_attributes: Nfs3Option::None,
+            dir_wcc: wcc_data {
+                before: Nfs3Option::None,
+                after: Nfs3Option::None,
+            },
+        }));
+        let mut out = Vec::new();
+        create.encode(&mut out);
+        assert_eq!(
+            NfsReply::decode(NfsProc::Create, &out).unwrap_err(),
             DecodeError::HandleTooLong(65)
         );
     }

@@ -177,8 +177,9 @@ impl RecordReader {
                 limit: self.limits.max_record,
             });
         }
-        // Both caps hold, so this reservation is bounded by max_record.
-        self.record.reserve(len as usize);
+        // Both caps hold, so this reservation is bounded by max_record
+        // (exact: amortized growth could double it).
+        self.record.reserve_exact(len as usize);
         if len == 0 {
             self.end_fragment(last);
         } else {
@@ -265,6 +266,30 @@ mod tests {
             err,
             RecordError::PeerSentOversizedRecord { len: 2700, .. }
         ));
+    }
+
+    #[test]
+    fn a_record_of_two_fragments_never_holds_more_than_the_cap() {
+        // The cap as the proxy sets it: one fragment may be a whole record.
+        let limits = RecordLimits {
+            max_fragment: 2500,
+            max_record: 2500,
+        };
+        let mut r = RecordReader::new(limits);
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&2496u32.to_be_bytes());
+        bytes.extend_from_slice(&[7u8; 2496]);
+        bytes.extend_from_slice(&(0x8000_0000u32 | 4).to_be_bytes());
+        bytes.extend_from_slice(b"last");
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let used = r.feed(rest).unwrap();
+            rest = &rest[used..];
+            assert!(r.record.capacity() <= 2500, "{}", r.record.capacity());
+        }
+        let record = r.take_record().unwrap();
+        assert_eq!(record.len(), 2500);
+        assert!(record.capacity() <= 2500, "{}", record.capacity());
     }
 
     #[test]

@@ -216,3 +216,126 @@ async fn rpc_level_errors_are_reported_not_retried() {
         "{err:?}"
     );
 }
+
+/// Client settings for a hard mount (no deadline) that resends after `after`.
+fn hard(after: Duration) -> ClientConfig {
+    ClientConfig {
+        retransmit_after: after,
+        give_up_after: None,
+        ..cfg(Duration::ZERO)
+    }
+}
+
+#[tokio::test]
+async fn a_connection_the_server_went_quiet_on_is_left_for_a_new_one() {
+    // The first connection takes the calls and never answers (a server
+    // that hung, or a link that went dark); the next ones answer. A hard
+    // mount must not resend on the dead connection forever.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(Mutex::new(0));
+    let c2 = connections.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let first = {
+                let mut n = c2.lock().unwrap();
+                *n += 1;
+                *n == 1
+            };
+            if first {
+                held.push(s);
+                continue;
+            }
+            tokio::spawn(async move {
+                while let Some(c) = read_call(&mut s).await {
+                    s.write_all(&echo_reply(&c)).await.unwrap();
+                }
+            });
+        }
+    });
+    let client = RpcClient::new(TcpConnector { addr }, hard(Duration::from_millis(300)));
+    let mut tasks = Vec::new();
+    for i in 0u32..8 {
+        let c = client.clone();
+        tasks.push(tokio::spawn(async move {
+            c.call(1, 1, 1, &Credentials::None, &i.to_be_bytes()).await
+        }));
+    }
+    for (i, t) in (0u32..).zip(tasks) {
+        let r = tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("the calls stayed on the quiet connection")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.to_vec(), i.to_be_bytes().to_vec());
+    }
+    assert_eq!(*connections.lock().unwrap(), 2);
+}
+
+#[tokio::test]
+async fn calls_behind_a_server_that_stopped_reading_give_up_on_time() {
+    // The server accepts and never reads: the socket buffers fill, the
+    // client's writer blocks, and calls queue behind it. Each must still
+    // fail by its deadline rather than wait on the queue for ever.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (s, _) = listener.accept().await.unwrap();
+            held.push(s);
+        }
+    });
+    let client = RpcClient::new(
+        TcpConnector { addr },
+        ClientConfig {
+            retransmit_after: Duration::from_millis(500),
+            ..cfg(Duration::from_secs(2))
+        },
+    );
+    let start = std::time::Instant::now();
+    let big = vec![0u8; 1 << 20];
+    let mut tasks = Vec::new();
+    for _ in 0..48 {
+        let (c, args) = (client.clone(), big.clone());
+        tasks.push(tokio::spawn(async move {
+            c.call(1, 1, 1, &Credentials::None, &args).await
+        }));
+    }
+    for t in tasks {
+        let r = tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("a call waited past its deadline")
+            .unwrap();
+        assert!(matches!(r, Err(ClientError::Unavailable { .. })), "{r:?}");
+    }
+    assert!(start.elapsed() < Duration::from_secs(20));
+}
+
+#[tokio::test]
+async fn a_server_that_hangs_up_at_once_is_redialled_with_pauses() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(Mutex::new(0u32));
+    let c2 = connections.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            *c2.lock().unwrap() += 1;
+            // Take the call, then hang up without a word.
+            let _ = read_call(&mut s).await;
+        }
+    });
+    let client = RpcClient::new(TcpConnector { addr }, cfg(Duration::from_millis(1500)));
+    let err = client
+        .call(1, 1, 1, &Credentials::None, &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Unavailable { .. }), "{err:?}");
+    // Pauses of 50, 100, 200, 400, 800 ms fit in 1.5 s: a handful of
+    // connections, not one per loop of the scheduler.
+    let n = *connections.lock().unwrap();
+    assert!((2..=8).contains(&n), "{n} connections in 1.5 s");
+}
