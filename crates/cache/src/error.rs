@@ -103,6 +103,10 @@ pub enum Error {
     /// disk; the store must be reopened (recovery repairs it).
     #[error("block store disabled by an earlier I/O error; reopen it")]
     Poisoned,
+    /// The store was closed (shutdown recorded as clean): nothing more may
+    /// be written to it.
+    #[error("block store closed; nothing more is written to it")]
+    Closed,
     /// An I/O error of the storage backend.
     #[error("cache storage I/O failed while {op}: {source}")]
     Io {

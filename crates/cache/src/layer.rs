@@ -219,6 +219,40 @@ fn get(c: &AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)
 }
 
+/// Async locks by file handle, kept only while held or awaited.
+#[derive(Default)]
+struct FileLocks(Mutex<HashMap<Vec<u8>, Arc<tokio::sync::Mutex<()>>>>);
+
+/// A held [`FileLocks`] lock; frees its entry when nobody else waits.
+struct FileLockGuard<'a> {
+    locks: &'a FileLocks,
+    fh: Vec<u8>,
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl FileLocks {
+    async fn lock(&self, fh: &[u8]) -> FileLockGuard<'_> {
+        let m = lock(&self.0).entry(fh.to_vec()).or_default().clone();
+        let held = Some(m.lock_owned().await);
+        FileLockGuard {
+            locks: self,
+            fh: fh.to_vec(),
+            held,
+        }
+    }
+}
+
+impl Drop for FileLockGuard<'_> {
+    fn drop(&mut self) {
+        self.held = None;
+        let mut map = lock(&self.locks.0);
+        // Only the map's own reference left: nobody holds or awaits it.
+        if map.get(&self.fh).is_some_and(|m| Arc::strong_count(m) == 1) {
+            map.remove(&self.fh);
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -266,6 +300,11 @@ pub struct CacheLayer {
     zero_hint: std::sync::OnceLock<ZeroHint>,
     /// One write-back at a time; truncation waits for it.
     write_back_lock: tokio::sync::Mutex<()>,
+    /// What sends a file's dirty data upstream or truncates it (a
+    /// write-back, an evicted dirty block, SETATTR of the size) does so one
+    /// at a time per file, so no WRITE of older bytes lands after newer
+    /// ones or past a truncation.
+    file_locks: FileLocks,
     counters: Counters,
     closed: AtomicBool,
 }
@@ -347,6 +386,7 @@ impl CacheLayer {
             readahead_slots: Arc::new(Semaphore::new(MAX_READAHEAD_TASKS)),
             zero_hint: std::sync::OnceLock::new(),
             write_back_lock: tokio::sync::Mutex::new(()),
+            file_locks: FileLocks::default(),
             counters: Counters::default(),
             closed: AtomicBool::new(false),
         })
@@ -1327,10 +1367,13 @@ impl CacheLayer {
         };
         // No write-back may be sending data past the new size meanwhile.
         let _wb = self.write_back_lock.lock().await;
+        let _file = self.file_locks.lock(&fh).await;
         self.ensure_recovered(cx, &fh).await?;
-        self.truncate_cached(&fh, size).await?;
         let mut reply = self.up(cx, NfsRequest::Setattr(args)).await?;
         if reply.status() == nfsstat3::NFS3_OK {
+            // Only now: dirty data past the size is the client's, kept
+            // (and written back) if upstream refuses the truncation.
+            self.truncate_cached(&fh, size).await?;
             let mut files = self.files();
             let seq = files.next_seq();
             if let Some(ov) = &mut files.entry(&fh).overlay {
@@ -1507,6 +1550,7 @@ impl CacheLayer {
             let fh = h.data.to_vec();
             if let Some(size) = truncating {
                 let _wb = self.write_back_lock.lock().await;
+                let _file = self.file_locks.lock(&fh).await;
                 self.truncate_cached(&fh, size).await?;
                 let mut files = self.files();
                 if let Some(ov) = &mut files.entry(&fh).overlay {

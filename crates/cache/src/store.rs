@@ -232,6 +232,9 @@ struct Inner {
     seq: u64,
     stats: CacheStats,
     poisoned: bool,
+    /// Set by a close: the headers say "clean shutdown", so a later write
+    /// would go unverified by the next open.
+    closed: bool,
 }
 
 /// The block cache's storage core: a hashed set-associative store of blocks
@@ -395,7 +398,14 @@ impl BlockStore {
                 ..CacheStats::default()
             },
             poisoned: false,
+            closed: false,
         };
+        // What recovery reads must be durable before it writes over it: a
+        // tag a killed process left in the page cache may be the newest
+        // copy, and recovery rewrites the other slot.
+        for bank in &inner.banks {
+            bank.storage.sync().ctx("syncing a bank before recovery")?;
+        }
         for (b, must_verify) in verify.into_iter().enumerate() {
             inner.recover_bank(b, must_verify, &mut report)?;
         }
@@ -452,6 +462,9 @@ impl BlockStore {
     /// memory and disk may disagree afterwards (reopen to recover).
     fn mutate<T>(&self, op: impl FnOnce(&mut Inner) -> Result<T>) -> Result<T> {
         let mut g = self.lock()?;
+        if g.closed {
+            return Err(Error::Closed);
+        }
         let r = op(&mut g);
         if let Err(Error::Io { .. }) = &r {
             g.poisoned = true;
@@ -641,7 +654,7 @@ impl BlockStore {
 
     /// Drops everything of `fh` past `new_size`, dirty data included, and
     /// zeroes the tail of a valid sub-block straddling it. Durable before it
-    /// returns: call it before sending the SETATTR upstream.
+    /// returns.
     pub fn truncate(&self, fh: &[u8], new_size: u64) -> Result<()> {
         self.mutate(|inner| inner.truncate(fh, new_size))
     }
@@ -711,6 +724,9 @@ impl BlockStore {
     /// must not write to the store afterwards: the banks are marked closed
     /// cleanly, so a later write would go unverified on the next open.
     pub fn close_shared(&self) -> Result<()> {
+        if self.lock()?.closed {
+            return Ok(());
+        }
         self.mutate(|inner| {
             inner.sync()?;
             for b in 0..inner.banks.len() {
@@ -718,7 +734,9 @@ impl BlockStore {
                 h.shutdown = Shutdown::Clean;
                 inner.write_header(b, h)?;
             }
-            inner.fsync_all()
+            inner.fsync_all()?;
+            inner.closed = true;
+            Ok(())
         })
     }
 }
@@ -1824,6 +1842,26 @@ mod tests {
         assert_eq!(s.verifier(), v);
         assert_eq!(s.read(FH, 1, 0, 16384).expect("read"), Some(vec![4; 16384]));
         assert_eq!(s.dirty_blocks(None).expect("dirty").len(), 1);
+    }
+
+    #[test]
+    fn nothing_is_written_after_a_close() {
+        let m = mems();
+        let (s, _) = open(&m);
+        stored(s.write(FH, 1, 0, &[4; 16384], WriteMode::Dirty));
+        s.close_shared().expect("close");
+        // A late write (one that passed a layer's own check just before
+        // the close) is refused, not written under a "clean" header.
+        assert!(matches!(
+            s.write(FH, 2, 0, &[5; 16384], WriteMode::Dirty),
+            Err(Error::Closed)
+        ));
+        s.close_shared().expect("closing twice is harmless");
+        drop(s);
+        let (s, r) = open(&m);
+        assert_eq!(r.unclean_banks, 0, "{r:?}");
+        assert_eq!(s.read(FH, 2, 0, 16384).expect("read"), None);
+        assert_eq!(s.read(FH, 1, 0, 16384).expect("read"), Some(vec![4; 16384]));
     }
 
     #[test]

@@ -30,6 +30,8 @@ struct State {
     calls: HashMap<NfsProc, u64>,
     reboot_before_commit: u32,
     clock: u32,
+    /// SETATTR is answered NFS3ERR_ACCES (a caller upstream refuses).
+    refuse_setattr: bool,
 }
 
 /// The fake server.
@@ -112,6 +114,15 @@ impl Fake {
             .get(fh)
             .map(|f| f.data.clone())
             .unwrap_or_default()
+    }
+
+    /// Refuses every SETATTR from now on.
+    pub(super) fn refuse_setattr(&self) {
+        self.st().refuse_setattr = true;
+    }
+
+    fn refused(p: NfsProc) -> NfsReply {
+        NfsReply::error(p, nfsstat3::NFS3ERR_ACCES)
     }
 
     pub(super) fn exists(&self, fh: &[u8]) -> bool {
@@ -239,6 +250,7 @@ impl Fake {
                     None => stale(NfsProc::Commit),
                 }
             }
+            NfsRequest::Setattr(_) if st.refuse_setattr => Fake::refused(NfsProc::Setattr),
             NfsRequest::Setattr(a) => {
                 st.clock += 1;
                 let clock = st.clock;

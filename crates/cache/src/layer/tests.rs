@@ -468,6 +468,72 @@ async fn truncate_discards_dirty_data_beyond() {
 }
 
 #[tokio::test]
+async fn a_truncation_refused_upstream_keeps_the_committed_data() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", b"");
+    let data = pattern(10_000, 8);
+    write(&s.layer, &fh, 0, &data, stable_how::UNSTABLE).await;
+    let verf = commit(&s.layer, &fh).await;
+    s.fake.refuse_setattr();
+    let req = NfsRequest::Setattr(SETATTR3args {
+        object: fh3(&fh),
+        new_attributes: sattr3 {
+            size: Nfs3Option::Some(0),
+            ..sattr3::default()
+        },
+        guard: Nfs3Option::None,
+    });
+    let reply = s.layer.call(&cx(), req).await.expect("setattr");
+    assert_eq!(reply.status(), nfsstat3::NFS3ERR_ACCES);
+    // The file is as it was: same size, same bytes, same verifier.
+    assert_eq!(getattr(&s.layer, &fh).await.size, data.len() as u64);
+    let (d, _, _) = read(&s.layer, &fh, 0, 10_000).await;
+    assert_eq!(d, data);
+    assert_eq!(commit(&s.layer, &fh).await, verf);
+    write_back(&s.layer).await;
+    assert_eq!(s.fake.data(&fh), data);
+}
+
+#[tokio::test]
+async fn a_truncation_waits_for_an_evicted_block_being_written_back() {
+    // One set of two frames; block 0 has two dirty runs, so writing its
+    // eviction back takes two WRITEs, each slow.
+    let s = setup_with(geometry(1, 2, 1), CacheConfig::default());
+    let fh = s.fake.create("a", b"");
+    let (head, mid) = (pattern(1024, 1), pattern(1024, 2));
+    write(&s.layer, &fh, 0, &head, stable_how::UNSTABLE).await;
+    write(&s.layer, &fh, 4096, &mid, stable_how::UNSTABLE).await;
+    let block1 = pattern(BS, 3);
+    write(&s.layer, &fh, BS as u64, &block1, stable_how::UNSTABLE).await;
+    s.fake.set_write_delay(Duration::from_millis(300));
+    // Block 2 needs a frame: block 0 goes upstream in two WRITEs. The
+    // truncation to 2048 comes while the first is on its way.
+    let block2 = pattern(BS, 4);
+    let writing = {
+        let (l, fh, d) = (s.layer.clone(), fh.clone(), block2.clone());
+        tokio::spawn(async move { write(&l, &fh, 2 * BS as u64, &d, stable_how::UNSTABLE).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    setattr_size(&s.layer, &fh, 2048).await;
+    writing.await.unwrap();
+    s.fake.set_write_delay(Duration::ZERO);
+    write_back(&s.layer).await;
+    // Either order of the two calls, never bytes past the truncation
+    // coming back from the older write.
+    let mut truncated_last = head.clone();
+    truncated_last.resize(2048, 0);
+    let mut written_last = truncated_last.clone();
+    written_last.resize(2 * BS, 0);
+    written_last.extend_from_slice(&block2);
+    let up = s.fake.data(&fh);
+    assert!(
+        up == truncated_last || up == written_last,
+        "upstream holds {} bytes",
+        up.len()
+    );
+}
+
+#[tokio::test]
 async fn verifier_change_during_write_back_resends() {
     let s = setup(WritePolicy::WriteBack, 0);
     let fh = s.fake.create("a", &pattern(100, 9));

@@ -180,6 +180,7 @@ impl CacheLayer {
         report: &mut WriteBackReport,
         on_bytes: &mut (dyn FnMut(u64) + Send),
     ) -> Result<(), ServiceError> {
+        let _file = self.file_locks.lock(fh).await;
         let cx = self.writer_context(fh);
         self.ensure_recovered(&cx, fh).await?;
         let start_seq = self.files().get(fh).and_then(|s| s.overlay).map(|o| o.seq);
@@ -268,6 +269,7 @@ impl CacheLayer {
         fh: &[u8],
         block: u64,
     ) -> Result<(), ServiceError> {
+        let _file = self.file_locks.lock(fh).await;
         let cx = self.writer_context(fh);
         let key = fh.to_vec();
         let Some(dd) = self.store_op(move |s| s.dirty_data(&key, block)).await? else {
