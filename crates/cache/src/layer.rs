@@ -276,6 +276,9 @@ impl From<ServiceError> for FetchError {
 struct Fetched {
     data: Vec<u8>,
     readahead: bool,
+    /// The file's generation when the fetch started: its bytes may be
+    /// cached only while that still holds.
+    generation: u64,
 }
 
 type FetchResult = Result<Arc<Fetched>, FetchError>;
@@ -931,10 +934,12 @@ impl CacheLayer {
                 };
                 // A fetch that ended between our miss and taking the flight
                 // (read-ahead, usually) has filled the block already.
+                let generation = self.files().generation(&fh);
                 let r = match self.cached_block(&fh, block).await {
                     Some(data) => Ok(Arc::new(Fetched {
                         data,
                         readahead: false,
+                        generation,
                     })),
                     None => self.fetch_and_fill(&cred, &fh, block, readahead).await,
                 };
@@ -1009,10 +1014,9 @@ impl CacheLayer {
         let key = fh.to_vec();
         let filled = self
             .store_raw(move |s| {
-                if lock(&files).generation(&key) != generation {
-                    return Ok(false);
-                }
-                Ok(s.write(&key, block, 0, &fill, WriteMode::Clean)? == WriteOutcome::Stored)
+                let still = || lock(&files).generation(&key) == generation;
+                let outcome = s.write_if(&key, block, 0, &fill, WriteMode::Clean, still)?;
+                Ok(outcome == Some(WriteOutcome::Stored))
             })
             .await;
         if readahead && matches!(filled, Ok(true)) {
@@ -1022,7 +1026,11 @@ impl CacheLayer {
             }
             p.insert((fh.to_vec(), block));
         }
-        Ok(Arc::new(Fetched { data, readahead }))
+        Ok(Arc::new(Fetched {
+            data,
+            readahead,
+            generation,
+        }))
     }
 
     /// Starts read-ahead after a READ of `offset..end` when it continued
@@ -1249,13 +1257,19 @@ impl CacheLayer {
         fill.resize(self.geo.block_size() as usize, 0);
         let fill = Arc::new(fill);
         for _ in 0..MAX_STORE_ATTEMPTS {
-            let (key, d) = (fh.to_vec(), fill.clone());
+            let (key, d, files, generation) =
+                (fh.to_vec(), fill.clone(), self.files.clone(), f.generation);
             match self
-                .store_op(move |s| s.write(&key, block, 0, &d, WriteMode::Clean))
+                .store_op(move |s| {
+                    let still = || lock(&files).generation(&key) == generation;
+                    s.write_if(&key, block, 0, &d, WriteMode::Clean, still)
+                })
                 .await?
             {
-                WriteOutcome::Stored => return Ok(()),
-                WriteOutcome::NeedsWriteBack(victim) => {
+                // Stale (truncated, written back or dropped meanwhile):
+                // the caller fetches again.
+                None | Some(WriteOutcome::Stored) => return Ok(()),
+                Some(WriteOutcome::NeedsWriteBack(victim)) => {
                     self.write_back_victim(victim.fh.as_bytes(), victim.block)
                         .await?
                 }

@@ -598,6 +598,28 @@ impl BlockStore {
         self.mutate(|inner| inner.write(fh, block, offset, data, mode))
     }
 
+    /// [`write`](Self::write) if `still()` holds, asked under the store's
+    /// lock, so nothing the caller orders around that lock (a truncation,
+    /// a write-back marking blocks clean) comes between the check and the
+    /// write. `None` when it did not hold.
+    pub fn write_if(
+        &self,
+        fh: &[u8],
+        block: u64,
+        offset: u32,
+        data: &[u8],
+        mode: WriteMode,
+        still: impl FnOnce() -> bool,
+    ) -> Result<Option<WriteOutcome>> {
+        check_fh(fh)?;
+        self.mutate(|inner| {
+            if !still() {
+                return Ok(None);
+            }
+            inner.write(fh, block, offset, data, mode).map(Some)
+        })
+    }
+
     /// Blocks holding dirty data, of one file or all, in (file handle,
     /// block) order so the layer can coalesce neighbours into large WRITEs.
     pub fn dirty_blocks(&self, fh: Option<&[u8]>) -> Result<Vec<DirtyBlock>> {

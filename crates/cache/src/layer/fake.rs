@@ -39,6 +39,9 @@ struct State {
 pub(super) struct Fake {
     state: Mutex<State>,
     read_delay: Mutex<Duration>,
+    /// Delays READ replies after their bytes were read (a reply on its
+    /// way while other calls change the file).
+    read_late: Mutex<Duration>,
     write_delay: Mutex<Duration>,
     writes_in_flight: AtomicU64,
     max_writes_in_flight: AtomicU64,
@@ -147,6 +150,10 @@ impl Fake {
 
     pub(super) fn set_read_delay(&self, d: Duration) {
         *self.read_delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    pub(super) fn set_read_late(&self, d: Duration) {
+        *self.read_late.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 
     /// Delays every WRITE, so concurrent ones overlap.
@@ -308,7 +315,13 @@ impl NfsService for Fake {
                 }
                 self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
             }
-            Ok(self.handle(req))
+            let is_read = req.proc_() == NfsProc::Read;
+            let reply = self.handle(req);
+            let late = *self.read_late.lock().unwrap_or_else(|e| e.into_inner());
+            if is_read && !late.is_zero() {
+                tokio::time::sleep(late).await;
+            }
+            Ok(reply)
         })
     }
 

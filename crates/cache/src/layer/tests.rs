@@ -534,6 +534,28 @@ async fn a_truncation_waits_for_an_evicted_block_being_written_back() {
 }
 
 #[tokio::test]
+async fn a_fetch_older_than_a_write_back_does_not_fill_the_blocks_it_cleaned() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", &pattern(BS, 1));
+    let mine = pattern(1024, 2);
+    write(&s.layer, &fh, 0, &mine, stable_how::UNSTABLE).await;
+    // A READ of the rest of the block fetches it; upstream's reply (its
+    // bytes from before the write-back) arrives after the write-back.
+    s.fake.set_read_late(Duration::from_millis(300));
+    let reading = {
+        let (l, fh) = (s.layer.clone(), fh.clone());
+        tokio::spawn(async move { read(&l, &fh, 2048, 1024).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    write_back(&s.layer).await;
+    reading.await.unwrap();
+    s.fake.set_read_late(Duration::ZERO);
+    idle(&s.layer).await;
+    let (d, _, _) = read(&s.layer, &fh, 0, 1024).await;
+    assert_eq!(d, mine, "the old fetch filled the written-back bytes");
+}
+
+#[tokio::test]
 async fn verifier_change_during_write_back_resends() {
     let s = setup(WritePolicy::WriteBack, 0);
     let fh = s.fake.create("a", &pattern(100, 9));

@@ -242,6 +242,9 @@ impl CacheLayer {
             }
             report.blocks += data.len() as u64;
             report.files += 1;
+            // Fetches begun before these WRITEs may hold upstream's older
+            // bytes: they must not fill the blocks once clean.
+            self.files().bump_generation(fh);
             self.store_op(move |s| data.iter().try_for_each(|d| s.mark_clean(d)))
                 .await?;
             break;
@@ -311,6 +314,7 @@ impl CacheLayer {
                 }
             }
         }
+        self.files().bump_generation(fh);
         self.store_op(move |s| s.mark_clean(&dd)).await?;
         bump(&self.counters.eviction_write_backs, 1);
         Ok(())
