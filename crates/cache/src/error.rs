@@ -50,13 +50,25 @@ pub enum Error {
     InvalidGeometry(#[from] GeometryError),
     /// A bank on disk was written with a different geometry than the one requested.
     #[error(
-        "bank {bank} was created with a different geometry ({found}); refusing to reinterpret it"
+        "the cache here was made with {found}, not {wanted} (bank {bank}); \
+         start with the settings it was made with, or use another --cache-dir"
     )]
     GeometryMismatch {
         /// Bank index.
         bank: u32,
-        /// The geometry recorded in the bank header.
+        /// The geometry recorded in the bank header, as the proxy's options.
         found: String,
+        /// The geometry asked for, likewise.
+        wanted: String,
+    },
+    /// Another process holds the cache directory.
+    #[error(
+        "cache directory {} is in use by another running gvfs-proxy; give each proxy its own --cache-dir",
+        dir.display()
+    )]
+    DirInUse {
+        /// The directory.
+        dir: std::path::PathBuf,
     },
     /// A bank header has an unknown format version.
     #[error("bank {bank} has unsupported format version {version}")]

@@ -245,6 +245,8 @@ struct Inner {
 #[derive(Debug)]
 pub struct BlockStore {
     inner: Mutex<Inner>,
+    /// The directory's lock file, held (locked) while the store is open.
+    _dir_lock: Option<std::fs::File>,
 }
 
 fn check_fh(fh: &[u8]) -> Result<()> {
@@ -272,14 +274,55 @@ fn new_verifier(old: &[[u8; 8]]) -> [u8; 8] {
     }
 }
 
+/// A geometry as the proxy's options that make it.
+fn as_options(g: &Geometry) -> String {
+    format!(
+        "--cache-size {} --cache-banks {} --cache-ways {} --block-size {}",
+        size_option(g.capacity()),
+        g.banks(),
+        g.ways(),
+        size_option(u64::from(g.block_size()))
+    )
+}
+
+/// Bytes in the largest unit that divides them (`4G`, `64K`, `1000`).
+fn size_option(bytes: u64) -> String {
+    for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 impl BlockStore {
-    /// Opens (creating as needed) the bank files `DIR/bank-NNN.gvfs`.
+    /// Opens (creating as needed) the bank files `DIR/bank-NNN.gvfs`, and
+    /// holds `DIR/lock` while open: a second process is refused.
     pub fn open_dir(
         dir: &Path,
         geometry: Geometry,
         options: OpenOptions,
     ) -> Result<(BlockStore, RecoveryReport)> {
         std::fs::create_dir_all(dir).ctx("creating the cache directory")?;
+        // One process per cache directory: two would each believe they
+        // own every frame.
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("lock"))
+            .ctx("opening the cache directory's lock file")?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::DirInUse {
+                    dir: dir.to_path_buf(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).ctx("locking the cache directory");
+            }
+        }
         let mut storages: Vec<Box<dyn Storage>> = Vec::new();
         for b in 0..geometry.banks() {
             let path = dir.join(format!("bank-{b:03}.gvfs"));
@@ -287,7 +330,9 @@ impl BlockStore {
                 FileStorage::open(&path).ctx("opening a bank file")?,
             ));
         }
-        BlockStore::open(storages, geometry, options)
+        let (mut store, report) = BlockStore::open(storages, geometry, options)?;
+        store._dir_lock = Some(lock);
+        Ok((store, report))
     }
 
     /// Opens a cache over one storage per bank, recovering the index from
@@ -334,9 +379,13 @@ impl BlockStore {
                             h.sub_block_size,
                             h.sets_per_bank,
                         )
-                        .map(|g| format!("{g:?}"))
-                        .unwrap_or_else(|e| format!("invalid: {e}"));
-                        return Err(Error::GeometryMismatch { bank: b32, found });
+                        .map(|g| as_options(&g))
+                        .unwrap_or_else(|e| format!("an invalid geometry ({e})"));
+                        return Err(Error::GeometryMismatch {
+                            bank: b32,
+                            found,
+                            wanted: as_options(&geometry),
+                        });
                     }
                     Ok(h) => header_ok = Some(h),
                     Err(HeaderError::Version(version)) => {
@@ -445,6 +494,7 @@ impl BlockStore {
         Ok((
             BlockStore {
                 inner: Mutex::new(inner),
+                _dir_lock: None,
             },
             report,
         ))
@@ -1978,12 +2028,27 @@ mod tests {
         let e =
             BlockStore::open_dir(dir.path(), other, OpenOptions::default()).expect_err("mismatch");
         assert!(matches!(e, Error::GeometryMismatch { bank: 0, .. }));
+        // Said as the options that would open it.
+        let msg = e.to_string();
+        assert!(
+            msg.contains(
+                "made with --cache-size 256K --cache-banks 2 --cache-ways 2 --block-size 16K"
+            ) && msg.contains("not --cache-size 512K"),
+            "{msg}"
+        );
         let opts = OpenOptions {
             verify_data: VerifyData::Always,
         };
         let (s, r) = BlockStore::open_dir(dir.path(), geo(), opts).expect("reopen");
         assert_eq!(r.frames_recovered, 1);
         assert_eq!(s.read(FH, 0, 0, 2).expect("read"), Some(vec![6, 6]));
+        // A second process (or store) on the same directory is refused
+        // while the first has it open.
+        let e =
+            BlockStore::open_dir(dir.path(), geo(), OpenOptions::default()).expect_err("in use");
+        assert!(matches!(e, Error::DirInUse { .. }), "{e}");
+        drop(s);
+        BlockStore::open_dir(dir.path(), geo(), OpenOptions::default()).expect("free again");
     }
 
     #[test]
