@@ -414,12 +414,15 @@ impl Inner {
             }
         }
         let mut backoff = FIRST_BACKOFF;
+        let mut last_err: Option<String> = None;
         loop {
             let budget = match deadline {
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(self.unavailable(start, "deadline passed".into()));
+                        // The last attempt's error says why, not the clock.
+                        let why = last_err.unwrap_or_else(|| "deadline passed".into());
+                        return Err(self.unavailable(start, why));
                     }
                     left.min(self.cfg.connect_timeout)
                 }
@@ -446,6 +449,7 @@ impl Inner {
                 }
                 None => backoff,
             };
+            last_err = Some(err);
             tokio::time::sleep(sleep).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }

@@ -159,7 +159,13 @@ async fn a_server_that_stays_away_is_a_clear_error_in_bounded_time() {
         start.elapsed()
     );
     match &err {
-        ClientError::Unavailable { server, .. } => assert_eq!(server, &addr.to_string()),
+        ClientError::Unavailable {
+            server, last_error, ..
+        } => {
+            assert_eq!(server, &addr.to_string());
+            // Why, not only that time ran out.
+            assert!(last_error.contains("refused"), "{last_error}");
+        }
         other => panic!("unexpected {other:?}"),
     }
     assert!(err.to_string().contains("unavailable"), "{err}");

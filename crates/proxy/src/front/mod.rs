@@ -314,6 +314,14 @@ impl FrontEnd {
     async fn run(&self, cx: &CallContext, mut req: NfsRequest) -> ReplyRecord {
         let p = req.proc_();
         clamp_request(&mut req);
+        if let NfsRequest::Mknod(m) = &req
+            && matches!(m.what, nfs3_types::nfs3::mknoddata3::default)
+        {
+            // MKNOD makes devices, sockets and FIFOs only (RFC 1813
+            // section 3.3.11); any other type has no body to pass on.
+            let reply = NfsReply::error(p, nfs3_types::nfs3::nfsstat3::NFS3ERR_BADTYPE);
+            return encode_success(cx.xid, &reply).into();
+        }
         if let NfsRequest::Write(w) = &req {
             self.stats
                 .write_bytes

@@ -362,3 +362,24 @@ async fn transfer_sizes_are_capped_at_what_the_proxy_carries() {
     let _ = results(&f, &call(2, 100_003, 3, 6, &Credentials::None, &args)).await;
     assert_eq!(*greedy.read_count.lock().unwrap(), 1 << 20);
 }
+
+#[tokio::test]
+async fn mknod_of_a_regular_file_is_badtype_here_and_goes_no_further() {
+    let (fake, f) = front();
+    // diropargs3, then the union's discriminant NF3REG (1) with no body:
+    // valid XDR, but not a type MKNOD makes.
+    let mut args = Vec::new();
+    NfsRequest::Lookup(LOOKUP3args {
+        what: diropargs3 {
+            dir: fh(b"d"),
+            name: filename3::from(b"n".to_vec()),
+        },
+    })
+    .encode(&mut args);
+    args.extend_from_slice(&1u32.to_be_bytes());
+    let msg = call(9, 100_003, 3, 11, &Credentials::unix(1, 1), &args);
+    let res = results(&f, &msg).await.expect("an NFS reply");
+    let mut r = XdrReader::new(&res);
+    assert_eq!(r.u32().unwrap(), nfsstat3::NFS3ERR_BADTYPE as u32);
+    assert_eq!(fake.calls.load(Ordering::SeqCst), 0);
+}
