@@ -30,7 +30,14 @@ pub enum MetaError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IndexError {
-    /// The sled database failed (I/O, corruption, or already open).
+    /// The sled database failed (I/O, corruption, or already open). Its
+    /// error is part of the message, so it is not also a `source`.
     #[error("index storage: {0}")]
-    Sled(#[from] sled::Error),
+    Sled(sled::Error),
+}
+
+impl From<sled::Error> for IndexError {
+    fn from(e: sled::Error) -> Self {
+        Self::Sled(e)
+    }
 }

@@ -24,7 +24,7 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 ///
 /// ```toml
 /// listen = "127.0.0.1:2049"
-/// upstream = "nfs://filer/srv/images"   # or "dir:/srv/images"
+/// upstream = "nfs://filer/srv/images"   # or "dir:/srv/images", "gvfs://peer:20049/export"
 /// export = "/export"
 /// control = "/run/gvfs/proxy.sock"
 /// allow_remote = false
@@ -34,6 +34,7 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// max_in_flight = 64
 /// drain_timeout_secs = 10
 /// metrics = "127.0.0.1:9100"           # Prometheus text endpoint
+/// attr_timeout_secs = 0                # attribute cache (0, default = off)
 ///
 /// # block cache (off unless cache_dir is set)
 /// cache_dir = "/var/cache/gvfs/proxy1"
@@ -66,7 +67,8 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 pub struct FileConfig {
     /// Address to listen on.
     pub listen: Option<String>,
-    /// `dir:PATH` or `nfs://HOST[:PORT]/EXPORT[?mountport=N]`.
+    /// `dir:PATH`, `nfs://HOST[:PORT]/EXPORT[?mountport=N]` or
+    /// `gvfs://HOST:PORT[/EXPORT][?name=NAME]`.
     pub upstream: Option<String>,
     /// The export path clients mount.
     pub export: Option<String>,
@@ -136,9 +138,10 @@ impl FileConfig {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
+        // The error's Display names the line and column and shows the line.
         toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
-            reason: e.message().to_string(),
+            reason: e.to_string().trim_end().to_string(),
         })
     }
 
@@ -290,6 +293,23 @@ fn tls_settings(f: &FileConfig) -> Result<Option<TlsSettings>, ConfigError> {
                     "{what} needs --cert, --key and --ca (make them with `gvfsctl ca init` and `gvfsctl ca issue`)"
                 )));
             }
+            refuse_orphans(
+                &[
+                    ("--map-peer", "[peers]", f.peers.is_some()),
+                    (
+                        "--unknown-peers",
+                        "unknown_peers",
+                        f.unknown_peers.is_some(),
+                    ),
+                    (
+                        "--handshake-timeout",
+                        "handshake_timeout_secs",
+                        f.handshake_timeout_secs.is_some(),
+                    ),
+                    ("", "nobody", f.nobody.is_some()),
+                ],
+                "there is no TLS: add --cert, --key and --ca (cert, key and ca in the file)",
+            )?;
             return Ok(None);
         }
         _ => {
@@ -382,21 +402,53 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
         })
 }
 
+/// Refuses the first setting of `settings` (flag, file key, whether set)
+/// that is set although what it tunes is off, rather than ignore it:
+/// "FLAG (KEY in the file) is set but {off}".
+fn refuse_orphans(settings: &[(&str, &str, bool)], off: &str) -> Result<(), ConfigError> {
+    match settings.iter().find(|(_, _, set)| *set) {
+        Some(("", key, _)) => Err(ConfigError::Invalid(format!(
+            "{key} in the file is set but {off}"
+        ))),
+        Some((flag, key, _)) => Err(ConfigError::Invalid(format!(
+            "{flag} ({key} in the file) is set but {off}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> {
     let Some(dir) = f.cache_dir.clone() else {
-        let set = [
-            ("cache_size", f.cache_size.is_some()),
-            ("cache_banks", f.cache_banks.is_some()),
-            ("cache_ways", f.cache_ways.is_some()),
-            ("block_size", f.block_size.is_some()),
-            ("write_policy", f.write_policy.is_some()),
-            ("file_cache_size", f.file_cache_size.is_some()),
-        ];
-        if let Some((name, _)) = set.iter().find(|(_, s)| *s) {
-            return Err(ConfigError::Invalid(format!(
-                "{name} is set but there is no cache: add --cache-dir DIR (cache_dir in the file)"
-            )));
-        }
+        refuse_orphans(
+            &[
+                ("--cache-size", "cache_size", f.cache_size.is_some()),
+                ("--cache-banks", "cache_banks", f.cache_banks.is_some()),
+                ("--cache-ways", "cache_ways", f.cache_ways.is_some()),
+                ("--block-size", "block_size", f.block_size.is_some()),
+                ("--write-policy", "write_policy", f.write_policy.is_some()),
+                (
+                    "--file-cache-size",
+                    "file_cache_size",
+                    f.file_cache_size.is_some(),
+                ),
+                (
+                    "--readahead",
+                    "readahead_blocks",
+                    f.readahead_blocks.is_some(),
+                ),
+                (
+                    "--no-writeback-on-exit",
+                    "writeback_on_exit",
+                    f.writeback_on_exit.is_some(),
+                ),
+                (
+                    "--exit-writeback-timeout",
+                    "exit_writeback_timeout_secs",
+                    f.exit_writeback_timeout_secs.is_some(),
+                ),
+            ],
+            "there is no cache: add --cache-dir DIR (cache_dir in the file)",
+        )?;
         return Ok(None);
     };
     let defaults = gvfs_cache::GeometryConfig::default();
@@ -656,6 +708,117 @@ mod tests {
             ..FileConfig::default()
         };
         assert!(Config::from_file_config(bad).is_err());
+    }
+
+    #[test]
+    fn cache_options_without_a_cache_are_refused() {
+        let cases = [
+            (
+                FileConfig {
+                    readahead_blocks: Some(8),
+                    ..FileConfig::default()
+                },
+                "--readahead (readahead_blocks in the file)",
+            ),
+            (
+                FileConfig {
+                    writeback_on_exit: Some(false),
+                    ..FileConfig::default()
+                },
+                "--no-writeback-on-exit (writeback_on_exit in the file)",
+            ),
+            (
+                FileConfig {
+                    exit_writeback_timeout_secs: Some(5),
+                    ..FileConfig::default()
+                },
+                "--exit-writeback-timeout (exit_writeback_timeout_secs in the file)",
+            ),
+        ];
+        for (f, what) in cases {
+            let e = Config::from_file_config(f).unwrap_err().to_string();
+            assert!(e.starts_with(what), "{e}");
+            assert!(e.contains("add --cache-dir DIR"), "{e}");
+        }
+        for line in [
+            "readahead_blocks = 8",
+            "writeback_on_exit = false",
+            "exit_writeback_timeout_secs = 5",
+        ] {
+            let f: FileConfig = toml::from_str(line).unwrap();
+            let e = Config::from_file_config(f).unwrap_err().to_string();
+            assert!(e.contains("there is no cache"), "{line}: {e}");
+        }
+        let with_cache = FileConfig {
+            cache_dir: Some("/tmp/c".into()),
+            readahead_blocks: Some(8),
+            writeback_on_exit: Some(false),
+            exit_writeback_timeout_secs: Some(5),
+            ..FileConfig::default()
+        };
+        assert!(Config::from_file_config(with_cache).is_ok());
+    }
+
+    #[test]
+    fn tls_options_without_tls_are_refused() {
+        let cases = [
+            (
+                FileConfig {
+                    peers: Some([("node1".into(), "pass".into())].into()),
+                    ..FileConfig::default()
+                },
+                "--map-peer ([peers] in the file)",
+            ),
+            (
+                FileConfig {
+                    unknown_peers: Some("squash".into()),
+                    ..FileConfig::default()
+                },
+                "--unknown-peers (unknown_peers in the file)",
+            ),
+            (
+                FileConfig {
+                    handshake_timeout_secs: Some(3),
+                    ..FileConfig::default()
+                },
+                "--handshake-timeout (handshake_timeout_secs in the file)",
+            ),
+            (
+                FileConfig {
+                    nobody: Some((65534, 65534)),
+                    ..FileConfig::default()
+                },
+                "nobody in the file",
+            ),
+        ];
+        for (f, what) in cases {
+            let e = Config::from_file_config(f).unwrap_err().to_string();
+            assert!(e.starts_with(what), "{e}");
+            assert!(e.contains("add --cert, --key and --ca"), "{e}");
+        }
+        for text in [
+            "[peers]\nnode1 = \"pass\"",
+            "unknown_peers = \"squash\"",
+            "handshake_timeout_secs = 3",
+        ] {
+            let f: FileConfig = toml::from_str(text).unwrap();
+            let e = Config::from_file_config(f).unwrap_err().to_string();
+            assert!(e.contains("there is no TLS"), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn config_file_errors_give_line_and_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:2049\"\nexport = /images\n").unwrap();
+        let e = FileConfig::load(&path).unwrap_err().to_string();
+        assert!(e.starts_with("bad config file "), "{e}");
+        assert!(e.contains("line 2, column 10"), "{e}");
+        std::fs::write(&path, "listen = \"127.0.0.1:2049\"\nlisen = \"x\"\n").unwrap();
+        let e = FileConfig::load(&path).unwrap_err().to_string();
+        assert!(e.contains("line 2, column 1"), "{e}");
+        assert!(e.contains("unknown field `lisen`"), "{e}");
     }
 
     #[test]

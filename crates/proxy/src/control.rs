@@ -30,12 +30,12 @@ pub enum ControlError {
     #[error("control socket {0} is in use by another running proxy; pass --control PATH")]
     InUse(PathBuf),
     /// Binding failed.
-    #[error("cannot create control socket {path}: {source}")]
+    #[error("cannot create control socket {path}: {cause}")]
     Bind {
         /// The path.
         path: PathBuf,
-        /// The cause.
-        source: io::Error,
+        /// The cause (part of the message, so not also a `source`).
+        cause: io::Error,
     },
 }
 
@@ -51,9 +51,9 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ControlError> {
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let bind_err = |source| ControlError::Bind {
+    let bind_err = |cause| ControlError::Bind {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     let listener = UnixListener::bind(path).map_err(bind_err)?;
     use std::os::unix::fs::PermissionsExt;
@@ -152,10 +152,26 @@ pub async fn request(path: &Path, req: &Value) -> Result<Value, String> {
     }
 }
 
-/// Control sockets of running proxies found in the default runtime dir.
-pub fn discover() -> Vec<PathBuf> {
-    let dir = crate::config::runtime_dir();
-    let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+/// Control sockets found by [`discover`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Discovered {
+    /// Sockets a proxy accepts connections on.
+    pub live: Vec<PathBuf>,
+    /// Sockets nothing listens on any more: left by a proxy that was
+    /// killed (the next proxy on the same address replaces it).
+    pub stale: Vec<PathBuf>,
+}
+
+/// Control sockets of proxies in the default runtime dir.
+pub fn discover() -> Discovered {
+    discover_in(&crate::config::runtime_dir())
+}
+
+/// Control sockets (`gvfs-proxy-*.sock`) in `dir`, sorted, split into live
+/// and stale by trying to connect. Sockets this user may not connect to
+/// (another user's proxy) are left out.
+pub fn discover_in(dir: &Path) -> Discovered {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
@@ -167,5 +183,44 @@ pub fn discover() -> Vec<PathBuf> {
         })
         .collect();
     found.sort();
-    found
+    let mut out = Discovered::default();
+    for path in found {
+        match std::os::unix::net::UnixStream::connect(&path) {
+            Ok(_) => out.live.push(path),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => out.stale.push(path),
+            Err(e) => tracing::debug!(path = %path.display(), error = %e, "control socket skipped"),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn discovery_skips_stale_sockets() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join("gvfs-proxy-127.0.0.1-1.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        assert!(stale.exists());
+        std::fs::write(dir.path().join("gvfs-proxy-notes.txt"), b"").unwrap();
+        assert_eq!(
+            discover_in(dir.path()),
+            Discovered {
+                live: vec![],
+                stale: vec![stale.clone()],
+            }
+        );
+
+        let live = dir.path().join("gvfs-proxy-127.0.0.1-2.sock");
+        let _listener = bind(&live).await.unwrap();
+        assert_eq!(
+            discover_in(dir.path()),
+            Discovered {
+                live: vec![live],
+                stale: vec![stale],
+            }
+        );
+    }
 }

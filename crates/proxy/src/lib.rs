@@ -45,29 +45,29 @@ use crate::upstream::nfs::{NfsUpstream, UpstreamTimeouts};
 #[non_exhaustive]
 pub enum ProxyError {
     /// The listening address could not be bound.
-    #[error("cannot listen on {addr}: {source}{hint}", hint = bind_hint(.source))]
+    #[error("cannot listen on {addr}: {cause}{hint}", hint = bind_hint(.cause))]
     Bind {
         /// The address.
         addr: SocketAddr,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (part of the message, so not also a `source`).
+        cause: std::io::Error,
     },
     /// The `dir:` upstream could not be opened.
-    #[error("{0}")]
+    #[error(transparent)]
     Dir(#[from] upstream::dir::DirError),
     /// The sample directory could not be created.
-    #[error("cannot create the sample directory {path}: {source}")]
+    #[error("cannot create the sample directory {path}: {cause}")]
     Sample {
         /// The directory.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (part of the message, so not also a `source`).
+        cause: std::io::Error,
     },
     /// The upstream did not answer or refused the export at start-up.
     #[error("upstream check failed: {0}")]
     Upstream(ServiceError),
     /// The control socket could not be set up.
-    #[error("{0}")]
+    #[error(transparent)]
     Control(#[from] control::ControlError),
     /// The block cache could not be opened.
     #[error("cannot open the block cache in {dir}: {reason}")]
@@ -81,7 +81,7 @@ pub enum ProxyError {
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
     /// The TLS certificate, key or CA could not be used.
-    #[error("{0}")]
+    #[error(transparent)]
     Tls(#[from] gvfs_tunnel::TunnelError),
 }
 
@@ -128,9 +128,9 @@ async fn build_upstream(cfg: &Config, tls: Option<&TlsSide>) -> Result<Bottom, P
     };
     match &cfg.upstream {
         UpstreamChoice::Sample(dir) => {
-            make_sample(dir).map_err(|source| ProxyError::Sample {
+            make_sample(dir).map_err(|cause| ProxyError::Sample {
                 path: dir.clone(),
-                source,
+                cause,
             })?;
             Ok(Bottom {
                 service: Arc::new(DirUpstream::open(dir)?),
@@ -155,17 +155,9 @@ async fn build_upstream(cfg: &Config, tls: Option<&TlsSide>) -> Result<Bottom, P
             };
             // Fail fast with a clear error rather than serve a dead upstream.
             let cx = CallContext::with_cred(Credentials::unix(0, 0));
-            let deadline = cfg.connect_timeout * 2;
-            match tokio::time::timeout(deadline, up.check(&cx)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(ProxyError::Upstream(e)),
-                Err(_) => {
-                    return Err(ProxyError::Upstream(ServiceError::UpstreamUnavailable {
-                        upstream: up.describe(),
-                        reason: format!("no answer within {deadline:?}"),
-                    }));
-                }
-            }
+            up.check(&cx, cfg.connect_timeout * 2)
+                .await
+                .map_err(ProxyError::Upstream)?;
             let client = up.client().clone();
             Ok(Bottom {
                 service: Arc::new(up),
@@ -266,22 +258,22 @@ pub async fn run(
     };
     let listener = TcpListener::bind(cfg.listen)
         .await
-        .map_err(|source| ProxyError::Bind {
+        .map_err(|cause| ProxyError::Bind {
             addr: cfg.listen,
-            source,
+            cause,
         })?;
-    let addr = listener.local_addr().map_err(|source| ProxyError::Bind {
+    let addr = listener.local_addr().map_err(|cause| ProxyError::Bind {
         addr: cfg.listen,
-        source,
+        cause,
     })?;
     let tls_listener = match (&tls, cfg.tls.as_ref().and_then(|t| t.listen)) {
         (Some(side), Some(at)) => {
             let l = TcpListener::bind(at)
                 .await
-                .map_err(|source| ProxyError::Bind { addr: at, source })?;
+                .map_err(|cause| ProxyError::Bind { addr: at, cause })?;
             let bound = l
                 .local_addr()
-                .map_err(|source| ProxyError::Bind { addr: at, source })?;
+                .map_err(|cause| ProxyError::Bind { addr: at, cause })?;
             Some((l, bound, side.clone()))
         }
         _ => None,
@@ -335,7 +327,7 @@ pub async fn run(
     if let Some(addr) = cfg.metrics {
         let listener = metrics::bind(addr)
             .await
-            .map_err(|source| ProxyError::Bind { addr, source })?;
+            .map_err(|cause| ProxyError::Bind { addr, cause })?;
         let source = status.clone();
         let snapshot: metrics::Snapshot = Arc::new(move || source.stats());
         tokio::spawn(metrics::serve(listener, snapshot, shutdown.clone()));
@@ -572,5 +564,88 @@ impl StatusSource {
             "upstream_client": upstream_client,
             "cache": self.cache.as_ref().map(|c| json!({"dirty_bytes": c.dirty_bytes()})),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error as `main` prints it: the message and every `source`.
+    fn as_main_prints(e: ProxyError) -> String {
+        format!("{:#}", anyhow::Error::from(e))
+    }
+
+    fn assert_once(text: &str, part: &str) {
+        assert_eq!(
+            text.matches(part).count(),
+            1,
+            "{part:?} not once in {text:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn start_up_errors_say_each_thing_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nonexistent");
+        let e = as_main_prints(DirUpstream::open(&missing).unwrap_err().into());
+        assert_once(&e, "cannot open dir: upstream");
+        assert_once(&e, "os error 2");
+
+        let files = gvfs_tunnel::TlsFiles {
+            cert: dir.path().join("node.pem"),
+            key: dir.path().join("node-key.pem"),
+            ca: dir.path().join("noca.pem"),
+        };
+        let e = as_main_prints(gvfs_tunnel::TlsIdentity::load(&files).unwrap_err().into());
+        assert_once(&e, "no such file");
+
+        let in_use = dir.path().join("c.sock");
+        let _live = control::bind(&in_use).await.unwrap();
+        let e = as_main_prints(control::bind(&in_use).await.unwrap_err().into());
+        assert_once(
+            &e,
+            "is in use by another running proxy; pass --control PATH",
+        );
+
+        let bad = dir.path().join("file");
+        std::fs::write(&bad, b"").unwrap();
+        let e = as_main_prints(control::bind(&bad.join("x.sock")).await.unwrap_err().into());
+        assert_once(&e, "cannot create control socket");
+        assert_once(&e, "os error");
+
+        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = taken.local_addr().unwrap();
+        let cause = TcpListener::bind(addr).await.unwrap_err();
+        let e = as_main_prints(ProxyError::Bind { addr, cause });
+        assert_once(&e, "Address already in use");
+        assert_once(&e, "pick another with --listen");
+    }
+
+    /// A closed port on loopback: bound, then let go.
+    async fn closed_port() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap().port()
+    }
+
+    #[tokio::test]
+    async fn unreachable_upstream_at_start_up_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let (nfs, mount) = (closed_port().await, closed_port().await);
+        let cfg = Config::from_file_config(config::FileConfig {
+            listen: Some("127.0.0.1:0".into()),
+            upstream: Some(format!("nfs://127.0.0.1:{nfs}/export?mountport={mount}")),
+            control: Some(dir.path().join("c.sock")),
+            connect_timeout_secs: Some(1),
+            ..config::FileConfig::default()
+        })
+        .unwrap();
+        let e = run(cfg, CancellationToken::new(), |_| panic!("started"))
+            .await
+            .unwrap_err();
+        let e = as_main_prints(e);
+        assert!(e.starts_with("upstream check failed: "), "{e}");
+        assert!(e.contains(&format!("127.0.0.1:{mount}")), "{e}");
+        assert!(e.contains("refused"), "{e}");
     }
 }

@@ -15,12 +15,12 @@ pub enum TunnelError {
         path: PathBuf,
     },
     /// A file exists but could not be read.
-    #[error("{}: cannot read: {source}", path.display())]
+    #[error("{}: cannot read: {cause}", path.display())]
     Unreadable {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: io::Error,
+        /// Why (part of the message, so not also a `source`).
+        cause: io::Error,
     },
     /// A file is larger than any PEM file we expect.
     #[error("{}: too large for a PEM file ({size} bytes, at most {limit})", path.display())]
@@ -112,20 +112,20 @@ pub enum TunnelError {
         path: PathBuf,
     },
     /// A file or directory could not be written.
-    #[error("{}: cannot write: {source}", path.display())]
+    #[error("{}: cannot write: {cause}", path.display())]
     Unwritable {
         /// The file or directory.
         path: PathBuf,
-        /// Why.
-        source: io::Error,
+        /// Why (part of the message, so not also a `source`).
+        cause: io::Error,
     },
     /// rcgen could not build or sign a certificate.
-    #[error("cannot create the certificate for {name:?}: {source}")]
+    #[error("cannot create the certificate for {name:?}: {cause}")]
     Generate {
         /// The certificate's name.
         name: String,
-        /// What rcgen said.
-        source: rcgen::Error,
+        /// What rcgen said (part of the message, so not also a `source`).
+        cause: rcgen::Error,
     },
     /// A node or CA name that cannot be used.
     #[error("invalid name {name:?}: {reason}")]

@@ -83,9 +83,9 @@ pub fn init_ca(dir: &Path, common_name: &str, days: u32) -> Result<PathBuf, Tunn
     read::refuse_existing(&cert_path)?;
     read::refuse_existing(&key_path)?;
 
-    let generate = |source| TunnelError::Generate {
+    let generate = |cause| TunnelError::Generate {
         name: common_name.to_owned(),
-        source,
+        cause,
     };
     let key = KeyPair::generate().map_err(generate)?;
     let mut params = CertificateParams::default();
@@ -172,9 +172,9 @@ pub fn issue(
             "the node certificate outlives the CA: it stops working when the CA expires"
         );
     }
-    let generate = |source| TunnelError::Generate {
+    let generate = |cause| TunnelError::Generate {
         name: name.to_owned(),
-        source,
+        cause,
     };
     let issuer =
         Issuer::from_ca_cert_der(ca_cert, ca_key).map_err(|e| TunnelError::BadCertificate {

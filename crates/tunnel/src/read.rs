@@ -20,9 +20,9 @@ pub(crate) fn read_small(path: &Path) -> Result<Vec<u8>, TunnelError> {
     let file = fs::File::open(path).map_err(|e| open_error(path, e))?;
     let size = file
         .metadata()
-        .map_err(|source| TunnelError::Unreadable {
+        .map_err(|cause| TunnelError::Unreadable {
             path: path.to_owned(),
-            source,
+            cause,
         })?
         .len();
     if size > MAX_PEM_FILE {
@@ -35,9 +35,9 @@ pub(crate) fn read_small(path: &Path) -> Result<Vec<u8>, TunnelError> {
     let mut bytes = Vec::with_capacity(size as usize);
     file.take(MAX_PEM_FILE)
         .read_to_end(&mut bytes)
-        .map_err(|source| TunnelError::Unreadable {
+        .map_err(|cause| TunnelError::Unreadable {
             path: path.to_owned(),
-            source,
+            cause,
         })?;
     Ok(bytes)
 }
@@ -50,7 +50,7 @@ fn open_error(path: &Path, e: io::Error) -> TunnelError {
     } else {
         TunnelError::Unreadable {
             path: path.to_owned(),
-            source: e,
+            cause: e,
         }
     }
 }
@@ -116,9 +116,9 @@ pub(crate) fn refuse_existing(path: &Path) -> Result<(), TunnelError> {
             path: path.to_owned(),
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(TunnelError::Unreadable {
+        Err(cause) => Err(TunnelError::Unreadable {
             path: path.to_owned(),
-            source,
+            cause,
         }),
     }
 }
@@ -133,17 +133,17 @@ pub(crate) fn create_private_dir(dir: &Path) -> Result<(), TunnelError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|source| TunnelError::Unwritable {
+        .map_err(|cause| TunnelError::Unwritable {
             path: dir.to_owned(),
-            source,
+            cause,
         })
 }
 
 /// Writes a new file with `mode`, never replacing an existing one, and syncs it.
 pub(crate) fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<(), TunnelError> {
-    let unwritable = |source| TunnelError::Unwritable {
+    let unwritable = |cause| TunnelError::Unwritable {
         path: path.to_owned(),
-        source,
+        cause,
     };
     let mut file = fs::OpenOptions::new()
         .write(true)

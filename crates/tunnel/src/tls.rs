@@ -386,6 +386,9 @@ pub struct TlsConnector {
     connector: tokio_rustls::TlsConnector,
     connect_timeout: Duration,
     handshake_timeout: Duration,
+    /// The last handshake failure logged at WARN, so a peer that keeps
+    /// refusing us is logged once, not on every retry.
+    warned: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl fmt::Debug for TlsConnector {
@@ -426,7 +429,24 @@ impl TlsConnector {
             connector: tokio_rustls::TlsConnector::from(identity.client_config()),
             connect_timeout,
             handshake_timeout,
+            warned: Arc::default(),
         })
+    }
+
+    /// Logs a failed handshake at WARN, once until the error changes or a
+    /// handshake succeeds: a certificate the peer or we refuse is then
+    /// visible without `--log debug`.
+    fn handshake_failed(&self, e: io::Error) -> io::Error {
+        let text = e.to_string();
+        let mut warned = self
+            .warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if warned.as_deref() != Some(text.as_str()) {
+            tracing::warn!("{text}");
+            *warned = Some(text);
+        }
+        e
     }
 
     /// HOST:PORT as text, with brackets around an IPv6 address.
@@ -464,30 +484,33 @@ impl TlsConnector {
         )
         .await
         .map_err(|_| {
-            io::Error::new(
+            self.handshake_failed(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
                     "TLS handshake with {address} timed out after {:?}",
                     self.handshake_timeout
                 ),
-            )
+            ))
         })?
         .map_err(|e| {
-            io::Error::new(
+            self.handshake_failed(io::Error::new(
                 e.kind(),
                 format!("TLS handshake with {address} failed: {e}"),
-            )
+            ))
         })?;
         let name = match tls.get_ref().1.peer_certificates() {
             Some([end_entity, ..]) => peer_name(end_entity),
             _ => None,
         };
         let name = name.ok_or_else(|| {
-            io::Error::new(
+            self.handshake_failed(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("TLS handshake with {address} failed: the server certificate has no name"),
-            )
+            ))
         })?;
+        if let Ok(mut warned) = self.warned.lock() {
+            *warned = None;
+        }
         Ok((tls, name))
     }
 }

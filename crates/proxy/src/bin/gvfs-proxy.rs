@@ -53,7 +53,8 @@ struct Cli {
     #[arg(long, value_name = "IP:PORT")]
     listen: Option<String>,
 
-    /// What to serve: dir:PATH or nfs://HOST[:PORT]/EXPORT[?mountport=N].
+    /// What to serve: dir:PATH, nfs://HOST[:PORT]/EXPORT[?mountport=N] or
+    /// gvfs://HOST:PORT[/EXPORT][?name=NAME] (see UPSTREAM URLS below).
     #[arg(long, value_name = "URL")]
     upstream: Option<String>,
 

@@ -147,18 +147,27 @@ fn control_path(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         return Ok(p);
     }
     let found = gvfs_proxy::control::discover();
-    match found.as_slice() {
+    let list = |paths: &[PathBuf]| {
+        paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match found.live.as_slice() {
         [one] => Ok(one.clone()),
+        [] if !found.stale.is_empty() => bail!(
+            "no running gvfs-proxy found (stale control sockets: {}; a proxy started on the same \
+             address replaces its socket) (start one, or pass --control PATH)",
+            list(&found.stale)
+        ),
         [] => bail!(
             "no running gvfs-proxy found in {} (start one, or pass --control PATH)",
             gvfs_proxy::config::runtime_dir().display()
         ),
         many => bail!(
             "several proxies are running; pick one with --control: {}",
-            many.iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            list(many)
         ),
     }
 }
@@ -304,23 +313,7 @@ fn meta_gen(
         gvfs_meta::Actions::default()
     };
     // Pick the files first, so the progress bar knows the total.
-    let mut files = Vec::new();
-    for path in paths {
-        let md = std::fs::symlink_metadata(path).with_context(|| format!("{}", path.display()))?;
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if gvfs_meta::is_meta_name(name) || name.ends_with(gvfs_meta::META_SUFFIX) {
-            eprintln!("gvfsctl: skipping {}: a metadata file", path.display());
-        } else if !md.is_file() {
-            eprintln!("gvfsctl: skipping {}: not a regular file", path.display());
-        } else if gvfs_meta::meta_name(name).is_none() {
-            bail!(
-                "{}: the name cannot have a metadata file (not UTF-8, or too long)",
-                path.display()
-            );
-        } else {
-            files.push((path, md.len()));
-        }
-    }
+    let files = files_to_scan(paths)?;
     let work = |size| gvfs_meta::scan_work(size, actions, repeats);
     let bar = indicatif::ProgressBar::new(files.iter().map(|f| work(f.1)).sum());
     bar.set_style(
@@ -365,6 +358,41 @@ fn meta_gen(
     Ok(())
 }
 
+/// The regular files among `paths`, with their sizes; directories and
+/// metadata files are skipped with a note, and it is an error if that
+/// leaves nothing to scan.
+fn files_to_scan(paths: &[PathBuf]) -> anyhow::Result<Vec<(&PathBuf, u64)>> {
+    let mut files = Vec::new();
+    for path in paths {
+        let md = std::fs::symlink_metadata(path).with_context(|| format!("{}", path.display()))?;
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if gvfs_meta::is_meta_name(name) || name.ends_with(gvfs_meta::META_SUFFIX) {
+            eprintln!("gvfsctl: skipping {}: a metadata file", path.display());
+        } else if !md.is_file() {
+            eprintln!("gvfsctl: skipping {}: not a regular file", path.display());
+        } else if gvfs_meta::meta_name(name).is_none() {
+            bail!(
+                "{}: the name cannot have a metadata file (not UTF-8, or too long)",
+                path.display()
+            );
+        } else {
+            files.push((path, md.len()));
+        }
+    }
+    if files.is_empty() {
+        bail!(
+            "no regular files to scan among {}; directories and metadata files are not \
+             scanned (for the files in a directory, pass DIR/*)",
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(files)
+}
+
 fn zero_summary(m: &gvfs_meta::MetaFile) -> String {
     let (zero, blocks) = (m.zero.zero_blocks(), m.zero.blocks());
     let pct = if blocks == 0 {
@@ -378,20 +406,37 @@ fn zero_summary(m: &gvfs_meta::MetaFile) -> String {
     )
 }
 
-fn meta_show(path: &Path) -> anyhow::Result<()> {
+/// The file `path` names and its metadata file, given either; an error
+/// that says which is missing when the metadata file is not there.
+fn meta_paths(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
         .with_context(|| format!("{}: no UTF-8 file name", path.display()))?;
     let dir = path.parent().unwrap_or(Path::new(""));
-    let (file, meta_path) = match gvfs_meta::described_name(name) {
-        Some(described) => (dir.join(described), path.to_path_buf()),
+    let (file, meta_path, meta) = match gvfs_meta::described_name(name) {
+        Some(described) => (dir.join(described), path.to_path_buf(), name.to_string()),
         None => {
             let m = gvfs_meta::meta_name(name)
                 .with_context(|| format!("{}: cannot have a metadata file", path.display()))?;
-            (path.to_path_buf(), dir.join(m))
+            (path.to_path_buf(), dir.join(&m), m)
         }
     };
+    if std::fs::symlink_metadata(&meta_path).is_err() {
+        if std::fs::symlink_metadata(&file).is_err() {
+            bail!("{}: no such file", path.display());
+        }
+        bail!(
+            "no metadata file {meta} beside {} (make one with `gvfsctl meta gen {}`)",
+            file.display(),
+            file.display()
+        );
+    }
+    Ok((file, meta_path))
+}
+
+fn meta_show(path: &Path) -> anyhow::Result<()> {
+    let (file, meta_path) = meta_paths(path)?;
     let len = std::fs::metadata(&meta_path)
         .with_context(|| format!("{}", meta_path.display()))?
         .len();
@@ -746,5 +791,48 @@ fn print_status(s: &Value) {
             n(&u["retransmits"]),
             n(&u["connects"])
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_gen_with_nothing_to_scan_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("d");
+        std::fs::create_dir(&sub).unwrap();
+        let meta = dir.path().join(".disk.img.gvfsmeta");
+        std::fs::write(&meta, b"").unwrap();
+        let e = format!("{:#}", files_to_scan(&[sub.clone(), meta]).unwrap_err());
+        assert!(e.starts_with("no regular files to scan among "), "{e}");
+        assert!(e.contains(&sub.display().to_string()), "{e}");
+        assert!(e.contains("pass DIR/*"), "{e}");
+        let file = dir.path().join("disk.img");
+        std::fs::write(&file, b"data").unwrap();
+        let given = [sub, file.clone()];
+        assert_eq!(files_to_scan(&given).unwrap(), vec![(&file, 4)]);
+    }
+
+    #[test]
+    fn meta_show_says_which_file_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("disk.img");
+        let e = format!("{:#}", meta_paths(&file).unwrap_err());
+        assert_eq!(e, format!("{}: no such file", file.display()));
+        std::fs::write(&file, b"data").unwrap();
+        let e = format!("{:#}", meta_paths(&file).unwrap_err());
+        assert!(
+            e.starts_with("no metadata file .disk.img.gvfsmeta beside "),
+            "{e}"
+        );
+        assert!(e.contains("(make one with `gvfsctl meta gen "), "{e}");
+        let meta = dir.path().join(".disk.img.gvfsmeta");
+        let e = format!("{:#}", meta_paths(&meta).unwrap_err());
+        assert!(e.starts_with("no metadata file .disk.img.gvfsmeta"), "{e}");
+        std::fs::write(&meta, b"").unwrap();
+        assert_eq!(meta_paths(&file).unwrap(), (file.clone(), meta.clone()));
+        assert_eq!(meta_paths(&meta).unwrap(), (file, meta));
     }
 }

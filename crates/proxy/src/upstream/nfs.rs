@@ -12,6 +12,7 @@
 //! `--listen-tls` port, which serves MOUNT and NFS on that one port.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gvfs_nfs::client::{
@@ -41,8 +42,9 @@ pub struct NfsUrl {
 
 /// Why an upstream URL was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("bad nfs:// URL {url:?}: {reason}")]
+#[error("bad {scheme} URL {url:?}: {reason}")]
 pub struct BadUrl {
+    scheme: &'static str,
     url: String,
     reason: String,
 }
@@ -51,6 +53,7 @@ impl NfsUrl {
     /// Parses `nfs://HOST[:PORT]/EXPORT[?mountport=N][&nfsport=N]`.
     pub fn parse(url: &str) -> Result<Self, BadUrl> {
         let bad = |reason: &str| BadUrl {
+            scheme: "nfs://",
             url: url.to_string(),
             reason: reason.to_string(),
         };
@@ -117,6 +120,7 @@ impl GvfsUrl {
     /// Parses `gvfs://HOST:PORT[/EXPORT][?name=NAME]`.
     pub fn parse(url: &str) -> Result<Self, BadUrl> {
         let bad = |reason: &str| BadUrl {
+            scheme: "gvfs://",
             url: url.to_string(),
             reason: reason.to_string(),
         };
@@ -199,10 +203,37 @@ impl ProgramConnector {
             .ok_or_else(|| std::io::Error::other(format!("{} has no address", self.host)))
     }
 
+    fn program_name(&self) -> &'static str {
+        match self.prog {
+            NFS_PROGRAM => "NFS",
+            MOUNT_PROGRAM => "MOUNT",
+            _ => "the",
+        }
+    }
+
     async fn ask_portmapper(&self) -> std::io::Result<u16> {
         let addr = self.resolve(111).await?;
+        // Connect once here, so a portmapper that refuses or does not
+        // answer is reported as such rather than as a call that ran out of
+        // time.
+        let unreachable = |e: &dyn std::fmt::Display| {
+            format!(
+                "cannot reach the portmapper at {addr} to find the {} port: {e} \
+                 (give the ports in the URL: nfs://HOST:PORT/EXPORT?mountport=N)",
+                self.program_name()
+            )
+        };
+        let stream = tokio::time::timeout(self.connect_timeout, TcpConnector { addr }.connect())
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    unreachable(&format_args!("timed out after {:?}", self.connect_timeout)),
+                )
+            })?
+            .map_err(|e| std::io::Error::new(e.kind(), unreachable(&e)))?;
         let pm = RpcClient::new(
-            TcpConnector { addr },
+            OneStream(std::sync::Mutex::new(Some(stream)), addr),
             ClientConfig {
                 connect_timeout: self.connect_timeout,
                 retransmit_after: self.connect_timeout,
@@ -247,11 +278,16 @@ impl Connector for ProgramConnector {
                 Some(p) => p,
                 None => self.ask_portmapper().await?,
             };
-            TcpConnector {
-                addr: self.resolve(port).await?,
-            }
-            .connect()
-            .await
+            let addr = self.resolve(port).await?;
+            TcpConnector { addr }.connect().await.map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "connecting to {} at {addr} failed: {e}",
+                        self.program_name()
+                    ),
+                )
+            })
         })
     }
 
@@ -263,6 +299,66 @@ impl Connector for ProgramConnector {
     }
 }
 
+/// Hands out one already connected stream, once: the portmapper query.
+struct OneStream(std::sync::Mutex<Option<BoxStream>>, SocketAddr);
+
+impl Connector for OneStream {
+    fn connect(&self) -> BoxFuture<'_, std::io::Result<BoxStream>> {
+        let stream = self.0.lock().ok().and_then(|mut s| s.take());
+        Box::pin(async move {
+            stream.ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    format!("the portmapper at {} closed the connection", self.1),
+                )
+            })
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.1.to_string()
+    }
+}
+
+/// The last error of the connection attempts of an upstream's connectors,
+/// cleared by a successful one; what a start-up check that timed out
+/// reports as the reason.
+type LastConnectError = Arc<std::sync::Mutex<Option<String>>>;
+
+/// Wraps a connector to note its failures in a [`LastConnectError`].
+struct Recording<C> {
+    inner: C,
+    last: LastConnectError,
+    connect_timeout: Duration,
+}
+
+impl<C: Connector> Connector for Recording<C> {
+    fn connect(&self) -> BoxFuture<'_, std::io::Result<BoxStream>> {
+        Box::pin(async move {
+            let result = tokio::time::timeout(self.connect_timeout, self.inner.connect())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "connecting to {} timed out after {:?}",
+                            self.inner.describe(),
+                            self.connect_timeout
+                        ),
+                    ))
+                });
+            if let Ok(mut last) = self.last.lock() {
+                *last = result.as_ref().err().map(|e| e.to_string());
+            }
+            result
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
 /// Forwards every call to an NFSv3 server.
 #[derive(Debug)]
 pub struct NfsUpstream {
@@ -270,6 +366,7 @@ pub struct NfsUpstream {
     export: String,
     nfs: RpcClient,
     mount: RpcClient,
+    last_connect_error: LastConnectError,
 }
 
 impl NfsUpstream {
@@ -332,11 +429,23 @@ impl NfsUpstream {
             max_in_flight,
             ..ClientConfig::default()
         };
+        let last = LastConnectError::default();
+        let nfs = Recording {
+            inner: nfs,
+            last: last.clone(),
+            connect_timeout: timeouts.connect,
+        };
+        let mount = Recording {
+            inner: mount,
+            last: last.clone(),
+            connect_timeout: timeouts.connect,
+        };
         Self {
             description,
             export,
             nfs: RpcClient::new(nfs, config(128)),
             mount: RpcClient::new(mount, config(4)),
+            last_connect_error: last,
         }
     }
 
@@ -345,10 +454,30 @@ impl NfsUpstream {
         &self.nfs
     }
 
-    /// Mounts the export once, to fail early with a clear message when the
-    /// upstream is unreachable or refuses the export.
-    pub async fn check(&self, cx: &CallContext) -> Result<(), ServiceError> {
-        self.root(cx).await.map(|_| ())
+    /// Mounts the export once, within `within`, to fail early with a clear
+    /// message when the upstream is unreachable or refuses the export. An
+    /// upstream that does not answer in time is reported with the last
+    /// connection error (refused, TLS certificate rejected, ...), if any.
+    pub async fn check(&self, cx: &CallContext, within: Duration) -> Result<(), ServiceError> {
+        let last = || self.last_connect_error.lock().ok().and_then(|l| l.clone());
+        let unavailable = |reason| ServiceError::UpstreamUnavailable {
+            upstream: self.describe(),
+            reason,
+        };
+        match tokio::time::timeout(within, self.root(cx)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(ServiceError::UpstreamUnavailable { reason, .. })) => match last() {
+                Some(e) if !reason.contains(&e) => Err(unavailable(format!(
+                    "{reason}; last connection attempt: {e}"
+                ))),
+                _ => Err(unavailable(reason)),
+            },
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(unavailable(match last() {
+                Some(e) => format!("not reached within {within:?}; last connection attempt: {e}"),
+                None => format!("no answer within {within:?}"),
+            })),
+        }
     }
 
     fn service_error(&self, e: ClientError) -> ServiceError {
@@ -499,6 +628,20 @@ mod tests {
         ] {
             assert!(GvfsUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn url_errors_name_the_scheme_given() {
+        let e = GvfsUrl::parse("gvfs://peer/export")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("bad gvfs:// URL \"gvfs://peer/export\": "),
+            "{e}"
+        );
+        assert!(e.contains("--listen-tls port"), "{e}");
+        let e = NfsUrl::parse("nfs://h").unwrap_err().to_string();
+        assert!(e.starts_with("bad nfs:// URL \"nfs://h\": "), "{e}");
     }
 
     #[test]
