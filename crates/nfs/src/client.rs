@@ -162,6 +162,25 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 type Pending = Mutex<HashMap<u32, oneshot::Sender<Vec<u8>>>>;
 
+/// A call's entry in [`Pending`], removed when dropped.
+struct PendingSlot<'a> {
+    pending: &'a Pending,
+    xid: u32,
+}
+
+impl<'a> PendingSlot<'a> {
+    fn new(pending: &'a Pending, xid: u32, tx: oneshot::Sender<Vec<u8>>) -> Self {
+        lock(pending).insert(xid, tx);
+        Self { pending, xid }
+    }
+}
+
+impl Drop for PendingSlot<'_> {
+    fn drop(&mut self) {
+        lock(self.pending).remove(&self.xid);
+    }
+}
+
 struct Conn {
     out: mpsc::Sender<Arc<Vec<u8>>>,
     pending: Arc<Pending>,
@@ -277,19 +296,19 @@ impl RpcClient {
             attempt += 1;
             let conn = inner.connection(deadline, start).await?;
             let (tx, rx) = oneshot::channel();
-            lock(&conn.pending).insert(xid, tx);
+            // Gone with this attempt, however it ends (a caller that gives
+            // up on the call drops it too).
+            let _slot = PendingSlot::new(&conn.pending, xid, tx);
             let wait = inner.wait(deadline);
             match tokio::time::timeout(wait, conn.out.send(record.clone())).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {
-                    lock(&conn.pending).remove(&xid);
                     conn.dead.store(true, Ordering::Release);
                     continue;
                 }
                 Err(_) => {
                     // The writer has not taken a record for `wait`: the
                     // server is not reading.
-                    lock(&conn.pending).remove(&xid);
                     conn.abandon("the server stopped reading");
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(inner.unavailable(start, "server not reading".into()));
@@ -312,7 +331,6 @@ impl RpcClient {
                 // The connection died and dropped our slot: resend on a new one.
                 Ok(Err(_)) => {}
                 Err(_) => {
-                    lock(&conn.pending).remove(&xid);
                     if conn.silent_for(inner.cfg.retransmit_after) {
                         conn.abandon("nothing heard from the server");
                     }
@@ -545,4 +563,36 @@ impl Conn {
 
 fn millis_since(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_given_up_by_its_caller_leaves_nothing_pending() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            // Accept and hold, answering nothing.
+            let (s, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(s);
+        });
+        let client = RpcClient::new(TcpConnector { addr }, ClientConfig::default());
+        let c = client.clone();
+        let call = tokio::spawn(async move { c.call(1, 1, 1, &Credentials::None, &[]).await });
+        let conn = loop {
+            if let Some(conn) = client.inner.conn.lock().await.conn.clone()
+                && !lock(&conn.pending).is_empty()
+            {
+                break conn;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        call.abort();
+        let _ = call.await;
+        assert!(lock(&conn.pending).is_empty());
+        server.abort();
+    }
 }
