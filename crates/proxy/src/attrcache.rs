@@ -312,14 +312,19 @@ impl AttrCache {
         };
         let at = Instant::now();
         let mut names = 0;
+        // A name listed without its handle (a mount point, an entry that
+        // changed while read) is not kept, so the listing no longer says
+        // which names are absent.
+        let mut all_kept = true;
         for e in &ok.reply.entries.0 {
             let name = e.name.0.as_ref();
-            let Nfs3Option::Some(object) = &e.name_handle else {
-                continue;
-            };
             if name == b"." || name == b".." {
                 continue;
             }
+            let Nfs3Option::Some(object) = &e.name_handle else {
+                all_kept = false;
+                continue;
+            };
             let reply = NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
                 object: object.clone(),
                 obj_attributes: e.name_attributes.clone(),
@@ -335,7 +340,7 @@ impl AttrCache {
             self.store(lookup_key(dir, name, cred), &reply, seen);
             names += 1;
         }
-        if ok.reply.eof {
+        if ok.reply.eof && all_kept {
             let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
             if self.generation.load(Ordering::Relaxed) != seen {
                 return;
@@ -426,8 +431,12 @@ impl NfsService for AttrCache {
                 return Ok(NfsReply::Null(Void));
             }
             if !read_only(p) {
+                // Before, and again after: a reply fetched while the call
+                // was on its way may describe the file before it changed.
                 self.invalidate();
-                return self.below.call(cx, req).await;
+                let reply = self.below.call(cx, req).await;
+                self.invalidate();
+                return reply;
             }
             if !cacheable(p) {
                 return self.below.call(cx, req).await;
@@ -544,6 +553,12 @@ impl NfsService for AttrCache {
     ) -> Option<BoxFuture<'a, Result<Reply, ServiceError>>> {
         if !read_only(proc_) {
             self.invalidate();
+            let call = self.below.forward_raw(cx, proc_, args)?;
+            return Some(Box::pin(async move {
+                let reply = call.await;
+                self.invalidate();
+                reply
+            }));
         }
         self.below.forward_raw(cx, proc_, args)
     }
@@ -575,6 +590,8 @@ mod tests {
         slow: tokio::sync::Notify,
         /// A READDIRPLUS of "gated" waits for this, then counts here.
         gate: tokio::sync::Notify,
+        /// A COMMIT waits for this.
+        commit_gate: tokio::sync::Notify,
         listed: AtomicU64,
     }
 
@@ -601,6 +618,11 @@ mod tests {
                 {
                     self.slow.notified().await;
                 }
+                if let NfsRequest::Commit(a) = &req
+                    && a.file.data.as_ref() == b"gated"
+                {
+                    self.commit_gate.notified().await;
+                }
                 Ok(match req {
                     NfsRequest::Lookup(a) if a.what.name.as_ref() == b"denied" => {
                         NfsReply::error(NfsProc::Lookup, nfsstat3::NFS3ERR_ACCES)
@@ -622,20 +644,27 @@ mod tests {
                         }))
                     }
                     // "whole" and "part" (one reply short of the end) hold
-                    // "..", "a" and "b"; "locked" cannot be read.
+                    // "..", "a" and "b" ("bare": b without its handle);
+                    // "locked" cannot be read.
                     NfsRequest::Readdirplus(a)
-                        if [&b"whole"[..], b"part", b"gated"].contains(&a.dir.data.as_ref()) =>
+                        if [&b"whole"[..], b"part", b"gated", b"bare"]
+                            .contains(&a.dir.data.as_ref()) =>
                     {
                         if a.dir.data.as_ref() == b"gated" {
                             self.gate.notified().await;
                             self.listed.fetch_add(1, Ordering::Relaxed);
                         }
+                        let bare = a.dir.data.as_ref() == b"bare";
                         let entry = |name: &[u8], size| entryplus3 {
                             fileid: size,
                             name: filename3::from(name.to_vec()),
                             cookie: size,
                             name_attributes: Nfs3Option::Some(attrs(size)),
-                            name_handle: Nfs3Option::Some(fh(name)),
+                            name_handle: if bare && name == b"b" {
+                                Nfs3Option::None
+                            } else {
+                                Nfs3Option::Some(fh(name))
+                            },
                         };
                         NfsReply::Readdirplus(Nfs3Result::Ok(READDIRPLUS3resok {
                             dir_attributes: Nfs3Option::Some(attrs(LIST_DIR_SIZE)),
@@ -790,6 +819,41 @@ mod tests {
             NfsReply::Lookup(Nfs3Result::Err((st, _))) => (st, 0),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_listing_with_a_name_but_no_handle_does_not_say_names_are_absent() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        look(&c, &cx, b"bare", b"a").await;
+        let before = below.calls.load(Ordering::Relaxed);
+        // "b" was listed without a handle: asked below, found.
+        assert_eq!(look(&c, &cx, b"bare", b"b").await.0, nfsstat3::NFS3_OK);
+        assert_eq!(below.calls.load(Ordering::Relaxed), before + 1);
+    }
+
+    #[tokio::test]
+    async fn a_reply_fetched_while_a_change_was_on_its_way_is_not_kept() {
+        let (below, c) = setup(Duration::from_secs(60));
+        let cx = CallContext::with_cred(Credentials::unix(1, 1));
+        let commit = {
+            let (c, cx) = (c.clone(), cx.clone());
+            tokio::spawn(async move {
+                let req = NfsRequest::Commit(COMMIT3args {
+                    file: fh(b"gated"),
+                    offset: 0,
+                    count: 0,
+                });
+                c.call(&cx, req).await.expect("commit");
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Asked while the change is upstream: may describe the file before.
+        let during = size(&c, &cx, b"f").await;
+        below.commit_gate.notify_one();
+        commit.await.unwrap();
+        let after = size(&c, &cx, b"f").await;
+        assert_ne!(after, during, "the reply from during the change was kept");
     }
 
     #[tokio::test]
