@@ -77,6 +77,12 @@ impl Jobs {
                 Some(m) => m.write_back().await,
                 None => Ok(0),
             };
+            // Files written back whole are let go by the metadata layer:
+            // their attributes from before the writes must not be answered
+            // while the block cache writes back (and again after it).
+            if let Some(a) = &attrs {
+                a.invalidate();
+            }
             let result = match (files, kind) {
                 (Err(e), _) => Err(e),
                 (Ok(_), JobKind::WriteBack) => cache

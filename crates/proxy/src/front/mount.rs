@@ -140,11 +140,21 @@ impl FrontEnd {
                     }
                     fh = ok.object;
                 }
-                Ok(_) => return Err(MNT3ERR_NOENT),
+                Ok(other) => return Err(lookup_to_mountstat(other.status() as u32)),
                 Err(e) => return Err(mount_error(&e)),
             }
         }
         Ok(fh)
+    }
+}
+
+/// A failed LOOKUP on the way to a mounted directory as MOUNT says it:
+/// the statuses the two protocols share keep their numbers (RFC 1813,
+/// mountstat3 and nfsstat3), any other is an I/O error.
+fn lookup_to_mountstat(status: u32) -> u32 {
+    match status {
+        1 | 2 | 5 | 13 | 20 | 22 | 63 | 10004 | 10006 => status,
+        _ => 5,
     }
 }
 

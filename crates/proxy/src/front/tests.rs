@@ -7,7 +7,7 @@ use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::rpc::{self, Credentials, ReplyError, ReplyStatus};
 use gvfs_nfs::xdr::{self, XdrReader};
-use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
+use gvfs_nfs::{BoxFuture, CallContext, NfsProc, NfsReply, NfsRequest, NfsService, ServiceError};
 use proptest::prelude::*;
 
 use super::{FrontEnd, Peer};
@@ -42,6 +42,9 @@ impl NfsService for Fake {
                         obj_attributes: Nfs3Option::None,
                         dir_attributes: Nfs3Option::None,
                     }))
+                }
+                NfsRequest::Lookup(a) if a.what.name.0.as_ref() == b"private" => {
+                    NfsReply::error(NfsProc::Lookup, nfsstat3::NFS3ERR_ACCES)
                 }
                 NfsRequest::Getattr(_) => {
                     return Err(ServiceError::UpstreamUnavailable {
@@ -168,6 +171,9 @@ async fn mount_hands_out_the_root_and_subdirectories_of_the_export_only() {
     assert_eq!(mnt(&f, "/export/").await, (0, b"root-handle".to_vec()));
     assert_eq!(mnt(&f, "/export/sub").await, (0, b"sub-handle".to_vec()));
     assert_eq!(mnt(&f, "/export/missing").await.0, 2);
+    // A directory the caller may not search: "access denied", not "no
+    // such directory".
+    assert_eq!(mnt(&f, "/export/private").await.0, 13);
     assert_eq!(mnt(&f, "/exportx").await.0, 2);
     assert_eq!(mnt(&f, "/").await.0, 2);
     // EXPORT lists the one export; DUMP lists who mounted it.
