@@ -447,3 +447,80 @@ async fn writes_to_a_held_file_stay_local_until_written_back_compressed() -> Res
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reads_its_writes_after_a_write_back_without_asking_for_attributes() -> Result<()>
+{
+    let g = Ganesha::start()?;
+    let size = 16 * MIB;
+    let src = image(&g, "rb.raw", size, 22)?;
+    let original = std::fs::read(&src)?;
+    // A block the metadata's zero map says is zeros.
+    let zero = original
+        .chunks(4096)
+        .position(|c| c.iter().all(|&b| b == 0))
+        .context("the image has no zero block")? as u64
+        * 4096;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let cache = tempfile::tempdir()?;
+    let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 42)), 111);
+    let client = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .listen(listen)
+            .arg("--cache-dir")
+            .arg(cache.path().display().to_string())
+            .arg("--cache-size")
+            .arg("64M"),
+    )?;
+    ensure!(nfs_cat(&client.url("rb.raw"))? == original, "first read");
+    wait_complete(&client, 1).await?;
+
+    // One QEMU session writes into the zero block, waits while the proxy
+    // writes back, then reads the block again: no GETATTR or LOOKUP in
+    // between, as a VMM with its image open.
+    let url = format!("nfs://{}/export/rb.raw", client.ip());
+    let session = std::thread::spawn(move || {
+        process::run_ok(
+            std::process::Command::new("qemu-io").args([
+                "-f",
+                "raw",
+                "-c",
+                &format!("write -P 0xab {zero} 4096"),
+                "-c",
+                "flush",
+                "-c",
+                "sleep 4000",
+                "-c",
+                &format!("read -P 0xab {zero} 4096"),
+                &url,
+            ]),
+            Duration::from_secs(60),
+        )
+    });
+    let mut held = false;
+    for _ in 0..100 {
+        if n(&client.cache_stats_all()?, "file_cache.dirty_files") == 1 {
+            held = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(held, "the write did not stay in the file cache");
+    client.write_back()?;
+    ensure!(
+        std::fs::read(&src)?[zero as usize..zero as usize + 4096]
+            .iter()
+            .all(|&b| b == 0xab),
+        "the origin does not hold the write after write-back"
+    );
+    let out = session
+        .join()
+        .map_err(|_| anyhow::anyhow!("qemu-io thread panicked"))?
+        .context("the qemu-io session (write, write-back, read back) failed")?;
+    let said = out.stdout_text();
+    ensure!(
+        said.contains("read 4096/4096") && !said.contains("Pattern verification failed"),
+        "the block read back after write-back is not what was written: {said}"
+    );
+    Ok(())
+}

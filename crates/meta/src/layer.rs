@@ -705,14 +705,29 @@ impl MetaLayer {
     /// compressed chunks, sent with the extension's STORE. Returns the
     /// file bytes written back.
     pub async fn write_back(&self) -> Result<u64, ServiceError> {
-        match &self.copy {
-            Some(copy) => copy
-                .files
-                .write_back(copy.source.as_ref())
-                .await
-                .map_err(ServiceError::Local),
-            None => Ok(0),
+        let Some(copy) = &self.copy else {
+            return Ok(0);
+        };
+        let known: Vec<Vec<u8>> = self.files().keys().cloned().collect();
+        let held: Vec<Vec<u8>> = known
+            .into_iter()
+            .filter(|fh| copy.files.get(fh).is_some_and(|f| f.is_dirty()))
+            .collect();
+        let written = copy.files.write_back(copy.source.as_ref()).await;
+        // Upstream holds another version now, and the file cache lets the
+        // written files go: their metadata and attributes describe the old
+        // one (a zero map would answer the client's writes as zeros). Look
+        // both up again on the next READ.
+        let mut files = self.files();
+        for fh in &held {
+            if let Some(e) = files.get_mut(fh) {
+                e.known = Known::Unknown;
+                e.attrs = None;
+                e.no_copy = false;
+            }
         }
+        drop(files);
+        written.map_err(ServiceError::Local)
     }
 
     /// File bytes the file cache has written back since start.
