@@ -28,7 +28,7 @@
 //! least recently used first, to keep the total under a byte budget.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -321,6 +321,82 @@ struct Versions {
     dirty: BTreeMap<usize, u64>,
     /// Who wrote last: the credentials write-back uses.
     writer: Option<Credentials>,
+    /// WRITEs under way (between marking their chunks dirty and updating
+    /// the attributes): the entry is not let go, and FETCH answers are
+    /// not made, while there are any.
+    writing: u32,
+    /// The largest end of a WRITE started: a record lists chunks before
+    /// their bytes land, so its size covers them.
+    reserved: u64,
+    /// Dirty chunks a durable (flushed) record lists: a WRITE touching
+    /// only these needs no record made durable before its bytes land.
+    durable: BTreeSet<usize>,
+    /// Bumped when write-back takes chunks out of `dirty`, so a record
+    /// made durable meanwhile does not add them to `durable`.
+    epoch: u64,
+}
+
+impl Versions {
+    fn new(upstream: fattr3) -> Self {
+        Self {
+            local: upstream.clone(),
+            upstream,
+            dirty: BTreeMap::new(),
+            writer: None,
+            writing: 0,
+            reserved: 0,
+            durable: BTreeSet::new(),
+            epoch: 0,
+        }
+    }
+}
+
+/// Why a WRITE into a held file was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeldWriteError {
+    /// The file is not held whole (or its fetch failed): the caller
+    /// forwards the WRITE.
+    #[error("the file is not held whole")]
+    NotHeld,
+    /// The write ends past what the file cache can hold.
+    #[error("a write ending at {end} does not fit the file cache ({max} bytes)")]
+    TooLarge {
+        /// Where the write ends.
+        end: u64,
+        /// The cache's budget.
+        max: u64,
+    },
+    /// The entry was let go (written back, evicted, replaced) while the
+    /// write was under way: nothing was kept, and the client should send
+    /// the WRITE again (NFS3ERR_JUKEBOX), which then goes upstream.
+    #[error("the file was let go during the write")]
+    LetGo,
+    /// Local I/O (the file, the index) failed: the write is not durable.
+    #[error("{0}")]
+    Local(String),
+}
+
+impl HeldWriteError {
+    /// The status a client sees (RFC 1813, section 3.3.7).
+    pub fn nfsstat(&self) -> gvfs_nfs::nfs3_types::nfs3::nfsstat3 {
+        use gvfs_nfs::nfs3_types::nfs3::nfsstat3;
+        match self {
+            Self::LetGo => nfsstat3::NFS3ERR_JUKEBOX,
+            Self::TooLarge { .. } => nfsstat3::NFS3ERR_FBIG,
+            Self::NotHeld | Self::Local(_) => nfsstat3::NFS3ERR_IO,
+        }
+    }
+}
+
+/// A WRITE under way: while it lives the entry counts as busy.
+struct WritePin<'a>(&'a CachedFile);
+
+impl Drop for WritePin<'_> {
+    fn drop(&mut self) {
+        let mut v = lock(&self.0.versions);
+        v.writing = v.writing.saturating_sub(1);
+    }
 }
 
 /// One file in the cache.
@@ -364,6 +440,27 @@ impl CachedFile {
     /// Whether it holds writes not yet written back.
     pub fn is_dirty(&self) -> bool {
         !lock(&self.versions).dirty.is_empty()
+    }
+
+    /// Whether it must not be let go: it holds writes, or one is under way.
+    fn busy(&self) -> bool {
+        let v = lock(&self.versions);
+        !v.dirty.is_empty() || v.writing > 0
+    }
+
+    /// The writes counter and the attributes of the bytes held now (the
+    /// local ones once written here), or `None` while a WRITE is under way.
+    fn stamp(&self) -> Option<(u64, fattr3)> {
+        let v = lock(&self.versions);
+        if v.writing > 0 {
+            return None;
+        }
+        let attrs = if v.dirty.is_empty() {
+            v.upstream.clone()
+        } else {
+            v.local.clone()
+        };
+        Some((self.writes.load(Ordering::Acquire), attrs))
     }
 
     fn size(&self) -> u64 {
@@ -712,9 +809,33 @@ impl CachedFile {
     /// `offset..offset + count` for another proxy's FETCH, as a frame: the
     /// one kept for that chunk (one with repeats only when the caller fills
     /// them, `repeats`), or compressed now (and kept, when it is a whole
-    /// chunk and none is). Returns the frame, the file bytes it holds and
-    /// whether they reach the end of the file.
+    /// chunk and none is). Returns the frame, the file bytes it holds,
+    /// whether they reach the end of the file, and the attributes of the
+    /// version they belong to: upstream's, or once clients wrote here the
+    /// local ones (so the caller's version check sees the difference).
+    /// Fails when a WRITE ran at the same time: the bytes might belong to
+    /// neither version.
     pub async fn read_frame(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        offset: u64,
+        count: u32,
+        repeats: bool,
+    ) -> Result<(Frame, u32, bool, fattr3), String> {
+        const RACED: &str = "the file was written during the FETCH";
+        let (seen, attrs) = self.stamp().ok_or(RACED)?;
+        let (frame, len, eof) = self
+            .frame_of(cache, source, cred, offset, count, repeats)
+            .await?;
+        match self.stamp() {
+            Some((now, _)) if now == seen => Ok((frame, len, eof, attrs)),
+            _ => Err(RACED.into()),
+        }
+    }
+
+    async fn frame_of(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
         source: &Arc<dyn ChunkSource>,
@@ -781,7 +902,8 @@ impl CachedFile {
 impl CachedFile {
     /// A client's WRITE into a file held whole: written here, marked dirty
     /// (written back by `gvfsctl writeback`), synced when `sync`. Returns
-    /// the attributes clients saw before and see after.
+    /// the attributes clients saw before and see after. See
+    /// [`try_write`](Self::try_write), which tells why a write failed.
     pub async fn write(
         self: &Arc<Self>,
         cache: &FileCache,
@@ -790,22 +912,57 @@ impl CachedFile {
         data: Vec<u8>,
         sync: bool,
     ) -> Result<(fattr3, fattr3), String> {
+        self.try_write(cache, cred, offset, data, sync)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// [`write`](Self::write), failing with why.
+    ///
+    /// Crash safety: the chunks a write touches are marked dirty before
+    /// its bytes land (so nothing lets the entry go meanwhile), and unless
+    /// a durable record already lists them, a record listing them is made
+    /// durable first: a crash never leaves changed bytes under a record
+    /// that calls them upstream's. A `sync` write is acknowledged only once
+    /// the file is synced and its record (size, times) is durable.
+    pub async fn try_write(
+        self: &Arc<Self>,
+        cache: &FileCache,
+        cred: &Credentials,
+        offset: u64,
+        data: Vec<u8>,
+        sync: bool,
+    ) -> Result<(fattr3, fattr3), HeldWriteError> {
         if !self.complete() || self.failure().is_some() {
-            return Err("the file is not held whole".into());
+            return Err(HeldWriteError::NotHeld);
         }
         let end = offset
             .checked_add(data.len() as u64)
-            .ok_or("write past the largest offset")?;
+            .ok_or(HeldWriteError::TooLarge {
+                end: u64::MAX,
+                max: cache.max_bytes,
+            })?;
         // The chunk table grows with the file: a client's offset is capped
         // by the cache's budget before anything is allocated for it.
         if end > cache.max_bytes {
-            return Err(format!(
-                "a write ending at {end} does not fit the file cache ({} bytes)",
-                cache.max_bytes
-            ));
+            return Err(HeldWriteError::TooLarge {
+                end,
+                max: cache.max_bytes,
+            });
         }
-        if end > offset {
-            let (first, last) = chunks_of(offset, end);
+        if data_is_empty(offset, end) {
+            // A WRITE of no bytes changes nothing, not even the size
+            // (RFC 1813, section 3.3.7).
+            let now = self.local_attrs();
+            return Ok((now.clone(), now));
+        }
+        let (first, last) = chunks_of(offset, end);
+        let (pin, recorded) = self.pin_write(first, last, end);
+        self.last_used.store(now_secs(), Ordering::Relaxed);
+        if !recorded && !cache.record_durably(self).await? {
+            return Err(HeldWriteError::LetGo);
+        }
+        {
             let mut chunks = lock(&self.chunks);
             for c in chunks.iter_mut().take(last + 1).skip(first) {
                 if *c == Chunk::Zero {
@@ -819,15 +976,14 @@ impl CachedFile {
             if sync { me.file.sync_data() } else { Ok(()) }
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("writing {}: {e}", self.path.display()))?;
-        let n = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
-        if end > offset {
-            let (first, last) = chunks_of(offset, end);
-            self.frames.forget(first, last);
-        }
-        let (before, after) = {
+        .map_err(|e| HeldWriteError::Local(e.to_string()))?
+        .map_err(|e| HeldWriteError::Local(format!("writing {}: {e}", self.path.display())))?;
+        self.frames.forget(first, last);
+        let (before, after, recorded) = {
             let mut v = lock(&self.versions);
+            // Numbered again now the bytes are here: a write-back that read
+            // the chunk before they landed leaves it dirty.
+            let n = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
             let before = v.local.clone();
             if end > v.local.size {
                 v.local.size = end;
@@ -836,15 +992,14 @@ impl CachedFile {
             let t = now_time();
             v.local.mtime = t;
             v.local.ctime = t;
-            if !data_is_empty(offset, end) {
-                let (first, last) = chunks_of(offset, end);
-                for c in first..=last {
-                    v.dirty.insert(c, n);
-                }
+            for c in first..=last {
+                v.dirty.insert(c, n);
             }
             v.writer = Some(cred.clone());
-            (before, v.local.clone())
+            let recorded = (first..=last).all(|c| v.durable.contains(&c));
+            (before, v.local.clone(), recorded)
         };
+        drop(pin);
         {
             let mut chunks = lock(&self.chunks);
             let want = Self::chunk_count(after.size);
@@ -852,21 +1007,46 @@ impl CachedFile {
                 chunks.resize(want, Chunk::Present);
             }
         }
-        if sync {
-            cache.record(self);
+        let kept = if sync || !recorded {
+            cache.record_durably(self).await?
+        } else {
+            cache.holds(self)
+        };
+        if !kept {
+            return Err(HeldWriteError::LetGo);
         }
         Ok((before, after))
     }
 
-    /// A client's COMMIT: the file synced and its dirty chunks recorded,
-    /// so they survive a crash.
+    /// Marks chunks `first..=last` dirty and a write under way (until the
+    /// pin is dropped), before its bytes land. Returns the pin and whether
+    /// a durable record lists those chunks already.
+    fn pin_write(&self, first: usize, last: usize, end: u64) -> (WritePin<'_>, bool) {
+        let mut v = lock(&self.versions);
+        v.writing += 1;
+        let n = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
+        for c in first..=last {
+            v.dirty.insert(c, n);
+        }
+        v.reserved = v.reserved.max(end);
+        let recorded = (first..=last).all(|c| v.durable.contains(&c));
+        (WritePin(self), recorded)
+    }
+
+    /// A client's COMMIT: the file synced and its dirty chunks recorded
+    /// durably, so they survive a crash, before it is acknowledged.
     pub async fn commit(self: &Arc<Self>, cache: &FileCache) -> Result<fattr3, String> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.file.sync_all())
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("syncing {}: {e}", self.path.display()))?;
-        cache.record(self);
+        // An entry let go held no writes any more: they were written back,
+        // durably, upstream.
+        cache
+            .record_durably(self)
+            .await
+            .map_err(|e| e.to_string())?;
         Ok(self.local_attrs())
     }
 }
@@ -895,11 +1075,15 @@ fn now_time() -> gvfs_nfs::nfs3_types::nfs3::nfstime3 {
 
 /// What the index keeps for a finished file: upstream's attributes, and
 /// when it holds writes, the attributes clients see and the dirty chunks.
+/// The size recorded covers the writes under way, whose chunks are listed
+/// before their bytes land.
 fn encode_record(v: &Versions) -> Vec<u8> {
     let mut out = Vec::with_capacity(172 + 4 * v.dirty.len());
     encode_into(&mut out, &v.upstream);
     if !v.dirty.is_empty() {
-        encode_into(&mut out, &v.local);
+        let mut local = v.local.clone();
+        local.size = local.size.max(v.reserved);
+        encode_into(&mut out, &local);
         put_u32(&mut out, v.dirty.len() as u32);
         for c in v.dirty.keys() {
             put_u32(&mut out, *c as u32);
@@ -911,12 +1095,7 @@ fn encode_record(v: &Versions) -> Vec<u8> {
 fn decode_record(bytes: &[u8]) -> Option<Versions> {
     let mut cur = std::io::Cursor::new(bytes);
     let (upstream, _) = fattr3::unpack(&mut cur).ok()?;
-    let mut v = Versions {
-        local: upstream.clone(),
-        upstream,
-        dirty: BTreeMap::new(),
-        writer: None,
-    };
+    let mut v = Versions::new(upstream);
     if cur.position() as usize == bytes.len() {
         return Some(v);
     }
@@ -937,6 +1116,7 @@ fn decode_record(bytes: &[u8]) -> Option<Versions> {
     if !r.rest().is_empty() {
         return None;
     }
+    v.durable = v.dirty.keys().copied().collect();
     v.local = local;
     Some(v)
 }
@@ -1046,8 +1226,18 @@ impl FileCache {
             .open(path)
             .ok()?;
         let size = versions.local.size;
-        if file.metadata().ok()?.len() < size {
-            return None;
+        let len = file.metadata().ok()?.len();
+        if versions.dirty.is_empty() {
+            // Synced whole before it was recorded: shorter is not ours.
+            if len < size {
+                return None;
+            }
+        } else if len != size {
+            // A crash in a WRITE extending the file: its record (made
+            // durable before the bytes land) or its bytes (past the size
+            // of the last durable record) did not make it. Neither was
+            // acknowledged as stable.
+            file.set_len(size).ok()?;
         }
         if !versions.dirty.is_empty() {
             tracing::info!(
@@ -1130,26 +1320,88 @@ impl FileCache {
     }
 
     /// Drops the entry for `fh` (the file changed, or a client wrote it
-    /// through the block path), unless it holds writes not written back.
+    /// through the block path), unless it holds writes not written back
+    /// or one is under way.
     pub fn forget(&self, fh: &[u8]) {
         let mut files = lock(&self.files);
-        if files.get(fh).is_some_and(|f| f.is_dirty()) {
+        if files.get(fh).is_some_and(|f| f.busy()) {
             return;
         }
-        let gone = files.remove(fh);
-        drop(files);
-        if let Some(f) = gone {
+        if let Some(f) = files.remove(fh) {
             self.discard(&f);
         }
     }
 
-    /// Records a file in the index (finished, with its dirty chunks).
-    fn record(&self, f: &CachedFile) {
-        let Some(index) = &self.index else { return };
-        let v = encode_record(&lock(&f.versions));
-        if let Err(e) = index.put(&index_key(&f.fh), &v) {
-            tracing::warn!(error = %e, "file cache: cannot record a file");
+    /// Whether writes kept here survive a restart: the index they are
+    /// recorded in is persistent. When it is not, WRITEs to held files
+    /// should go upstream instead.
+    pub fn keeps_writes(&self) -> bool {
+        self.index.as_ref().is_some_and(|i| i.persistent())
+    }
+
+    /// Whether `f` is still the entry of its file.
+    fn holds(&self, f: &Arc<CachedFile>) -> bool {
+        lock(&self.files)
+            .get(&f.fh)
+            .is_some_and(|g| Arc::ptr_eq(g, f))
+    }
+
+    /// Records a file in the index (finished, with its dirty chunks), if
+    /// it is still the entry of its file: under the lock that replacing it
+    /// takes, so a record of a let-go entry never outlives it. Returns the
+    /// `epoch` and the dirty chunks recorded, or `None` when it was let go.
+    fn record(&self, f: &Arc<CachedFile>) -> Result<Option<(u64, Vec<usize>)>, String> {
+        let files = lock(&self.files);
+        if !files.get(&f.fh).is_some_and(|g| Arc::ptr_eq(g, f)) {
+            return Ok(None);
         }
+        let (bytes, epoch, chunks) = {
+            let v = lock(&f.versions);
+            (
+                encode_record(&v),
+                v.epoch,
+                v.dirty.keys().copied().collect(),
+            )
+        };
+        if let Some(index) = &self.index {
+            index
+                .put(&index_key(&f.fh), &bytes)
+                .map_err(|e| format!("cannot record a file: {e}"))?;
+        }
+        Ok(Some((epoch, chunks)))
+    }
+
+    /// [`record`](Self::record), logging a failure: for records whose loss
+    /// in a crash costs only a fetch.
+    fn record_lazily(&self, f: &Arc<CachedFile>) {
+        if let Err(e) = self.record(f) {
+            tracing::warn!(file = %f.path.display(), "file cache: {e}");
+        }
+    }
+
+    /// Records a file and waits until the record is durable. Returns
+    /// whether it is still the entry of its file.
+    async fn record_durably(&self, f: &Arc<CachedFile>) -> Result<bool, HeldWriteError> {
+        let Some((epoch, chunks)) = self.record(f).map_err(HeldWriteError::Local)? else {
+            return Ok(false);
+        };
+        self.flush_index().await.map_err(HeldWriteError::Local)?;
+        let mut v = lock(&f.versions);
+        if v.epoch == epoch {
+            v.durable.extend(chunks);
+        }
+        Ok(true)
+    }
+
+    /// Waits until everything put in the index so far is durable.
+    async fn flush_index(&self) -> Result<(), String> {
+        let Some(index) = self.index.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || index.flush())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot flush the file-cache index: {e}"))
     }
 
     /// Files holding writes not yet written back.
@@ -1217,6 +1469,8 @@ impl FileCache {
             for (c, n) in &snapshot {
                 if v.dirty.get(c) == Some(n) {
                     v.dirty.remove(c);
+                    v.durable.remove(c);
+                    v.epoch += 1;
                 }
             }
             if let Some(a) = after {
@@ -1226,19 +1480,28 @@ impl FileCache {
         };
         if clean {
             bump(&self.counters.written_back_files, 1);
+        }
+        // Let go unless written again meanwhile (or being written now),
+        // under the lock a WRITE checks it is still the entry with.
+        let let_go = clean && {
             let mut files = lock(&self.files);
-            if files.get(&f.fh).is_some_and(|g| Arc::ptr_eq(g, f)) {
+            let free = files.get(&f.fh).is_some_and(|g| Arc::ptr_eq(g, f)) && !f.busy();
+            if free {
                 files.remove(&f.fh);
-                drop(files);
                 self.discard(f);
             }
-        } else {
-            self.record(f);
+            free
+        };
+        if !let_go {
+            self.record_lazily(f);
         }
         tracing::info!(file = %f.path.display(), bytes, wire, "file cache: wrote a file back");
         Ok(bytes)
     }
 
+    /// Removes a let-go entry's record, file and frames. Called under the
+    /// files lock that took it out of the map: a new entry of the same file
+    /// (at the same path) cannot have been made yet.
     fn discard(&self, f: &CachedFile) {
         if let Some(index) = &self.index {
             let _ = index.remove(&index_key(&f.fh));
@@ -1261,7 +1524,7 @@ impl FileCache {
     ) -> Result<Arc<CachedFile>, String> {
         let mut files = lock(&self.files);
         if let Some(f) = files.get(fh) {
-            if f.is_dirty() || (f.failure().is_none() && same_version(&f.attrs(), attrs)) {
+            if f.busy() || (f.failure().is_none() && same_version(&f.attrs(), attrs)) {
                 if !f.complete() {
                     bump(&self.counters.coalesced_fetches, 1);
                 }
@@ -1273,6 +1536,15 @@ impl FileCache {
             }
         }
         self.make_room(&mut files, attrs.size)?;
+        // A record left of an earlier entry (let go without a flush since)
+        // must not survive a crash to describe the half-fetched file about
+        // to be made at its path.
+        if let Some(index) = &self.index {
+            index
+                .remove(&index_key(fh))
+                .and_then(|()| index.flush())
+                .map_err(|e| format!("clearing the record of a file: {e}"))?;
+        }
         let path = self.dir.join(file_name(fh));
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -1299,12 +1571,7 @@ impl FileCache {
         bump(&self.counters.files_fetched, 1);
         let entry = Arc::new(CachedFile {
             fh: fh.to_vec(),
-            versions: Mutex::new(Versions {
-                upstream: attrs.clone(),
-                local: attrs.clone(),
-                dirty: BTreeMap::new(),
-                writer: None,
-            }),
+            versions: Mutex::new(Versions::new(attrs.clone())),
             writes: AtomicU64::new(0),
             frames: FrameStore::new(frames_path(&path)),
             path,
@@ -1341,7 +1608,7 @@ impl FileCache {
             }
             let victim = files
                 .values()
-                .filter(|f| !f.is_dirty() && (f.complete() || f.failure().is_some()))
+                .filter(|f| !f.busy() && (f.complete() || f.failure().is_some()))
                 .min_by_key(|f| f.last_used.load(Ordering::Relaxed))
                 .map(|f| f.fh.clone());
             let Some(fh) = victim else {
@@ -1394,7 +1661,6 @@ impl FileCache {
             let mut files = lock(&self.files);
             if files.get(&entry.fh).is_some_and(|f| Arc::ptr_eq(f, &entry)) {
                 files.remove(&entry.fh);
-                drop(files);
                 self.discard(&entry);
             }
             return;
@@ -1405,7 +1671,9 @@ impl FileCache {
             entry.fail("cannot sync the fetched file".into());
             return;
         }
-        self.record(&entry);
+        // Only if still the entry: one let go meanwhile must leave no
+        // record to describe the file a newer entry makes at its path.
+        self.record_lazily(&entry);
         bump(&self.counters.files_complete, 1);
         bump(
             &self.counters.fetch_micros,
@@ -1447,6 +1715,7 @@ pub(crate) mod tests {
     use crate::ext::{FetchOk, compress};
     use crate::{MemIndex, ZeroMap};
     use gvfs_nfs::BoxFuture;
+    use gvfs_nfs::nfs3_types::nfs3::nfsstat3;
 
     pub(crate) use gvfs_nfs::testing::file_attrs as attrs;
 
@@ -1705,7 +1974,7 @@ pub(crate) mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(all == data);
         // As it came: zeros where the repeat is, and the list.
-        let (frame, n, _) = f
+        let (frame, n, _, _) = f
             .read_frame(&cache, &src(&fake), &cred, 2 * c, CHUNK, true)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -1714,7 +1983,7 @@ pub(crate) mod tests {
         holes[8192..16384].fill(0);
         assert!(unframe(&frame, n) == holes);
         // A caller that does not fill repeats gets the whole chunk.
-        let (frame, n, _) = f
+        let (frame, n, _, _) = f
             .read_frame(&cache, &src(&fake), &cred, 2 * c, CHUNK, false)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -2079,7 +2348,7 @@ pub(crate) mod tests {
         assert!(s.fetch_micros > 0 && s.decompress_micros > 0, "{s:?}");
         let mut served = Vec::new();
         for i in 0..4u64 {
-            let (frame, n, eof) = f
+            let (frame, n, eof, _) = f
                 .read_frame(&c, &src(&fake), &cred, i * u64::from(CHUNK), CHUNK, true)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
@@ -2094,14 +2363,14 @@ pub(crate) mod tests {
         f.write(&c, &cred, 10, b"new".to_vec(), false)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let (frame, n, _) = f
+        let (frame, n, _, _) = f
             .read_frame(&c, &src(&fake), &cred, 0, CHUNK, true)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&unframe(&frame, n)[10..13], b"new");
         assert_eq!(c.stats().frames_made, 1);
         // A piece of a chunk is compressed for the caller, not kept.
-        let (frame, n, _) = f
+        let (frame, n, _, _) = f
             .read_frame(&c, &src(&fake), &cred, u64::from(CHUNK) + 7, 100, true)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -2134,7 +2403,7 @@ pub(crate) mod tests {
                 f.write(&c, &cred, at, vec![round; 10], false)
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
-                let (frame, n, _) = f
+                let (frame, n, _, _) = f
                     .read_frame(&c, &src(&fake), &cred, at, CHUNK, true)
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
@@ -2153,6 +2422,240 @@ pub(crate) mod tests {
         drop(c);
         reopen(dir.path(), &index);
         assert!(!frames.exists(), "a restart kept old frames");
+    }
+
+    /// An index that loses, in a crash, what was not flushed: `put` and
+    /// `remove` change the live map, `flush` makes it the durable one, and
+    /// [`CrashIndex::crashed`] is what a restart after a crash finds.
+    #[derive(Default)]
+    struct CrashIndex {
+        live: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
+        durable: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
+    }
+
+    impl CrashIndex {
+        fn crashed(&self) -> Arc<CrashIndex> {
+            let kept = lock(&self.durable).clone();
+            Arc::new(CrashIndex {
+                live: Mutex::new(kept.clone()),
+                durable: Mutex::new(kept),
+            })
+        }
+    }
+
+    impl MetaIndex for CrashIndex {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::IndexError> {
+            Ok(lock(&self.live).get(key).cloned())
+        }
+        fn put(&self, key: &[u8], value: &[u8]) -> Result<(), crate::IndexError> {
+            lock(&self.live).insert(key.to_vec(), value.to_vec());
+            Ok(())
+        }
+        fn remove(&self, key: &[u8]) -> Result<(), crate::IndexError> {
+            lock(&self.live).remove(key);
+            Ok(())
+        }
+        fn flush(&self) -> Result<(), crate::IndexError> {
+            *lock(&self.durable) = lock(&self.live).clone();
+            Ok(())
+        }
+        fn persistent(&self) -> bool {
+            true
+        }
+    }
+
+    /// A cache in `dir` on `index`, reopened as after a crash.
+    fn crash_open(dir: &Path, index: &Arc<CrashIndex>) -> Arc<FileCache> {
+        let index: Arc<dyn MetaIndex> = index.clone();
+        reopen(dir, &index)
+    }
+
+    /// The dirty chunks of `fh` in a cache reopened after a crash, and the
+    /// bytes it serves at `at`.
+    async fn after_crash(
+        dir: &Path,
+        index: &CrashIndex,
+        fake: &Arc<Fake>,
+        fh: &[u8],
+        at: u64,
+        len: u32,
+    ) -> (Arc<CrashIndex>, Vec<usize>, Vec<u8>) {
+        let index = index.crashed();
+        let c = crash_open(dir, &index);
+        let f = c.get(fh).unwrap_or_else(|| panic!("the file was not kept"));
+        let dirty = lock(&f.versions).dirty.keys().copied().collect();
+        let (got, _) = f
+            .read(&c, &src(fake), &Credentials::default(), at, len)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        (index, dirty, got.to_vec())
+    }
+
+    #[tokio::test]
+    async fn writes_are_recorded_durably_before_they_land_or_are_acknowledged() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let index = Arc::new(CrashIndex::default());
+        let c = crash_open(dir.path(), &index);
+        let fake = Fake::new(content(4 * CHUNK as usize), true);
+        let cred = Credentials::default();
+        let f = c
+            .start(b"fd", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c).await;
+        // Sled's own flush, half a second later: the clean record is durable.
+        index.flush().unwrap_or_else(|e| panic!("{e}"));
+        let chunk = u64::from(CHUNK);
+        // A FILE_SYNC write is acknowledged: a crash right after keeps it.
+        f.write(&c, &cred, chunk + 5, b"stable".to_vec(), true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (_, dirty, got) = after_crash(dir.path(), &index, &fake, b"fd", chunk + 5, 6).await;
+        assert_eq!((dirty, &got[..]), (vec![1], &b"stable"[..]));
+        // An UNSTABLE write into a clean chunk: a crash right after it
+        // lists the chunk dirty (its bytes are not upstream's any more).
+        f.write(&c, &cred, 2 * chunk, b"loose".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (_, dirty, _) = after_crash(dir.path(), &index, &fake, b"fd", 0, 1).await;
+        assert_eq!(dirty, vec![1, 2]);
+        // A COMMIT is acknowledged: a crash right after keeps the writes
+        // before it, and the size they gave the file.
+        let end = 4 * chunk;
+        f.write(&c, &cred, end, b"tail".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        f.commit(&c).await.unwrap_or_else(|e| panic!("{e}"));
+        let (_, dirty, got) = after_crash(dir.path(), &index, &fake, b"fd", end, 100).await;
+        assert_eq!((dirty, &got[..]), (vec![1, 2, 4], &b"tail"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_write_pins_its_entry_and_is_not_acknowledged_into_one_let_go() {
+        let len = 3 * CHUNK as usize;
+        let (_dir, fake, c, f) = started(b"fp", content(len), true, None, false);
+        let cred = Credentials::default();
+        whole(&c).await;
+        // While a write is under way nothing lets the entry go: not a
+        // client's write through the block path, nor room for another file,
+        // nor a write-back.
+        f.last_used.store(0, Ordering::Relaxed);
+        let (pin, _) = f.pin_write(0, 0, 10);
+        c.forget(b"fp");
+        assert!(c.make_room(&mut lock(&c.files), c.max_bytes).is_err());
+        c.write_back(fake.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.holds(&f), "the entry was let go under a write");
+        drop(pin);
+        // Clean (written back) and with no write under way, it goes; a
+        // write that still holds it lands nowhere and is refused, for the
+        // client to send again.
+        c.forget(b"fp");
+        assert!(c.get(b"fp").is_none());
+        let late = f.try_write(&c, &cred, 7, b"lost".to_vec(), true).await;
+        assert_eq!(late.map(|_| ()), Err(HeldWriteError::LetGo));
+        assert_eq!(HeldWriteError::LetGo.nfsstat(), nfsstat3::NFS3ERR_JUKEBOX);
+        // A write counts as a use.
+        let (_dir, _fake, c, f) = started(b"fq", content(len), true, None, false);
+        whole(&c).await;
+        f.last_used.store(0, Ordering::Relaxed);
+        f.write(&c, &cred, 7, b"used".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(f.last_used.load(Ordering::Relaxed) > 0);
+    }
+
+    #[tokio::test]
+    async fn a_record_of_an_entry_let_go_does_not_describe_its_successor() {
+        let len = 3 * CHUNK as usize;
+        let (dir, index, c, fake) = restartable(content(len));
+        let cred = Credentials::default();
+        // The file changes before its fetch runs: the old entry's fetch
+        // finishes into its unlinked file while the new one's is held.
+        c.start(b"fs", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let newer = Fake::new(content(len), false);
+        c.start(b"fs", &attrs(len as u64, 9), None, newer.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c).await;
+        drop(c);
+        let c = reopen(dir.path(), &index);
+        assert!(c.get(b"fs").is_none(), "a half-fetched file was kept");
+        // A record removed but not yet flushed when the entry was let go:
+        // a crash after the new file is made must not bring it back.
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let index = Arc::new(CrashIndex::default());
+        let c = crash_open(dir.path(), &index);
+        c.start(b"ft", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c).await;
+        index.flush().unwrap_or_else(|e| panic!("{e}"));
+        c.forget(b"ft");
+        c.start(b"ft", &attrs(len as u64, 9), None, newer.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = crash_open(dir.path(), &index.crashed());
+        assert!(c.get(b"ft").is_none(), "a half-fetched file was kept");
+    }
+
+    #[tokio::test]
+    async fn a_write_of_no_bytes_past_the_end_changes_nothing() {
+        let len = 2 * CHUNK as usize;
+        let (dir, index, c, fake) = restartable(content(len));
+        let cred = Credentials::default();
+        let f = c
+            .start(b"fn", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c).await;
+        f.write(&c, &cred, 3, b"kept".to_vec(), true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (_, after) = f
+            .write(&c, &cred, len as u64 + 100, Vec::new(), true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(after.size, len as u64);
+        f.commit(&c).await.unwrap_or_else(|e| panic!("{e}"));
+        drop((f, c));
+        let c = reopen(dir.path(), &index);
+        let f = c
+            .get(b"fn")
+            .unwrap_or_else(|| panic!("the writes were dropped"));
+        let (got, _) = f
+            .read(&c, &src(&fake), &cred, 3, 4)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&*got, b"kept");
+    }
+
+    #[tokio::test]
+    async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
+        let len = 2 * CHUNK as usize;
+        let (_dir, fake, c, f) = started(b"fl", content(len), true, None, true);
+        let cred = Credentials::default();
+        whole(&c).await;
+        let (_, _, _, a) = f
+            .read_frame(&c, &src(&fake), &cred, 0, CHUNK, true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(same_version(&a, &fake.attrs));
+        f.write(&c, &cred, 10, b"new".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (frame, n, _, a) = f
+            .read_frame(&c, &src(&fake), &cred, 0, CHUNK, true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&unframe(&frame, n)[10..13], b"new");
+        assert!(
+            !same_version(&a, &fake.attrs),
+            "the written bytes as upstream's"
+        );
+        assert!(same_version(&a, &f.local_attrs()));
+        // Nor is a FETCH answered while a write is under way.
+        let pin = f.pin_write(0, 0, 10);
+        let raced = f.read_frame(&c, &src(&fake), &cred, 0, CHUNK, true).await;
+        assert!(raced.is_err());
+        drop(pin);
     }
 
     #[tokio::test]

@@ -16,6 +16,14 @@ pub trait MetaIndex: Send + Sync {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), IndexError>;
     /// Removes `key`; removing an absent key is not an error.
     fn remove(&self, key: &[u8]) -> Result<(), IndexError>;
+    /// A durability barrier: returns once every `put` and `remove` made
+    /// before it would survive a crash (a no-op for an index that keeps
+    /// nothing across a restart).
+    fn flush(&self) -> Result<(), IndexError>;
+    /// Whether what is flushed survives a restart of the process. Data
+    /// only an index entry can find again (a file cache's held writes)
+    /// must not be kept on an index that does not.
+    fn persistent(&self) -> bool;
 }
 
 /// An in-memory index that never holds more than `capacity` entries: a
@@ -74,6 +82,14 @@ impl MetaIndex for MemIndex {
         self.lock().remove(key);
         Ok(())
     }
+
+    fn flush(&self) -> Result<(), IndexError> {
+        Ok(())
+    }
+
+    fn persistent(&self) -> bool {
+        false
+    }
 }
 
 /// A persistent index in a sled database (sled 0.34). One process can have
@@ -100,13 +116,6 @@ impl SledIndex {
             tree: self.db.open_tree(name)?,
         })
     }
-
-    /// Writes everything put so far to disk (sled also does so on its own
-    /// every half second, and when the last handle is dropped).
-    pub fn flush(&self) -> Result<(), IndexError> {
-        self.db.flush()?;
-        Ok(())
-    }
 }
 
 impl MetaIndex for SledIndex {
@@ -122,6 +131,18 @@ impl MetaIndex for SledIndex {
     fn remove(&self, key: &[u8]) -> Result<(), IndexError> {
         self.tree.remove(key)?;
         Ok(())
+    }
+
+    /// Writes everything put so far, in every tree of the database, to
+    /// disk and syncs it (sled does so on its own only every half second,
+    /// and when the last handle is dropped).
+    fn flush(&self) -> Result<(), IndexError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn persistent(&self) -> bool {
+        true
     }
 }
 

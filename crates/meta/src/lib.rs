@@ -22,7 +22,7 @@ pub mod server;
 
 pub use error::{IndexError, MetaError};
 pub use ext::{ChunkSource, ExtClient};
-pub use filecache::{FileCache, FileCacheStats};
+pub use filecache::{FileCache, FileCacheStats, HeldWriteError};
 pub use format::{
     Actions, MAX_BLOCK_SIZE, MAX_META_LEN, META_SUFFIX, MIN_BLOCK_SIZE, MetaFile, ZeroMap,
     block_count, described_name, is_meta_name, meta_name,

@@ -319,7 +319,11 @@ impl ExtServer {
                 f
             }
         };
-        let (frame, raw_len, eof) = entry
+        // The attributes of the version the bytes belong to: once this
+        // proxy's clients wrote to the file, its local ones, so a client
+        // proxy holding chunks of upstream's version sees a new version
+        // and does not mix them (a FETCH that ran into a WRITE fails).
+        let (frame, raw_len, eof, attrs) = entry
             .read_frame(files, &up, &cx.cred, args.offset, args.count, repeats)
             .await
             .map_err(|why| {
@@ -327,7 +331,7 @@ impl ExtServer {
                 nfsstat3::NFS3ERR_IO
             })?;
         Ok(FetchOk {
-            attrs: entry.attrs(),
+            attrs,
             raw_len,
             eof,
             codec: frame.codec,
