@@ -19,7 +19,11 @@ use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::NfsReply;
 use gvfs_nfs::NfsRequest;
-use gvfs_nfs::nfs3_types::nfs3::{Nfs3Result, READ3args};
+use gvfs_nfs::nfs3_types::nfs3::{
+    CREATE3args, LOOKUP3args, Nfs3Option, Nfs3Result, READ3args, READDIRPLUS3args, WRITE3args,
+    cookieverf3, createhow3, diropargs3, filename3, sattr3, stable_how,
+};
+use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_wanlink::{LinkConfig, WanLink};
 
 const MIB: u64 = 1 << 20;
@@ -521,6 +525,143 @@ async fn a_client_reads_its_writes_after_a_write_back_without_asking_for_attribu
     ensure!(
         said.contains("read 4096/4096") && !said.contains("Pattern verification failed"),
         "the block read back after write-back is not what was written: {said}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_that_truncates_a_held_file_lets_the_whole_copy_go() -> Result<()> {
+    let g = Ganesha::start()?;
+    let src = image(&g, "tr.raw", 8 * MIB, 23)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let cache = tempfile::tempdir()?;
+    let client = caching(server.upstream_url(), cache.path())?;
+    ensure!(
+        nfs_cat(&client.url("tr.raw"))? == std::fs::read(&src)?,
+        "first read"
+    );
+    wait_complete(&client, 1).await?;
+
+    // CREATE UNCHECKED with size 0 over the held file, then a WRITE.
+    let nfs = NfsClient::of_proxy(&client, Duration::from_secs(60)).await?;
+    let root = nfs.resolve("").await?.context("no root")?;
+    let created = nfs
+        .call(NfsRequest::Create(CREATE3args {
+            where_: diropargs3 {
+                dir: root,
+                name: filename3::from(b"tr.raw".to_vec()),
+            },
+            how: createhow3::UNCHECKED(sattr3 {
+                size: Nfs3Option::Some(0),
+                ..sattr3::default()
+            }),
+        }))
+        .await?;
+    let NfsReply::Create(Nfs3Result::Ok(ok)) = created else {
+        anyhow::bail!("CREATE failed: {created:?}");
+    };
+    let Nfs3Option::Some(fh) = ok.obj else {
+        anyhow::bail!("CREATE gave no handle");
+    };
+    let written = nfs
+        .call(NfsRequest::Write(WRITE3args {
+            file: fh,
+            offset: 0,
+            count: 4096,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::owned(vec![0xcd; 4096]),
+        }))
+        .await?;
+    ensure!(
+        matches!(written, NfsReply::Write(Nfs3Result::Ok(_))),
+        "WRITE failed: {written:?}"
+    );
+    let now = nfs_cat(&client.url("tr.raw"))?;
+    ensure!(
+        now.len() == 4096 && now.iter().all(|&b| b == 0xcd),
+        "read {} bytes after the truncation and write, not the 4096 written",
+        now.len()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_and_readdirplus_give_a_held_file_its_local_size() -> Result<()> {
+    let g = Ganesha::start()?;
+    let size = 8 * MIB;
+    let src = image(&g, "gr.raw", size, 24)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let cache = tempfile::tempdir()?;
+    let client = caching(server.upstream_url(), cache.path())?;
+    ensure!(
+        nfs_cat(&client.url("gr.raw"))? == std::fs::read(&src)?,
+        "first read"
+    );
+    wait_complete(&client, 1).await?;
+
+    // Grow the held file by a page: the write stays in the file cache.
+    let nfs = NfsClient::of_proxy(&client, Duration::from_secs(60)).await?;
+    let root = nfs.resolve("").await?.context("no root")?;
+    let fh = nfs.lookup(&root, "gr.raw").await?.context("no gr.raw")?;
+    let written = nfs
+        .call(NfsRequest::Write(WRITE3args {
+            file: fh,
+            offset: size,
+            count: 4096,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::owned(vec![0xee; 4096]),
+        }))
+        .await?;
+    ensure!(
+        matches!(written, NfsReply::Write(Nfs3Result::Ok(_))),
+        "WRITE failed: {written:?}"
+    );
+    ensure!(
+        std::fs::metadata(&src)?.len() == size,
+        "the write went upstream"
+    );
+    let grown = size + 4096;
+    let looked = nfs
+        .call(NfsRequest::Lookup(LOOKUP3args {
+            what: diropargs3 {
+                dir: root.clone(),
+                name: filename3::from(b"gr.raw".to_vec()),
+            },
+        }))
+        .await?;
+    let NfsReply::Lookup(Nfs3Result::Ok(ok)) = looked else {
+        anyhow::bail!("LOOKUP failed: {looked:?}");
+    };
+    let Nfs3Option::Some(a) = ok.obj_attributes else {
+        anyhow::bail!("LOOKUP gave no attributes");
+    };
+    ensure!(a.size == grown, "LOOKUP says {} bytes, not {grown}", a.size);
+    let listed = nfs
+        .call(NfsRequest::Readdirplus(READDIRPLUS3args {
+            dir: root,
+            cookie: 0,
+            cookieverf: cookieverf3::default(),
+            dircount: 8192,
+            maxcount: 32768,
+        }))
+        .await?;
+    let NfsReply::Readdirplus(Nfs3Result::Ok(ok)) = listed else {
+        anyhow::bail!("READDIRPLUS failed: {listed:?}");
+    };
+    let entry = ok
+        .reply
+        .entries
+        .0
+        .iter()
+        .find(|e| e.name.0.as_ref() == b"gr.raw")
+        .context("gr.raw not listed")?;
+    let Nfs3Option::Some(a) = &entry.name_attributes else {
+        anyhow::bail!("READDIRPLUS gave no attributes for gr.raw");
+    };
+    ensure!(
+        a.size == grown,
+        "READDIRPLUS says {} bytes, not {grown}",
+        a.size
     );
     Ok(())
 }

@@ -30,7 +30,7 @@ use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, Service
 
 use crate::MetaIndex;
 use crate::ext::ChunkSource;
-use crate::filecache::{CachedFile, FileCache, same_version};
+use crate::filecache::{CachedFile, FileCache, HeldWriteError, same_version};
 use crate::format::{MAX_META_LEN, MetaFile, is_meta_name, meta_name};
 
 /// Where compress-and-copy files go and come from: this proxy's file
@@ -646,7 +646,13 @@ impl MetaLayer {
     /// The file-cache entry of `fh` when writes to it go there: it is held
     /// whole and is the version upstream has (or already holds writes).
     fn held_whole(&self, fh: &[u8]) -> Option<Arc<CachedFile>> {
-        let f = self.copy.as_ref()?.files.get(fh)?;
+        let copy = self.copy.as_ref()?;
+        // Writes kept here must survive a restart: not with an index that
+        // lives in memory only (they go upstream instead).
+        if !copy.files.keeps_writes() {
+            return None;
+        }
+        let f = copy.files.get(fh)?;
         if f.is_dirty() {
             return Some(f);
         }
@@ -670,10 +676,29 @@ impl MetaLayer {
         let count = args.count.min(args.data.len() as u32);
         let mut data = args.data.into_owned();
         data.truncate(count as usize);
-        let (before, after) = f
-            .write(&copy.files, &cx.cred, args.offset, data, sync)
-            .await
-            .map_err(ServiceError::Local)?;
+        let offset = args.offset;
+        let (before, after) = match f.try_write(&copy.files, &cx.cred, offset, data, sync).await {
+            Ok(attrs) => attrs,
+            Err(e) => {
+                tracing::warn!(error = %e, "write to a file held whole not kept");
+                // Let go before or during the write: nothing was kept, and
+                // the client's retry goes upstream.
+                let status = match e {
+                    HeldWriteError::NotHeld | HeldWriteError::LetGo => nfsstat3::NFS3ERR_JUKEBOX,
+                    other => other.nfsstat(),
+                };
+                let after = Nfs3Option::Some(f.local_attrs());
+                return Ok(NfsReply::Write(Nfs3Result::Err((
+                    status,
+                    WRITE3resfail {
+                        file_wcc: wcc_data {
+                            before: Nfs3Option::None,
+                            after,
+                        },
+                    },
+                ))));
+            }
+        };
         bump(&self.counters.copy_writes, 1);
         Ok(NfsReply::Write(Nfs3Result::Ok(WRITE3resok {
             file_wcc: wcc(&before, &after),
@@ -737,6 +762,52 @@ impl MetaLayer {
             .map_or(0, |c| c.files.stats().written_back_bytes)
     }
 
+    /// Gives the attributes of files holding local writes (their size and
+    /// times here, not upstream's) wherever a reply carries them: the
+    /// call's own file (GETATTR, ACCESS), the file a LOOKUP found, each
+    /// entry of a READDIRPLUS.
+    fn patch_held(&self, reply: &mut NfsReply, subject: Option<Vec<u8>>) {
+        match reply {
+            NfsReply::Lookup(Nfs3Result::Ok(ok)) => {
+                if let (Some(f), Nfs3Option::Some(a)) =
+                    (self.held_dirty(&ok.object.data), &mut ok.obj_attributes)
+                {
+                    *a = f.local_attrs();
+                }
+            }
+            NfsReply::Readdirplus(Nfs3Result::Ok(ok)) => {
+                for e in ok.reply.entries.0.iter_mut() {
+                    if let (Nfs3Option::Some(h), Nfs3Option::Some(a)) =
+                        (&e.name_handle, &mut e.name_attributes)
+                        && let Some(f) = self.held_dirty(&h.data)
+                    {
+                        *a = f.local_attrs();
+                    }
+                }
+            }
+            _ => {
+                if let Some(f) = subject.and_then(|fh| self.held_dirty(&fh)) {
+                    patch_attrs(reply, &f.local_attrs());
+                }
+            }
+        }
+    }
+
+    /// The client changed the file: its metadata describes an older one,
+    /// and a whole copy of it is out of date.
+    fn changed(&self, fh: &[u8]) {
+        let mut files = self.files();
+        if let Some(e) = files.get_mut(fh)
+            && matches!(e.known, Known::Meta(_))
+        {
+            e.known = Known::Nothing;
+        }
+        drop(files);
+        if let Some(copy) = &self.copy {
+            copy.files.forget(fh);
+        }
+    }
+
     /// Forwards a call, learning names and attributes from the reply.
     async fn forward(&self, cx: &CallContext, req: NfsRequest) -> Result<NfsReply, ServiceError> {
         let lookup = match &req {
@@ -751,19 +822,23 @@ impl MetaLayer {
             req,
             NfsRequest::Write(_) | NfsRequest::Setattr(_) | NfsRequest::Commit(_)
         );
+        // CREATE UNCHECKED with a size truncates the file if it exists.
+        let truncates = matches!(
+            &req,
+            NfsRequest::Create(a) if matches!(
+                &a.how,
+                createhow3::UNCHECKED(s) if matches!(s.size, Nfs3Option::Some(_))
+            )
+        );
         let reply = self.inner.call(cx, req).await?;
         if changes && let Some(fh) = &subject {
-            // The client changed the file: its metadata describes an older one.
-            let mut files = self.files();
-            if let Some(e) = files.get_mut(fh)
-                && matches!(e.known, Known::Meta(_))
-            {
-                e.known = Known::Nothing;
-            }
-            drop(files);
-            if let Some(copy) = &self.copy {
-                copy.files.forget(fh);
-            }
+            self.changed(fh);
+        }
+        if truncates
+            && let NfsReply::Create(Nfs3Result::Ok(ok)) = &reply
+            && let Nfs3Option::Some(h) = &ok.obj
+        {
+            self.changed(&h.data);
         }
         match &reply {
             NfsReply::Lookup(Nfs3Result::Ok(ok)) => {
@@ -827,7 +902,6 @@ fn patch_attrs(reply: &mut NfsReply, local: &fattr3) {
             ok.obj_attributes = local.clone();
             return;
         }
-        NfsReply::Lookup(Nfs3Result::Ok(ok)) => &mut ok.obj_attributes,
         NfsReply::Access(Nfs3Result::Ok(ok)) => &mut ok.obj_attributes,
         _ => return,
     };
@@ -965,8 +1039,8 @@ impl NfsService for MetaLayer {
                     // Only a proxy with a file cache has files to patch.
                     let fh = self.copy.as_ref().and_then(|_| subject_of(&other));
                     let mut reply = self.forward(cx, other).await?;
-                    if let Some(f) = fh.and_then(|fh| self.held_dirty(&fh)) {
-                        patch_attrs(&mut reply, &f.local_attrs());
+                    if self.copy.is_some() {
+                        self.patch_held(&mut reply, fh);
                     }
                     Ok(reply)
                 }
