@@ -5,13 +5,15 @@
 //! connection drops; running a REMOVE twice would turn success into
 //! NFS3ERR_NOENT. Entries are keyed by the caller's identity (the name in
 //! its TLS certificate, else its address without the port, which changes on
-//! reconnect), xid, procedure and a checksum of the arguments, and the cache
-//! never holds more than its capacity.
+//! reconnect), xid, procedure, its credentials and a checksum of the
+//! arguments, and the cache never holds more than its capacity.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use gvfs_nfs::rpc::Credentials;
 
 /// Who sent a call, as far as retransmission matching cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,16 +46,43 @@ pub struct DrcKey {
     /// Checksum of the argument bytes, so a reused xid with other
     /// arguments is not mistaken for a retransmission.
     pub args_sum: u64,
+    /// Checksum of the credentials: a retransmission carries the same
+    /// ones, so two clients on one address (every local process is
+    /// 127.0.0.1) whose xids collide are told apart unless they are the
+    /// same user with the same stamp.
+    pub cred_sum: u64,
 }
 
 impl DrcKey {
-    /// Builds a key, checksumming `args`.
-    pub fn new(peer: PeerId, xid: u32, prog: u32, proc_: u32, args: &[u8]) -> Self {
+    /// Builds a key, checksumming `args` and `cred`.
+    pub fn new(
+        peer: PeerId,
+        xid: u32,
+        prog: u32,
+        proc_: u32,
+        cred: &Credentials,
+        args: &[u8],
+    ) -> Self {
+        let cred_sum = match cred {
+            Credentials::None => 0,
+            Credentials::Unix(u) => {
+                let mut b = Vec::with_capacity(16 + u.machine.len() + 4 * u.gids.len());
+                for v in [u.stamp, u.uid, u.gid] {
+                    b.extend_from_slice(&v.to_be_bytes());
+                }
+                b.extend_from_slice(&u.machine);
+                for g in &u.gids {
+                    b.extend_from_slice(&g.to_be_bytes());
+                }
+                checksum(&b)
+            }
+        };
         Self {
             peer,
             xid,
             prog_proc: (prog, proc_),
             args_sum: checksum(args),
+            cred_sum,
         }
     }
 }
@@ -211,7 +240,14 @@ mod tests {
     use std::sync::Arc;
 
     fn key(xid: u32, args: &[u8]) -> DrcKey {
-        DrcKey::new(PeerId::Addr([127, 0, 0, 1].into()), xid, 100_003, 12, args)
+        DrcKey::new(
+            PeerId::Addr([127, 0, 0, 1].into()),
+            xid,
+            100_003,
+            12,
+            &Credentials::unix(1, 1),
+            args,
+        )
     }
 
     #[test]

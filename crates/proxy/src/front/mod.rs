@@ -242,7 +242,7 @@ impl FrontEnd {
         if !p.is_non_idempotent() {
             return Some(self.execute(cx, p, args).await);
         }
-        let key = DrcKey::new(peer, hdr.xid, hdr.prog, hdr.proc_, args);
+        let key = DrcKey::new(peer, hdr.xid, hdr.prog, hdr.proc_, &cx.cred, args);
         match self.drc.begin(key) {
             Lookup::New => {}
             Lookup::InProgress => {

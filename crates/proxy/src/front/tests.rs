@@ -111,6 +111,14 @@ async fn retransmitted_remove_is_answered_from_the_cache() {
     )
     .await;
     assert_eq!(fake.calls.load(Ordering::SeqCst), 2);
+    // Another user on the same address whose xid and arguments happen to
+    // match (two processes of one client library) is not a retransmission.
+    let _ = results(
+        &f,
+        &call(42, 100_003, 3, 12, &Credentials::unix(2, 2), &remove_args()),
+    )
+    .await;
+    assert_eq!(fake.calls.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test]
