@@ -69,6 +69,22 @@ fn caching(upstream: String, dir: &Path) -> Result<Proxy> {
     )
 }
 
+/// [`caching`] in front of `server`, listening on 127.0.0.`last`:111,
+/// where QEMU finds NFS (through PORTMAP on port 111 of the address given).
+fn caching_for_qemu(server: &Proxy, dir: &Path, last: u8) -> Result<Proxy> {
+    Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .listen(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
+                111,
+            ))
+            .arg("--cache-dir")
+            .arg(dir.display().to_string())
+            .arg("--cache-size")
+            .arg("64M"),
+    )
+}
+
 async fn wait_complete(p: &Proxy, files: u64) -> Result<serde_json::Value> {
     for _ in 0..300 {
         let s = p.cache_stats_all()?;
@@ -374,16 +390,7 @@ async fn writes_to_a_held_file_stay_local_until_written_back_compressed() -> Res
     let original = std::fs::read(&src)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let cache = tempfile::tempdir()?;
-    // QEMU finds NFS through PORTMAP on port 111 of the address it is given.
-    let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 41)), 111);
-    let client = Proxy::spawn(
-        ProxyArgs::new(server.upstream_url())
-            .listen(listen)
-            .arg("--cache-dir")
-            .arg(cache.path().display().to_string())
-            .arg("--cache-size")
-            .arg("64M"),
-    )?;
+    let client = caching_for_qemu(&server, cache.path(), 41)?;
     ensure!(nfs_cat(&client.url("wb.raw"))? == original, "first read");
     wait_complete(&client, 1).await?;
 
@@ -467,15 +474,7 @@ async fn a_client_reads_its_writes_after_a_write_back_without_asking_for_attribu
         * 4096;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let cache = tempfile::tempdir()?;
-    let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 42)), 111);
-    let client = Proxy::spawn(
-        ProxyArgs::new(server.upstream_url())
-            .listen(listen)
-            .arg("--cache-dir")
-            .arg(cache.path().display().to_string())
-            .arg("--cache-size")
-            .arg("64M"),
-    )?;
+    let client = caching_for_qemu(&server, cache.path(), 42)?;
     ensure!(nfs_cat(&client.url("rb.raw"))? == original, "first read");
     wait_complete(&client, 1).await?;
 
