@@ -60,29 +60,22 @@ async fn lan_across_a_wan(g: &Ganesha, dir: &Path) -> Result<(Proxy, WanLink, Pr
 
 /// A proxy with a small block cache (and so a file cache) in `dir`.
 fn caching(upstream: String, dir: &Path) -> Result<Proxy> {
-    Proxy::spawn(
-        ProxyArgs::new(upstream)
-            .arg("--cache-dir")
-            .arg(dir.display().to_string())
-            .arg("--cache-size")
-            .arg("64M"),
-    )
+    Proxy::spawn(caching_args(upstream, dir))
+}
+
+fn caching_args(upstream: String, dir: &Path) -> ProxyArgs {
+    ProxyArgs::new(upstream)
+        .arg("--cache-dir")
+        .arg(dir.display().to_string())
+        .arg("--cache-size")
+        .arg("64M")
 }
 
 /// [`caching`] in front of `server`, listening on 127.0.0.`last`:111,
 /// where QEMU finds NFS (through PORTMAP on port 111 of the address given).
 fn caching_for_qemu(server: &Proxy, dir: &Path, last: u8) -> Result<Proxy> {
-    Proxy::spawn(
-        ProxyArgs::new(server.upstream_url())
-            .listen(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
-                111,
-            ))
-            .arg("--cache-dir")
-            .arg(dir.display().to_string())
-            .arg("--cache-size")
-            .arg("64M"),
-    )
+    let at = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)), 111);
+    Proxy::spawn(caching_args(server.upstream_url(), dir).listen(at))
 }
 
 async fn wait_complete(p: &Proxy, files: u64) -> Result<serde_json::Value> {
