@@ -657,3 +657,53 @@ async fn lookup_and_readdirplus_give_a_held_file_its_local_size() -> Result<()> 
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_a_held_file_that_upstream_would_refuse_is_refused_here() -> Result<()> {
+    let g = Ganesha::start()?;
+    let src = image(&g, "ro.raw", 8 * MIB, 25)?;
+    let original = std::fs::read(&src)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let cache = tempfile::tempdir()?;
+    let client = caching(server.upstream_url(), cache.path())?;
+    ensure!(nfs_cat(&client.url("ro.raw"))? == original, "first read");
+    wait_complete(&client, 1).await?;
+
+    // Another user, who may read the image (0644, root's) but not write it.
+    let a = client.addr();
+    let stranger = NfsClient::mount(
+        a,
+        a,
+        client.export(),
+        gvfs_nfs::rpc::Credentials::unix(2000, 2000),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let fh = stranger
+        .resolve("ro.raw")
+        .await?
+        .context("no ro.raw for the stranger")?;
+    let written = stranger
+        .call(NfsRequest::Write(WRITE3args {
+            file: fh,
+            offset: 0,
+            count: 4,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::owned(b"evil".to_vec()),
+        }))
+        .await?;
+    ensure!(
+        matches!(written, NfsReply::Write(Nfs3Result::Err(_))),
+        "the proxy kept a write upstream would refuse: {written:?}"
+    );
+    let s = client.cache_stats_all()?;
+    ensure!(
+        n(&s, "file_cache.dirty_files") == 0,
+        "the refused write stayed in the file cache: {s}"
+    );
+    ensure!(
+        nfs_cat(&client.url("ro.raw"))? == original,
+        "others read the refused write"
+    );
+    Ok(())
+}

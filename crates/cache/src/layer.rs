@@ -75,6 +75,12 @@ const MAX_READAHEAD_TASKS: usize = 8;
 const MAX_STORE_ATTEMPTS: usize = 8;
 /// Remembered read-ahead blocks not yet read, for the read-ahead hit count.
 const MAX_PREFETCHED: usize = 64 * 1024;
+/// How long upstream's word that a caller may write a file is trusted
+/// before a write into the cache asks again.
+const WRITE_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+/// Most (file, caller) write permissions remembered; all are forgotten
+/// when full.
+const MAX_WRITE_CHECKS: usize = 4096;
 
 /// How WRITEs are handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -253,6 +259,22 @@ impl Drop for FileLockGuard<'_> {
     }
 }
 
+/// Upstream's answers on writing: by (file, caller), when and the ACCESS
+/// bits granted.
+type WriteChecks = HashMap<(Vec<u8>, Vec<u32>), (Instant, u32)>;
+
+/// A caller's credentials as a key (AUTH_NONE: no ids).
+fn cred_key(cred: &Credentials) -> Vec<u32> {
+    match cred {
+        Credentials::None => vec![u32::MAX],
+        Credentials::Unix(u) => {
+            let mut k = vec![u.uid, u.gid];
+            k.extend(&u.gids);
+            k
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -303,6 +325,9 @@ pub struct CacheLayer {
     zero_hint: std::sync::OnceLock<ZeroHint>,
     /// One write-back at a time; truncation waits for it.
     write_back_lock: tokio::sync::Mutex<()>,
+    /// Upstream's ACCESS answers for writes kept here: the bits granted to
+    /// a caller (by credentials) on a file, and when.
+    write_checks: Mutex<WriteChecks>,
     /// What sends a file's dirty data upstream or truncates it (a
     /// write-back, an evicted dirty block, SETATTR of the size) does so one
     /// at a time per file, so no WRITE of older bytes lands after newer
@@ -389,6 +414,7 @@ impl CacheLayer {
             readahead_slots: Arc::new(Semaphore::new(MAX_READAHEAD_TASKS)),
             zero_hint: std::sync::OnceLock::new(),
             write_back_lock: tokio::sync::Mutex::new(()),
+            write_checks: Mutex::new(HashMap::new()),
             file_locks: FileLocks::default(),
             counters: Counters::default(),
             closed: AtomicBool::new(false),
@@ -1137,6 +1163,50 @@ impl CacheLayer {
         }
     }
 
+    /// Whether upstream lets this caller write `fh` (and make it longer,
+    /// if `extends`), for a caller the file's mode does not let write (an
+    /// ACL may): ACCESS with the caller's credentials, remembered for
+    /// [`WRITE_CHECK_TTL`].
+    async fn may_write(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+        extends: bool,
+    ) -> Result<Result<(), nfsstat3>, ServiceError> {
+        let want = ACCESS3_MODIFY | if extends { ACCESS3_EXTEND } else { 0 };
+        let key = (fh.to_vec(), cred_key(&cx.cred));
+        let known = lock(&self.write_checks)
+            .get(&key)
+            .filter(|(at, _)| at.elapsed() < WRITE_CHECK_TTL)
+            .map(|(_, granted)| *granted);
+        let granted = match known {
+            Some(g) => g,
+            None => {
+                let req = NfsRequest::Access(ACCESS3args {
+                    object: nfs_fh3 {
+                        data: Opaque::owned(fh.to_vec()),
+                    },
+                    access: ACCESS3_MODIFY | ACCESS3_EXTEND,
+                });
+                let granted = match self.up(cx, req).await? {
+                    NfsReply::Access(Nfs3Result::Ok(ok)) => ok.access,
+                    other => return Ok(Err(other.status())),
+                };
+                let mut checks = lock(&self.write_checks);
+                if checks.len() >= MAX_WRITE_CHECKS {
+                    checks.clear();
+                }
+                checks.insert(key, (Instant::now(), granted));
+                granted
+            }
+        };
+        Ok(if granted & want == want {
+            Ok(())
+        } else {
+            Err(nfsstat3::NFS3ERR_ACCES)
+        })
+    }
+
     async fn write_cached(
         &self,
         cx: &CallContext,
@@ -1153,6 +1223,20 @@ impl CacheLayer {
         let n = (args.count as usize).min(args.data.len());
         let data = &args.data[..n];
         let end = args.offset.saturating_add(n as u64);
+        // Upstream would check this caller's right to write when the WRITE
+        // reached it; kept here, it is checked first: by the file's mode
+        // (no round trip, so writes go on during an outage), and when the
+        // mode says no, by asking upstream (an ACL may say yes).
+        let current = self
+            .files()
+            .get(&fh)
+            .and_then(|s| s.overlay)
+            .map_or(attrs.size, |o| o.size);
+        if !cx.cred.may_write_by_mode(attrs.uid, attrs.gid, attrs.mode)
+            && let Err(st) = self.may_write(cx, &fh, end > current).await?
+        {
+            return Ok(NfsReply::error(gvfs_nfs::NfsProc::Write, st));
+        }
         // The size grows before the data lands, so a concurrent write-back
         // never clips data it has taken (see writeback.rs).
         {

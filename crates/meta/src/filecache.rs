@@ -431,6 +431,11 @@ impl CachedFile {
         lock(&self.versions).upstream.clone()
     }
 
+    /// The file's handle.
+    pub fn fh(&self) -> &[u8] {
+        &self.fh
+    }
+
     /// The attributes clients see: upstream's, or after local writes
     /// their size and times.
     pub fn local_attrs(&self) -> fattr3 {

@@ -677,6 +677,21 @@ impl MetaLayer {
         let mut data = args.data.into_owned();
         data.truncate(count as usize);
         let offset = args.offset;
+        if let Err(st) = self
+            .may_write(cx, f, offset.saturating_add(u64::from(count)))
+            .await
+        {
+            let after = Nfs3Option::Some(f.local_attrs());
+            return Ok(NfsReply::Write(Nfs3Result::Err((
+                st,
+                WRITE3resfail {
+                    file_wcc: wcc_data {
+                        before: Nfs3Option::None,
+                        after,
+                    },
+                },
+            ))));
+        }
         let (before, after) = match f.try_write(&copy.files, &cx.cred, offset, data, sync).await {
             Ok(attrs) => attrs,
             Err(e) => {
@@ -710,6 +725,29 @@ impl MetaLayer {
             },
             verf: copy.files.verifier(),
         })))
+    }
+
+    /// Whether this caller may write the held file (up to `end`): by the
+    /// file's mode, else by ACCESS with its credentials through the layers
+    /// below (an ACL may allow it; an attribute cache there remembers).
+    async fn may_write(&self, cx: &CallContext, f: &CachedFile, end: u64) -> Result<(), nfsstat3> {
+        let local = f.local_attrs();
+        if cx.cred.may_write_by_mode(local.uid, local.gid, local.mode) {
+            return Ok(());
+        }
+        let want = ACCESS3_MODIFY | if end > local.size { ACCESS3_EXTEND } else { 0 };
+        let req = NfsRequest::Access(ACCESS3args {
+            object: nfs_fh3 {
+                data: Opaque::owned(f.fh().to_vec()),
+            },
+            access: ACCESS3_MODIFY | ACCESS3_EXTEND,
+        });
+        match self.inner.call(cx, req).await {
+            Ok(NfsReply::Access(Nfs3Result::Ok(ok))) if ok.access & want == want => Ok(()),
+            Ok(NfsReply::Access(Nfs3Result::Ok(_))) => Err(nfsstat3::NFS3ERR_ACCES),
+            Ok(other) => Err(other.status()),
+            Err(e) => Err(e.nfsstat()),
+        }
     }
 
     /// A COMMIT of a file holding local writes: synced in the file cache.

@@ -74,6 +74,22 @@ impl Credentials {
         }
     }
 
+    /// Whether a file's mode lets this caller write it, by the POSIX
+    /// classes (owner, group, other), the way a server would decide without
+    /// ACLs. Root is let through (whether the server squashes it is the
+    /// server's to say), and so is the owner whatever the mode bits (a
+    /// server lets the creator of a read-only file write it). A caching
+    /// layer that keeps writes asks this first; `false` means "ask the
+    /// server" (an ACL may still allow it), not "refused".
+    pub fn may_write_by_mode(&self, owner: u32, group: u32, mode: u32) -> bool {
+        match self {
+            Self::None => mode & 0o002 != 0,
+            Self::Unix(u) if u.uid == 0 || u.uid == owner => true,
+            Self::Unix(u) if u.gid == group || u.gids.contains(&group) => mode & 0o020 != 0,
+            Self::Unix(_) => mode & 0o002 != 0,
+        }
+    }
+
     fn decode(flavor: u32, body: &[u8]) -> Result<Self, CredError> {
         match flavor {
             flavor::NONE => Ok(Self::None),
@@ -516,6 +532,27 @@ pub fn parse_reply(msg: &[u8]) -> Result<&[u8], ReplyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writing_by_mode_follows_the_posix_classes() {
+        let (owner, group) = (1000, 100);
+        let user = |uid, gid| Credentials::unix(uid, gid);
+        // Read-only for everyone: the owner and root still may.
+        assert!(user(1000, 1).may_write_by_mode(owner, group, 0o444));
+        assert!(user(0, 0).may_write_by_mode(owner, group, 0o444));
+        assert!(!user(2000, 100).may_write_by_mode(owner, group, 0o444));
+        // Group-writable: members (by gid or a supplementary gid) may.
+        assert!(user(2000, 100).may_write_by_mode(owner, group, 0o664));
+        let mut member = user(2000, 7);
+        if let Credentials::Unix(u) = &mut member {
+            u.gids.push(100);
+        }
+        assert!(member.may_write_by_mode(owner, group, 0o664));
+        assert!(!user(2000, 7).may_write_by_mode(owner, group, 0o664));
+        // Other: only with the other write bit; AUTH_NONE is other.
+        assert!(user(2000, 7).may_write_by_mode(owner, group, 0o666));
+        assert!(!Credentials::None.may_write_by_mode(owner, group, 0o664));
+    }
     use proptest::prelude::*;
 
     fn arb_cred() -> impl Strategy<Value = Credentials> {

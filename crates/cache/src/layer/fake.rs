@@ -32,6 +32,8 @@ struct State {
     clock: u32,
     /// SETATTR is answered NFS3ERR_ACCES (a caller upstream refuses).
     refuse_setattr: bool,
+    /// ACCESS grants no writing to this uid.
+    read_only_uid: Option<u32>,
 }
 
 /// The fake server.
@@ -119,6 +121,12 @@ impl Fake {
             .unwrap_or_default()
     }
 
+    /// Grants `uid` no writing from now on (ACCESS answers without MODIFY
+    /// or EXTEND).
+    pub(super) fn read_only_for(&self, uid: u32) {
+        self.st().read_only_uid = Some(uid);
+    }
+
     /// Refuses every SETATTR from now on.
     pub(super) fn refuse_setattr(&self) {
         self.st().refuse_setattr = true;
@@ -176,7 +184,7 @@ impl Fake {
         writeverf3(st.verifier.wrapping_add(0x5151).to_le_bytes())
     }
 
-    fn handle(&self, req: NfsRequest) -> NfsReply {
+    fn handle(&self, req: NfsRequest, cx_uid: Option<u32>) -> NfsReply {
         let mut st = self.st();
         *st.calls.entry(req.proc_()).or_default() += 1;
         let stale = |p| NfsReply::error(p, nfsstat3::NFS3ERR_STALE);
@@ -258,6 +266,21 @@ impl Fake {
                 }
             }
             NfsRequest::Setattr(_) if st.refuse_setattr => Fake::refused(NfsProc::Setattr),
+            NfsRequest::Access(a) => match st.files.get(a.object.data.as_ref()) {
+                Some(f) => {
+                    let writer = cx_uid != st.read_only_uid;
+                    let granted = if writer {
+                        a.access
+                    } else {
+                        a.access & !(ACCESS3_MODIFY | ACCESS3_EXTEND)
+                    };
+                    NfsReply::Access(Nfs3Result::Ok(ACCESS3resok {
+                        obj_attributes: Nfs3Option::Some(attrs(f)),
+                        access: granted,
+                    }))
+                }
+                None => stale(NfsProc::Access),
+            },
             NfsRequest::Setattr(a) => {
                 st.clock += 1;
                 let clock = st.clock;
@@ -296,7 +319,7 @@ impl Fake {
 impl NfsService for Fake {
     fn call<'a>(
         &'a self,
-        _cx: &'a CallContext,
+        cx: &'a CallContext,
         req: NfsRequest,
     ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
         Box::pin(async move {
@@ -316,7 +339,7 @@ impl NfsService for Fake {
                 self.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
             }
             let is_read = req.proc_() == NfsProc::Read;
-            let reply = self.handle(req);
+            let reply = self.handle(req, cx.cred.uid());
             let late = *self.read_late.lock().unwrap_or_else(|e| e.into_inner());
             if is_read && !late.is_zero() {
                 tokio::time::sleep(late).await;

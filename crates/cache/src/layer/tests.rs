@@ -556,6 +556,32 @@ async fn a_fetch_older_than_a_write_back_does_not_fill_the_blocks_it_cleaned() {
 }
 
 #[tokio::test]
+async fn a_write_upstream_would_refuse_is_refused_here_not_kept() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let original = pattern(BS, 5);
+    let fh = s.fake.create("a", &original);
+    s.fake.read_only_for(2000);
+    let stranger = CallContext::with_cred(Credentials::unix(2000, 2000));
+    let req = NfsRequest::Write(WRITE3args {
+        file: fh3(&fh),
+        offset: 0,
+        count: 4,
+        stable: stable_how::FILE_SYNC,
+        data: Opaque::owned(b"evil".to_vec()),
+    });
+    let reply = s.layer.call(&stranger, req).await.expect("write");
+    assert_eq!(reply.status(), nfsstat3::NFS3ERR_ACCES);
+    // Nothing of it is served to others, or written back.
+    let (d, _, _) = read(&s.layer, &fh, 0, BS as u32).await;
+    assert_eq!(d, original);
+    assert_eq!(s.layer.stats().dirty_bytes, 0);
+    // The owner writes as before; asking once is remembered.
+    write(&s.layer, &fh, 0, b"mine", stable_how::FILE_SYNC).await;
+    write(&s.layer, &fh, 4, b"more", stable_how::FILE_SYNC).await;
+    assert_eq!(s.fake.calls(NfsProc::Access), 2, "one per caller");
+}
+
+#[tokio::test]
 async fn verifier_change_during_write_back_resends() {
     let s = setup(WritePolicy::WriteBack, 0);
     let fh = s.fake.create("a", &pattern(100, 9));
