@@ -29,7 +29,9 @@
 //!
 //! Cached data is served without asking upstream for permission, as the
 //! GVFS paper's per-user proxies do: run one proxy per user or trust
-//! domain.
+//! domain. Writes are checked before they are kept (the caller's right to
+//! write the file: by its mode, else by ACCESS upstream), since they reach
+//! everyone the proxy serves.
 //!
 //! What the cache does not know after a restart: the attributes it last saw
 //! (so a change made upstream while the proxy was down is only noticed at
