@@ -265,18 +265,6 @@ impl Drop for FileLockGuard<'_> {
 /// bits granted.
 type WriteChecks = HashMap<(Vec<u8>, Vec<u32>), (Instant, u32)>;
 
-/// A caller's credentials as a key (AUTH_NONE: no ids).
-fn cred_key(cred: &Credentials) -> Vec<u32> {
-    match cred {
-        Credentials::None => vec![u32::MAX],
-        Credentials::Unix(u) => {
-            let mut k = vec![u.uid, u.gid];
-            k.extend(&u.gids);
-            k
-        }
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -1176,7 +1164,7 @@ impl CacheLayer {
         extends: bool,
     ) -> Result<Result<(), nfsstat3>, ServiceError> {
         let want = ACCESS3_MODIFY | if extends { ACCESS3_EXTEND } else { 0 };
-        let key = (fh.to_vec(), cred_key(&cx.cred));
+        let key = (fh.to_vec(), cx.cred.key());
         let known = lock(&self.write_checks)
             .get(&key)
             .filter(|(at, _)| at.elapsed() < WRITE_CHECK_TTL)

@@ -18,9 +18,10 @@
 //! parallel: as many at once as the client keeps in flight, compression on
 //! the blocking pool.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
@@ -40,6 +41,15 @@ pub const LEVEL: i32 = 3;
 /// How long a file-cache entry is trusted without asking upstream for the
 /// file's attributes again, for FETCHes that do not start a file.
 const RECHECK: Duration = Duration::from_secs(3);
+/// Most (file, caller) read checks remembered.
+const MAX_CHECKED: usize = 4096;
+
+/// When each (file, caller) last passed a read check.
+type ReadChecks = HashMap<(Vec<u8>, Vec<u32>), Instant>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Counters, for `gvfsctl stats` and the metrics endpoint.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
@@ -91,6 +101,10 @@ pub struct ExtServer {
     upstream: Option<Arc<dyn ChunkSource>>,
     /// This proxy's metadata layer: the zero maps of files it fetches whole.
     meta: Option<Arc<MetaLayer>>,
+    /// Callers whose right to read a file was checked (FETCH at offset 0
+    /// asks upstream), by (file, caller): their next chunks within
+    /// [`RECHECK`] are not asked again.
+    checked: Mutex<ReadChecks>,
     counters: Counters,
 }
 
@@ -124,6 +138,7 @@ impl ExtServer {
             files,
             upstream,
             meta,
+            checked: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         })
     }
@@ -295,9 +310,14 @@ impl ExtServer {
     ) -> Result<FetchOk, nfsstat3> {
         files.keep_frames();
         let cached = files.get(&args.fh);
-        let trust = cached
-            .as_ref()
-            .is_some_and(|f| args.offset != 0 && f.checked_at().elapsed() < RECHECK);
+        let who = (args.fh.clone(), cx.cred.key());
+        // Only this caller's own check counts: another peer's would let
+        // anyone with the handle read chunks past the first.
+        let trust = args.offset != 0
+            && cached.is_some()
+            && lock(&self.checked)
+                .get(&who)
+                .is_some_and(|at| at.elapsed() < RECHECK);
         let entry = match cached {
             Some(f) if trust => f,
             _ => {
@@ -316,6 +336,14 @@ impl ExtServer {
                         nfsstat3::NFS3ERR_IO
                     })?;
                 f.mark_checked();
+                let mut checked = lock(&self.checked);
+                if checked.len() >= MAX_CHECKED {
+                    checked.retain(|_, at| at.elapsed() < RECHECK);
+                    if checked.len() >= MAX_CHECKED {
+                        checked.clear();
+                    }
+                }
+                checked.insert(who, Instant::now());
                 f
             }
         };

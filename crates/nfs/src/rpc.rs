@@ -74,6 +74,20 @@ impl Credentials {
         }
     }
 
+    /// The caller as far as permissions go (uid, gid, groups; AUTH_NONE
+    /// as one value no AUTH_SYS caller has), to key what is remembered per
+    /// caller.
+    pub fn key(&self) -> Vec<u32> {
+        match self {
+            Self::None => vec![u32::MAX],
+            Self::Unix(u) => {
+                let mut k = vec![u.uid, u.gid];
+                k.extend(&u.gids);
+                k
+            }
+        }
+    }
+
     /// Whether a file's mode lets this caller write it, by the POSIX
     /// classes (owner, group, other), the way a server would decide without
     /// ACLs. Root is let through (whether the server squashes it is the

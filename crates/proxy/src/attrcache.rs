@@ -86,14 +86,7 @@ fn read_only(p: NfsProc) -> bool {
 
 /// The caller as far as permissions go.
 fn cred_key(cred: &Credentials) -> Vec<u32> {
-    match cred {
-        Credentials::None => vec![u32::MAX],
-        Credentials::Unix(u) => {
-            let mut k = vec![u.uid, u.gid];
-            k.extend(&u.gids);
-            k
-        }
-    }
+    cred.key()
 }
 
 /// The handle in a call's arguments whose attributes its reply carries
