@@ -677,20 +677,23 @@ impl MetaLayer {
         let mut data = args.data.into_owned();
         data.truncate(count as usize);
         let offset = args.offset;
+        // A refusal says how the file stands here.
+        let refused = |status| {
+            NfsReply::Write(Nfs3Result::Err((
+                status,
+                WRITE3resfail {
+                    file_wcc: wcc_data {
+                        before: Nfs3Option::None,
+                        after: Nfs3Option::Some(f.local_attrs()),
+                    },
+                },
+            )))
+        };
         if let Err(st) = self
             .may_write(cx, f, offset.saturating_add(u64::from(count)))
             .await
         {
-            let after = Nfs3Option::Some(f.local_attrs());
-            return Ok(NfsReply::Write(Nfs3Result::Err((
-                st,
-                WRITE3resfail {
-                    file_wcc: wcc_data {
-                        before: Nfs3Option::None,
-                        after,
-                    },
-                },
-            ))));
+            return Ok(refused(st));
         }
         let (before, after) = match f.try_write(&copy.files, &cx.cred, offset, data, sync).await {
             Ok(attrs) => attrs,
@@ -698,20 +701,10 @@ impl MetaLayer {
                 tracing::warn!(error = %e, "write to a file held whole not kept");
                 // Let go before or during the write: nothing was kept, and
                 // the client's retry goes upstream.
-                let status = match e {
+                return Ok(refused(match e {
                     HeldWriteError::NotHeld | HeldWriteError::LetGo => nfsstat3::NFS3ERR_JUKEBOX,
                     other => other.nfsstat(),
-                };
-                let after = Nfs3Option::Some(f.local_attrs());
-                return Ok(NfsReply::Write(Nfs3Result::Err((
-                    status,
-                    WRITE3resfail {
-                        file_wcc: wcc_data {
-                            before: Nfs3Option::None,
-                            after,
-                        },
-                    },
-                ))));
+                }));
             }
         };
         bump(&self.counters.copy_writes, 1);
