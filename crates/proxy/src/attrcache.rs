@@ -46,7 +46,6 @@ use gvfs_nfs::nfs3_types::nfs3::{
 };
 use gvfs_nfs::nfs3_types::xdr_codec::{Opaque, Void};
 use gvfs_nfs::proc::{NfsProc, NfsReply, NfsRequest};
-use gvfs_nfs::rpc::Credentials;
 use gvfs_nfs::service::{BoxFuture, CallContext, NfsService, ServiceError};
 
 /// Most cached replies (each a few hundred bytes at most).
@@ -82,11 +81,6 @@ fn read_only(p: NfsProc) -> bool {
                 | NfsProc::Readdirplus
                 | NfsProc::Fsstat
         )
-}
-
-/// The caller as far as permissions go.
-fn cred_key(cred: &Credentials) -> Vec<u32> {
-    cred.key()
 }
 
 /// The handle in a call's arguments whose attributes its reply carries
@@ -171,7 +165,7 @@ struct Entry {
     reply: Vec<u8>,
 }
 
-/// A directory's handle and a caller ([`cred_key`]).
+/// A directory's handle and a caller ([`gvfs_nfs::rpc::Credentials::key`]).
 type ListedKey = (Vec<u8>, Vec<u32>);
 
 /// A directory read ahead for one caller.
@@ -439,7 +433,7 @@ impl NfsService for AttrCache {
             let key = Key {
                 proc_: p as u32,
                 args,
-                cred: cred_key(&cx.cred),
+                cred: cx.cred.key(),
             };
             if let Some(reply) = self.lookup(&key) {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
@@ -505,7 +499,7 @@ impl NfsService for AttrCache {
 
     fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
         Box::pin(async move {
-            let key = cred_key(&cx.cred);
+            let key = cx.cred.key();
             {
                 let roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some((at, fh)) = roots.get(&key)
@@ -564,6 +558,7 @@ mod tests {
         ACCESS3args, ACCESS3resok, COMMIT3args, READDIRPLUS3resok, dirlistplus3, entryplus3,
     };
     use gvfs_nfs::nfs3_types::xdr_codec::List;
+    use gvfs_nfs::rpc::Credentials;
 
     const LOOKUP_OBJ_SIZE: u64 = 1 << 40;
     const LOOKUP_DIR_SIZE: u64 = 1 << 41;
