@@ -65,6 +65,16 @@ const LOG_TAIL_LINES: usize = 30;
 /// The log line ganesha writes once it serves.
 const READY_LINE: &str = "NFS SERVER INITIALIZED";
 
+/// Whose calls the export squashes to the anonymous user (65534).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Squash {
+    /// Nobody's (`No_Root_Squash`): the tests' usual export.
+    #[default]
+    Nobody,
+    /// Root's (`Root_Squash`), as most servers do by default.
+    Root,
+}
+
 /// A running nfs-ganesha serving one temporary directory over NFSv3.
 #[derive(Debug)]
 pub struct Ganesha {
@@ -72,12 +82,18 @@ pub struct Ganesha {
     export: PathBuf,
     nfs_port: u16,
     mount_port: u16,
+    squash: Squash,
     child: Option<Child>,
 }
 
 impl Ganesha {
     /// Starts an instance on fresh loopback ports with an empty export.
     pub fn start() -> Result<Self> {
+        Self::start_with(Squash::Nobody)
+    }
+
+    /// [`start`](Self::start), squashing as `squash` says.
+    pub fn start_with(squash: Squash) -> Result<Self> {
         Portmapper::ensure().context("starting the portmapper ganesha registers with")?;
         let dir = tempfile::Builder::new()
             .prefix("gvfs-ganesha-")
@@ -90,13 +106,14 @@ impl Ganesha {
         let mut last_err = None;
         for _ in 0..START_ATTEMPTS {
             let (nfs_port, mount_port) = free_port_pair()?;
-            match launch(dir.path(), nfs_port, mount_port) {
+            match launch(dir.path(), nfs_port, mount_port, squash) {
                 Ok(child) => {
                     return Ok(Self {
                         dir,
                         export,
                         nfs_port,
                         mount_port,
+                        squash,
                         child: Some(child),
                     });
                 }
@@ -176,7 +193,12 @@ impl Ganesha {
     /// same directory (for restart tests).
     pub fn restart(&mut self) -> Result<()> {
         self.stop()?;
-        self.child = Some(launch(self.dir.path(), self.nfs_port, self.mount_port)?);
+        self.child = Some(launch(
+            self.dir.path(),
+            self.nfs_port,
+            self.mount_port,
+            self.squash,
+        )?);
         Ok(())
     }
 }
@@ -192,8 +214,12 @@ fn log_tail(root: &Path) -> String {
     lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
 }
 
-fn write_config(root: &Path, nfs_port: u16, mount_port: u16) -> Result<PathBuf> {
+fn write_config(root: &Path, nfs_port: u16, mount_port: u16, squash: Squash) -> Result<PathBuf> {
     let conf = root.join("ganesha.conf");
+    let squash = match squash {
+        Squash::Nobody => "No_Root_Squash",
+        Squash::Root => "Root_Squash",
+    };
     let text = format!(
         r#"# Written by gvfs::ganesha for a test.
 NFS_CORE_PARAM {{
@@ -215,7 +241,7 @@ EXPORT {{
   Protocols = 3;
   Transports = TCP;
   Access_Type = RW;
-  Squash = No_Root_Squash;
+  Squash = {squash};
   SecType = sys;
   Attr_Expiration_Time = 0;
   FSAL {{ Name = VFS; }}
@@ -231,8 +257,8 @@ EXPORT {{
 }
 
 /// Runs ganesha.nfsd for the instance in `root` and waits until it serves.
-fn launch(root: &Path, nfs_port: u16, mount_port: u16) -> Result<Child> {
-    let conf = write_config(root, nfs_port, mount_port)?;
+fn launch(root: &Path, nfs_port: u16, mount_port: u16, squash: Squash) -> Result<Child> {
+    let conf = write_config(root, nfs_port, mount_port, squash)?;
     // A fresh log per launch, so readiness is judged on this run's lines.
     let log = root.join("ganesha.log");
     if log.exists() {

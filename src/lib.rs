@@ -31,6 +31,6 @@ pub mod process;
 pub mod proxy;
 pub mod rpc_client;
 
-pub use ganesha::Ganesha;
+pub use ganesha::{Ganesha, Squash};
 pub use portmap::Portmapper;
 pub use proxy::{Proxy, ProxyArgs};

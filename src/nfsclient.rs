@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use gvfs_nfs::client::{ClientConfig, RpcClient, TcpConnector};
 use gvfs_nfs::nfs3_types::nfs3::{
-    CREATE3args, CREATE3resok, LOOKUP3args, Nfs3Option, Nfs3Result, createhow3, diropargs3,
-    filename3, nfs_fh3, sattr3,
+    COMMIT3args, CREATE3args, CREATE3resok, LOOKUP3args, Nfs3Option, Nfs3Result, WRITE3args,
+    createhow3, diropargs3, filename3, nfs_fh3, sattr3, stable_how, writeverf3,
 };
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::xdr::{self, XdrReader};
@@ -93,6 +93,45 @@ impl NfsClient {
                 ..
             })) => Ok(fh),
             other => bail!("CREATE {name}: {:?}", other.status()),
+        }
+    }
+
+    /// WRITE `data` at `offset` of `fh` (`stable` as given); the reply's
+    /// write verifier.
+    pub async fn write(
+        &self,
+        fh: &nfs_fh3,
+        offset: u64,
+        data: &[u8],
+        stable: stable_how,
+    ) -> Result<writeverf3> {
+        let reply = self
+            .call(NfsRequest::Write(WRITE3args {
+                file: fh.clone(),
+                offset,
+                count: data.len() as u32,
+                stable,
+                data: Opaque::owned(data.to_vec()),
+            }))
+            .await?;
+        match reply {
+            NfsReply::Write(Nfs3Result::Ok(ok)) => Ok(ok.verf),
+            other => bail!("WRITE at {offset}: {:?}", other.status()),
+        }
+    }
+
+    /// COMMIT all of `fh`; the reply's write verifier.
+    pub async fn commit(&self, fh: &nfs_fh3) -> Result<writeverf3> {
+        let reply = self
+            .call(NfsRequest::Commit(COMMIT3args {
+                file: fh.clone(),
+                offset: 0,
+                count: 0,
+            }))
+            .await?;
+        match reply {
+            NfsReply::Commit(Nfs3Result::Ok(ok)) => Ok(ok.verf),
+            other => bail!("COMMIT: {:?}", other.status()),
         }
     }
 

@@ -146,24 +146,6 @@ async fn kill_9_after_commit_loses_no_committed_byte() -> Result<()> {
     Ok(())
 }
 
-async fn write_at(c: &NfsClient, fh: &nfs_fh3, offset: u64, data: &[u8]) -> Result<()> {
-    let r = c
-        .call(NfsRequest::Write(WRITE3args {
-            file: fh.clone(),
-            offset,
-            count: data.len() as u32,
-            stable: stable_how::UNSTABLE,
-            data: Opaque::owned(data.to_vec()),
-        }))
-        .await?;
-    ensure!(
-        r.status() == nfsstat3::NFS3_OK,
-        "WRITE at {offset}: {:?}",
-        r.status()
-    );
-    Ok(())
-}
-
 /// Small writes inside a file that is not cached need no READ upstream, and
 /// the size the client wrote (trailing zeros included) survives a kill -9.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,21 +166,14 @@ async fn partial_writes_need_no_read_and_their_size_survives_a_crash() -> Result
         (MIB + 5, vec![0; 3000]),
     ];
     for (off, data) in &edits {
-        write_at(&c, &fh, *off, data).await?;
+        c.write(&fh, *off, data, stable_how::UNSTABLE).await?;
         let end = *off as usize + data.len();
         if want.len() < end {
             want.resize(end, 0);
         }
         want[*off as usize..end].copy_from_slice(data);
     }
-    let r = c
-        .call(NfsRequest::Commit(COMMIT3args {
-            file: fh.clone(),
-            offset: 0,
-            count: 0,
-        }))
-        .await?;
-    ensure!(r.status() == nfsstat3::NFS3_OK, "COMMIT: {:?}", r.status());
+    c.commit(&fh).await?;
     let stats = p.cache_stats()?;
     ensure!(
         n(&stats, "fetched_bytes") == 0,

@@ -7,14 +7,13 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use gvfs::data::random_bytes_at;
 use gvfs::libnfs::nfs_cp;
 use gvfs::nfsclient::NfsClient;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_nfs::NfsRequest;
 use gvfs_nfs::nfs3_types::nfs3::*;
-use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
-use gvfs_nfs::{NfsReply, NfsRequest};
 
 const CHUNK: usize = 256 * 1024;
 
@@ -28,34 +27,8 @@ fn restart(p: &mut Proxy, upstream: &str) -> Result<()> {
 }
 
 async fn write(c: &NfsClient, fh: &nfs_fh3, offset: u64, stable: stable_how) -> Result<writeverf3> {
-    let data = random_bytes_at(5, offset, CHUNK);
-    match c
-        .call(NfsRequest::Write(WRITE3args {
-            file: fh.clone(),
-            offset,
-            count: CHUNK as u32,
-            stable,
-            data: Opaque::owned(data),
-        }))
-        .await?
-    {
-        NfsReply::Write(Nfs3Result::Ok(ok)) => Ok(ok.verf),
-        other => bail!("WRITE at {offset}: {:?}", other.status()),
-    }
-}
-
-async fn commit(c: &NfsClient, fh: &nfs_fh3) -> Result<writeverf3> {
-    match c
-        .call(NfsRequest::Commit(COMMIT3args {
-            file: fh.clone(),
-            offset: 0,
-            count: 0,
-        }))
-        .await?
-    {
-        NfsReply::Commit(Nfs3Result::Ok(ok)) => Ok(ok.verf),
-        other => bail!("COMMIT: {:?}", other.status()),
-    }
+    c.write(fh, offset, &random_bytes_at(5, offset, CHUNK), stable)
+        .await
 }
 
 fn expected(chunks: usize) -> Vec<u8> {
@@ -136,7 +109,7 @@ async fn dir_origin_restart_changes_the_verifier_and_keeps_handles() -> Result<(
         let v = write(&c, &fh, (i * CHUNK) as u64, stable_how::UNSTABLE).await?;
         uncommitted.push(i);
         if i % 8 == 7 {
-            let cv = commit(&c, &fh).await?;
+            let cv = c.commit(&fh).await?;
             let changed = verf.is_some_and(|old: writeverf3| old != cv) || cv != v;
             if changed {
                 // The server may have lost the unstable writes: send them again.
@@ -145,7 +118,7 @@ async fn dir_origin_restart_changes_the_verifier_and_keeps_handles() -> Result<(
                     write(&c, &fh, (j * CHUNK) as u64, stable_how::UNSTABLE).await?;
                     uncommitted.push(j);
                 }
-                let again = commit(&c, &fh).await?;
+                let again = c.commit(&fh).await?;
                 verf = Some(again);
             } else {
                 verf = Some(cv);
