@@ -7,6 +7,9 @@
 //! The end-to-end hit path (a 64 KiB NFS READ through a caching proxy) is
 //! measured in `benches/cache.rs`, part "hit latency".
 //!
+//! `store/crc32` is what checking a hit's sub-blocks against their
+//! checksums costs, inside `store/read_hit`.
+//!
 //! Run: `cargo bench --bench cache_store`.
 
 use std::hint::black_box;
@@ -120,7 +123,28 @@ fn store_ops(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, set_index, store_ops);
+/// What checking a hit adds: CRC32 (`crc32fast`, the function the store
+/// checks every sub-block with) of the bytes a hit returns, measured in the
+/// same run as the hits, which include it.
+fn checksum(c: &mut Criterion) {
+    let mut g = c.benchmark_group("store/crc32");
+    for len in [4usize << 10, BLOCK as usize] {
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        g.throughput(Throughput::Bytes(len as u64));
+        g.bench_function(BenchmarkId::from_parameter(len), |b| {
+            b.iter(|| {
+                black_box(
+                    data.chunks(4096)
+                        .map(crc32fast::hash)
+                        .fold(0u32, |a, c| a ^ c),
+                )
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, set_index, store_ops, checksum);
 
 /// Runs with the proxy's allocator settings, as `gvfs-proxy` does.
 fn main() {

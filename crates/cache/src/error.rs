@@ -86,6 +86,15 @@ pub enum Error {
         /// Storages given.
         given: usize,
     },
+    /// The filesystem holding the cache has no room for its bank files.
+    #[error(
+        "the cache needs {needed} bytes on disk for its bank files and its filesystem has no \
+         room for them; free space there, or give a smaller --cache-size"
+    )]
+    NoSpaceForBanks {
+        /// Bytes of all the bank files.
+        needed: u64,
+    },
     /// A file handle is longer than NFSv3 allows (RFC 1813 section 2.5, `NFS3_FHSIZE` = 64).
     #[error("file handle of {0} bytes exceeds the NFSv3 limit of 64")]
     FileHandleTooLong(usize),

@@ -194,6 +194,17 @@ pub struct LayerStats {
     pub upstream_latency_us_total: u64,
     /// Failures of the local cache storage.
     pub store_errors: u64,
+    /// Clean sub-blocks whose bytes failed their checksum: dropped and
+    /// fetched again, never served.
+    pub corrupt_clean_dropped: u64,
+    /// Dirty sub-blocks lost (failed their checksum, or their bank file was
+    /// cut off): never written back; see the proxy's log and
+    /// `CACHE_DIR/quarantine/`.
+    pub dirty_sub_blocks_lost: u64,
+    /// Bank files found missing or cut off at start.
+    pub banks_lost: u64,
+    /// Times the write verifier changed because acknowledged data was lost.
+    pub verifier_changes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -387,7 +398,13 @@ impl CacheLayer {
         match store.dirty_blocks(None) {
             Ok(blocks) => {
                 for b in blocks {
-                    files.mark_recovered(b.fh.as_bytes());
+                    let fh = b.fh.as_bytes();
+                    files.mark_recovered(fh);
+                    // Written back as whoever wrote it (recorded beside the
+                    // banks), not as root.
+                    if let Some(who) = store.writer(fh).and_then(|w| Credentials::decode_xdr(&w)) {
+                        files.entry(fh).writer = Some(who);
+                    }
                 }
             }
             Err(e) => tracing::error!("block cache: listing recovered dirty data failed: {e}"),
@@ -456,6 +473,10 @@ impl CacheLayer {
             upstream_calls: get(&c.upstream_calls),
             upstream_latency_us_total: get(&c.upstream_latency_us),
             store_errors: get(&c.store_errors),
+            corrupt_clean_dropped: s.corrupt_clean_dropped,
+            dirty_sub_blocks_lost: s.dirty_sub_blocks_lost,
+            banks_lost: s.banks_lost,
+            verifier_changes: s.verifier_changes,
         }
     }
 
@@ -1229,7 +1250,7 @@ impl CacheLayer {
         }
         // The size grows before the data lands, so a concurrent write-back
         // never clips data it has taken (see writeback.rs).
-        {
+        let new_writer = {
             let mut files = self.files();
             let seq = files.next_seq();
             let st = files.entry(&fh);
@@ -1239,7 +1260,16 @@ impl CacheLayer {
                 mtime: now(),
                 seq,
             });
+            let new = st.writer.as_ref() != Some(&cx.cred);
             st.writer = Some(cx.cred.clone());
+            new
+        };
+        if new_writer && self.config.policy == WritePolicy::WriteBack {
+            // Recorded with the store's next sync (a COMMIT), so data
+            // recovered after a crash is written back as its writer.
+            let (key, mut who) = (fh.clone(), Vec::new());
+            cx.cred.encode(&mut who);
+            self.store_op(move |s| s.set_writer(&key, &who)).await?;
         }
         let bs = self.block_size();
         let mut pos = 0usize;

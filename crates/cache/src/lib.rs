@@ -31,6 +31,6 @@ pub use mask::SubBlockMask;
 pub use set::FileHandle;
 pub use storage::{FaultyStorage, FileStorage, MemStorage, Storage, WriteFate};
 pub use store::{
-    BlockStore, CacheStats, DirtyBlock, DirtyData, DirtyExtent, OpenOptions, RecoveryReport,
-    VerifyData, WriteMode, WriteOutcome,
+    BlockStore, CacheStats, DirtyBlock, DirtyData, DirtyExtent, MAX_WRITER_LEN, OpenOptions,
+    RecoveryReport, UncleanShutdown, VerifyData, WriteMode, WriteOutcome,
 };

@@ -33,6 +33,12 @@ pub trait Storage: Send + Sync + fmt::Debug {
     }
     /// Grows (with zeros) or shrinks the storage.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Reserves room for the first `len` bytes, so that writing them never
+    /// fails for want of space. `ErrorKind::Unsupported` if the backend
+    /// cannot; the default has nothing to reserve.
+    fn allocate(&self, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A bank in a local file, using `pread`/`pwrite` and `fdatasync`.
@@ -101,6 +107,16 @@ impl Storage for FileStorage {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
+    }
+    /// `fallocate(2)`: the blocks are allocated now (a sparse file would
+    /// take them at each first write, and fail there on a full disk).
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        use rustix::fs::{FallocateFlags, fallocate};
+        match fallocate(&self.file, FallocateFlags::empty(), 0, len) {
+            Ok(()) => Ok(()),
+            Err(rustix::io::Errno::OPNOTSUPP) => Err(io::ErrorKind::Unsupported.into()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

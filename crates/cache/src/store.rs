@@ -3,9 +3,12 @@
 //!
 //! # Crash-safety rules
 //!
-//! * **Order of a write.** Data first, then the frame's tag; nothing is
+//! * **Order of a write.** The frame's tag first, then the data; nothing is
 //!   fsynced except as below. Each valid sub-block's CRC32 is in the tag, so
-//!   a torn or reordered pair is detected on open.
+//!   a torn or reordered pair is detected on open. Tag first means that when
+//!   only the process dies (the system's page cache keeps every write, in
+//!   order), bytes that changed since the last sync always have a newer tag
+//!   saying so: bytes that differ from both tags of their frame are rot.
 //! * **Unsynced-dirty flag.** Before the first dirty write into a bank after
 //!   a sync, that bank's header is set to "dirty writes since the last sync"
 //!   and fsynced (a barrier: the flag is durable before the data). `sync`
@@ -14,25 +17,38 @@
 //!   verifier (RFC 1813 section 3.3.7: the client then resends).
 //! * **Committed bits.** `sync` fsyncs data and tags, then records in each
 //!   changed tag which dirty sub-blocks are now durable ("committed"), then
-//!   fsyncs again. On open, a sub-block whose CRC does not match is dropped,
-//!   unless it is committed: its mismatch can only come from an in-flight
-//!   overwrite, whose bytes the client resends, while its other bytes are the
-//!   committed ones and must not be lost. It is kept dirty and the verifier
-//!   changes. A clean fill merged around a committed partial sub-block's
-//!   extent takes the sub-block's committed bit away until the next sync
-//!   (its tag must not claim the merged bytes as durable); should that
-//!   sub-block not match on open while still dirty, it goes back to the
-//!   committed extent the frame's older tag names.
+//!   fsyncs again. On open after an unclean shutdown, a sub-block whose CRC
+//!   does not match is judged ([`recovery`]'s `judge`): bytes that match the
+//!   frame's older tag go back to it (the newest write never landed); a
+//!   committed sub-block of an unsynced bank that the tags show was being
+//!   rewritten is kept dirty (its mismatch is an in-flight overwrite, whose
+//!   bytes the client resends, while its other bytes are the committed ones
+//!   and must not be lost); after a system crash, when writes may have
+//!   landed in any order, every committed sub-block of an unsynced bank is
+//!   kept so. Anything else is rot and is dropped: a synced bank had no
+//!   write in flight. A clean fill merged around a committed partial
+//!   sub-block's extent takes the sub-block's committed bit away until the
+//!   next sync (its tag must not claim the merged bytes as durable).
+//! * **Checked on use.** Bytes are checked against their CRC every time
+//!   they are used, not only on open ([`integrity`]): a sub-block that fails
+//!   is never served or written back; a dirty one is set aside in
+//!   `DIR/quarantine/` and changes the verifier.
 //! * **No resurrection.** A frame whose durable tag still claims committed
 //!   dirty data is not reused before a sync makes its cleaner tag durable;
 //!   `truncate` and `invalidate` always sync before returning (also making
 //!   earlier evictions durable, so no stale copy of that file comes back); [`BlockStore::dirty_data`]
 //!   syncs before handing out data to be written upstream, so what upstream
 //!   receives is never newer than what a crash can bring back.
+//! * **Bank files.** Their space is reserved when they are created, so a
+//!   full disk cannot fail a write into them. One found missing beside the
+//!   others, or shorter than its layout, lost what it held: that is
+//!   reported, nothing past a cut is trusted, and the verifier changes.
 //! * **Verifier rule.** The verifier changes on open when: a bank header was
 //!   unreadable, a header says dirty writes were not synced, the headers
-//!   disagree, a tag was corrupt, a dirty sub-block was dropped, or a torn
-//!   committed sub-block was kept. Otherwise it is kept, so a COMMIT verifier
+//!   disagree, a bank file was missing or cut short, a tag was corrupt, a
+//!   dirty sub-block was dropped, a sub-block went back to its older tag,
+//!   or a torn committed sub-block was kept; and while running when dirty
+//!   bytes fail their checksum. Otherwise it is kept, so a COMMIT verifier
 //!   stays valid across a clean restart or a crash after a sync.
 //!
 //! # Partial sub-block rule
@@ -67,6 +83,14 @@ use crate::mask::SubBlockMask;
 use crate::set::{FileHandle, Frame, Victim, choose_victim};
 use crate::storage::{FileStorage, Storage};
 
+mod integrity;
+mod recovery;
+mod writers;
+
+use integrity::{Checked, Quarantine};
+pub use writers::MAX_WRITER_LEN;
+use writers::Writers;
+
 /// When [`BlockStore::open`] checks every valid sub-block against its CRC.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -78,11 +102,30 @@ pub enum VerifyData {
     Always,
 }
 
+/// What an unclean shutdown may have done to writes not yet synced, which
+/// decides how much recovery may assume about bytes that fail their CRC.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UncleanShutdown {
+    /// Not known: [`BlockStore::open_dir`] finds out from the boot id it
+    /// records; [`BlockStore::open`] assumes [`SystemCrash`](Self::SystemCrash).
+    #[default]
+    Unknown,
+    /// The system went down (power loss, kernel crash): the disk may hold
+    /// any subset of the unsynced writes, in any order, torn anywhere.
+    SystemCrash,
+    /// Only the process died (kill -9, a panic): the system kept every write
+    /// it made, in order.
+    ProcessOnly,
+}
+
 /// Options of [`BlockStore::open`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OpenOptions {
     /// When to verify data CRCs.
     pub verify_data: VerifyData,
+    /// What an unclean shutdown may have done.
+    pub unclean: UncleanShutdown,
 }
 
 /// Whether a write is dirty data from a client or a clean fill from upstream.
@@ -160,6 +203,12 @@ impl DirtyData {
 pub struct RecoveryReport {
     /// Banks created empty.
     pub banks_created: u32,
+    /// Of those, banks that were missing from a cache whose other banks
+    /// were there: whatever they held, dirty data included, is lost.
+    pub banks_lost: u32,
+    /// Bank files found shorter than their layout: what was past the cut
+    /// is lost.
+    pub banks_truncated: u32,
     /// Banks whose header was unreadable (recovered from tags alone).
     pub headers_lost: u32,
     /// Banks not closed cleanly by the last session.
@@ -181,6 +230,9 @@ pub struct RecoveryReport {
     pub dirty_sub_blocks_lost: u64,
     /// Committed sub-blocks kept despite a torn in-flight overwrite.
     pub torn_committed_kept: u64,
+    /// Sub-blocks whose newest write had not landed, taken back to the
+    /// state the frame's older tag describes.
+    pub unlanded_writes_reverted: u64,
     /// The cache was new: no bank had a valid header.
     pub new_cache: bool,
     /// The write verifier changed (dirty data may have been lost).
@@ -209,6 +261,18 @@ pub struct CacheStats {
     pub frames_in_use: u64,
     /// Data capacity in bytes.
     pub capacity: u64,
+    /// Clean sub-blocks whose bytes failed their checksum (on open or when
+    /// used): dropped, to be fetched again.
+    pub corrupt_clean_dropped: u64,
+    /// Dirty sub-blocks lost: their bytes failed their checksum (on open or
+    /// when used) or were past the end of a cut-off bank file. Never
+    /// written back; set aside in `DIR/quarantine/` where there were bytes.
+    pub dirty_sub_blocks_lost: u64,
+    /// Bank files missing or cut off when the cache was opened.
+    pub banks_lost: u64,
+    /// Times the write verifier changed because acknowledged data was lost
+    /// (on open or while running).
+    pub verifier_changes: u64,
 }
 
 #[derive(Debug)]
@@ -235,6 +299,12 @@ struct Inner {
     /// Set by a close: the headers say "clean shutdown", so a later write
     /// would go unverified by the next open.
     closed: bool,
+    /// Reused buffer for checking sub-blocks around odd-sized reads.
+    scratch: Vec<u8>,
+    /// Where dirty bytes that fail their checksum are set aside.
+    quarantine: Option<Quarantine>,
+    /// Who wrote each file's dirty data.
+    writers: Writers,
 }
 
 /// The block cache's storage core: a hashed set-associative store of blocks
@@ -249,6 +319,17 @@ pub struct BlockStore {
     _dir_lock: Option<std::fs::File>,
 }
 
+/// Whether any cached block of `fh` holds dirty data.
+fn has_dirty(
+    index: &BTreeMap<FileHandle, BTreeMap<u64, usize>>,
+    frames: &[Frame],
+    fh: &[u8],
+) -> bool {
+    index
+        .get(fh)
+        .is_some_and(|blocks| blocks.values().any(|&id| !frames[id].dirty.is_empty()))
+}
+
 fn check_fh(fh: &[u8]) -> Result<()> {
     if fh.len() > MAX_FH_LEN {
         return Err(Error::FileHandleTooLong(fh.len()));
@@ -256,250 +337,7 @@ fn check_fh(fh: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn new_verifier(old: &[[u8; 8]]) -> [u8; 8] {
-    let state = std::collections::hash_map::RandomState::new();
-    let mut salt = 0u64;
-    loop {
-        let mut h = state.build_hasher();
-        h.write_u64(salt);
-        if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-            h.write_u128(d.as_nanos());
-        }
-        h.write_u32(std::process::id());
-        let v = h.finish().to_le_bytes();
-        if v != [0; 8] && !old.contains(&v) {
-            return v;
-        }
-        salt += 1;
-    }
-}
-
-/// A geometry as the proxy's options that make it.
-fn as_options(g: &Geometry) -> String {
-    format!(
-        "--cache-size {} --cache-banks {} --cache-ways {} --block-size {}",
-        size_option(g.capacity()),
-        g.banks(),
-        g.ways(),
-        size_option(u64::from(g.block_size()))
-    )
-}
-
-/// Bytes in the largest unit that divides them (`4G`, `64K`, `1000`).
-fn size_option(bytes: u64) -> String {
-    for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
-        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
-}
-
 impl BlockStore {
-    /// Opens (creating as needed) the bank files `DIR/bank-NNN.gvfs`, and
-    /// holds `DIR/lock` while open: a second process is refused.
-    pub fn open_dir(
-        dir: &Path,
-        geometry: Geometry,
-        options: OpenOptions,
-    ) -> Result<(BlockStore, RecoveryReport)> {
-        std::fs::create_dir_all(dir).ctx("creating the cache directory")?;
-        // One process per cache directory: two would each believe they
-        // own every frame.
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join("lock"))
-            .ctx("opening the cache directory's lock file")?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::DirInUse {
-                    dir: dir.to_path_buf(),
-                });
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).ctx("locking the cache directory");
-            }
-        }
-        let mut storages: Vec<Box<dyn Storage>> = Vec::new();
-        for b in 0..geometry.banks() {
-            let path = dir.join(format!("bank-{b:03}.gvfs"));
-            storages.push(Box::new(
-                FileStorage::open(&path).ctx("opening a bank file")?,
-            ));
-        }
-        let (mut store, report) = BlockStore::open(storages, geometry, options)?;
-        store._dir_lock = Some(lock);
-        Ok((store, report))
-    }
-
-    /// Opens a cache over one storage per bank, recovering the index from
-    /// the tag tables (the cache is warm after a restart) and repairing what
-    /// a crash left behind. See the module docs for the verifier rule.
-    pub fn open(
-        storages: Vec<Box<dyn Storage>>,
-        geometry: Geometry,
-        options: OpenOptions,
-    ) -> Result<(BlockStore, RecoveryReport)> {
-        if storages.len() != geometry.banks() as usize {
-            return Err(Error::BankCountMismatch {
-                expected: geometry.banks(),
-                given: storages.len(),
-            });
-        }
-        let layout = BankLayout::new(&geometry);
-        let mut report = RecoveryReport::default();
-        let mut old_verifiers: Vec<[u8; 8]> = Vec::new();
-        let mut max_epoch = 0u64;
-        let mut change = false;
-        let mut banks = Vec::new();
-        let mut verify = Vec::new();
-        for (b, storage) in storages.into_iter().enumerate() {
-            let b32 = b as u32;
-            let len = storage.len().ctx("reading a bank's length")?;
-            let mut header_ok = None;
-            if len == 0 {
-                report.banks_created += 1;
-            } else {
-                let mut buf = [0u8; HEADER_LEN];
-                let decoded = if len >= HEADER_LEN as u64 {
-                    storage.read_at(&mut buf, 0).ctx("reading a bank header")?;
-                    Header::decode(&buf)
-                } else {
-                    Err(HeaderError::Corrupt)
-                };
-                match decoded {
-                    Ok(h) if !h.matches(&geometry, b32) => {
-                        let found = Geometry::from_parts(
-                            h.banks,
-                            h.ways,
-                            h.block_size,
-                            h.sub_block_size,
-                            h.sets_per_bank,
-                        )
-                        .map(|g| as_options(&g))
-                        .unwrap_or_else(|e| format!("an invalid geometry ({e})"));
-                        return Err(Error::GeometryMismatch {
-                            bank: b32,
-                            found,
-                            wanted: as_options(&geometry),
-                        });
-                    }
-                    Ok(h) => header_ok = Some(h),
-                    Err(HeaderError::Version(version)) => {
-                        return Err(Error::UnsupportedFormatVersion { bank: b32, version });
-                    }
-                    Err(HeaderError::Blank | HeaderError::Corrupt) => {
-                        report.headers_lost += 1;
-                        change = true;
-                        tracing::warn!(bank = b, "bank header unreadable; recovering from tags");
-                    }
-                }
-            }
-            if len < layout.file_len() {
-                storage
-                    .set_len(layout.file_len())
-                    .ctx("sizing a bank file")?;
-            }
-            let must_verify = match header_ok {
-                Some(h) => {
-                    old_verifiers.push(h.verifier);
-                    max_epoch = max_epoch.max(h.epoch);
-                    if h.sync == SyncState::DirtyUnsynced {
-                        report.unsynced_banks += 1;
-                        change = true;
-                    }
-                    if h.shutdown != Shutdown::Clean {
-                        report.unclean_banks += 1;
-                    }
-                    h.shutdown != Shutdown::Clean || options.verify_data == VerifyData::Always
-                }
-                None => len != 0,
-            };
-            verify.push(must_verify);
-            banks.push(Bank {
-                storage,
-                header: Header::new(&geometry, b32, [0; 8], 0),
-                unsynced_io: true,
-            });
-        }
-        old_verifiers.dedup();
-        report.new_cache = old_verifiers.is_empty();
-        if old_verifiers.len() > 1 {
-            change = true;
-        }
-        let frames = (0..geometry.total_frames())
-            .map(|_| Frame::empty(geometry.sub_blocks_per_block()))
-            .collect();
-        let mut inner = Inner {
-            geo: geometry,
-            layout,
-            banks,
-            frames,
-            index: BTreeMap::new(),
-            touched: BTreeSet::new(),
-            clock: 1,
-            seq: 1,
-            stats: CacheStats {
-                capacity: geometry.capacity(),
-                ..CacheStats::default()
-            },
-            poisoned: false,
-            closed: false,
-        };
-        // What recovery reads must be durable before it writes over it: a
-        // tag a killed process left in the page cache may be the newest
-        // copy, and recovery rewrites the other slot.
-        for bank in &inner.banks {
-            bank.storage.sync().ctx("syncing a bank before recovery")?;
-        }
-        for (b, must_verify) in verify.into_iter().enumerate() {
-            inner.recover_bank(b, must_verify, &mut report)?;
-        }
-        if report.corrupt_tags > 0
-            || report.dirty_sub_blocks_lost > 0
-            || report.torn_committed_kept > 0
-        {
-            change = true;
-        }
-        if report.dirty_sub_blocks_lost > 0 || report.corrupt_tags > 0 {
-            tracing::error!(
-                dirty_sub_blocks_lost = report.dirty_sub_blocks_lost,
-                corrupt_tags = report.corrupt_tags,
-                "block cache recovery dropped data that may have been dirty; \
-                 the write verifier changes so clients resend uncommitted writes"
-            );
-        }
-        let verifier = match old_verifiers.as_slice() {
-            [v] if !change => *v,
-            _ => new_verifier(&old_verifiers),
-        };
-        report.verifier_changed = !report.new_cache && change;
-        // New headers, then a sync: repairs become durable, then recovered
-        // dirty data is recorded as committed (it is on disk now).
-        for b in 0..inner.banks.len() {
-            let mut h = Header::new(&geometry, b as u32, verifier, max_epoch + 1);
-            h.shutdown = Shutdown::Open;
-            h.sync = SyncState::Synced;
-            inner.write_header(b, h)?;
-        }
-        inner.sync()?;
-        if report.verifier_changed {
-            tracing::warn!(?report, "block cache opened with a new write verifier");
-        } else {
-            tracing::info!(?report, "block cache opened");
-        }
-        Ok((
-            BlockStore {
-                inner: Mutex::new(inner),
-                _dir_lock: None,
-            },
-            report,
-        ))
-    }
-
     fn lock(&self) -> Result<MutexGuard<'_, Inner>> {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if g.poisoned {
@@ -737,6 +575,26 @@ impl BlockStore {
         self.mutate(|inner| inner.sync())
     }
 
+    /// Records `who` (opaque, at most [`MAX_WRITER_LEN`] bytes) as the
+    /// writer of `fh`'s dirty data; durable with the next [`sync`](Self::sync),
+    /// and kept until the file has no dirty data left.
+    pub fn set_writer(&self, fh: &[u8], who: &[u8]) -> Result<()> {
+        let mut g = self.lock()?;
+        let inner = &mut *g;
+        let (index, frames) = (&inner.index, &inner.frames);
+        inner
+            .writers
+            .set(fh, who, |fh| has_dirty(index, frames, fh));
+        Ok(())
+    }
+
+    /// The writer recorded for `fh`'s dirty data (by this session, or by the
+    /// one whose dirty data was recovered).
+    pub fn writer(&self, fh: &[u8]) -> Option<Vec<u8>> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.writers.get(fh).map(<[u8]>::to_vec)
+    }
+
     /// Counters and gauges. Gauges scan the index (cheap next to any I/O).
     pub fn stats(&self) -> CacheStats {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -934,222 +792,13 @@ impl Inner {
         }
     }
 
-    /// Rebuilds the index from one bank's tag table.
-    fn recover_bank(&mut self, b: usize, verify: bool, report: &mut RecoveryReport) -> Result<()> {
-        let frames = self.layout.frames;
-        let tag_len = self.layout.tag_len;
-        let ways = self.ways() as u64;
-        let sets_per_bank = self.geo.sets_per_bank();
-        let sbs = self.geo.sub_block_size() as usize;
-        const CHUNK: u64 = 1024;
-        let mut table = Vec::new();
-        let mut block_buf = vec![0u8; self.geo.block_size() as usize];
-        for chunk_start in (0..frames).step_by(CHUNK as usize) {
-            let n = CHUNK.min(frames - chunk_start);
-            table.resize(2 * n as usize * tag_len, 0);
-            self.banks[b]
-                .storage
-                .read_at(&mut table, self.layout.tag_offset(chunk_start, 0))
-                .ctx("reading a tag table")?;
-            for i in 0..n as usize {
-                let fib = chunk_start + i as u64;
-                let id = ((b as u64 * sets_per_bank + fib / ways) * ways + fib % ways) as usize;
-                let slots = [
-                    Tag::decode(&self.layout, &table[2 * i * tag_len..(2 * i + 1) * tag_len]),
-                    Tag::decode(
-                        &self.layout,
-                        &table[(2 * i + 1) * tag_len..(2 * i + 2) * tag_len],
-                    ),
-                ];
-                let newest = match (&slots[0], &slots[1]) {
-                    (Ok(a), Ok(b)) => u8::from(b.generation > a.generation),
-                    (Ok(_), _) => 0,
-                    (_, Ok(_)) => 1,
-                    (Err(TagError::Empty), Err(TagError::Empty)) => continue,
-                    (Err(TagError::Corrupt), Err(TagError::Corrupt)) => {
-                        // Both copies bad: whatever was durable here is lost.
-                        report.corrupt_tags += 1;
-                        self.frames[id].durable_slot = 0;
-                        self.write_tag(id)?;
-                        continue;
-                    }
-                    // A torn first tag write next to a never-written slot:
-                    // nothing durable was ever here.
-                    _ => {
-                        report.torn_tag_writes += 1;
-                        let corrupt =
-                            u8::from(slots[1].is_err() && slots[1] != Err(TagError::Empty));
-                        self.frames[id].durable_slot = 1 - corrupt;
-                        self.write_tag(id)?;
-                        continue;
-                    }
-                };
-                if slots[usize::from(1 - newest)] == Err(TagError::Corrupt) {
-                    report.torn_tag_writes += 1;
-                }
-                let Ok(mut tag) = slots[usize::from(newest)].clone() else {
-                    continue;
-                };
-                let older = slots[usize::from(1 - newest)].clone().ok();
-                // Only the current copy's committed bits count: an older
-                // copy's may have been cleared by a durable mark_clean
-                // before the frame was reused.
-                let committed = tag.committed;
-                {
-                    let f = &mut self.frames[id];
-                    f.generation = tag.generation;
-                    f.durable_slot = newest;
-                }
-                if tag.valid.is_empty() && tag.partial.is_empty() {
-                    continue;
-                }
-                let set = self.geo.set_index(&tag.fh, tag.block);
-                if set as usize != id / ways as usize {
-                    report.corrupt_tags += 1;
-                    self.write_tag(id)?;
-                    continue;
-                }
-                let mut changed = false;
-                if verify {
-                    let (bank, off) = self.data_pos(id, 0);
-                    self.banks[bank]
-                        .storage
-                        .read_at(&mut block_buf, off)
-                        .ctx("reading frame data")?;
-                    for sb in tag.valid.or(tag.partial).iter().collect::<Vec<_>>() {
-                        let i = sb as usize;
-                        let (a, b) = if tag.partial.contains(sb) {
-                            let (a, b) = tag.extents[i];
-                            (a as usize, b as usize)
-                        } else {
-                            (0, sbs)
-                        };
-                        let crc = crc32fast::hash(&block_buf[i * sbs + a..i * sbs + b]);
-                        if crc == tag.crcs[i] {
-                            continue;
-                        }
-                        changed = true;
-                        // A committed partial sub-block made whole since
-                        // its commit (a clean fill merged around it; such a
-                        // tag does not claim the whole as committed) whose
-                        // data did not all land: the older tag names the
-                        // committed extent. While the sub-block is still
-                        // dirty the frame has not been reused (that takes a
-                        // write-back, then a sync, see "No resurrection"),
-                        // so whatever differs in the extent can only come
-                        // from an in-flight overwrite the client resends, as
-                        // below; the bytes around it go.
-                        let committed_extent = older
-                            .as_ref()
-                            .filter(|o| {
-                                o.fh == tag.fh
-                                    && o.block == tag.block
-                                    && o.partial.contains(sb)
-                                    && o.committed.contains(sb)
-                                    && tag.dirty.contains(sb)
-                                    && !tag.partial.contains(sb)
-                            })
-                            .map(|o| o.extents[i]);
-                        if committed.contains(sb) {
-                            // Committed whole: its mismatch is an in-flight
-                            // overwrite's, which the client resends.
-                            report.torn_committed_kept += 1;
-                            tag.crcs[i] = crc;
-                            tag.dirty.insert(sb);
-                            tag.committed.insert(sb);
-                        } else if let Some((a, b)) = committed_extent {
-                            report.torn_committed_kept += 1;
-                            tag.valid.remove(sb);
-                            tag.partial.insert(sb);
-                            tag.dirty.insert(sb);
-                            tag.committed.insert(sb);
-                            tag.extents[i] = (a, b);
-                            tag.crcs[i] = crc32fast::hash(
-                                &block_buf[i * sbs + a as usize..i * sbs + b as usize],
-                            );
-                        } else {
-                            if tag.dirty.contains(sb) {
-                                report.dirty_sub_blocks_lost += 1;
-                            } else {
-                                report.clean_sub_blocks_dropped += 1;
-                            }
-                            tag.valid.remove(sb);
-                            tag.dirty.remove(sb);
-                            tag.committed.remove(sb);
-                            tag.partial.remove(sb);
-                            tag.extents[i] = (0, 0);
-                        }
-                    }
-                }
-                for (i, c) in tag.crcs.iter_mut().enumerate() {
-                    if !tag.valid.or(tag.partial).contains(i as u32) {
-                        *c = 0;
-                    }
-                }
-                if tag.dirty.is_empty() {
-                    tag.dirty_end = 0;
-                }
-                // Two tags for one block (cannot happen unless corrupt): keep
-                // the more recently used.
-                if let Some(other) = self.lookup(&tag.fh, tag.block) {
-                    report.corrupt_tags += 1;
-                    if self.frames[other].lru >= tag.lru {
-                        self.write_tag(id)?;
-                        continue;
-                    }
-                    if let Some((fh, block)) = self.frames[other].key.take() {
-                        self.unindex(&fh, block);
-                    }
-                    self.frames[other].clear();
-                    self.write_tag(other)?;
-                    report.frames_recovered -= 1;
-                }
-                self.clock = self.clock.max(tag.lru + 1);
-                if tag.valid.is_empty() && tag.partial.is_empty() {
-                    self.write_tag(id)?;
-                    continue;
-                }
-                let fh = FileHandle::from_checked(&tag.fh);
-                let f = &mut self.frames[id];
-                f.key = Some((fh.clone(), tag.block));
-                f.valid = tag.valid;
-                f.dirty = tag.dirty;
-                f.committed = tag.committed;
-                f.partial = tag.partial;
-                f.extents = tag.extents;
-                f.dirty_end = tag.dirty_end;
-                f.durable_committed = committed;
-                f.crcs = tag.crcs;
-                f.lru = tag.lru;
-                self.index.entry(fh).or_default().insert(tag.block, id);
-                report.frames_recovered += 1;
-                if changed || f.committed != f.dirty {
-                    self.write_tag(id)?;
-                }
-            }
-        }
-        report.dirty_frames_recovered =
-            self.frames.iter().filter(|f| !f.dirty.is_empty()).count() as u64;
-        Ok(())
-    }
-
-    /// Where the `len` bytes at `offset` of a cached block are, as (frame,
-    /// bank, position in the bank): `None` unless every sub-block they touch
-    /// is valid. `len` must be within the block and not 0.
-    fn hit_at(
-        &self,
-        fh: &[u8],
-        block: u64,
-        offset: u32,
-        len: usize,
-    ) -> Option<(usize, usize, u64)> {
+    /// The frame holding the `len` bytes at `offset` of a cached block:
+    /// `None` unless every sub-block they touch is valid. `len` must be
+    /// within the block and not 0.
+    fn hit_at(&self, fh: &[u8], block: u64, offset: u32, len: usize) -> Option<usize> {
         let id = self.lookup(fh, block)?;
         let need = SubBlockMask::range(self.geo.sub_blocks_touched(offset, len as u32));
-        if !self.frames[id].valid.contains_all(need) {
-            return None;
-        }
-        let (b, base) = self.data_pos(id, 0);
-        Some((id, b, base + u64::from(offset)))
+        self.frames[id].valid.contains_all(need).then_some(id)
     }
 
     fn count_hit(&mut self, id: usize, len: usize) {
@@ -1168,14 +817,14 @@ impl Inner {
             }
             return Ok(hit);
         }
-        let Some((id, b, pos)) = self.hit_at(fh, block, offset, buf.len()) else {
+        let Some(id) = self.hit_at(fh, block, offset, buf.len()) else {
             self.stats.misses += 1;
             return Ok(false);
         };
-        self.banks[b]
-            .storage
-            .read_at(buf, pos)
-            .ctx("reading cached data")?;
+        if self.read_checked(id, offset, buf, false)? != Checked::Good {
+            self.stats.misses += 1;
+            return Ok(false);
+        }
         self.count_hit(id, buf.len());
         Ok(true)
     }
@@ -1193,11 +842,16 @@ impl Inner {
         if buf.is_empty() {
             return Ok(self.lookup(fh, block).is_some());
         }
-        let Some((id, b, pos)) = self.hit_at(fh, block, offset, buf.len()) else {
+        let Some(id) = self.hit_at(fh, block, offset, buf.len()) else {
             return Ok(false);
         };
-        if !self.banks[b].storage.read_at_nowait(buf, pos) {
-            return Ok(false);
+        match self.read_checked(id, offset, buf, true)? {
+            Checked::Good => {}
+            Checked::NotInMemory => return Ok(false),
+            Checked::Corrupt => {
+                self.stats.misses += 1;
+                return Ok(false);
+            }
         }
         self.count_hit(id, buf.len());
         Ok(true)
@@ -1313,6 +967,20 @@ impl Inner {
         if plan.is_empty() {
             return Ok(WriteOutcome::Stored);
         }
+        // The bytes a read-modify-write keeps must be sound: check them
+        // first; those that fail are dropped and the write is planned again
+        // without them (at most once: nothing left fails).
+        if let Some(id) = existing {
+            let mut kept = SubBlockMask::EMPTY;
+            for &(sb, step) in &plan {
+                if matches!(step, Step::Update | Step::Merge | Step::Grow(..)) {
+                    kept.insert(sb);
+                }
+            }
+            if self.check_before_use(id, kept, "a partial write")? {
+                return self.write(fh, block, offset, data, mode);
+            }
+        }
         let id = match existing {
             Some(id) => id,
             None => match self.allocate(fh, block)? {
@@ -1325,8 +993,10 @@ impl Inner {
             self.flag_unsynced(bank)?;
             self.seq += 1;
         }
-        // Write each run of consecutive planned sub-blocks with one call.
+        // Each run of consecutive planned sub-blocks is written with one
+        // call, after the tag: see "Order of a write" in the module docs.
         let sbu = sbs as usize;
+        let mut runs: Vec<(usize, u64, Vec<u8>)> = Vec::new();
         let mut i = 0;
         while i < plan.len() {
             let mut j = i + 1;
@@ -1362,11 +1032,6 @@ impl Inner {
             for (x, bytes) in kept {
                 buf[x..x + bytes.len()].copy_from_slice(&bytes);
             }
-            self.banks[b]
-                .storage
-                .write_at(&buf, pos)
-                .ctx("writing data")?;
-            self.banks[b].unsynced_io = true;
             let seq = self.seq;
             let f = &mut self.frames[id];
             for (k, &(sb, step)) in plan[i..j].iter().enumerate() {
@@ -1397,6 +1062,7 @@ impl Inner {
                     f.dirty_seq[s] = seq;
                 }
             }
+            runs.push((b, pos, buf));
             i = j;
         }
         let now = self.tick();
@@ -1406,6 +1072,13 @@ impl Inner {
             f.dirty_end = f.dirty_end.max(offset + len);
         }
         self.write_tag(id)?;
+        for (b, pos, buf) in runs {
+            self.banks[b]
+                .storage
+                .write_at(&buf, pos)
+                .ctx("writing data")?;
+            self.banks[b].unsynced_io = true;
+        }
         Ok(WriteOutcome::Stored)
     }
 
@@ -1424,20 +1097,32 @@ impl Inner {
         {
             self.sync()?;
         }
+        // Never hand out bytes that fail their checksum: to upstream they
+        // would overwrite the origin's good bytes.
         let sbs = self.geo.sub_block_size();
-        let (b, base) = self.data_pos(id, 0);
-        let mut extents = Vec::new();
-        for r in self.frames[id].dirty_ranges(sbs) {
-            let mut data = vec![0u8; (r.end - r.start) as usize];
-            self.banks[b]
-                .storage
-                .read_at(&mut data, base + u64::from(r.start))
-                .ctx("reading dirty data")?;
-            extents.push(DirtyExtent {
-                offset: r.start,
-                data,
-            });
+        let dirty = self.frames[id].dirty;
+        let (Some(first), Some(last)) = (dirty.iter().next(), dirty.iter().last()) else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::new();
+        self.read_sub_blocks(id, first..last + 1, &mut bytes)?;
+        let bad = self.failing(id, first, &bytes, dirty);
+        if !bad.is_empty() {
+            let what = if sync { "write-back" } else { "a read" };
+            self.drop_failed(id, first, &bytes, bad, what)?;
+            if self.lookup(fh, block) != Some(id) || self.frames[id].dirty.is_empty() {
+                return Ok(None);
+            }
         }
+        let base = first * sbs;
+        let extents = self.frames[id]
+            .dirty_ranges(sbs)
+            .into_iter()
+            .map(|r| DirtyExtent {
+                offset: r.start,
+                data: bytes[(r.start - base) as usize..(r.end - base) as usize].to_vec(),
+            })
+            .collect();
         let end = self.frames[id].dirty_end;
         let (fh, block) = self.frames[id]
             .key
@@ -1571,6 +1256,14 @@ impl Inner {
             self.drop_sub_blocks(id, SubBlockMask::range(keep..n))?;
             let straddling = cut / sbs;
             let from = cut % sbs;
+            // The bytes kept before the cut must be sound.
+            if from != 0 {
+                let one = SubBlockMask::range(straddling..straddling + 1);
+                self.check_before_use(id, one, "a truncation")?;
+                if self.lookup(fh, block) != Some(id) {
+                    continue;
+                }
+            }
             let f = &self.frames[id];
             if from != 0 && f.partial.contains(straddling) {
                 let (a, b) = f.extents[straddling as usize];
@@ -1598,12 +1291,13 @@ impl Inner {
                 let from = from as usize;
                 if buf[from..].iter().any(|&x| x != 0) {
                     buf[from..].fill(0);
+                    // The tag first, as for every write in place.
+                    self.frames[id].crcs[straddling as usize] = crc32fast::hash(&buf);
+                    self.write_tag(id)?;
                     self.banks[b]
                         .storage
                         .write_at(&buf, pos)
                         .ctx("zeroing a truncated sub-block")?;
-                    self.frames[id].crcs[straddling as usize] = crc32fast::hash(&buf);
-                    self.write_tag(id)?;
                 }
             }
             let f = &mut self.frames[id];
@@ -1642,429 +1336,13 @@ impl Inner {
             let f = &mut self.frames[id];
             f.durable_committed = f.committed;
         }
+        let (index, frames) = (&self.index, &self.frames);
+        self.writers.save(|fh| has_dirty(index, frames, fh));
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::geometry::GeometryConfig;
-    use crate::storage::{FaultyStorage, MemStorage};
-
-    const FH: &[u8] = b"fh-1";
-
-    fn stored(r: Result<WriteOutcome>) {
-        assert_eq!(r.expect("write"), WriteOutcome::Stored);
-    }
-
-    fn geo() -> Geometry {
-        crate::geometry::tiny_for_tests()
-    }
-
-    fn open(mem: &[MemStorage]) -> (BlockStore, RecoveryReport) {
-        let s = mem
-            .iter()
-            .map(|m| Box::new(m.clone()) as Box<dyn Storage>)
-            .collect();
-        BlockStore::open(s, geo(), OpenOptions::default()).expect("open")
-    }
-
-    fn mems() -> Vec<MemStorage> {
-        vec![MemStorage::new(), MemStorage::new()]
-    }
-
-    #[test]
-    fn read_range_into_fills_hits_and_leaves_misses() {
-        let (s, _) = open(&mems());
-        let bs = 16384u64;
-        // Block 0 whole, block 1 absent, block 2 only its first sub-block.
-        stored(s.write(FH, 0, 0, &[1; 16384], WriteMode::Clean));
-        stored(s.write(FH, 2, 0, &[3; 4096], WriteMode::Clean));
-        let offset = bs - 100;
-        let mut buf = vec![9u8; (bs + 100 + 50) as usize];
-        let hits = s.read_range_into(FH, offset, &mut buf).expect("read");
-        assert_eq!(hits, [true, false, true]);
-        assert!(buf[..100].iter().all(|&b| b == 1));
-        assert!(buf[100..100 + bs as usize].iter().all(|&b| b == 9));
-        assert!(buf[100 + bs as usize..].iter().all(|&b| b == 3));
-        // Past the valid sub-block of block 2: a miss, untouched.
-        let mut tail = [9u8; 10];
-        assert!(!s.read_into(FH, 2, 4096, &mut tail).expect("read"));
-        assert_eq!(tail, [9; 10]);
-    }
-
-    #[test]
-    fn read_range_now_stops_at_the_first_block_it_cannot_read_at_once() {
-        let (s, _) = open(&mems());
-        let bs = 16384u64;
-        stored(s.write(FH, 0, 0, &[1; 16384], WriteMode::Clean));
-        stored(s.write(FH, 1, 0, &[2; 16384], WriteMode::Clean));
-        stored(s.write(FH, 3, 0, &[4; 16384], WriteMode::Clean));
-        let before = s.stats();
-        let offset = bs - 100;
-        let mut buf = vec![9u8; (3 * bs) as usize];
-        // Blocks 0 and 1 are hits, block 2 is not: stop there.
-        assert_eq!(s.read_range_now(FH, offset, &mut buf).expect("read"), 2);
-        assert!(buf[..100].iter().all(|&b| b == 1));
-        assert!(buf[100..100 + bs as usize].iter().all(|&b| b == 2));
-        let after = s.stats();
-        assert_eq!(after.hits - before.hits, 2);
-        assert_eq!(after.misses, before.misses, "a block not read is no miss");
-        // Someone else holding the store: nothing read, nothing waited for.
-        assert_eq!(s.all_cached_now(FH, 0..2).expect("ask"), Some(true));
-        assert_eq!(s.all_cached_now(FH, 1..4).expect("ask"), Some(false));
-        let held = s.inner.lock().expect("lock");
-        assert_eq!(s.read_range_now(FH, 0, &mut buf[..10]).expect("read"), 0);
-        assert_eq!(s.all_cached_now(FH, 0..2).expect("ask"), None);
-        drop(held);
-        // A backend that cannot read without blocking declines every block.
-        let faulty: Vec<Box<dyn Storage>> = mems()
-            .into_iter()
-            .map(|m| Box::new(FaultyStorage::new(m)) as Box<dyn Storage>)
-            .collect();
-        let (f, _) = BlockStore::open(faulty, geo(), OpenOptions::default()).expect("open");
-        stored(f.write(FH, 0, 0, &[1; 16384], WriteMode::Clean));
-        assert_eq!(f.read_range_now(FH, 0, &mut buf[..10]).expect("read"), 0);
-        assert_eq!(
-            f.read_range_into(FH, 0, &mut buf[..10]).expect("read"),
-            [true]
-        );
-    }
-
-    #[test]
-    fn partial_sub_block_rule() {
-        let (s, _) = open(&mems());
-        // A dirty write into part of an uncached sub-block keeps just its
-        // bytes: dirty, not valid, so a read of it misses.
-        stored(s.write(FH, 0, 100, &[1; 10], WriteMode::Dirty));
-        assert_eq!(
-            s.valid_sub_blocks(FH, 0).expect("valid"),
-            SubBlockMask::EMPTY
-        );
-        assert_eq!(s.read(FH, 0, 100, 10).expect("read"), None);
-        assert_eq!(s.stats().dirty_bytes, 10);
-        let extent = |s: &BlockStore| {
-            let d = s.dirty_data(FH, 0).expect("dirty").expect("some");
-            assert_eq!(
-                d.end,
-                d.extents
-                    .last()
-                    .map_or(0, |e| e.offset + e.data.len() as u32)
-            );
-            d.extents
-                .iter()
-                .map(|e| (e.offset, e.data.clone()))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(extent(&s), [(100, vec![1; 10])]);
-        // Touching and overlapping writes grow the extent; a gap is refused
-        // whole.
-        stored(s.write(FH, 0, 110, &[2; 5], WriteMode::Dirty));
-        stored(s.write(FH, 0, 95, &[3; 6], WriteMode::Dirty));
-        let mut want = vec![3u8; 6];
-        want.extend([1; 9]);
-        want.extend([2; 5]);
-        assert_eq!(extent(&s), [(95, want.clone())]);
-        let e = s
-            .write(FH, 0, 200, &[4; 8000], WriteMode::Dirty)
-            .expect_err("gap");
-        assert!(matches!(e, Error::PartialSubBlockWrite { sub_block: 0 }));
-        assert_eq!(extent(&s), [(95, want.clone())]);
-        // A partial clean fill is skipped; a whole one merges around the
-        // extent and makes the sub-block valid, still dirty.
-        stored(s.write(FH, 0, 0, &[7; 50], WriteMode::Clean));
-        assert_eq!(s.read(FH, 0, 0, 1).expect("read"), None);
-        stored(s.write(FH, 0, 0, &[7; 8192], WriteMode::Clean));
-        let got = s.read(FH, 0, 93, 24).expect("read").expect("hit");
-        let mut expect = vec![7u8, 7];
-        expect.extend(&want);
-        expect.extend([7, 7]);
-        assert_eq!(got, expect);
-        assert_eq!(s.read(FH, 0, 4096, 1).expect("read"), Some(vec![7]));
-        let ranges = &s.dirty_blocks(Some(FH)).expect("dirty")[0].ranges;
-        assert_eq!((ranges.len(), &ranges[0]), (1, &(0..4096)));
-        // Now a partial dirty write is a read-modify-write.
-        stored(s.write(FH, 0, 100, &[5; 2], WriteMode::Dirty));
-        assert_eq!(s.read(FH, 0, 99, 4).expect("read"), Some(vec![3, 5, 5, 1]));
-        // A whole dirty write over a partial sub-block makes it valid.
-        stored(s.write(FH, 1, 10, &[6; 10], WriteMode::Dirty));
-        stored(s.write(FH, 1, 0, &[8; 4096], WriteMode::Dirty));
-        assert_eq!(s.read(FH, 1, 0, 4096).expect("read"), Some(vec![8; 4096]));
-        // Written back, a partial sub-block is forgotten.
-        stored(s.write(FH, 2, 4096 + 7, &[9; 3], WriteMode::Dirty));
-        let d = s.dirty_data(FH, 2).expect("dirty").expect("some");
-        assert_eq!(d.end, 4096 + 10);
-        s.mark_clean(&d).expect("clean");
-        assert!(
-            !s.dirty_blocks(Some(FH))
-                .expect("dirty")
-                .iter()
-                .any(|b| b.block == 2)
-        );
-        assert_eq!(s.dirty_data(FH, 2).expect("dirty"), None);
-        assert!(matches!(
-            s.write(FH, 0, 16000, &[0; 1000], WriteMode::Clean),
-            Err(Error::RangeOutsideBlock { .. })
-        ));
-        assert!(matches!(
-            s.write(&[0; 65], 0, 0, &[0; 1], WriteMode::Clean),
-            Err(Error::FileHandleTooLong(65))
-        ));
-    }
-
-    #[test]
-    fn dirty_frames_are_never_evicted() {
-        let (s, _) = open(&mems());
-        let g = geo();
-        // Three blocks of different files in one set of two ways.
-        let target = g.set_index(b"a", 0);
-        let mut fhs = Vec::new();
-        for i in 0u32.. {
-            let fh = i.to_le_bytes().to_vec();
-            if g.set_index(&fh, 0) == target {
-                fhs.push(fh);
-                if fhs.len() == 3 {
-                    break;
-                }
-            }
-        }
-        for fh in &fhs[..2] {
-            let w = s
-                .write(fh, 0, 0, &[7; 4096], WriteMode::Dirty)
-                .expect("write");
-            assert_eq!(w, WriteOutcome::Stored);
-        }
-        let w = s
-            .write(&fhs[2], 0, 0, &[8; 4096], WriteMode::Dirty)
-            .expect("write");
-        let WriteOutcome::NeedsWriteBack(victim) = w else {
-            panic!("expected a write-back request, got {w:?}");
-        };
-        assert_eq!(victim.fh.as_bytes(), &fhs[0][..]);
-        assert_eq!(victim.ranges, std::iter::once(0..4096).collect::<Vec<_>>());
-        let d = s.dirty_data(&fhs[0], 0).expect("dirty").expect("some");
-        assert_eq!(
-            d.extents,
-            vec![DirtyExtent {
-                offset: 0,
-                data: vec![7; 4096]
-            }]
-        );
-        s.mark_clean(&d).expect("clean");
-        let w = s
-            .write(&fhs[2], 0, 0, &[8; 4096], WriteMode::Dirty)
-            .expect("write");
-        assert_eq!(w, WriteOutcome::Stored);
-        assert_eq!(s.stats().evictions, 1);
-        assert_eq!(s.read(&fhs[0], 0, 0, 1).expect("read"), None);
-        assert_eq!(s.read(&fhs[1], 0, 0, 1).expect("read"), Some(vec![7]));
-    }
-
-    #[test]
-    fn mark_clean_keeps_rewritten_sub_blocks_dirty() {
-        let (s, _) = open(&mems());
-        stored(s.write(FH, 3, 0, &[1; 8192], WriteMode::Dirty));
-        let d = s.dirty_data(FH, 3).expect("dirty").expect("some");
-        stored(s.write(FH, 3, 4096, &[2; 4096], WriteMode::Dirty));
-        s.mark_clean(&d).expect("clean");
-        let left = s.dirty_blocks(Some(FH)).expect("dirty");
-        assert_eq!(
-            left,
-            vec![DirtyBlock {
-                fh: FileHandle::from_checked(FH),
-                block: 3,
-                ranges: std::iter::once(4096..8192).collect()
-            }]
-        );
-        assert_eq!(s.stats().dirty_bytes, 4096);
-    }
-
-    #[test]
-    fn truncate_and_invalidate() {
-        let (s, _) = open(&mems());
-        for b in 0..3 {
-            stored(s.write(FH, b, 0, &[9; 16384], WriteMode::Dirty));
-        }
-        stored(s.write(b"other", 0, 0, &[5; 4096], WriteMode::Clean));
-        s.truncate(FH, 16384 + 5000).expect("truncate");
-        assert_eq!(s.read(FH, 2, 0, 1).expect("read"), None);
-        assert_eq!(
-            s.valid_sub_blocks(FH, 1).expect("v"),
-            SubBlockMask::range(0..2)
-        );
-        let tail = s.read(FH, 1, 4096, 4096).expect("read").expect("hit");
-        assert!(tail[..904].iter().all(|&b| b == 9) && tail[904..].iter().all(|&b| b == 0));
-        assert_eq!(s.invalidate(b"other", false).expect("inv"), 4096);
-        assert_eq!(s.invalidate(FH, false).expect("inv"), 0, "dirty data stays");
-        assert_eq!(s.invalidate(FH, true).expect("inv"), 16384 + 8192);
-        assert_eq!(s.stats().frames_in_use, 0);
-    }
-
-    #[test]
-    fn warm_after_clean_close_and_verifier_kept() {
-        let m = mems();
-        let (s, r) = open(&m);
-        assert!(r.new_cache);
-        stored(s.write(FH, 1, 0, &[4; 16384], WriteMode::Dirty));
-        let v = s.verifier();
-        s.close().expect("close");
-        let (s, r) = open(&m);
-        assert!(!r.verifier_changed && r.unclean_banks == 0, "{r:?}");
-        assert_eq!(s.verifier(), v);
-        assert_eq!(s.read(FH, 1, 0, 16384).expect("read"), Some(vec![4; 16384]));
-        assert_eq!(s.dirty_blocks(None).expect("dirty").len(), 1);
-    }
-
-    #[test]
-    fn nothing_is_written_after_a_close() {
-        let m = mems();
-        let (s, _) = open(&m);
-        stored(s.write(FH, 1, 0, &[4; 16384], WriteMode::Dirty));
-        s.close_shared().expect("close");
-        // A late write (one that passed a layer's own check just before
-        // the close) is refused, not written under a "clean" header.
-        assert!(matches!(
-            s.write(FH, 2, 0, &[5; 16384], WriteMode::Dirty),
-            Err(Error::Closed)
-        ));
-        s.close_shared().expect("closing twice is harmless");
-        drop(s);
-        let (s, r) = open(&m);
-        assert_eq!(r.unclean_banks, 0, "{r:?}");
-        assert_eq!(s.read(FH, 2, 0, 16384).expect("read"), None);
-        assert_eq!(s.read(FH, 1, 0, 16384).expect("read"), Some(vec![4; 16384]));
-    }
-
-    #[test]
-    fn partial_extents_and_dirty_end_survive_a_crash_and_truncate() {
-        let m = mems();
-        let (s, _) = open(&m);
-        // Trailing zeros written by the client, and a partial extent.
-        stored(s.write(FH, 0, 0, &[0; 4096], WriteMode::Dirty));
-        stored(s.write(FH, 1, 5000, &[6; 20], WriteMode::Dirty));
-        s.sync().expect("sync");
-        drop(s); // crash after the sync (COMMIT): everything kept
-        let (s, r) = open(&m);
-        assert!(!r.verifier_changed && r.dirty_sub_blocks_lost == 0, "{r:?}");
-        let d0 = s.dirty_data(FH, 0).expect("dirty").expect("some");
-        assert_eq!(d0.end, 4096);
-        let d1 = s.dirty_data(FH, 1).expect("dirty").expect("some");
-        assert_eq!(d1.end, 5020);
-        assert_eq!(d1.extents.len(), 1);
-        assert_eq!(
-            (d1.extents[0].offset, &d1.extents[0].data[..]),
-            (5000, &[6u8; 20][..])
-        );
-        // Truncating into the extent clips it and the end.
-        s.truncate(FH, 16384 + 5010).expect("truncate");
-        let d1 = s.dirty_data(FH, 1).expect("dirty").expect("some");
-        assert_eq!((d1.end, d1.extents[0].data.len()), (5010, 10));
-        s.truncate(FH, 16384 + 4999).expect("truncate");
-        assert_eq!(s.dirty_data(FH, 1).expect("dirty"), None);
-        assert!(!s.has_file(b"other").expect("has"));
-        // A torn extent that was not committed is dropped on open.
-        stored(s.write(FH, 2, 100, &[1; 10], WriteMode::Dirty));
-        drop(s);
-        let (s, r) = open(&m);
-        assert!(r.verifier_changed, "{r:?}");
-        assert!(s.dirty_data(FH, 2).expect("dirty").is_some());
-    }
-
-    #[test]
-    fn unsynced_dirty_write_changes_verifier_synced_does_not() {
-        let m = mems();
-        let (s, _) = open(&m);
-        stored(s.write(FH, 0, 0, &[1; 4096], WriteMode::Dirty));
-        s.sync().expect("sync");
-        let v = s.verifier();
-        drop(s); // crash after sync: nothing lost
-        let (s, r) = open(&m);
-        assert!(!r.verifier_changed, "{r:?}");
-        assert_eq!(s.verifier(), v);
-        stored(s.write(FH, 0, 4096, &[1; 4096], WriteMode::Dirty));
-        drop(s); // crash with an unsynced dirty write
-        let (s, r) = open(&m);
-        assert!(r.verifier_changed && r.unsynced_banks == 1, "{r:?}");
-        assert_ne!(s.verifier(), v);
-    }
-
-    #[test]
-    fn corrupt_tags_are_dropped_and_reported() {
-        let m = mems();
-        let (s, _) = open(&m);
-        stored(s.write(FH, 0, 0, &[1; 4096], WriteMode::Dirty));
-        s.close().expect("close");
-        let layout = BankLayout::new(&geo());
-        // Smash both tag copies of every frame.
-        for mem in &m {
-            let junk = vec![0xa5; 2 * layout.frames as usize * layout.tag_len];
-            mem.write_at(&junk, layout.tag_offset(0, 0)).expect("smash");
-        }
-        let (s, r) = open(&m);
-        assert_eq!(r.corrupt_tags, 2 * layout.frames);
-        assert!(r.verifier_changed);
-        assert_eq!(s.stats().frames_in_use, 0);
-    }
-
-    #[test]
-    fn refuses_other_geometry_and_opens_dirs() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (s, _) = BlockStore::open_dir(dir.path(), geo(), OpenOptions::default()).expect("open");
-        stored(s.write(FH, 0, 0, &[6; 4096], WriteMode::Clean));
-        s.close().expect("close");
-        assert!(dir.path().join("bank-001.gvfs").exists());
-        let other = Geometry::new(GeometryConfig {
-            capacity: 2 * 8 * 2 * 16384,
-            ..GeometryConfig {
-                banks: 2,
-                ways: 2,
-                block_size: 16384,
-                sub_block_size: 4096,
-                capacity: 0,
-            }
-        })
-        .expect("valid");
-        let e =
-            BlockStore::open_dir(dir.path(), other, OpenOptions::default()).expect_err("mismatch");
-        assert!(matches!(e, Error::GeometryMismatch { bank: 0, .. }));
-        // Said as the options that would open it.
-        let msg = e.to_string();
-        assert!(
-            msg.contains(
-                "made with --cache-size 256K --cache-banks 2 --cache-ways 2 --block-size 16K"
-            ) && msg.contains("not --cache-size 512K"),
-            "{msg}"
-        );
-        let opts = OpenOptions {
-            verify_data: VerifyData::Always,
-        };
-        let (s, r) = BlockStore::open_dir(dir.path(), geo(), opts).expect("reopen");
-        assert_eq!(r.frames_recovered, 1);
-        assert_eq!(s.read(FH, 0, 0, 2).expect("read"), Some(vec![6, 6]));
-        // A second process (or store) on the same directory is refused
-        // while the first has it open.
-        let e =
-            BlockStore::open_dir(dir.path(), geo(), OpenOptions::default()).expect_err("in use");
-        assert!(matches!(e, Error::DirInUse { .. }), "{e}");
-        drop(s);
-        BlockStore::open_dir(dir.path(), geo(), OpenOptions::default()).expect("free again");
-    }
-
-    #[test]
-    fn io_error_poisons_until_reopen() {
-        let f = crate::storage::FaultyStorage::new(MemStorage::new());
-        let s: Vec<Box<dyn Storage>> = vec![Box::new(f.clone()), Box::new(MemStorage::new())];
-        let (s, _) = BlockStore::open(s, geo(), OpenOptions::default()).expect("open");
-        // Find a block in bank 0 and fail its data write.
-        let b = (0..)
-            .find(|&b| geo().bank_of_set(geo().set_index(FH, b)).0 == 0)
-            .expect("block");
-        f.fail_nth_op(0);
-        assert!(matches!(
-            s.write(FH, b, 0, &[1; 4096], WriteMode::Clean),
-            Err(Error::Io { .. })
-        ));
-        assert!(matches!(s.read(FH, b, 0, 1), Err(Error::Poisoned)));
-    }
-}
+mod integrity_tests;
+#[cfg(test)]
+mod tests;

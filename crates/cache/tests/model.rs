@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use gvfs_cache::{
     BlockStore, Error, FaultyStorage, Geometry, GeometryConfig, MemStorage, OpenOptions, Storage,
-    WriteFate, WriteMode, WriteOutcome,
+    UncleanShutdown, WriteFate, WriteMode, WriteOutcome,
 };
 use proptest::prelude::*;
 
@@ -69,6 +69,14 @@ enum CrashHow {
     LoseAll,
     TearLast(usize),
     Random(u64),
+    /// Only the process died, in the middle of its writes to `bank`: the
+    /// first `keep` writes since the last sync landed, the next one up to
+    /// `pages` pages, no later one (the other bank kept all of its).
+    Process {
+        bank: usize,
+        keep: usize,
+        pages: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -101,6 +109,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Crash { how: CrashHow::LoseAll }),
         1 => (0usize..20_000).prop_map(|n| Op::Crash { how: CrashHow::TearLast(n) }),
         2 => any::<u64>().prop_map(|s| Op::Crash { how: CrashHow::Random(s) }),
+        2 => (0usize..2, 0usize..40, 0usize..5).prop_map(|(bank, keep, pages)| {
+            Op::Crash { how: CrashHow::Process { bank, keep, pages } }
+        }),
         1 => Just(Op::CloseReopen),
         1 => (0usize..2, 0u64..12).prop_map(|(bank, n)| Op::InjectIoError { bank, n }),
     ]
@@ -136,20 +147,23 @@ impl Harness {
             log: Vec::new(),
             verifier: [0; 8],
         };
-        let report = h.open();
+        let report = h.open(UncleanShutdown::Unknown);
         assert!(report.new_cache);
         h.verifier = h.store().verifier();
         h
     }
 
-    fn open(&mut self) -> gvfs_cache::RecoveryReport {
+    fn open(&mut self, unclean: UncleanShutdown) -> gvfs_cache::RecoveryReport {
         let boxed: Vec<Box<dyn Storage>> = self
             .storages
             .iter()
             .map(|s| Box::new(s.clone()) as Box<dyn Storage>)
             .collect();
-        let (store, report) =
-            BlockStore::open(boxed, geometry(), OpenOptions::default()).expect("open");
+        let options = OpenOptions {
+            unclean,
+            ..OpenOptions::default()
+        };
+        let (store, report) = BlockStore::open(boxed, geometry(), options).expect("open");
         self.store = Some(store);
         report
     }
@@ -304,10 +318,23 @@ impl Harness {
                         _ => WriteFate::Torn(xorshift(&mut st) as usize % (len + 1)),
                     })
                 }
+                CrashHow::Process { bank, keep, pages } => s.crash_with(|w, _| {
+                    if i != bank || w < keep {
+                        WriteFate::Kept
+                    } else if w == keep {
+                        WriteFate::Torn(pages * 4096)
+                    } else {
+                        WriteFate::Lost
+                    }
+                }),
             }
             .expect("crash");
         }
-        let report = self.open();
+        let unclean = match how {
+            CrashHow::Process { .. } => UncleanShutdown::ProcessOnly,
+            _ => UncleanShutdown::SystemCrash,
+        };
+        let report = self.open(unclean);
         let v = self.store().verifier();
         assert_eq!(report.verifier_changed, v != self.verifier, "{report:?}");
         if v == self.verifier {
@@ -381,7 +408,7 @@ impl Harness {
                 let before = self.valid_map();
                 self.store.take().expect("store").close().expect("close");
                 self.log.clear();
-                let report = self.open();
+                let report = self.open(UncleanShutdown::Unknown);
                 assert!(!report.verifier_changed, "{report:?}");
                 assert_eq!(report.unclean_banks, 0);
                 assert_eq!(self.store().verifier(), self.verifier);

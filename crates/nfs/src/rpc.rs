@@ -136,6 +136,18 @@ impl Credentials {
         }
     }
 
+    /// Reads a credential (flavor and body) as [`encode`](Self::encode)
+    /// writes it; `None` unless it is one whole, valid credential.
+    pub fn decode_xdr(bytes: &[u8]) -> Option<Self> {
+        let mut r = XdrReader::new(bytes);
+        let flavor = r.u32().ok()?;
+        let body = r.opaque(MAX_AUTH_BYTES).ok()?;
+        if !r.rest().is_empty() {
+            return None;
+        }
+        Self::decode(flavor, body).ok()
+    }
+
     /// Appends the credential (flavor and body) in XDR.
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {

@@ -425,10 +425,12 @@ async fn open_cache(
     let (store, report) = opened
         .map_err(|e| cache_error(e.to_string()))?
         .map_err(|e| cache_error(e.to_string()))?;
-    if report.dirty_sub_blocks_lost > 0 {
+    if report.dirty_sub_blocks_lost > 0 || report.banks_lost > 0 || report.banks_truncated > 0 {
         tracing::error!(
             ?report,
-            "the block cache lost dirty data in a crash; its write verifier changed so clients resend"
+            "the block cache lost dirty data (a crash, bytes that failed their checksum, or a \
+             bank file missing or cut short); its write verifier changed so clients resend \
+             what they have not committed"
         );
     } else {
         tracing::info!(?report, "block cache opened");

@@ -133,11 +133,19 @@ impl CacheLayer {
         Ok(report)
     }
 
+    /// The credentials `fh`'s dirty data is written back with: its last
+    /// writer's; for data recovered without a record of its writer, the
+    /// file's owner (root squashed by a server could not write it).
     fn writer_context(&self, fh: &[u8]) -> CallContext {
-        let cred = self
-            .files()
-            .get(fh)
+        let files = self.files();
+        let st = files.get(fh);
+        let cred = st
             .and_then(|s| s.writer.clone())
+            .or_else(|| {
+                st?.upstream
+                    .as_ref()
+                    .map(|a| Credentials::unix(a.uid, a.gid))
+            })
             .unwrap_or_else(|| Credentials::unix(0, 0));
         CallContext::with_cred(cred)
     }
@@ -181,8 +189,9 @@ impl CacheLayer {
         on_bytes: &mut (dyn FnMut(u64) + Send),
     ) -> Result<(), ServiceError> {
         let _file = self.file_locks.lock(fh).await;
+        // Recovered data's file is looked up first, for its owner.
+        self.ensure_recovered(&self.writer_context(fh), fh).await?;
         let cx = self.writer_context(fh);
-        self.ensure_recovered(&cx, fh).await?;
         let start_seq = self.files().get(fh).and_then(|s| s.overlay).map(|o| o.seq);
         let bs = self.block_size();
         let mut rewrites = 0;

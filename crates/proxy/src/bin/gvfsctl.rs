@@ -724,6 +724,19 @@ fn print_cache_stats(s: &Value) {
         "  upstream    {calls} calls, {avg} us average latency; {} misses coalesced",
         n(&c["coalesced_misses"])
     );
+    let (bad, lost) = (
+        n(&c["corrupt_clean_dropped"]),
+        n(&c["dirty_sub_blocks_lost"]),
+    );
+    if bad + lost + n(&c["banks_lost"]) > 0 {
+        println!(
+            "  integrity   {bad} sub-blocks failed their checksum and were fetched again; \
+             {lost} dirty sub-blocks LOST (not written back; see the log and CACHE_DIR/quarantine); \
+             {} bank files missing or cut off; write verifier changed {} times",
+            n(&c["banks_lost"]),
+            n(&c["verifier_changes"])
+        );
+    }
     let w = &s["writeback"];
     if w["running"] == true {
         println!(
