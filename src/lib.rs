@@ -13,6 +13,7 @@
 //! - [`process`]: child processes with deadlines.
 //! - [`clone`]: the VM clone benchmark (QEMU guests, golden images, scenarios).
 //! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
+//! - [`tmpfs`]: a small tmpfs that fills up, for full-disk tests.
 //!
 //! The fixtures are synchronous (all but [`nfsclient`]): tests call them
 //! from plain `#[test]` functions.
@@ -30,6 +31,7 @@ pub mod portmap;
 pub mod process;
 pub mod proxy;
 pub mod rpc_client;
+pub mod tmpfs;
 
 pub use ganesha::{Ganesha, Squash};
 pub use portmap::Portmapper;

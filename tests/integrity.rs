@@ -5,13 +5,13 @@
 //! root), and a full disk under the cache directory.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gvfs::data::{random_bytes_at, write_random_file};
 use gvfs::libnfs::{nfs_cat, nfs_cp};
 use gvfs::nfsclient::NfsClient;
+use gvfs::tmpfs::Tmpfs;
 use gvfs::{Ganesha, Proxy, ProxyArgs, Squash};
 use gvfs_nfs::Credentials;
 use gvfs_nfs::nfs3_types::nfs3::stable_how;
@@ -210,47 +210,6 @@ async fn recovered_dirty_data_is_written_back_as_its_writer() -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// A tmpfs mounted for a test, unmounted when dropped.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Result<Tmpfs> {
-        let dir = tempfile::tempdir()?;
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .context("running mount (the tests run as root)")?
-            .success();
-        ensure!(ok, "mounting a tmpfs at {} failed", dir.path().display());
-        Ok(Tmpfs(dir))
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-
-    /// Writes a file until the tmpfs is full.
-    fn fill(&self) -> Result<()> {
-        use std::io::Write as _;
-        let mut f = std::fs::File::create(self.path().join("filler"))?;
-        let chunk = vec![0x77u8; 64 * KIB];
-        loop {
-            match f.write_all(&chunk) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => return Ok(()),
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
 }
 
 /// The cache directory's disk fills up: the banks' space was reserved at

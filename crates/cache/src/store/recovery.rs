@@ -60,6 +60,8 @@ pub(super) struct BankCheck {
     sound_len: u64,
     /// The header said dirty writes were not synced (or was unreadable).
     unsynced: bool,
+    /// The header said the bank was closed cleanly.
+    closed_cleanly: bool,
     /// An unsynced bank after a system crash: writes may have landed in
     /// any order and torn anywhere (see [`judge`]).
     lenient: bool,
@@ -382,6 +384,7 @@ impl BlockStore {
                 sound_len: if truncated { len } else { u64::MAX },
                 lenient: unsynced && options.unclean != UncleanShutdown::ProcessOnly,
                 unsynced,
+                closed_cleanly: header_ok.is_some_and(|h| h.shutdown == Shutdown::Clean),
             });
             banks.push(Bank {
                 storage,
@@ -543,7 +546,21 @@ impl Inner {
                     }
                 };
                 if slots[usize::from(1 - newest)] == Err(TagError::Corrupt) {
-                    report.torn_tag_writes += 1;
+                    // A bank closed cleanly had no tag write in flight: a
+                    // bad slot is rot, and it may have been the newer one.
+                    if check.closed_cleanly {
+                        report.corrupt_tags += 1;
+                    } else {
+                        report.torn_tag_writes += 1;
+                    }
+                    // Erased, so that a later clean open does not take an
+                    // old torn write for rot.
+                    let off = self.layout.tag_offset(fib, 1 - newest);
+                    self.banks[b]
+                        .storage
+                        .write_at(&vec![0u8; tag_len], off)
+                        .ctx("erasing a torn tag")?;
+                    self.banks[b].unsynced_io = true;
                 }
                 let Ok(mut tag) = slots[usize::from(newest)].clone() else {
                     continue;
