@@ -11,6 +11,8 @@
 //! - [`proxy`]: the `gvfs-proxy` binary as a child process.
 //! - [`data`]: deterministic file contents, sparse files, comparisons.
 //! - [`process`]: child processes with deadlines.
+//! - [`debian_kernel`]: Debian's kernel package and an initramfs writer for
+//!   QEMU guests.
 //! - [`clone`]: the VM clone benchmark (QEMU guests, golden images, scenarios).
 //! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
 //!
@@ -23,6 +25,7 @@
 pub mod bench;
 pub mod clone;
 pub mod data;
+pub mod debian_kernel;
 pub mod ganesha;
 pub mod libnfs;
 pub mod nfsclient;
