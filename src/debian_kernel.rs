@@ -4,10 +4,11 @@
 //! `depends=` (Debian's package ships no modules.dep), and a `newc` writer
 //! for the initramfs a guest boots from.
 //!
-//! Kits are built from it (the clone benchmark's, [`crate::clone`]); each
-//! keeps its kernel and initramfs under [`kit_dir`] and rebuilds them only
-//! when its stamp changes; the package itself is kept in `KIT_DIR/debs`, so
-//! a second kit built on a machine needs no download.
+//! Two kits are built from it: the clone benchmark's ([`crate::clone`]) and
+//! the kernel NFS client suite's ([`crate::kernel`]). Each keeps its kernel and
+//! initramfs under [`kit_dir`] and rebuilds them only when its stamp changes;
+//! the package itself is kept in `KIT_DIR/debs`, so the second kit built on
+//! a machine needs no download.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;

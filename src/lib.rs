@@ -14,6 +14,7 @@
 //! - [`debian_kernel`]: Debian's kernel package and an initramfs writer for
 //!   QEMU guests.
 //! - [`clone`]: the VM clone benchmark (QEMU guests, golden images, scenarios).
+//! - [`kernel`]: the Linux kernel NFS client in a QEMU guest, as a test peer.
 //! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
 //!
 //! The fixtures are synchronous (all but [`nfsclient`]): tests call them
@@ -27,6 +28,7 @@ pub mod clone;
 pub mod data;
 pub mod debian_kernel;
 pub mod ganesha;
+pub mod kernel;
 pub mod libnfs;
 pub mod nfsclient;
 pub mod portmap;
