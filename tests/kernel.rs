@@ -9,12 +9,15 @@
 //! Through (1) nfs-ganesha alone, the control: the workload's expectations
 //! hold on a real server; (2) a plain proxy; (3) a write-back block cache,
 //! whose data reach the origin only at `gvfsctl writeback --wait`; (4) a
-//! chain, cache proxy -> proxy -> ganesha.
+//! chain, cache proxy -> proxy -> ganesha; (5) a write-back cache killed
+//! and restarted twice under the running client.
 //!
 //! Fetches Debian's kernel on first use (`apt-get download`) and builds the
 //! guest's mount helper with `gcc -static`; see `scripts/test.sh`.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use gvfs::kernel::{self, GuestReport, NfsClientKit, Server, Workload};
@@ -42,8 +45,13 @@ fn origin_matches(report: &GuestReport, export: &Path, label: &str) -> Result<()
 }
 
 fn cache_proxy(upstream: String, dir: &Path) -> Result<Proxy> {
+    cache_proxy_at(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), upstream, dir)
+}
+
+fn cache_proxy_at(listen: SocketAddr, upstream: String, dir: &Path) -> Result<Proxy> {
     Proxy::spawn(
         ProxyArgs::new(upstream)
+            .listen(listen)
             .arg("--cache-dir")
             .arg(dir.display().to_string())
             .arg("--write-policy")
@@ -132,4 +140,53 @@ fn kernel_client_writes_reach_the_origin_through_a_chain() -> Result<()> {
         })?;
     write_back(&front, &report, g.export_dir())?;
     origin_matches(&report, g.export_dir(), "chain after write-back")
+}
+
+/// The cache proxy is killed (SIGKILL) and started again on the same port
+/// and cache directory twice while the guest works: as it finishes writing
+/// its first file (the committed data must be recovered from the cache),
+/// and a moment into its parallel writers (WRITEs in flight are resent, and
+/// the write verifier changes if the restart lost any). The hard mount
+/// rides through, and every byte the guest wrote reaches the origin at
+/// write-back.
+#[test]
+fn kernel_client_rides_through_cache_proxy_crashes() -> Result<()> {
+    let g = Ganesha::start()?;
+    let cache = tempfile::tempdir()?;
+    let mut p = cache_proxy(g.upstream_url(), cache.path())?;
+    let addr = p.addr();
+    let kit = NfsClientKit::shared().context("preparing the NFS client guest's kit")?;
+    let work = tempfile::Builder::new().prefix("gvfs-kernel-").tempdir()?;
+    let mut before = Vec::new();
+    let report = kernel::run_guest_with(
+        &kit,
+        &Server::proxy(&p)?,
+        WITHOUT_SET_MTIME,
+        work.path(),
+        |step| {
+            match step {
+                "write-big" => {}
+                // The step before `parallel`: let its writers start.
+                "read-odd" => std::thread::sleep(Duration::from_millis(300)),
+                _ => return Ok(()),
+            }
+            before.push(p.output());
+            p.kill();
+            p = cache_proxy_at(addr, g.upstream_url(), cache.path())
+                .with_context(|| format!("restarting the cache proxy after {step}"))?;
+            Ok(())
+        },
+    )?;
+    eprintln!("crashes: {}", report.summary());
+    ensure!(before.len() == 2, "{} crashes, expected 2", before.len());
+    report.ensure_passed().with_context(|| {
+        format!(
+            "the workload failed across crashes of the cache proxy; its output before \
+             each:\n{}\nafter the last:\n{}",
+            before.join("\n----\n"),
+            p.output()
+        )
+    })?;
+    write_back(&p, &report, g.export_dir())?;
+    origin_matches(&report, g.export_dir(), "crashes, after write-back")
 }

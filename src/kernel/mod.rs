@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::debian_kernel::{DirLock, KernelPackage, Newc, busybox, kit_dir};
-use crate::process::{self, run_ok};
+use crate::process::run_ok;
 use crate::{Ganesha, Proxy};
 
 pub use report::{Entry, GuestReport, compare_trees, origin_entries};
@@ -72,6 +72,8 @@ const RAM_MIB: u32 = 256;
 /// How long a guest may run, boot to power-off. The workload takes ~15-30 s
 /// under TCG; each step in the guest is killed after 90 s.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(400);
+/// How often the guest's results are read while it runs.
+const STEP_POLL: Duration = Duration::from_millis(20);
 /// How long a build tool (gcc) may take.
 const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 /// The address the guest reaches the host's 127.0.0.1 at (QEMU user
@@ -241,6 +243,20 @@ pub fn run_guest(
     workload: Workload,
     work: &Path,
 ) -> Result<GuestReport> {
+    run_guest_with(kit, server, workload, work, |_| Ok(()))
+}
+
+/// [`run_guest`], calling `on_step(NAME)` as soon as the guest reports
+/// step NAME done (passed or failed) while it goes on with the next one: a
+/// test can restart or cut the server under a running client. An error from
+/// `on_step` stops the guest and is returned.
+pub fn run_guest_with(
+    kit: &NfsClientKit,
+    server: &Server,
+    workload: Workload,
+    work: &Path,
+    mut on_step: impl FnMut(&str) -> Result<()>,
+) -> Result<GuestReport> {
     let console = work.join("console.log");
     let results = work.join("results.log");
     let log = work.join("qemu.log");
@@ -275,9 +291,27 @@ pub fn run_guest(
         .stderr(out)
         .spawn()
         .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
-    let status = process::wait_timeout(&mut child, GUEST_TIMEOUT)?;
     let read =
         |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    let mut steps_seen = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if start.elapsed() >= GUEST_TIMEOUT {
+            break None;
+        }
+        let so_far = GuestReport::parse(&read(&results), String::new(), start.elapsed());
+        for (name, _) in so_far.steps.iter().skip(steps_seen) {
+            if let Err(e) = on_step(name) {
+                child.kill().ok();
+                child.wait().ok();
+                return Err(e.context(format!("after the guest's step {name}")));
+            }
+        }
+        steps_seen = so_far.steps.len();
+        std::thread::sleep(STEP_POLL);
+    };
     let Some(status) = status else {
         child.kill().ok();
         child.wait().ok();
