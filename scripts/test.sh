@@ -22,10 +22,11 @@ sudo_ apt-get update -qq
 # The clone benchmark's quick run (tests/clone.rs) boots guests with
 # qemu-system-x86, a busybox-static initramfs, an ext4 disk made by mke2fs,
 # and Debian's kernel, which it fetches itself with `apt-get download`; its
-# chart needs a TTF font.
+# chart needs a TTF font. The kernel NFS client suite (tests/kernel.rs) boots
+# the same kernel and busybox, with a mount helper built by `gcc -static`.
 sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${backports[@]}" \
   nfs-ganesha nfs-ganesha-vfs libnfs-utils qemu-utils qemu-block-extra \
-  qemu-system-x86 busybox-static e2fsprogs fonts-dejavu-core >/dev/null
+  qemu-system-x86 busybox-static e2fsprogs fonts-dejavu-core gcc libc6-dev >/dev/null
 
 # The integration tests run the real gvfs-proxy binary: build it first.
 cargo build --locked --workspace --bins

@@ -11,7 +11,10 @@
 //! - [`proxy`]: the `gvfs-proxy` binary as a child process.
 //! - [`data`]: deterministic file contents, sparse files, comparisons.
 //! - [`process`]: child processes with deadlines.
+//! - [`debian_kernel`]: Debian's kernel package and an initramfs writer for
+//!   QEMU guests.
 //! - [`clone`]: the VM clone benchmark (QEMU guests, golden images, scenarios).
+//! - [`kernel`]: the Linux kernel NFS client in a QEMU guest, as a test peer.
 //! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
 //! - [`tmpfs`]: a small tmpfs that fills up, for full-disk tests.
 //!
@@ -24,7 +27,9 @@
 pub mod bench;
 pub mod clone;
 pub mod data;
+pub mod debian_kernel;
 pub mod ganesha;
+pub mod kernel;
 pub mod libnfs;
 pub mod nfsclient;
 pub mod portmap;

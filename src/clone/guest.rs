@@ -3,8 +3,8 @@
 //! resume of a clone, all with an unmodified QEMU under TCG.
 //!
 //! # The kit
-//! Debian's kernel (`linux-image-amd64`, fetched with `apt-get download` and
-//! unpacked with `dpkg-deb -x`, no root needed) and an initramfs written here
+//! Debian's kernel ([`crate::debian_kernel`]: `linux-image-amd64`, fetched
+//! with `apt-get download`, no root needed) and an initramfs written here
 //! as a `newc` archive: the static busybox, the eleven modules the guest needs
 //! for a virtio disk with ext4, and [`INIT`]. Built once under
 //! `target/gvfs-guest/` and reused while [`KIT_STAMP`] is unchanged.
@@ -25,7 +25,6 @@
 //! when its serial line continues the golden counter with the right digest:
 //! the memory, the device state and the disk all came through intact.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -37,6 +36,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
 use crate::data::fill_at;
+use crate::debian_kernel::{KernelPackage, Newc, busybox};
 use crate::process::{self, run_ok};
 
 /// Changes whenever the kit's content would change (init script, modules).
@@ -98,17 +98,7 @@ pub struct GuestKit {
     pub initrd: PathBuf,
 }
 
-/// The directory the kit is kept in: `GVFS_GUEST_DIR`, else
-/// `$CARGO_TARGET_DIR/gvfs-guest`, else `target/gvfs-guest` of the workspace.
-pub fn kit_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("GVFS_GUEST_DIR") {
-        return PathBuf::from(d);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-    target.join("gvfs-guest")
-}
+pub use crate::debian_kernel::kit_dir;
 
 impl GuestKit {
     /// The kit in `dir`, built there first if it is missing or stale.
@@ -125,205 +115,33 @@ impl GuestKit {
             return Ok(kit);
         }
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let unpacked = fetch_kernel_package(dir)?;
-        let boot = unpacked.join("boot");
-        let vmlinuz = only_entry(&boot, "vmlinuz-")?;
-        let modules = only_entry(&unpacked.join("lib/modules"), "")?.join("kernel");
-        std::fs::copy(&vmlinuz, &kit.kernel)
-            .with_context(|| format!("copying {}", vmlinuz.display()))?;
-        write_initramfs(&kit.initrd, &modules)?;
+        let package = KernelPackage::fetch(dir)?;
+        std::fs::copy(&package.vmlinuz, &kit.kernel)
+            .with_context(|| format!("copying {}", package.vmlinuz.display()))?;
+        write_initramfs(&kit.initrd, &package)?;
         std::fs::write(&stamp, KIT_STAMP)?;
-        std::fs::remove_dir_all(&unpacked).ok();
         Ok(kit)
     }
 }
 
-/// Downloads Debian's current `linux-image-amd64` kernel package into
-/// `dir/pkg` and unpacks it; returns the unpacked tree.
-fn fetch_kernel_package(dir: &Path) -> Result<PathBuf> {
-    let pkg = dir.join("pkg");
-    std::fs::create_dir_all(&pkg)?;
-    let hint = "fetching Debian's kernel package for the guest (needs apt-get with \
-                Debian's archive reachable, and dpkg-deb)";
-    let download = |name: &str| -> Result<PathBuf> {
-        run_ok(
-            Command::new("apt-get")
-                .args(["download", "-q", name])
-                .current_dir(&pkg),
-            TOOL_TIMEOUT,
-        )
-        .with_context(|| format!("apt-get download {name}: {hint}"))?;
-        newest_deb(&pkg, name)
-    };
-    let meta = download("linux-image-amd64")?;
-    let depends = run_ok(
-        Command::new("dpkg-deb").arg("-f").arg(&meta).arg("Depends"),
-        TOOL_TIMEOUT,
-    )?
-    .stdout_text();
-    let image = depends
-        .split(',')
-        .map(|d| d.split_whitespace().next().unwrap_or(""))
-        .find(|d| d.starts_with("linux-image-") && d != &"linux-image-amd64")
-        .with_context(|| format!("no kernel image in Depends of linux-image-amd64: {depends}"))?
-        .to_owned();
-    let deb = download(&image)?;
-    let unpacked = pkg.join("unpacked");
-    std::fs::remove_dir_all(&unpacked).ok();
-    run_ok(
-        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked),
-        TOOL_TIMEOUT,
-    )
-    .context(hint)?;
-    for entry in std::fs::read_dir(&pkg)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "deb") {
-            std::fs::remove_file(path).ok();
-        }
-    }
-    Ok(unpacked)
-}
-
-/// The `.deb` of package `name` in `dir`.
-fn newest_deb(dir: &Path, name: &str) -> Result<PathBuf> {
-    let prefix = format!("{name}_");
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
-        })
-        .collect();
-    found.sort();
-    found.pop().with_context(|| {
-        format!(
-            "apt-get download left no {prefix}*.deb in {}",
-            dir.display()
-        )
-    })
-}
-
-/// The one entry of `dir` whose name starts with `prefix`.
-fn only_entry(dir: &Path, prefix: &str) -> Result<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .collect();
-    found.sort();
-    found
-        .pop()
-        .with_context(|| format!("no {prefix}* in {}", dir.display()))
-}
-
 /// Writes the initramfs: busybox, the modules, /init and /dev/console.
-fn write_initramfs(path: &Path, modules: &Path) -> Result<()> {
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .map(Path::new)
-        .find(|p| p.is_file())
-        .context("no busybox (apt-get install busybox-static)")?;
+fn write_initramfs(path: &Path, package: &KernelPackage) -> Result<()> {
     let mut cpio = Newc::default();
     for dir in ["bin", "dev", "proc", "sys", "mnt", "lib", "lib/modules"] {
         cpio.dir(dir);
     }
     cpio.char_device("dev/console", 5, 1);
-    cpio.file("bin/busybox", 0o755, std::fs::read(busybox)?);
+    cpio.file("bin/busybox", 0o755, std::fs::read(busybox()?)?);
     let init = INIT.replace("MODULES", &MODULES.join(" "));
     cpio.file("init", 0o755, init.into_bytes());
-    let found = modules_by_name(modules)?;
     for m in MODULES {
-        let p = found
-            .get(m)
-            .with_context(|| format!("module {m}.ko not in {}", modules.display()))?;
-        cpio.file(&format!("lib/modules/{m}.ko"), 0o644, std::fs::read(p)?);
+        cpio.file(
+            &format!("lib/modules/{m}.ko"),
+            0o644,
+            std::fs::read(package.module(m)?)?,
+        );
     }
     std::fs::write(path, cpio.finish()).with_context(|| format!("writing {}", path.display()))
-}
-
-/// Every `NAME.ko` under `dir`, by NAME.
-fn modules_by_name(dir: &Path) -> Result<BTreeMap<String, PathBuf>> {
-    let mut found = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if let Some(name) = path.file_name().and_then(|n| n.to_str())
-                && let Some(stem) = name.strip_suffix(".ko")
-            {
-                found.insert(stem.to_owned(), path.clone());
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// A `newc` (SVR4, no CRC) cpio archive, as the kernel unpacks an initramfs.
-#[derive(Default)]
-struct Newc {
-    out: Vec<u8>,
-    ino: u32,
-}
-
-impl Newc {
-    fn dir(&mut self, name: &str) {
-        self.entry(name, 0o040_755, 0, &[]);
-    }
-
-    fn file(&mut self, name: &str, perm: u32, data: Vec<u8>) {
-        self.entry(name, 0o100_000 | perm, 0, &data);
-    }
-
-    fn char_device(&mut self, name: &str, major: u32, minor: u32) {
-        self.entry(name, 0o020_600, (major << 8) | minor, &[]);
-    }
-
-    fn entry(&mut self, name: &str, mode: u32, rdev: u32, data: &[u8]) {
-        self.ino += 1;
-        let (rmaj, rmin) = (rdev >> 8, rdev & 0xff);
-        let fields = [
-            self.ino,
-            mode,
-            0,
-            0,
-            1,
-            0,
-            u32::try_from(data.len()).unwrap_or(u32::MAX),
-            0,
-            0,
-            rmaj,
-            rmin,
-            u32::try_from(name.len() + 1).unwrap_or(u32::MAX),
-            0,
-        ];
-        self.out.extend_from_slice(b"070701");
-        for f in fields {
-            self.out.extend_from_slice(format!("{f:08x}").as_bytes());
-        }
-        self.out.extend_from_slice(name.as_bytes());
-        self.out.push(0);
-        self.pad();
-        self.out.extend_from_slice(data);
-        self.pad();
-    }
-
-    fn pad(&mut self) {
-        while !self.out.len().is_multiple_of(4) {
-            self.out.push(0);
-        }
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        self.entry("TRAILER!!!", 0, 0, &[]);
-        self.out
-    }
 }
 
 /// The size of a golden image.
@@ -888,24 +706,6 @@ fn wait_migration(qmp: &mut Qmp, what: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn newc_archive_is_aligned_and_ends_with_a_trailer() {
-        let mut c = Newc::default();
-        c.dir("bin");
-        c.file("init", 0o755, b"#!/bin/sh\n".to_vec());
-        c.char_device("dev/console", 5, 1);
-        let out = c.finish();
-        assert_eq!(out.len() % 4, 0);
-        assert!(out.starts_with(b"070701"));
-        let text = String::from_utf8_lossy(&out);
-        assert!(text.contains("TRAILER!!!"));
-        // The console's device numbers are in the header fields.
-        let at = text.find("dev/console").expect("entry");
-        let header = &text[at - 110..at];
-        assert_eq!(&header[78..86], "00000005");
-        assert_eq!(&header[86..94], "00000001");
-    }
 
     #[test]
     fn vm_config_round_trips_and_refuses_what_is_missing() {
