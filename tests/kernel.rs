@@ -78,14 +78,6 @@ fn write_back(front: &Proxy, report: &GuestReport, export: &Path) -> Result<()> 
     Ok(())
 }
 
-/// A write-back cache reports the time of the client's last cached write as
-/// the file's mtime, over a SETATTR that set it, and the write-back's
-/// WRITEs then move the origin's mtime on too: `touch -d` (and `cp -p`,
-/// tar, rsync) after writing is lost. The tests of write-back caches below
-/// leave that step out until the cache layer keeps an mtime the client set;
-/// [`kernel_client_mtime_set_after_writing_survives_write_back`] shows it.
-const WITHOUT_SET_MTIME: Workload = Workload { set_mtime: false };
-
 #[test]
 fn kernel_client_runs_the_workload_on_ganesha_alone() -> Result<()> {
     let g = Ganesha::start()?;
@@ -113,15 +105,11 @@ fn through_cache(what: Workload, label: &str) -> Result<()> {
     origin_matches(&report, g.export_dir(), label)
 }
 
+/// An mtime the guest sets after writing (`touch -d`) is kept too: the
+/// cache writes that file back before forwarding the SETATTR.
 #[test]
 fn kernel_client_writes_reach_the_origin_after_write_back() -> Result<()> {
-    through_cache(WITHOUT_SET_MTIME, "cache")
-}
-
-#[test]
-#[ignore = "the cache layer reports its own write time over an mtime the client set (see WITHOUT_SET_MTIME)"]
-fn kernel_client_mtime_set_after_writing_survives_write_back() -> Result<()> {
-    through_cache(Workload::default(), "cache, mtime set")
+    through_cache(Workload::default(), "cache")
 }
 
 #[test]
@@ -131,7 +119,7 @@ fn kernel_client_writes_reach_the_origin_through_a_chain() -> Result<()> {
     let cache = tempfile::tempdir()?;
     let front = cache_proxy(middle.upstream_url(), cache.path())?;
     let report =
-        workload(&Server::proxy(&front)?, WITHOUT_SET_MTIME, "chain").with_context(|| {
+        workload(&Server::proxy(&front)?, Workload::default(), "chain").with_context(|| {
             format!(
                 "front (cache) proxy output:\n{}\nmiddle proxy output:\n{}",
                 front.output(),
@@ -161,7 +149,7 @@ fn kernel_client_rides_through_cache_proxy_crashes() -> Result<()> {
     let report = kernel::run_guest_with(
         &kit,
         &Server::proxy(&p)?,
-        WITHOUT_SET_MTIME,
+        Workload::default(),
         work.path(),
         |step| {
             match step {

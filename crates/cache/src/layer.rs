@@ -1474,6 +1474,14 @@ impl CacheLayer {
         args: SETATTR3args,
     ) -> Result<NfsReply, ServiceError> {
         let fh = args.object.data.to_vec();
+        // A time the client sets must be the file's last change upstream:
+        // its dirty data goes there first (as a kernel client flushes
+        // before such a SETATTR), or write-back would stamp the file later
+        // and the client's mtime (`touch -d`, `cp -p`, tar) would be lost.
+        let sets_mtime = !matches!(args.new_attributes.mtime, set_mtime::DONT_CHANGE);
+        if sets_mtime && self.files().get(&fh).is_some_and(|s| s.pinned()) {
+            self.write_back_one(&fh).await?;
+        }
         let new_size = match args.new_attributes.size {
             Nfs3Option::Some(s) => Some(s),
             Nfs3Option::None => None,

@@ -67,7 +67,8 @@ pub(super) struct FileState {
 }
 
 impl FileState {
-    fn pinned(&self) -> bool {
+    /// Whether the file has, or may have, dirty data in the cache.
+    pub(super) fn pinned(&self) -> bool {
         self.overlay.is_some() || self.recovered
     }
 

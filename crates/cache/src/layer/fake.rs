@@ -291,7 +291,10 @@ impl Fake {
                             f.data.resize(size as usize, 0);
                             f.stable.resize(size as usize, 0);
                         }
-                        f.mtime = clock;
+                        f.mtime = match a.new_attributes.mtime {
+                            set_mtime::SET_TO_CLIENT_TIME(t) => t.seconds,
+                            _ => clock,
+                        };
                         NfsReply::Setattr(Nfs3Result::Ok(SETATTR3resok {
                             obj_wcc: wcc(Some(before), Some(f)),
                         }))

@@ -581,6 +581,39 @@ async fn a_write_upstream_would_refuse_is_refused_here_not_kept() {
     assert_eq!(s.fake.calls(NfsProc::Access), 2, "one per caller");
 }
 
+/// `touch -d` on a file with dirty data: the time the client set is the
+/// one upstream keeps and the client sees, not the time write-back later
+/// sends the data (found by the kernel client suite).
+#[tokio::test]
+async fn an_mtime_set_over_dirty_data_survives_write_back() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("stamped", &[0; 100]);
+    write(&s.layer, &fh, 0, &[7; 4096], stable_how::UNSTABLE).await;
+    commit(&s.layer, &fh).await;
+    let req = NfsRequest::Setattr(SETATTR3args {
+        object: fh3(&fh),
+        new_attributes: sattr3 {
+            mtime: set_mtime::SET_TO_CLIENT_TIME(nfstime3 {
+                seconds: 1_000_000,
+                nseconds: 0,
+            }),
+            ..sattr3::default()
+        },
+        guard: Nfs3Option::None,
+    });
+    let reply = s.layer.call(&cx(), req).await.expect("setattr");
+    assert_eq!(reply.status(), nfsstat3::NFS3_OK);
+    assert_eq!(getattr(&s.layer, &fh).await.mtime.seconds, 1_000_000);
+    write_back(&s.layer).await;
+    assert_eq!(s.fake.data(&fh), vec![7; 4096]);
+    assert_eq!(getattr(&s.layer, &fh).await.mtime.seconds, 1_000_000);
+    assert_eq!(
+        s.fake.calls(NfsProc::Write),
+        1,
+        "written back once, before the SETATTR"
+    );
+}
+
 #[tokio::test]
 async fn verifier_change_during_write_back_resends() {
     let s = setup(WritePolicy::WriteBack, 0);

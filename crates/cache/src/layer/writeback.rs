@@ -119,6 +119,15 @@ impl CacheLayer {
         Ok(report)
     }
 
+    /// Writes one file's dirty data upstream and makes its clean marks
+    /// durable.
+    pub(super) async fn write_back_one(&self, fh: &[u8]) -> Result<(), ServiceError> {
+        let _wb = self.write_back_lock.lock().await;
+        let mut report = WriteBackReport::default();
+        self.write_back_file(fh, &mut report, &mut |_| {}).await?;
+        self.store_op(|s| s.sync()).await
+    }
+
     /// [`write_back`](Self::write_back), then drops all cached (clean)
     /// data.
     pub async fn flush(&self) -> Result<WriteBackReport, ServiceError> {
