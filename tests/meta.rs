@@ -297,3 +297,52 @@ fn forged_metadata_from_another_user_is_not_trusted() -> Result<()> {
     );
     Ok(())
 }
+
+/// Item 5 of issue 20: the image changes where its map says zeros and its
+/// mtime is put back (`touch -d`): size and mtime match the metadata, the
+/// ctime does not, so the metadata is stale and the real bytes are served.
+/// Made again with `meta gen`, it is used.
+#[test]
+fn a_change_with_its_mtime_put_back_makes_metadata_stale() -> Result<()> {
+    let g = Ganesha::start()?;
+    let image = g.export_dir().join("put-back.img");
+    make_image(&image, 5)?;
+    gvfsctl(&["meta", "gen", &image.display().to_string()])?;
+    let (_, mtime, _) = times(&image)?;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    gvfs::data::write_at(&image, 5 * MIB, b"data where the map says zeros")?;
+    let when = std::time::UNIX_EPOCH + std::time::Duration::new(mtime.0, mtime.1);
+    std::fs::File::options()
+        .write(true)
+        .open(&image)?
+        .set_modified(when)?;
+    ensure!(times(&image)?.1 == mtime, "mtime not put back");
+    let want = std::fs::read(&image)?;
+
+    let cache = tempfile::tempdir()?;
+    let p = caching_proxy(&g, cache.path(), &[])?;
+    compare_file_with(&nfs_cat(&p.url("put-back.img"))?, &image)
+        .context("read through metadata whose mtime was put back")?;
+    let stats = p.cache_stats_all()?;
+    ensure!(
+        n(&stats["meta"], "meta_rejected") == 1 && n(&stats["meta"], "zero_bytes") == 0,
+        "{stats}"
+    );
+    ensure!(p.output().contains("stale"), "{}", p.output());
+    let shown = gvfsctl(&["meta", "show", &image.display().to_string()])?;
+    ensure!(
+        shown.contains("no: the file's ctime is now"),
+        "meta show said: {shown}"
+    );
+
+    gvfsctl(&["meta", "gen", &image.display().to_string()])?;
+    let cache = tempfile::tempdir()?;
+    let p = caching_proxy(&g, cache.path(), &[])?;
+    ensure!(nfs_cat(&p.url("put-back.img"))? == want, "regenerated");
+    let stats = p.cache_stats_all()?;
+    ensure!(
+        n(&stats["meta"], "meta_found") == 1 && n(&stats["meta"], "zero_reads") > 0,
+        "{stats}"
+    );
+    Ok(())
+}

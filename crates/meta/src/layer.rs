@@ -6,8 +6,8 @@
 //! same directory (through the layers below, with the caller's credentials),
 //! checks that whoever may write it may write the file too (see
 //! [`trust`](crate::trust)), reads it (at most [`MAX_META_LEN`] bytes),
-//! decodes it and checks that it still describes the file (size and
-//! mtime). The answer, "none" included,
+//! decodes it and checks that it still describes the file (size, mtime and
+//! ctime). The answer, "none" included,
 //! is remembered, in memory and in a [`MetaIndex`] when one is given, so a
 //! file costs one extra LOOKUP per session at most.
 //!
@@ -129,9 +129,11 @@ fn ctime_of(a: &fattr3) -> (u64, u32) {
 }
 
 /// Whether metadata describes the version of the file with attributes `a`:
-/// the same size and mtime.
+/// the same size, mtime and ctime. The ctime is what catches a change whose
+/// mtime was put back (`touch -d`, `cp -p`): nobody can set a ctime, and
+/// any change to the file's data or attributes moves it.
 fn describes(m: &MetaFile, a: &fattr3) -> bool {
-    m.matches(a.size, mtime_of(a), ctime_of(a), false)
+    m.matches(a.size, mtime_of(a), ctime_of(a), true)
 }
 
 /// The metadata-actions layer.
@@ -499,11 +501,14 @@ impl MetaLayer {
         };
         if !describes(&meta, attrs) {
             return reject(format!(
-                "stale: it describes size {} mtime {:?}, the file has size {} mtime {:?}",
+                "stale: it describes size {} mtime {:?} ctime {:?}, the file has size {} \
+                 mtime {:?} ctime {:?} (regenerate it with `gvfsctl meta gen`)",
                 meta.file_size,
                 meta.mtime,
+                meta.ctime,
                 attrs.size,
-                mtime_of(attrs)
+                mtime_of(attrs),
+                ctime_of(attrs)
             ));
         }
         bump(&self.counters.meta_found, 1);

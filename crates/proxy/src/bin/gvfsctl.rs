@@ -547,7 +547,12 @@ fn meta_show(path: &Path) -> anyhow::Result<()> {
             } else if m.matches(f.len(), mtime, ctime, true) {
                 "yes (size, mtime and ctime)".to_string()
             } else {
-                format!("yes (size and mtime; ctime is now {})", time(ctime))
+                format!(
+                    "no: the file's ctime is now {} (changed, or its owner or mode were, with \
+                     the mtime kept): a proxy ignores this metadata; regenerate it with \
+                     `gvfsctl meta gen`",
+                    time(ctime)
+                )
             }
         }
     };
