@@ -1096,11 +1096,13 @@ impl NfsService for MetaLayer {
                 },
                 NfsRequest::Setattr(args) => {
                     // A size or time change applies to upstream's copy:
-                    // write the file's local writes back first.
+                    // write the file's local writes back first, and let
+                    // it go, WRITEs that come meanwhile going upstream
+                    // (none may stay here, unseen by the change).
                     if let (Some(f), Some(copy)) = (self.held_dirty(&args.object.data), &self.copy)
                     {
                         copy.files
-                            .write_back_file(copy.source.as_ref(), &f)
+                            .write_back_and_let_go(copy.source.as_ref(), &f)
                             .await
                             .map_err(ServiceError::Local)?;
                     }
