@@ -1,9 +1,10 @@
 //! The file cache (files held whole by compress-and-copy) under faults,
 //! through the real binaries with nfs-ganesha as the image server: a
 //! write-back that would overwrite a change made at the origin, a kept
-//! copy of a file changed while the proxy was down.
+//! copy of a file changed while the proxy was down, and a full disk.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -12,7 +13,9 @@ use gvfs::libnfs::nfs_cat;
 use gvfs::nfsclient::NfsClient;
 use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
 use gvfs::{Ganesha, Proxy, ProxyArgs};
-use gvfs_nfs::nfs3_types::nfs3::{Nfs3Result, WRITE3args, nfs_fh3, nfsstat3, stable_how};
+use gvfs_nfs::nfs3_types::nfs3::{
+    COMMIT3args, Nfs3Result, WRITE3args, nfs_fh3, nfsstat3, stable_how,
+};
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::{NfsReply, NfsRequest};
 
@@ -73,6 +76,21 @@ async fn write(
         NfsReply::Write(Nfs3Result::Ok(_)) => nfsstat3::NFS3_OK,
         NfsReply::Write(Nfs3Result::Err((st, _))) => st,
         other => bail!("WRITE answered {other:?}"),
+    })
+}
+
+async fn commit(nfs: &NfsClient, fh: &nfs_fh3) -> Result<nfsstat3> {
+    let reply = nfs
+        .call(NfsRequest::Commit(COMMIT3args {
+            file: fh.clone(),
+            offset: 0,
+            count: 0,
+        }))
+        .await?;
+    Ok(match reply {
+        NfsReply::Commit(Nfs3Result::Ok(_)) => nfsstat3::NFS3_OK,
+        NfsReply::Commit(Nfs3Result::Err((st, _))) => st,
+        other => bail!("COMMIT answered {other:?}"),
     })
 }
 
@@ -185,5 +203,112 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
         got[..] == want[3 * MIB as usize..],
         "the LAN proxy served its restored copy of a file changed at the origin"
     );
+    Ok(())
+}
+
+/// A small tmpfs mounted on a directory for the life of the guard.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .context("running mount")?;
+        if !out.status.success() {
+            bail!(
+                "mount -t tmpfs on {} failed (the test needs root): {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(Self(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the file system of `dir` with a file `name` until it is full.
+fn fill(dir: &Path, name: &str) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(dir.join(name))?;
+    let block = vec![0x5au8; 64 * 1024];
+    for _ in 0..10_000 {
+        if let Err(e) = f.write_all(&block).and_then(|()| f.sync_all()) {
+            ensure!(
+                e.kind() == std::io::ErrorKind::StorageFull,
+                "filling {}: {e}",
+                dir.display()
+            );
+            return Ok(());
+        }
+    }
+    bail!("{} never filled up", dir.display())
+}
+
+/// Item 10 of issue 20 (the file cache's part): the disk of the file
+/// cache's directory fills up under a WRITE into a file held whole. The
+/// client is told NFS3ERR_NOSPC (nothing is kept of that WRITE, nothing
+/// goes upstream), what it committed before stays, reads go on, and once
+/// there is room again writes are kept and written back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_file_cache_disk_answers_nospc_and_recovers() -> Result<()> {
+    let g = Ganesha::start()?;
+    let src = image(&g, "full.raw", 51)?;
+    let mut want = std::fs::read(&src)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let cache = tempfile::tempdir()?;
+    // The file cache's directory, on an 8 MiB disk of its own.
+    let files = cache.path().join("files");
+    let tmpfs = Tmpfs::mount(&files, "8m")?;
+    let client = caching(server.upstream_url(), cache.path())?;
+    ensure!(nfs_cat(&client.url("full.raw"))? == want);
+    wait_complete(&client, 1).await?;
+    let nfs = NfsClient::of_proxy(&client, Duration::from_secs(30)).await?;
+    let fh = nfs.resolve("full.raw").await?.context("full.raw")?;
+
+    // Committed before the disk fills: in a chunk of data (in place).
+    let early = b"committed before the disk filled";
+    ensure!(write(&nfs, &fh, 1000, early, true).await? == nfsstat3::NFS3_OK);
+    ensure!(commit(&nfs, &fh).await? == nfsstat3::NFS3_OK);
+    want[1000..1000 + early.len()].copy_from_slice(early);
+
+    fill(&files, "filler")?;
+    // Into a chunk of zeros (a hole in the cached file): needs new blocks.
+    let hole = 2 * MIB as usize;
+    let late = vec![0xc3u8; 256 * 1024];
+    let st = write(&nfs, &fh, hole as u64, &late, true).await?;
+    ensure!(
+        st == nfsstat3::NFS3ERR_NOSPC,
+        "a WRITE onto a full disk answered {st:?}"
+    );
+    // Reads go on, with the committed write and nothing of the refused one
+    // (its range still reads as it was, zeros).
+    let served = nfs_cat(&client.url("full.raw"))?;
+    ensure!(served == want, "reads on a full disk are wrong");
+    ensure!(
+        std::fs::read(&src)? != want,
+        "the writes went upstream instead of staying in the file cache"
+    );
+
+    // Room again: the client's retry is kept, and everything written back.
+    std::fs::remove_file(files.join("filler"))?;
+    ensure!(write(&nfs, &fh, hole as u64, &late, false).await? == nfsstat3::NFS3_OK);
+    ensure!(commit(&nfs, &fh).await? == nfsstat3::NFS3_OK);
+    want[hole..hole + late.len()].copy_from_slice(&late);
+    ensure!(nfs_cat(&client.url("full.raw"))? == want, "after recovery");
+    client.write_back()?;
+    ensure!(
+        std::fs::read(&src)? == want,
+        "the origin does not hold the writes after write-back"
+    );
+    drop(client);
+    drop(tmpfs);
     Ok(())
 }

@@ -26,7 +26,8 @@
 //! is sent with STORE_GUARDED, so a file changed at the origin since it was
 //! fetched is not written over (a conflict: the writes stay, reported).
 //! A SETATTR writes the file back and lets it go, refusing WRITEs that come
-//! meanwhile, which the client then sends upstream.
+//! meanwhile, which the client then sends upstream. A full disk fails a
+//! WRITE with [`HeldWriteError::NoSpace`] (NFS3ERR_NOSPC).
 //!
 //! Crash safety: a finished file is synced, then recorded in the
 //! [`MetaIndex`] with its attributes; files without such a record (a fetch
@@ -388,6 +389,38 @@ pub enum HeldWriteError {
     /// Local I/O (the file, the index) failed: the write is not durable.
     #[error("{0}")]
     Local(String),
+    /// The file cache's disk is full (or over quota): the write is not
+    /// kept; writes go on once there is room again.
+    #[error("{0}")]
+    NoSpace(String),
+}
+
+/// Whether an I/O error says the disk is full or over quota.
+fn no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// A local I/O failure of a WRITE kept here, as what the client is told.
+fn local_failure(what: String, e: &std::io::Error) -> HeldWriteError {
+    if no_space(e) {
+        HeldWriteError::NoSpace(format!("{what}: {e}"))
+    } else {
+        HeldWriteError::Local(format!("{what}: {e}"))
+    }
+}
+
+/// A failure of the file cache's index, as what a WRITE's client is told.
+fn index_failure(e: crate::IndexError) -> HeldWriteError {
+    let full = matches!(&e, crate::IndexError::Sled(sled::Error::Io(io)) if no_space(io));
+    let what = format!("cannot record a file in the file-cache index: {e}");
+    if full {
+        HeldWriteError::NoSpace(what)
+    } else {
+        HeldWriteError::Local(what)
+    }
 }
 
 impl HeldWriteError {
@@ -397,6 +430,7 @@ impl HeldWriteError {
         match self {
             Self::LetGo => nfsstat3::NFS3ERR_JUKEBOX,
             Self::TooLarge { .. } => nfsstat3::NFS3ERR_FBIG,
+            Self::NoSpace(_) => nfsstat3::NFS3ERR_NOSPC,
             Self::NotHeld | Self::Local(_) => nfsstat3::NFS3ERR_IO,
         }
     }
@@ -991,7 +1025,7 @@ impl CachedFile {
         })
         .await
         .map_err(|e| HeldWriteError::Local(e.to_string()))?
-        .map_err(|e| HeldWriteError::Local(format!("writing {}: {e}", self.path.display())))?;
+        .map_err(|e| local_failure(format!("writing {}", self.path.display()), &e))?;
         self.frames.forget(first, last);
         let (before, after, recorded) = {
             let mut v = lock(&self.versions);
@@ -1053,18 +1087,15 @@ impl CachedFile {
 
     /// A client's COMMIT: the file synced and its dirty chunks recorded
     /// durably, so they survive a crash, before it is acknowledged.
-    pub async fn commit(self: &Arc<Self>, cache: &FileCache) -> Result<fattr3, String> {
+    pub async fn commit(self: &Arc<Self>, cache: &FileCache) -> Result<fattr3, HeldWriteError> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.file.sync_all())
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("syncing {}: {e}", self.path.display()))?;
+            .map_err(|e| HeldWriteError::Local(e.to_string()))?
+            .map_err(|e| local_failure(format!("syncing {}", self.path.display()), &e))?;
         // An entry let go held no writes any more: they were written back,
         // durably, upstream.
-        cache
-            .record_durably(self)
-            .await
-            .map_err(|e| e.to_string())?;
+        cache.record_durably(self).await?;
         Ok(self.local_attrs())
     }
 }
@@ -1369,7 +1400,7 @@ impl FileCache {
     /// it is still the entry of its file: under the lock that replacing it
     /// takes, so a record of a let-go entry never outlives it. Returns the
     /// `epoch` and the dirty chunks recorded, or `None` when it was let go.
-    fn record(&self, f: &Arc<CachedFile>) -> Result<Option<(u64, Vec<usize>)>, String> {
+    fn record(&self, f: &Arc<CachedFile>) -> Result<Option<(u64, Vec<usize>)>, crate::IndexError> {
         let files = lock(&self.files);
         if !files.get(&f.fh).is_some_and(|g| Arc::ptr_eq(g, f)) {
             return Ok(None);
@@ -1383,9 +1414,7 @@ impl FileCache {
             )
         };
         if let Some(index) = &self.index {
-            index
-                .put(&index_key(&f.fh), &bytes)
-                .map_err(|e| format!("cannot record a file: {e}"))?;
+            index.put(&index_key(&f.fh), &bytes)?;
         }
         Ok(Some((epoch, chunks)))
     }
@@ -1394,33 +1423,27 @@ impl FileCache {
     /// in a crash costs only a fetch.
     fn record_lazily(&self, f: &Arc<CachedFile>) {
         if let Err(e) = self.record(f) {
-            tracing::warn!(file = %f.path.display(), "file cache: {e}");
+            tracing::warn!(file = %f.path.display(), "file cache: cannot record a file: {e}");
         }
     }
 
     /// Records a file and waits until the record is durable. Returns
     /// whether it is still the entry of its file.
     async fn record_durably(&self, f: &Arc<CachedFile>) -> Result<bool, HeldWriteError> {
-        let Some((epoch, chunks)) = self.record(f).map_err(HeldWriteError::Local)? else {
+        let Some((epoch, chunks)) = self.record(f).map_err(index_failure)? else {
             return Ok(false);
         };
-        self.flush_index().await.map_err(HeldWriteError::Local)?;
+        if let Some(index) = self.index.clone() {
+            tokio::task::spawn_blocking(move || index.flush())
+                .await
+                .map_err(|e| HeldWriteError::Local(e.to_string()))?
+                .map_err(index_failure)?;
+        }
         let mut v = lock(&f.versions);
         if v.epoch == epoch {
             v.durable.extend(chunks);
         }
         Ok(true)
-    }
-
-    /// Waits until everything put in the index so far is durable.
-    async fn flush_index(&self) -> Result<(), String> {
-        let Some(index) = self.index.clone() else {
-            return Ok(());
-        };
-        tokio::task::spawn_blocking(move || index.flush())
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot flush the file-cache index: {e}"))
     }
 
     /// Files holding writes not yet written back.

@@ -790,7 +790,23 @@ impl MetaLayer {
             .as_ref()
             .ok_or_else(|| ServiceError::Local("no file cache".into()))?;
         let before = f.local_attrs();
-        let after = f.commit(&copy.files).await.map_err(ServiceError::Local)?;
+        let after = match f.commit(&copy.files).await {
+            Ok(a) => a,
+            Err(e) => {
+                // A full disk is the client's to hear of (NFS3ERR_NOSPC):
+                // it keeps its uncommitted writes and sends them again.
+                tracing::warn!(error = %e, "COMMIT of a file held whole failed");
+                return Ok(NfsReply::Commit(Nfs3Result::Err((
+                    e.nfsstat(),
+                    COMMIT3resfail {
+                        file_wcc: wcc_data {
+                            before: Nfs3Option::None,
+                            after: Nfs3Option::Some(f.local_attrs()),
+                        },
+                    },
+                ))));
+            }
+        };
         Ok(NfsReply::Commit(Nfs3Result::Ok(COMMIT3resok {
             file_wcc: wcc(&before, &after),
             verf: copy.files.verifier(),
