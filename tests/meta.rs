@@ -194,3 +194,155 @@ async fn a_lookup_finds_the_metadata_before_any_read() -> Result<()> {
     );
     Ok(())
 }
+
+/// Seconds and nanoseconds.
+type Time = (u64, u32);
+
+/// The size, mtime and ctime of `path` as GETATTR reports them.
+fn times(path: &Path) -> Result<(u64, Time, Time)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    let t = |s: i64, ns: i64| (s as u64, ns as u32);
+    Ok((
+        m.len(),
+        t(m.mtime(), m.mtime_nsec()),
+        t(m.ctime(), m.ctime_nsec()),
+    ))
+}
+
+/// What anyone who may write in `image`'s directory can plant: a map that
+/// calls every block zeros, with the size and times GETATTR shows.
+fn forge_all_zeros(image: &Path, meta_path: &Path) -> Result<()> {
+    let (size, mtime, ctime) = times(image)?;
+    let block_size = 64 * 1024;
+    let mut zero = gvfs_meta::ZeroMap::new(gvfs_meta::block_count(size, block_size));
+    zero.set_zero_range(0, zero.blocks());
+    let forged = gvfs_meta::MetaFile {
+        block_size,
+        file_size: size,
+        mtime,
+        ctime,
+        actions: gvfs_meta::Actions::default(),
+        compressed_size: 0,
+        zero,
+        repeats: Vec::new(),
+    };
+    std::fs::write(meta_path, forged.encode())?;
+    Ok(())
+}
+
+/// Item 4 of issue 20: a user who may write in the directory of root's
+/// image plants `.IMAGE.gvfsmeta` with an all-zero map. Proxies believe
+/// metadata only from root or the image's owner with no other writers, so
+/// they serve the image's real bytes and count the file as not trusted;
+/// metadata from the image's owner is still used. The export is
+/// No_Root_Squash, so the test (root) sets owners on disk directly.
+#[test]
+fn forged_metadata_from_another_user_is_not_trusted() -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, chown};
+    let g = Ganesha::start()?;
+    let image = g.export_dir().join("root.img");
+    let size = make_image(&image, 4)?;
+    let want = std::fs::read(&image)?;
+    let meta_path = g.export_dir().join(".root.img.gvfsmeta");
+    // (owner, group, mode) of the planted file: another user's; root's but
+    // writable by anyone; root's, writable by a group that cannot write
+    // the image.
+    for (uid, gid, mode) in [(1000, 1000, 0o644), (0, 0, 0o666), (0, 50, 0o664)] {
+        forge_all_zeros(&image, &meta_path)?;
+        chown(&meta_path, Some(uid), Some(gid))?;
+        std::fs::set_permissions(&meta_path, std::fs::Permissions::from_mode(mode))?;
+        let cache = tempfile::tempdir()?;
+        let p = caching_proxy(&g, cache.path(), &[])?;
+        let got = nfs_cat(&p.url("root.img"))?;
+        compare_file_with(&got, &image)
+            .with_context(|| format!("forged metadata {uid}:{gid} {mode:o} was believed"))?;
+        let stats = p.cache_stats_all()?;
+        let meta = &stats["meta"];
+        ensure!(
+            n(meta, "meta_untrusted") == 1
+                && n(meta, "meta_rejected") == 1
+                && n(meta, "meta_found") == 0
+                && n(meta, "zero_bytes") == 0,
+            "{uid}:{gid} {mode:o}: {stats}"
+        );
+        ensure!(
+            p.output().contains("not trusted"),
+            "no warning:\n{}",
+            p.output()
+        );
+    }
+    // The image's owner's own metadata, made by `meta gen` as root (which
+    // gives it the image's owner), is used.
+    chown(&image, Some(1000), Some(1000))?;
+    gvfsctl(&["meta", "gen", &image.display().to_string()])?;
+    let m = std::fs::metadata(&meta_path)?;
+    ensure!(
+        (m.uid(), m.gid()) == (1000, 1000),
+        "meta gen wrote it as {}:{}",
+        m.uid(),
+        m.gid()
+    );
+    let cache = tempfile::tempdir()?;
+    let p = caching_proxy(&g, cache.path(), &[])?;
+    ensure!(nfs_cat(&p.url("root.img"))? == want, "owner's metadata");
+    let stats = p.cache_stats_all()?;
+    let meta = &stats["meta"];
+    ensure!(
+        n(meta, "meta_found") == 1
+            && n(meta, "meta_untrusted") == 0
+            && n(meta, "zero_reads") > 0
+            && n(meta, "zero_bytes") >= size - 3 * MIB,
+        "the owner's metadata was not used: {stats}"
+    );
+    Ok(())
+}
+
+/// Item 5 of issue 20: the image changes where its map says zeros and its
+/// mtime is put back (`touch -d`): size and mtime match the metadata, the
+/// ctime does not, so the metadata is stale and the real bytes are served.
+/// Made again with `meta gen`, it is used.
+#[test]
+fn a_change_with_its_mtime_put_back_makes_metadata_stale() -> Result<()> {
+    let g = Ganesha::start()?;
+    let image = g.export_dir().join("put-back.img");
+    make_image(&image, 5)?;
+    gvfsctl(&["meta", "gen", &image.display().to_string()])?;
+    let (_, mtime, _) = times(&image)?;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    gvfs::data::write_at(&image, 5 * MIB, b"data where the map says zeros")?;
+    let when = std::time::UNIX_EPOCH + std::time::Duration::new(mtime.0, mtime.1);
+    std::fs::File::options()
+        .write(true)
+        .open(&image)?
+        .set_modified(when)?;
+    ensure!(times(&image)?.1 == mtime, "mtime not put back");
+    let want = std::fs::read(&image)?;
+
+    let cache = tempfile::tempdir()?;
+    let p = caching_proxy(&g, cache.path(), &[])?;
+    compare_file_with(&nfs_cat(&p.url("put-back.img"))?, &image)
+        .context("read through metadata whose mtime was put back")?;
+    let stats = p.cache_stats_all()?;
+    ensure!(
+        n(&stats["meta"], "meta_rejected") == 1 && n(&stats["meta"], "zero_bytes") == 0,
+        "{stats}"
+    );
+    ensure!(p.output().contains("stale"), "{}", p.output());
+    let shown = gvfsctl(&["meta", "show", &image.display().to_string()])?;
+    ensure!(
+        shown.contains("no: the file's ctime is now"),
+        "meta show said: {shown}"
+    );
+
+    gvfsctl(&["meta", "gen", &image.display().to_string()])?;
+    let cache = tempfile::tempdir()?;
+    let p = caching_proxy(&g, cache.path(), &[])?;
+    ensure!(nfs_cat(&p.url("put-back.img"))? == want, "regenerated");
+    let stats = p.cache_stats_all()?;
+    ensure!(
+        n(&stats["meta"], "meta_found") == 1 && n(&stats["meta"], "zero_reads") > 0,
+        "{stats}"
+    );
+    Ok(())
+}

@@ -11,6 +11,7 @@
 //!   1  FETCH  (fetch_args) -> fetch_res
 //!   2  STORE  (store_args) -> store_res
 //!   3  FETCH_REPEATS (fetch_args) -> fetch_repeats_res
+//!   4  STORE_GUARDED (store_guarded_args) -> store_res
 //!
 //! struct fetch_args {
 //!     opaque   fh<64>;     /* the file's NFSv3 handle, as upstream gave it */
@@ -40,6 +41,11 @@
 //! default:
 //!     void;
 //! };
+//! struct store_guarded_args {  /* STORE, only if the file is as expected */
+//!     store_args args;
+//!     wcc_attr   guard;    /* size, mtime, ctime the file must have now */
+//! };                       /* else NFS3ERR_NOT_SYNC, nothing written;  */
+//!                          /* attrs are then read after the write      */
 //! struct repeat {          /* bytes to..to+len are those at from..from+len */
 //!     uint64   to;         /* inside the chunk */
 //!     uint64   from;       /* from + len <= to: earlier in the file */
@@ -53,6 +59,13 @@
 //!     void;
 //! };
 //! ```
+//!
+//! STORE_GUARDED is STORE for a write-back that must not overwrite a change
+//! made at the origin since the copy was fetched: the answering proxy
+//! compares the file's size, mtime and ctime (GETATTR through its layers)
+//! with the guard before it writes, and answers with a GETATTR after the
+//! write, the guard of the caller's next chunk. A caller whose upstream
+//! answers it with PROC_UNAVAIL (an older proxy) warns and uses STORE.
 //!
 //! FETCH_REPEATS is FETCH for a caller that fills repeated bytes itself:
 //! where the file's metadata says a range repeats an earlier one, the
@@ -72,7 +85,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gvfs_nfs::client::{ClientError, RpcClient};
-use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
+use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3, nfstime3};
 use gvfs_nfs::nfs3_types::xdr_codec::Unpack;
 use gvfs_nfs::rpc::{ReplyError, ReplyStatus};
 use gvfs_nfs::xdr::{XdrError, XdrReader, encode_into, put_opaque, put_u32};
@@ -92,12 +105,16 @@ pub const PROC_FETCH: u32 = 1;
 pub const PROC_STORE: u32 = 2;
 /// FETCH_REPEATS: FETCH with repeated bytes sent as zeros and listed.
 pub const PROC_FETCH_REPEATS: u32 = 3;
+/// STORE_GUARDED: STORE only if the file still has the guard's attributes.
+pub const PROC_STORE_GUARDED: u32 = 4;
 /// Most repeats one FETCH_REPEATS answer lists (one per 4 KiB block).
 pub const MAX_REPEATS: usize = (CHUNK / 4096) as usize;
 /// Bytes of file data per chunk (and the most one FETCH may ask for).
 pub const CHUNK: u32 = 1 << 20;
 /// What a zstd frame may add to its input before it is sent stored instead.
 pub const MAX_FRAME_SLACK: u32 = 4096;
+/// Bytes of a STORE_GUARDED guard (a `wcc_attr`: size and two `nfstime3`).
+const GUARD_LEN: usize = 24;
 /// Largest NFSv3 file handle (RFC 1813, NFS3_FHSIZE).
 const FHSIZE: usize = 64;
 /// Longest wait for the upstream's answer to the extension's NULL; with
@@ -301,6 +318,37 @@ pub struct StoreArgs {
     pub codec: Codec,
     /// The bytes on the wire.
     pub data: Vec<u8>,
+    /// With STORE_GUARDED: the size, mtime and ctime the file must have
+    /// for the write to go ahead.
+    pub guard: Option<StoreGuard>,
+}
+
+/// What a file must still be for a STORE_GUARDED to write it (on the wire,
+/// an NFSv3 `wcc_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreGuard {
+    /// Size.
+    pub size: u64,
+    /// Modification time.
+    pub mtime: nfstime3,
+    /// Change time.
+    pub ctime: nfstime3,
+}
+
+impl StoreGuard {
+    /// The guard for a file with attributes `a`.
+    pub fn of(a: &fattr3) -> Self {
+        Self {
+            size: a.size,
+            mtime: a.mtime,
+            ctime: a.ctime,
+        }
+    }
+
+    /// Whether a file with attributes `a` passes it.
+    pub fn passes(&self, a: &fattr3) -> bool {
+        self.size == a.size && self.mtime == a.mtime && self.ctime == a.ctime
+    }
 }
 
 impl StoreArgs {
@@ -313,19 +361,45 @@ impl StoreArgs {
             raw_len: raw.len() as u32,
             codec,
             data,
+            guard: None,
         }
     }
 
-    /// Appends the XDR arguments.
+    /// Appends the XDR arguments: STORE's, or STORE_GUARDED's with a guard.
     pub fn encode(&self, out: &mut Vec<u8>) {
         put_opaque(out, &self.fh);
         put_u64(out, self.offset);
         put_u32(out, self.raw_len);
         put_u32(out, self.codec as u32);
         put_opaque(out, &self.data);
+        if let Some(g) = &self.guard {
+            put_u64(out, g.size);
+            for t in [g.mtime, g.ctime] {
+                put_u32(out, t.seconds);
+                put_u32(out, t.nseconds);
+            }
+        }
     }
 
-    /// Decodes arguments, every length capped.
+    /// Decodes STORE_GUARDED's arguments.
+    pub fn decode_guarded(bytes: &[u8]) -> Result<Self, XdrError> {
+        let len = bytes.len();
+        let split = len.checked_sub(GUARD_LEN).ok_or(XdrError::Truncated)?;
+        let mut args = Self::decode(&bytes[..split])?;
+        let mut r = XdrReader::new(&bytes[split..]);
+        let size = get_u64(&mut r)?;
+        let mut time = || -> Result<nfstime3, XdrError> {
+            Ok(nfstime3 {
+                seconds: r.u32()?,
+                nseconds: r.u32()?,
+            })
+        };
+        let (mtime, ctime) = (time()?, time()?);
+        args.guard = Some(StoreGuard { size, mtime, ctime });
+        Ok(args)
+    }
+
+    /// Decodes STORE's arguments, every length capped.
     pub fn decode(bytes: &[u8]) -> Result<Self, XdrError> {
         let mut r = XdrReader::new(bytes);
         let fh = r.opaque(FHSIZE)?.to_vec();
@@ -346,6 +420,7 @@ impl StoreArgs {
             raw_len,
             codec,
             data,
+            guard: None,
         })
     }
 
@@ -464,6 +539,9 @@ pub trait ChunkSource: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>>;
 
     /// One STORE: a chunk written back; the file's attributes after it.
+    /// With `args.guard`, only if the file still has those attributes
+    /// (else `FetchError::Nfs(NFS3ERR_NOT_SYNC)`), where the source can
+    /// check; one that cannot (an older proxy) stores without the check.
     fn store<'a>(
         &'a self,
         cred: &'a Credentials,
@@ -492,6 +570,8 @@ pub struct ExtClient {
     probe_timeout: Duration,
     /// Whether to ask with FETCH_REPEATS (until the upstream refuses it).
     repeats: std::sync::atomic::AtomicBool,
+    /// Whether to store with STORE_GUARDED (until the upstream refuses it).
+    guards: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ExtClient {
@@ -510,6 +590,7 @@ impl ExtClient {
             speaks: tokio::sync::OnceCell::new(),
             probe_timeout: PROBE_TIMEOUT,
             repeats: std::sync::atomic::AtomicBool::new(true),
+            guards: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -608,9 +689,40 @@ impl ChunkSource for ExtClient {
         args: &'a StoreArgs,
     ) -> BoxFuture<'a, Result<fattr3, FetchError>> {
         Box::pin(async move {
-            let mut buf = Vec::with_capacity(args.fh.len() + args.data.len() + 32);
+            let mut buf = Vec::with_capacity(args.fh.len() + args.data.len() + 56);
             args.encode(&mut buf);
-            let bytes = self.call(PROC_STORE, cred, &buf).await?;
+            let guarded = args.guard.is_some();
+            let bytes = if guarded && self.guards.load(std::sync::atomic::Ordering::Relaxed) {
+                let call = self
+                    .client
+                    .call(PROGRAM, VERSION, PROC_STORE_GUARDED, cred, &buf)
+                    .await;
+                match call {
+                    Ok(reply) => reply.to_vec(),
+                    Err(ClientError::Rpc {
+                        error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
+                        ..
+                    }) => {
+                        tracing::warn!(
+                            server = %self.client.server(),
+                            "upstream does not know STORE_GUARDED (an older gvfs-proxy): \
+                             write-backs of whole files cannot check that the origin is \
+                             unchanged and may overwrite changes made there"
+                        );
+                        self.guards
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                        buf.truncate(buf.len() - GUARD_LEN);
+                        self.call(PROC_STORE, cred, &buf).await?
+                    }
+                    Err(e) => return Err(FetchError::Transport(e.to_string())),
+                }
+            } else {
+                if guarded {
+                    // STORE's arguments: without the guard at the end.
+                    buf.truncate(buf.len() - GUARD_LEN);
+                }
+                self.call(PROC_STORE, cred, &buf).await?
+            };
             match decode_store_res(&bytes) {
                 Ok(Ok(attrs)) => Ok(attrs),
                 Ok(Err(st)) => Err(FetchError::Nfs(st)),
@@ -646,7 +758,7 @@ pub fn rpc_refusal(vers: u32, proc_: u32) -> Option<ReplyStatus> {
             high: VERSION,
         });
     }
-    (proc_ > PROC_FETCH_REPEATS).then_some(ReplyStatus::ProcUnavail)
+    (proc_ > PROC_STORE_GUARDED).then_some(ReplyStatus::ProcUnavail)
 }
 
 #[cfg(test)]
@@ -735,6 +847,25 @@ mod tests {
         for cut in 0..b.len() {
             assert!(decode_fetch_res(&b[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn guarded_store_args_round_trip() {
+        let mut a = StoreArgs::new(vec![3; 20], 1 << 20, &[7u8; 5000], 3);
+        let mut plain = Vec::new();
+        a.encode(&mut plain);
+        a.guard = Some(StoreGuard::of(&attrs()));
+        let mut b = Vec::new();
+        a.encode(&mut b);
+        assert_eq!(b.len(), plain.len() + GUARD_LEN);
+        assert_eq!(StoreArgs::decode_guarded(&b), Ok(a.clone()));
+        assert!(StoreArgs::decode(&b).is_err(), "STORE refuses a guard");
+        assert!(StoreArgs::decode_guarded(&plain).is_err());
+        assert!(StoreArgs::decode_guarded(&b[..10]).is_err());
+        let mut other = attrs();
+        assert!(StoreGuard::of(&other).passes(&attrs()));
+        other.ctime.nseconds += 1;
+        assert!(!StoreGuard::of(&other).passes(&attrs()));
     }
 
     #[test]
@@ -849,6 +980,7 @@ mod tests {
             speaks: tokio::sync::OnceCell::new(),
             probe_timeout,
             repeats: std::sync::atomic::AtomicBool::new(true),
+            guards: std::sync::atomic::AtomicBool::new(true),
         }
     }
 

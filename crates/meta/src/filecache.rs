@@ -22,6 +22,13 @@
 //! file, and hands that on: the many client proxies it serves cost it no
 //! compression (see [`Frame`]).
 //!
+//! Writes into a held file stay here until written back: each dirty chunk
+//! is sent with STORE_GUARDED, so a file changed at the origin since it was
+//! fetched is not written over (a conflict: the writes stay, reported).
+//! A SETATTR writes the file back and lets it go, refusing WRITEs that come
+//! meanwhile, which the client then sends upstream. A full disk fails a
+//! WRITE with [`HeldWriteError::NoSpace`] (NFS3ERR_NOSPC).
+//!
 //! Crash safety: a finished file is synced, then recorded in the
 //! [`MetaIndex`] with its attributes; files without such a record (a fetch
 //! cut short) are deleted when the cache is opened. Entries are evicted,
@@ -37,14 +44,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use gvfs_nfs::Credentials;
-use gvfs_nfs::nfs3_types::nfs3::{fattr3, writeverf3};
+use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3, writeverf3};
 use gvfs_nfs::nfs3_types::xdr_codec::Unpack;
 use gvfs_nfs::xdr::{XdrReader, encode_into, put_u32, zeros};
 use tokio::sync::watch;
 
 use crate::MetaIndex;
 use crate::ext::{
-    CHUNK, ChunkSource, Codec, FetchArgs, FetchError, StoreArgs, compress, decompress,
+    CHUNK, ChunkSource, Codec, FetchArgs, FetchError, StoreArgs, StoreGuard, compress, decompress,
 };
 use crate::format::{ByteRepeat, MetaFile};
 use crate::scan::data_extent;
@@ -262,6 +269,9 @@ pub struct FileCacheStats {
     pub written_back_bytes: u64,
     /// Bytes sent for them (compressed).
     pub written_back_wire_bytes: u64,
+    /// Write-backs stopped because the file had changed at the origin
+    /// since it was fetched: the local writes are kept, not stored over it.
+    pub write_back_conflicts: u64,
 }
 
 #[derive(Debug, Default)]
@@ -285,6 +295,7 @@ struct Counters {
     written_back_files: AtomicU64,
     written_back_bytes: AtomicU64,
     written_back_wire_bytes: AtomicU64,
+    write_back_conflicts: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -334,6 +345,8 @@ struct Versions {
     /// Bumped when write-back takes chunks out of `dirty`, so a record
     /// made durable meanwhile does not add them to `durable`.
     epoch: u64,
+    /// Being written back to be let go: no WRITE starts.
+    closing: bool,
 }
 
 impl Versions {
@@ -347,6 +360,7 @@ impl Versions {
             reserved: 0,
             durable: BTreeSet::new(),
             epoch: 0,
+            closing: false,
         }
     }
 }
@@ -375,6 +389,38 @@ pub enum HeldWriteError {
     /// Local I/O (the file, the index) failed: the write is not durable.
     #[error("{0}")]
     Local(String),
+    /// The file cache's disk is full (or over quota): the write is not
+    /// kept; writes go on once there is room again.
+    #[error("{0}")]
+    NoSpace(String),
+}
+
+/// Whether an I/O error says the disk is full or over quota.
+fn no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// A local I/O failure of a WRITE kept here, as what the client is told.
+fn local_failure(what: String, e: &std::io::Error) -> HeldWriteError {
+    if no_space(e) {
+        HeldWriteError::NoSpace(format!("{what}: {e}"))
+    } else {
+        HeldWriteError::Local(format!("{what}: {e}"))
+    }
+}
+
+/// A failure of the file cache's index, as what a WRITE's client is told.
+fn index_failure(e: crate::IndexError) -> HeldWriteError {
+    let full = matches!(&e, crate::IndexError::Sled(sled::Error::Io(io)) if no_space(io));
+    let what = format!("cannot record a file in the file-cache index: {e}");
+    if full {
+        HeldWriteError::NoSpace(what)
+    } else {
+        HeldWriteError::Local(what)
+    }
 }
 
 impl HeldWriteError {
@@ -384,6 +430,7 @@ impl HeldWriteError {
         match self {
             Self::LetGo => nfsstat3::NFS3ERR_JUKEBOX,
             Self::TooLarge { .. } => nfsstat3::NFS3ERR_FBIG,
+            Self::NoSpace(_) => nfsstat3::NFS3ERR_NOSPC,
             Self::NotHeld | Self::Local(_) => nfsstat3::NFS3ERR_IO,
         }
     }
@@ -396,6 +443,8 @@ impl Drop for WritePin<'_> {
     fn drop(&mut self) {
         let mut v = lock(&self.0.versions);
         v.writing = v.writing.saturating_sub(1);
+        drop(v);
+        self.0.unpinned.notify_waiters();
     }
 }
 
@@ -413,8 +462,8 @@ pub struct CachedFile {
     changed: watch::Sender<u64>,
     failed: Mutex<Option<String>>,
     last_used: AtomicU64,
-    /// When the attributes were last checked against upstream's.
-    checked: Mutex<Instant>,
+    /// Told whenever a WRITE under way ends.
+    unpinned: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for CachedFile {
@@ -480,16 +529,6 @@ impl CachedFile {
     /// Why the fetch was abandoned, if it was.
     pub fn failure(&self) -> Option<String> {
         lock(&self.failed).clone()
-    }
-
-    /// When the attributes were last found current.
-    pub fn checked_at(&self) -> Instant {
-        *lock(&self.checked)
-    }
-
-    /// Records that upstream still reports these attributes.
-    pub fn mark_checked(&self) {
-        *lock(&self.checked) = Instant::now();
     }
 
     fn chunk_count(size: u64) -> usize {
@@ -962,7 +1001,11 @@ impl CachedFile {
             return Ok((now.clone(), now));
         }
         let (first, last) = chunks_of(offset, end);
-        let (pin, recorded) = self.pin_write(first, last, end);
+        // Refused while the entry is being let go (a SETATTR writes it
+        // back first): the client's retry goes upstream.
+        let (pin, recorded) = self
+            .pin_write(first, last, end)
+            .ok_or(HeldWriteError::LetGo)?;
         self.last_used.store(now_secs(), Ordering::Relaxed);
         if !recorded && !cache.record_durably(self).await? {
             return Err(HeldWriteError::LetGo);
@@ -982,7 +1025,7 @@ impl CachedFile {
         })
         .await
         .map_err(|e| HeldWriteError::Local(e.to_string()))?
-        .map_err(|e| HeldWriteError::Local(format!("writing {}: {e}", self.path.display())))?;
+        .map_err(|e| local_failure(format!("writing {}", self.path.display()), &e))?;
         self.frames.forget(first, last);
         let (before, after, recorded) = {
             let mut v = lock(&self.versions);
@@ -1025,9 +1068,13 @@ impl CachedFile {
 
     /// Marks chunks `first..=last` dirty and a write under way (until the
     /// pin is dropped), before its bytes land. Returns the pin and whether
-    /// a durable record lists those chunks already.
-    fn pin_write(&self, first: usize, last: usize, end: u64) -> (WritePin<'_>, bool) {
+    /// a durable record lists those chunks already; `None` when the entry
+    /// is being let go.
+    fn pin_write(&self, first: usize, last: usize, end: u64) -> Option<(WritePin<'_>, bool)> {
         let mut v = lock(&self.versions);
+        if v.closing {
+            return None;
+        }
         v.writing += 1;
         let n = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
         for c in first..=last {
@@ -1035,23 +1082,20 @@ impl CachedFile {
         }
         v.reserved = v.reserved.max(end);
         let recorded = (first..=last).all(|c| v.durable.contains(&c));
-        (WritePin(self), recorded)
+        Some((WritePin(self), recorded))
     }
 
     /// A client's COMMIT: the file synced and its dirty chunks recorded
     /// durably, so they survive a crash, before it is acknowledged.
-    pub async fn commit(self: &Arc<Self>, cache: &FileCache) -> Result<fattr3, String> {
+    pub async fn commit(self: &Arc<Self>, cache: &FileCache) -> Result<fattr3, HeldWriteError> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.file.sync_all())
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("syncing {}: {e}", self.path.display()))?;
+            .map_err(|e| HeldWriteError::Local(e.to_string()))?
+            .map_err(|e| local_failure(format!("syncing {}", self.path.display()), &e))?;
         // An entry let go held no writes any more: they were written back,
         // durably, upstream.
-        cache
-            .record_durably(self)
-            .await
-            .map_err(|e| e.to_string())?;
+        cache.record_durably(self).await?;
         Ok(self.local_attrs())
     }
 }
@@ -1263,7 +1307,7 @@ impl FileCache {
             changed: watch::channel(0).0,
             failed: Mutex::new(None),
             last_used: AtomicU64::new(now_secs()),
-            checked: Mutex::new(Instant::now()),
+            unpinned: tokio::sync::Notify::new(),
         }))
     }
 
@@ -1313,6 +1357,7 @@ impl FileCache {
             written_back_files: g(&c.written_back_files),
             written_back_bytes: g(&c.written_back_bytes),
             written_back_wire_bytes: g(&c.written_back_wire_bytes),
+            write_back_conflicts: g(&c.write_back_conflicts),
         }
     }
 
@@ -1355,7 +1400,7 @@ impl FileCache {
     /// it is still the entry of its file: under the lock that replacing it
     /// takes, so a record of a let-go entry never outlives it. Returns the
     /// `epoch` and the dirty chunks recorded, or `None` when it was let go.
-    fn record(&self, f: &Arc<CachedFile>) -> Result<Option<(u64, Vec<usize>)>, String> {
+    fn record(&self, f: &Arc<CachedFile>) -> Result<Option<(u64, Vec<usize>)>, crate::IndexError> {
         let files = lock(&self.files);
         if !files.get(&f.fh).is_some_and(|g| Arc::ptr_eq(g, f)) {
             return Ok(None);
@@ -1369,9 +1414,7 @@ impl FileCache {
             )
         };
         if let Some(index) = &self.index {
-            index
-                .put(&index_key(&f.fh), &bytes)
-                .map_err(|e| format!("cannot record a file: {e}"))?;
+            index.put(&index_key(&f.fh), &bytes)?;
         }
         Ok(Some((epoch, chunks)))
     }
@@ -1380,33 +1423,27 @@ impl FileCache {
     /// in a crash costs only a fetch.
     fn record_lazily(&self, f: &Arc<CachedFile>) {
         if let Err(e) = self.record(f) {
-            tracing::warn!(file = %f.path.display(), "file cache: {e}");
+            tracing::warn!(file = %f.path.display(), "file cache: cannot record a file: {e}");
         }
     }
 
     /// Records a file and waits until the record is durable. Returns
     /// whether it is still the entry of its file.
     async fn record_durably(&self, f: &Arc<CachedFile>) -> Result<bool, HeldWriteError> {
-        let Some((epoch, chunks)) = self.record(f).map_err(HeldWriteError::Local)? else {
+        let Some((epoch, chunks)) = self.record(f).map_err(index_failure)? else {
             return Ok(false);
         };
-        self.flush_index().await.map_err(HeldWriteError::Local)?;
+        if let Some(index) = self.index.clone() {
+            tokio::task::spawn_blocking(move || index.flush())
+                .await
+                .map_err(|e| HeldWriteError::Local(e.to_string()))?
+                .map_err(index_failure)?;
+        }
         let mut v = lock(&f.versions);
         if v.epoch == epoch {
             v.durable.extend(chunks);
         }
         Ok(true)
-    }
-
-    /// Waits until everything put in the index so far is durable.
-    async fn flush_index(&self) -> Result<(), String> {
-        let Some(index) = self.index.clone() else {
-            return Ok(());
-        };
-        tokio::task::spawn_blocking(move || index.flush())
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot flush the file-cache index: {e}"))
     }
 
     /// Files holding writes not yet written back.
@@ -1421,68 +1458,122 @@ impl FileCache {
     /// Writes every dirty file back through `source` (STORE: compressed
     /// chunks, written durably upstream), then lets go of it: the file's
     /// metadata describes the version before the writes. Returns the file
-    /// bytes written back.
+    /// bytes written back. A file that fails (a conflict, upstream down)
+    /// stays dirty and the others are still written back; the error then
+    /// names the first failure and how many there were.
     pub async fn write_back(&self, source: &dyn ChunkSource) -> Result<u64, String> {
         let mut total = 0;
+        let mut failed = Vec::new();
         for f in self.dirty() {
-            total += self.write_back_file(source, &f).await?;
+            match self.write_back_file(source, &f).await {
+                Ok(n) => total += n,
+                Err(e) => failed.push(e),
+            }
         }
-        Ok(total)
+        match failed.len() {
+            0 => Ok(total),
+            1 => Err(failed.swap_remove(0)),
+            n => Err(format!(
+                "{} (and {} more files)",
+                failed.swap_remove(0),
+                n - 1
+            )),
+        }
     }
 
     /// Writes one file's dirty chunks back; see [`write_back`](Self::write_back).
+    ///
+    /// Each chunk is sent with STORE_GUARDED: written only if the file at
+    /// the origin still has the size, mtime and ctime of the version this
+    /// copy was fetched at (then of the write-back's previous chunk). A
+    /// file changed there meanwhile is a conflict: nothing more is stored,
+    /// the local writes stay (dirty, served to this proxy's clients), it is
+    /// logged as an error and counted in `write_back_conflicts`.
     pub async fn write_back_file(
         &self,
         source: &dyn ChunkSource,
         f: &Arc<CachedFile>,
     ) -> Result<u64, String> {
-        let (snapshot, cred) = {
+        let (snapshot, cred, mut expected) = {
             let v = lock(&f.versions);
             let cred = v
                 .writer
                 .clone()
                 .unwrap_or_else(|| Credentials::unix(v.local.uid, v.local.gid));
-            (v.dirty.clone(), cred)
+            (v.dirty.clone(), cred, v.upstream.clone())
         };
         let mut bytes = 0;
         let mut wire = 0;
-        let mut after = None;
-        for &c in snapshot.keys() {
+        let mut stored = Ok(());
+        for (&c, &n) in &snapshot {
             let (offset, len) = f.chunk_range(c);
             let me = f.clone();
-            let args = tokio::task::spawn_blocking(move || {
+            let read = tokio::task::spawn_blocking(move || {
                 let mut raw = vec![0u8; len as usize];
                 me.file.read_exact_at(&mut raw, offset)?;
                 Ok::<_, std::io::Error>(StoreArgs::new(me.fh.clone(), offset, &raw, LEVEL))
             })
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("reading {}: {e}", f.path.display()))?;
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| format!("reading {}: {e}", f.path.display())));
+            let mut args = match read {
+                Ok(a) => a,
+                Err(e) => {
+                    stored = Err(e);
+                    break;
+                }
+            };
+            args.guard = Some(StoreGuard::of(&expected));
             wire += args.data.len() as u64;
-            let attrs = source.store(&cred, &args).await.map_err(|e| match e {
-                FetchError::Nfs(st) => format!("upstream refused the write-back: {st:?}"),
-                FetchError::Transport(t) => t,
-            })?;
-            bytes += u64::from(len);
-            after = Some(attrs);
+            match source.store(&cred, &args).await {
+                Ok(attrs) => {
+                    bytes += u64::from(len);
+                    // Clean now, unless written again meanwhile; the next
+                    // chunk expects the file as this STORE left it.
+                    let mut v = lock(&f.versions);
+                    if v.dirty.get(&c) == Some(&n) {
+                        v.dirty.remove(&c);
+                        v.durable.remove(&c);
+                        v.epoch += 1;
+                    }
+                    v.upstream = attrs.clone();
+                    expected = attrs;
+                }
+                Err(FetchError::Nfs(nfsstat3::NFS3ERR_NOT_SYNC)) => {
+                    bump(&self.counters.write_back_conflicts, 1);
+                    tracing::error!(
+                        file = %f.path.display(),
+                        "file cache: write-back conflict: the file changed at the origin \
+                         since this proxy fetched it; its local writes are kept here and \
+                         not written over the origin's (see the README: \"write-back \
+                         conflicts\")"
+                    );
+                    stored = Err(format!(
+                        "write-back conflict: {} changed at the origin since it was fetched; \
+                         the local writes are kept in {}",
+                        file_name(&f.fh),
+                        f.path.display()
+                    ));
+                    break;
+                }
+                Err(FetchError::Nfs(st)) => {
+                    stored = Err(format!("upstream refused the write-back: {st:?}"));
+                    break;
+                }
+                Err(FetchError::Transport(t)) => {
+                    stored = Err(t);
+                    break;
+                }
+            }
         }
         bump(&self.counters.written_back_bytes, bytes);
         bump(&self.counters.written_back_wire_bytes, wire);
-        // Chunks written again meanwhile stay dirty.
-        let clean = {
-            let mut v = lock(&f.versions);
-            for (c, n) in &snapshot {
-                if v.dirty.get(c) == Some(n) {
-                    v.dirty.remove(c);
-                    v.durable.remove(c);
-                    v.epoch += 1;
-                }
-            }
-            if let Some(a) = after {
-                v.upstream = a;
-            }
-            v.dirty.is_empty()
-        };
+        if let Err(e) = stored {
+            // What was stored is clean; the record says so.
+            self.record_lazily(f);
+            return Err(e);
+        }
+        let clean = !f.is_dirty();
         if clean {
             bump(&self.counters.written_back_files, 1);
         }
@@ -1502,6 +1593,49 @@ impl FileCache {
         }
         tracing::info!(file = %f.path.display(), bytes, wire, "file cache: wrote a file back");
         Ok(bytes)
+    }
+
+    /// Writes one file back and lets it go, for a call that changes the
+    /// file upstream (SETATTR): WRITEs that come meanwhile are refused
+    /// ([`HeldWriteError::LetGo`]: the client sends them again, and they go
+    /// upstream), and those already under way are waited for and written
+    /// back too, so the file is not left holding writes the call's change
+    /// does not see. On failure the entry keeps its writes and takes WRITEs
+    /// again.
+    pub async fn write_back_and_let_go(
+        &self,
+        source: &dyn ChunkSource,
+        f: &Arc<CachedFile>,
+    ) -> Result<u64, String> {
+        lock(&f.versions).closing = true;
+        let mut total = 0;
+        loop {
+            let unpinned = f.unpinned.notified();
+            tokio::pin!(unpinned);
+            // Registered before the check, so a pin dropped after it wakes us.
+            unpinned.as_mut().enable();
+            if f.is_dirty() {
+                match self.write_back_file(source, f).await {
+                    Ok(n) => total += n,
+                    Err(e) => {
+                        lock(&f.versions).closing = false;
+                        return Err(e);
+                    }
+                }
+                continue;
+            }
+            if lock(&f.versions).writing > 0 {
+                unpinned.await;
+                continue;
+            }
+            // Clean and idle: let go (written back, or never written).
+            let mut files = lock(&self.files);
+            if files.get(&f.fh).is_some_and(|g| Arc::ptr_eq(g, f)) {
+                files.remove(&f.fh);
+                self.discard(f);
+            }
+            return Ok(total);
+        }
     }
 
     /// Removes a let-go entry's record, file and frames. Called under the
@@ -1585,7 +1719,7 @@ impl FileCache {
             changed: watch::channel(0).0,
             failed: Mutex::new(None),
             last_used: AtomicU64::new(now_secs()),
-            checked: Mutex::new(Instant::now()),
+            unpinned: tokio::sync::Notify::new(),
         });
         files.insert(fh.to_vec(), entry.clone());
         drop(files);
@@ -1735,6 +1869,14 @@ pub(crate) mod tests {
         /// Ranges of `data` repeating earlier ranges: sent as zeros and
         /// listed, as a server with a repeat map does.
         pub repeats: Mutex<Vec<ByteRepeat>>,
+        /// Files' attributes at the origin now (`attrs` for files not
+        /// listed): a STORE's guard is checked against them, and each
+        /// STORE moves their times on.
+        pub origin: Mutex<HashMap<Vec<u8>, fattr3>>,
+        /// STOREs started, and a gate each waits at (open unless a test
+        /// closes it).
+        pub stores: AtomicU64,
+        pub store_gate: tokio::sync::Semaphore,
     }
 
     impl Fake {
@@ -1746,6 +1888,9 @@ pub(crate) mod tests {
                 gate: tokio::sync::Semaphore::new(if open { 1 << 20 } else { 0 }),
                 stored: Mutex::new(Vec::new()),
                 repeats: Mutex::new(Vec::new()),
+                origin: Mutex::new(HashMap::new()),
+                stores: AtomicU64::new(0),
+                store_gate: tokio::sync::Semaphore::new(1 << 20),
             })
         }
     }
@@ -1797,9 +1942,23 @@ pub(crate) mod tests {
             args: &'a StoreArgs,
         ) -> BoxFuture<'a, Result<fattr3, FetchError>> {
             Box::pin(async move {
+                self.stores.fetch_add(1, Ordering::Relaxed);
+                if let Ok(p) = self.store_gate.acquire().await {
+                    p.forget();
+                }
                 let raw = args.clone().raw().map_err(FetchError::Transport)?;
+                let mut files = lock(&self.origin);
+                let origin = files
+                    .entry(args.fh.clone())
+                    .or_insert_with(|| self.attrs.clone());
+                if args.guard.is_some_and(|g| !g.passes(origin)) {
+                    return Err(FetchError::Nfs(nfsstat3::NFS3ERR_NOT_SYNC));
+                }
+                let end = args.offset + raw.len() as u64;
                 lock(&self.stored).push((args.offset, raw));
-                Ok(attrs(self.data.len() as u64, 8))
+                let t = origin.mtime.seconds + 1;
+                *origin = attrs(origin.size.max(end), t);
+                Ok(origin.clone())
             })
         }
         fn supported(&self) -> BoxFuture<'_, bool> {
@@ -2256,6 +2415,130 @@ pub(crate) mod tests {
         assert!(c.stats().written_back_wire_bytes < bytes);
     }
 
+    /// Item 6a of issue 20: a file changed at the origin after it was
+    /// fetched is not written over. The write-back stops at the guard, the
+    /// local writes stay (served, dirty, kept across a reopen), the
+    /// conflict is counted; the other dirty files are still written back.
+    #[tokio::test]
+    async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
+        let len = 3 * CHUNK as usize;
+        let (dir, index, c, fake) = restartable(content(len));
+        let other = Fake::new(content(CHUNK as usize), true);
+        let cred = Credentials::unix(7, 8);
+        let f = c
+            .start(b"fhA", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c).await;
+        let g = c
+            .start(b"fhB", &other.attrs, None, other.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..500 {
+            if c.stats().files_complete == 2 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        f.write(&c, &cred, 10, b"local".to_vec(), true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        g.write(&c, &cred, 10, b"other".to_vec(), true)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Someone changes fhA at the origin (its mtime even put back: the
+        // ctime moves).
+        let mut changed = fake.attrs.clone();
+        changed.ctime.seconds += 100;
+        lock(&fake.origin).insert(b"fhA".to_vec(), changed);
+        lock(&fake.origin).insert(b"fhB".to_vec(), other.attrs.clone());
+
+        let e = c.write_back(fake.as_ref()).await;
+        assert!(
+            e.is_err_and(|e| e.contains("conflict")),
+            "conflict not reported"
+        );
+        // Only fhB's chunk was stored; fhA's origin change stands.
+        let stored: Vec<u64> = lock(&fake.stored).iter().map(|(o, _)| *o).collect();
+        assert_eq!(stored, [0], "the origin's change was overwritten");
+        assert!(
+            c.get(b"fhB").is_none(),
+            "the unchanged file was not written back"
+        );
+        lock(&fake.stored).clear();
+        assert!(
+            f.is_dirty() && c.get(b"fhA").is_some(),
+            "the local writes were dropped"
+        );
+        assert_eq!(c.stats().write_back_conflicts, 1);
+        let (got, _) = f
+            .read(&c, &src(&fake), &cred, 10, 5)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&got[..], b"local");
+        // Kept across a restart too, and refused again.
+        drop((f, g, c));
+        let c = reopen(dir.path(), &index);
+        let f = c
+            .get(b"fhA")
+            .unwrap_or_else(|| panic!("kept across reopen"));
+        assert!(f.is_dirty());
+        assert!(c.write_back_file(fake.as_ref(), &f).await.is_err());
+        assert!(lock(&fake.stored).is_empty());
+        // Unchanged at the origin, a file is written back: the guard of
+        // each chunk after the first is what the STORE before left.
+        let h = Fake::new(content(len), true);
+        let (_dir2, _index2, c2, _) = restartable(content(len));
+        let f2 = c2
+            .start(b"fhC", &h.attrs, None, h.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c2).await;
+        for at in [0, u64::from(CHUNK) + 5, 2 * u64::from(CHUNK) + 5] {
+            f2.write(&c2, &cred, at, b"w".to_vec(), false)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        c2.write_back(h.as_ref())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(lock(&h.stored).len(), 3);
+    }
+
+    /// Item 6b of issue 20: a WRITE that comes while a SETATTR writes the
+    /// file back is not kept behind it: it is refused (the client sends it
+    /// again, upstream), and the file is let go, holding nothing dirty.
+    #[tokio::test]
+    async fn a_write_during_a_setattrs_write_back_does_not_stay_behind() {
+        let len = 2 * CHUNK as usize;
+        let (_dir, _index, c, fake) = restartable(content(len));
+        let cred = Credentials::unix(7, 8);
+        let f = c
+            .start(b"fhS", &fake.attrs, None, fake.clone(), &cred)
+            .unwrap_or_else(|e| panic!("{e}"));
+        whole(&c).await;
+        f.write(&c, &cred, 0, b"first".to_vec(), false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Hold the write-back's STORE.
+        fake.store_gate.forget_permits(1 << 20);
+        let back = {
+            let (c, f, fake) = (c.clone(), f.clone(), fake.clone());
+            tokio::spawn(async move { c.write_back_and_let_go(fake.as_ref(), &f).await })
+        };
+        while fake.stores.load(Ordering::Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let late = f
+            .try_write(&c, &cred, u64::from(CHUNK) + 7, b"late".to_vec(), false)
+            .await;
+        assert_eq!(late.err(), Some(HeldWriteError::LetGo));
+        fake.store_gate.add_permits(1 << 20);
+        back.await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!f.is_dirty(), "a write stayed dirty behind the SETATTR");
+        assert!(c.get(b"fhS").is_none(), "the file was not let go");
+        assert_eq!(c.stats().dirty_files, 0);
+    }
+
     fn zero_meta(len: usize, zero_chunks: &[u64]) -> MetaFile {
         let mut zero = ZeroMap::new(crate::block_count(len as u64, 65_536));
         for c in zero_chunks {
@@ -2544,7 +2827,9 @@ pub(crate) mod tests {
         // client's write through the block path, nor room for another file,
         // nor a write-back.
         f.last_used.store(0, Ordering::Relaxed);
-        let (pin, _) = f.pin_write(0, 0, 10);
+        let (pin, _) = f
+            .pin_write(0, 0, 10)
+            .unwrap_or_else(|| panic!("not being let go"));
         c.forget(b"fp");
         assert!(c.make_room(&mut lock(&c.files), c.max_bytes).is_err());
         c.write_back(fake.as_ref())

@@ -4,16 +4,18 @@
 //! The layer learns each file's name from LOOKUP and READDIRPLUS replies.
 //! On the first READ of a regular file it looks for `.NAME.gvfsmeta` in the
 //! same directory (through the layers below, with the caller's credentials),
-//! reads it (at most [`MAX_META_LEN`] bytes), decodes it and checks that it
-//! still describes the file (size and mtime). The answer, "none" included,
+//! checks that whoever may write it may write the file too (see
+//! [`trust`](crate::trust)), reads it (at most [`MAX_META_LEN`] bytes),
+//! decodes it and checks that it still describes the file (size, mtime and
+//! ctime). The answer, "none" included,
 //! is remembered, in memory and in a [`MetaIndex`] when one is given, so a
 //! file costs one extra LOOKUP per session at most.
 //!
 //! With valid metadata, a READ is split into runs of zero blocks and runs
 //! of data: zero runs are answered here with zeros and never reach the
 //! layers below; only the data runs are read from them. Metadata that is
-//! corrupt, truncated, of another version, or stale is ignored with a
-//! warning and reads take the normal path, so metadata can never make the
+//! corrupt, truncated, of another version, stale, or not trusted is ignored
+//! with a warning and reads take the normal path, so metadata can never make the
 //! proxy serve bytes other than the file's: a zero answer needs both the
 //! map and the file's current attributes to agree, and any reply carrying
 //! other attributes for the file (a write through this proxy, a change at
@@ -32,6 +34,7 @@ use crate::MetaIndex;
 use crate::ext::ChunkSource;
 use crate::filecache::{CachedFile, FileCache, HeldWriteError, same_version};
 use crate::format::{MAX_META_LEN, MetaFile, is_meta_name, meta_name};
+use crate::trust::{self, WarnLimit};
 
 /// Where compress-and-copy files go and come from: this proxy's file
 /// cache, and its upstream's extension program.
@@ -88,8 +91,12 @@ pub struct MetaStats {
     pub meta_found: u64,
     /// Files looked up with no metadata file beside them.
     pub meta_absent: u64,
-    /// Metadata files ignored: corrupt, truncated, other version, stale.
+    /// Metadata files ignored: corrupt, truncated, other version, stale,
+    /// or not trusted.
     pub meta_rejected: u64,
+    /// Of those, the ones not trusted: writable by someone who may not
+    /// write the file they describe (see the README's rule).
+    pub meta_untrusted: u64,
     /// READs of compress-and-copy files served from the file cache.
     pub copy_reads: u64,
     /// WRITEs into files held whole in the file cache.
@@ -104,6 +111,7 @@ struct Counters {
     meta_found: AtomicU64,
     meta_absent: AtomicU64,
     meta_rejected: AtomicU64,
+    meta_untrusted: AtomicU64,
     copy_reads: AtomicU64,
     copy_writes: AtomicU64,
 }
@@ -120,6 +128,14 @@ fn ctime_of(a: &fattr3) -> (u64, u32) {
     (u64::from(a.ctime.seconds), a.ctime.nseconds)
 }
 
+/// Whether metadata describes the version of the file with attributes `a`:
+/// the same size, mtime and ctime. The ctime is what catches a change whose
+/// mtime was put back (`touch -d`, `cp -p`): nobody can set a ctime, and
+/// any change to the file's data or attributes moves it.
+fn describes(m: &MetaFile, a: &fattr3) -> bool {
+    m.matches(a.size, mtime_of(a), ctime_of(a), true)
+}
+
 /// The metadata-actions layer.
 pub struct MetaLayer {
     inner: Arc<dyn NfsService>,
@@ -134,6 +150,8 @@ pub struct MetaLayer {
     early: AtomicUsize,
     copy: Option<CopyPath>,
     counters: Counters,
+    /// Warnings about ignored metadata files: a few a minute at most.
+    warnings: WarnLimit,
 }
 
 impl std::fmt::Debug for MetaLayer {
@@ -161,6 +179,7 @@ impl MetaLayer {
             early: AtomicUsize::new(0),
             copy,
             counters: Counters::default(),
+            warnings: WarnLimit::new(10, std::time::Duration::from_secs(60)),
         })
     }
 
@@ -175,6 +194,7 @@ impl MetaLayer {
             meta_found: g(&c.meta_found),
             meta_absent: g(&c.meta_absent),
             meta_rejected: g(&c.meta_rejected),
+            meta_untrusted: g(&c.meta_untrusted),
             copy_reads: g(&c.copy_reads),
             copy_writes: g(&c.copy_writes),
         }
@@ -194,7 +214,7 @@ impl MetaLayer {
             return false;
         };
         let len = len.min(a.size.saturating_sub(offset));
-        m.matches(a.size, mtime_of(a), ctime_of(a), false) && m.range_is_zero(offset, len)
+        describes(m, a) && m.range_is_zero(offset, len)
     }
 
     fn files(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Entry>> {
@@ -260,7 +280,7 @@ impl MetaLayer {
             return;
         };
         if let Known::Meta(m) = &e.known
-            && !m.matches(a.size, mtime_of(a), ctime_of(a), false)
+            && !describes(m, a)
         {
             tracing::info!(fh = ?fh, "file changed; its metadata no longer applies");
             e.known = Known::Nothing;
@@ -292,9 +312,7 @@ impl MetaLayer {
                     ..
                 }) => {
                     let a = attrs.as_ref()?;
-                    return m
-                        .matches(a.size, mtime_of(a), ctime_of(a), false)
-                        .then(|| (m.clone(), a.clone()));
+                    return describes(m, a).then(|| (m.clone(), a.clone()));
                 }
                 Some(e) => (e.attrs.clone(), e.name.clone()),
                 None => (None, None),
@@ -338,8 +356,7 @@ impl MetaLayer {
     ) -> Option<Arc<MetaFile>> {
         self.note_attrs(fh, attrs);
         let (m, _) = self.meta_for(cx, fh).await?;
-        m.matches(attrs.size, mtime_of(attrs), ctime_of(attrs), false)
-            .then_some(m)
+        describes(&m, attrs).then_some(m)
     }
 
     /// Starts looking for the metadata of a file just looked up, so that
@@ -406,13 +423,13 @@ impl MetaLayer {
                 name: filename3::from(mname.clone().into_bytes()),
             },
         });
-        let (mfh, msize) = match self.inner.call(cx, lookup).await {
+        let (mfh, mattrs) = match self.inner.call(cx, lookup).await {
             Ok(NfsReply::Lookup(Nfs3Result::Ok(ok))) => {
-                let size = match &ok.obj_attributes {
-                    Nfs3Option::Some(a) => Some(a.size),
+                let attrs = match ok.obj_attributes {
+                    Nfs3Option::Some(a) => Some(a),
                     Nfs3Option::None => None,
                 };
-                (ok.object.data.to_vec(), size)
+                (ok.object.data.to_vec(), attrs)
             }
             Ok(_) => {
                 bump(&self.counters.meta_absent, 1);
@@ -426,10 +443,30 @@ impl MetaLayer {
         };
         let reject = |why: String| {
             bump(&self.counters.meta_rejected, 1);
-            tracing::warn!(file = %name, "ignoring metadata {mname}: {why}");
+            if let Some(held) = self.warnings.allow(std::time::Instant::now()) {
+                let held = if held > 0 {
+                    format!(" ({held} more such warnings held back)")
+                } else {
+                    String::new()
+                };
+                tracing::warn!(file = %name, "ignoring metadata {mname}: {why}{held}");
+            }
             Known::Nothing
         };
-        if msize.is_some_and(|s| s > MAX_META_LEN as u64) {
+        // Who may write the metadata file decides whether it is believed
+        // (see `trust`): from the attributes LOOKUP gave, or a GETATTR.
+        let mattrs = match mattrs {
+            Some(a) => a,
+            None => match self.getattr(cx, &mfh).await {
+                Some(a) => a,
+                None => return reject("no attributes to check its owner".into()),
+            },
+        };
+        if let Err(why) = trust::check(&(&mattrs).into(), &attrs.into()) {
+            bump(&self.counters.meta_untrusted, 1);
+            return reject(format!("not trusted: {why}"));
+        }
+        if mattrs.size > MAX_META_LEN as u64 {
             return reject(format!("larger than {MAX_META_LEN} bytes"));
         }
         let mut bytes: Vec<u8> = Vec::new();
@@ -462,13 +499,16 @@ impl MetaLayer {
             Ok(m) => m,
             Err(e) => return reject(e.to_string()),
         };
-        if !meta.matches(attrs.size, mtime_of(attrs), ctime_of(attrs), false) {
+        if !describes(&meta, attrs) {
             return reject(format!(
-                "stale: it describes size {} mtime {:?}, the file has size {} mtime {:?}",
+                "stale: it describes size {} mtime {:?} ctime {:?}, the file has size {} \
+                 mtime {:?} ctime {:?} (regenerate it with `gvfsctl meta gen`)",
                 meta.file_size,
                 meta.mtime,
+                meta.ctime,
                 attrs.size,
-                mtime_of(attrs)
+                mtime_of(attrs),
+                ctime_of(attrs)
             ));
         }
         bump(&self.counters.meta_found, 1);
@@ -750,7 +790,23 @@ impl MetaLayer {
             .as_ref()
             .ok_or_else(|| ServiceError::Local("no file cache".into()))?;
         let before = f.local_attrs();
-        let after = f.commit(&copy.files).await.map_err(ServiceError::Local)?;
+        let after = match f.commit(&copy.files).await {
+            Ok(a) => a,
+            Err(e) => {
+                // A full disk is the client's to hear of (NFS3ERR_NOSPC):
+                // it keeps its uncommitted writes and sends them again.
+                tracing::warn!(error = %e, "COMMIT of a file held whole failed");
+                return Ok(NfsReply::Commit(Nfs3Result::Err((
+                    e.nfsstat(),
+                    COMMIT3resfail {
+                        file_wcc: wcc_data {
+                            before: Nfs3Option::None,
+                            after: Nfs3Option::Some(f.local_attrs()),
+                        },
+                    },
+                ))));
+            }
+        };
         Ok(NfsReply::Commit(Nfs3Result::Ok(COMMIT3resok {
             file_wcc: wcc(&before, &after),
             verf: copy.files.verifier(),
@@ -1056,11 +1112,13 @@ impl NfsService for MetaLayer {
                 },
                 NfsRequest::Setattr(args) => {
                     // A size or time change applies to upstream's copy:
-                    // write the file's local writes back first.
+                    // write the file's local writes back first, and let
+                    // it go, WRITEs that come meanwhile going upstream
+                    // (none may stay here, unseen by the change).
                     if let (Some(f), Some(copy)) = (self.held_dirty(&args.object.data), &self.copy)
                     {
                         copy.files
-                            .write_back_file(copy.source.as_ref(), &f)
+                            .write_back_and_let_go(copy.source.as_ref(), &f)
                             .await
                             .map_err(ServiceError::Local)?;
                     }

@@ -19,6 +19,7 @@ mod index;
 pub mod layer;
 mod scan;
 pub mod server;
+pub mod trust;
 
 pub use error::{IndexError, MetaError};
 pub use ext::{ChunkSource, ExtClient};

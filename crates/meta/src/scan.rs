@@ -364,6 +364,12 @@ impl Write for ByteCounter {
 /// atomically: a temporary file in `DIR`, synced, renamed over the old one.
 /// Returns the metadata file's path. The described file is not touched
 /// (its mtime and ctime stay as scanned); `DIR`'s mtime changes.
+///
+/// The metadata file gets the file's owner and group where this process
+/// may give them (as root), and the file's read and write bits, less
+/// group-write when its group is not the file's: so it is readable by
+/// whoever may read the file, and trusted by proxies (see
+/// [`trust`](crate::trust)) when written by root or by the file's owner.
 pub fn write_beside(path: &Path, meta: &MetaFile) -> io::Result<PathBuf> {
     let invalid = |why: String| io::Error::new(io::ErrorKind::InvalidInput, why);
     let name = path
@@ -390,8 +396,10 @@ pub fn write_beside(path: &Path, meta: &MetaFile) -> io::Result<PathBuf> {
         SEQ.fetch_add(1, Ordering::Relaxed)
     ));
     let target = dir.join(meta_file);
+    let image = std::fs::metadata(path)?;
     let write = || -> io::Result<()> {
         let mut f = File::options().write(true).create_new(true).open(&tmp)?;
+        like_the_file(&f, &image)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &target)
@@ -405,6 +413,21 @@ pub fn write_beside(path: &Path, meta: &MetaFile) -> io::Result<PathBuf> {
         let _ = d.sync_all();
     }
     Ok(target)
+}
+
+/// Gives the new metadata file `f` the owner, group and permissions that
+/// [`write_beside`] promises, as far as this process may.
+fn like_the_file(f: &File, image: &std::fs::Metadata) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // Root may give it the file's owner; anyone may try the file's group.
+    if std::os::unix::fs::fchown(f, Some(image.uid()), Some(image.gid())).is_err() {
+        let _ = std::os::unix::fs::fchown(f, None, Some(image.gid()));
+    }
+    let mut mode = image.mode() & 0o666;
+    if f.metadata()?.gid() != image.gid() {
+        mode &= !0o020;
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
 }
 
 #[cfg(test)]
@@ -692,6 +715,38 @@ mod tests {
         // A metadata file cannot itself be described.
         let e = write_beside(&written, &meta).expect_err("meta of meta");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    /// `gvfsctl meta gen` run by root writes metadata its proxies trust,
+    /// readable by whoever may read the file: the file's owner, group and
+    /// permission bits.
+    #[test]
+    fn write_beside_gives_the_metadata_the_files_owner_and_permissions() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("user.img");
+        std::fs::write(&path, vec![0u8; 8192]).expect("write");
+        let meta = scan(&path, 4096, Actions::default(), false, &mut |_| {}).expect("scan");
+        let as_root = std::os::unix::fs::chown(&path, Some(1234), Some(5678)).is_ok();
+        for mode in [0o640, 0o664, 0o600] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let written = write_beside(&path, &meta).expect("write_beside");
+            let (m, f) = (
+                std::fs::metadata(&written).expect("stat"),
+                std::fs::metadata(&path).expect("stat"),
+            );
+            if as_root {
+                assert_eq!((m.uid(), m.gid()), (1234, 5678));
+                assert_eq!(m.mode() & 0o7777, mode);
+            }
+            let own = |m: &std::fs::Metadata| crate::trust::Ownership {
+                regular: m.is_file(),
+                uid: m.uid(),
+                gid: m.gid(),
+                mode: m.mode(),
+            };
+            assert_eq!(crate::trust::check(&own(&m), &own(&f)), Ok(()), "{mode:o}");
+        }
     }
 
     #[test]

@@ -175,8 +175,13 @@ impl ExtServer {
         if proc_ == ext::PROC_NULL {
             return Ok(Vec::new());
         }
-        if proc_ == ext::PROC_STORE {
-            let Ok(store) = StoreArgs::decode(args) else {
+        if proc_ == ext::PROC_STORE || proc_ == ext::PROC_STORE_GUARDED {
+            let decoded = if proc_ == ext::PROC_STORE {
+                StoreArgs::decode(args)
+            } else {
+                StoreArgs::decode_guarded(args)
+            };
+            let Ok(store) = decoded else {
                 return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
             };
             bump(&self.counters.store_calls, 1);
@@ -335,7 +340,6 @@ impl ExtServer {
                         tracing::warn!(%why, "cannot hold a file for FETCH");
                         nfsstat3::NFS3ERR_IO
                     })?;
-                f.mark_checked();
                 let mut checked = lock(&self.checked);
                 if checked.len() >= MAX_CHECKED {
                     checked.retain(|_, at| at.elapsed() < RECHECK);
@@ -371,9 +375,35 @@ impl ExtServer {
     /// A STORE: the chunk decompressed and written through the layers
     /// below, durably (FILE_SYNC, or a COMMIT when a layer answered
     /// UNSTABLE), before it is acknowledged.
+    ///
+    /// With a guard (STORE_GUARDED), the file's attributes are read first
+    /// and nothing is written unless they are the guard's (else
+    /// NFS3ERR_NOT_SYNC); the answer is then a GETATTR after the write, so
+    /// that it is what the caller's next guard is compared with. The check
+    /// and the write are two calls: a change at the origin between them
+    /// is not seen.
     async fn store(&self, cx: &CallContext, args: StoreArgs) -> Result<fattr3, nfsstat3> {
         let fh = args.fh.clone();
         let offset = args.offset;
+        let guard = args.guard;
+        if let Some(g) = &guard {
+            let now = self.getattr(cx, &fh).await?;
+            if !g.passes(&now) {
+                tracing::warn!(
+                    fh = ?fh,
+                    "refusing a write-back: the file changed since the writer's copy was \
+                     fetched (size {} mtime {:?} ctime {:?}, expected size {} mtime {:?} \
+                     ctime {:?})",
+                    now.size,
+                    now.mtime,
+                    now.ctime,
+                    g.size,
+                    g.mtime,
+                    g.ctime
+                );
+                return Err(nfsstat3::NFS3ERR_NOT_SYNC);
+            }
+        }
         let raw = tokio::task::spawn_blocking(move || args.raw())
             .await
             .map_err(|_| nfsstat3::NFS3ERR_SERVERFAULT)?
@@ -424,8 +454,8 @@ impl ExtServer {
         }
         bump(&self.counters.stored_raw_bytes, u64::from(count));
         match attrs {
-            Some(a) => Ok(a),
-            None => self.getattr(cx, &fh).await,
+            Some(a) if guard.is_none() => Ok(a),
+            _ => self.getattr(cx, &fh).await,
         }
     }
 

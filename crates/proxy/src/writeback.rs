@@ -83,13 +83,17 @@ impl Jobs {
             if let Some(a) = &attrs {
                 a.invalidate();
             }
-            let result = match (files, kind) {
-                (Err(e), _) => Err(e),
-                (Ok(_), JobKind::WriteBack) => cache
-                    .write_back(&progress)
-                    .await
-                    .map(|r| (r, files_bytes(&meta))),
-                (Ok(_), JobKind::Flush) => cache.flush().await.map(|r| (r, files_bytes(&meta))),
+            // A file held whole that could not be written back (a
+            // conflict at the origin, say) keeps its writes; the block
+            // cache's dirty data still goes, and the job reports the
+            // failure.
+            let blocks = match kind {
+                JobKind::WriteBack => cache.write_back(&progress).await,
+                JobKind::Flush => cache.flush().await,
+            };
+            let result = match (files, blocks) {
+                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                (Ok(_), Ok(r)) => Ok((r, files_bytes(&meta))),
             };
             let outcome = match result {
                 Ok((report, files)) => {

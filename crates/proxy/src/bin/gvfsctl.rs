@@ -333,6 +333,14 @@ fn meta_gen(
         .with_context(|| format!("scanning {}", path.display()))?;
         let written = gvfs_meta::write_beside(path, &scanned)
             .with_context(|| format!("writing the metadata of {}", path.display()))?;
+        if let Err(why) = trusted_beside(path, &written) {
+            let _ = std::fs::remove_file(&written);
+            bail!(
+                "{}: proxies would not trust metadata written by this user ({why}); \
+                 run `gvfsctl meta gen` as root or as the file's owner",
+                path.display()
+            );
+        }
         done += work(size);
         bar.set_position(done);
         let mut line = format!(
@@ -355,6 +363,23 @@ fn meta_gen(
     for line in lines {
         println!("{line}");
     }
+    Ok(())
+}
+
+/// Whether proxies trust the metadata file `meta` about `file`, by the
+/// rule in `gvfs_meta::trust`, judged from the local attributes.
+fn trusted_beside(file: &Path, meta: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let own = |p: &Path| -> anyhow::Result<gvfs_meta::trust::Ownership> {
+        let m = std::fs::symlink_metadata(p).with_context(|| format!("{}", p.display()))?;
+        Ok(gvfs_meta::trust::Ownership {
+            regular: m.is_file(),
+            uid: m.uid(),
+            gid: m.gid(),
+            mode: m.mode(),
+        })
+    };
+    gvfs_meta::trust::check(&own(meta)?, &own(file)?)?;
     Ok(())
 }
 
@@ -514,18 +539,29 @@ fn meta_show(path: &Path) -> anyhow::Result<()> {
             let (mtime, ctime) = (t(f.mtime(), f.mtime_nsec()), t(f.ctime(), f.ctime_nsec()));
             if !m.matches(f.len(), mtime, ctime, false) {
                 format!(
-                    "no: stale, the file is now {} bytes, mtime {} (a proxy ignores this metadata)",
+                    "no: stale, the file is now {} bytes, mtime {} (a proxy ignores this \
+                     metadata; regenerate it with `gvfsctl meta gen`)",
                     f.len(),
                     time(mtime)
                 )
             } else if m.matches(f.len(), mtime, ctime, true) {
                 "yes (size, mtime and ctime)".to_string()
             } else {
-                format!("yes (size and mtime; ctime is now {})", time(ctime))
+                format!(
+                    "no: the file's ctime is now {} (changed, or its owner or mode were, with \
+                     the mtime kept): a proxy ignores this metadata; regenerate it with \
+                     `gvfsctl meta gen`",
+                    time(ctime)
+                )
             }
         }
     };
     println!("matches file:    {state}");
+    let trusted = match trusted_beside(&file, &meta_path) {
+        Ok(()) => "yes (written by root or the file's owner, no other writers)".to_string(),
+        Err(why) => format!("no: {why:#} (a proxy ignores this metadata)"),
+    };
+    println!("trusted:         {trusted}");
     Ok(())
 }
 
@@ -590,10 +626,12 @@ fn print_stats(s: &Value) {
     if m.is_object() {
         println!("metadata actions");
         println!(
-            "  metadata    {} files with, {} without, {} ignored (bad or stale)",
+            "  metadata    {} files with, {} without, {} ignored (bad, stale or \
+             {} not trusted)",
             n(&m["meta_found"]),
             n(&m["meta_absent"]),
-            n(&m["meta_rejected"])
+            n(&m["meta_rejected"]),
+            n(&m["meta_untrusted"])
         );
         println!(
             "  zero maps   {} bytes of zeros answered here, {} READs wholly zeros",
