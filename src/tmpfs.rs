@@ -1,32 +1,51 @@
 //! A small tmpfs mounted for a test or benchmark (a disk that fills up),
 //! unmounted when dropped. Mounting needs root, as the tests run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 
-/// A tmpfs of a given size at a temporary directory.
+/// A tmpfs of a given size, mounted at a temporary directory or one given.
 #[derive(Debug)]
-pub struct Tmpfs(tempfile::TempDir);
+pub struct Tmpfs {
+    dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+}
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it: `40m`).
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it: `40m`) at a
+    /// new temporary directory.
     pub fn mount(size: &str) -> Result<Tmpfs> {
-        let dir = tempfile::tempdir()?;
-        let ok = Command::new("mount")
+        let temp = tempfile::tempdir()?;
+        let mut t = Tmpfs::mount_at(temp.path(), size)?;
+        t._temp = Some(temp);
+        Ok(t)
+    }
+
+    /// Mounts a tmpfs of `size` at `dir` (created if need be).
+    pub fn mount_at(dir: &Path, size: &str) -> Result<Tmpfs> {
+        std::fs::create_dir_all(dir)?;
+        let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .context("running mount (the tests run as root)")?
-            .success();
-        ensure!(ok, "mounting a tmpfs at {} failed", dir.path().display());
-        Ok(Tmpfs(dir))
+            .arg(dir)
+            .output()
+            .context("running mount")?;
+        ensure!(
+            out.status.success(),
+            "mount -t tmpfs on {} failed (the tests run as root): {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(Tmpfs {
+            dir: dir.to_path_buf(),
+            _temp: None,
+        })
     }
 
     /// Where it is mounted.
     pub fn path(&self) -> &Path {
-        self.0.path()
+        &self.dir
     }
 
     /// Writes `filler` until the tmpfs is full; returns the bytes written.
@@ -53,6 +72,7 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
+        // Lazily: a process still holding a file there must not keep it.
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
     }
 }

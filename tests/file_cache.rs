@@ -4,7 +4,6 @@
 //! copy of a file changed while the proxy was down, and a full disk.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -12,6 +11,7 @@ use gvfs::data::write_sparse_file;
 use gvfs::libnfs::nfs_cat;
 use gvfs::nfsclient::NfsClient;
 use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::tmpfs::Tmpfs;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::{
     COMMIT3args, Nfs3Result, WRITE3args, nfs_fh3, nfsstat3, stable_how,
@@ -206,52 +206,6 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
     Ok(())
 }
 
-/// A small tmpfs mounted on a directory for the life of the guard.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output()
-            .context("running mount")?;
-        if !out.status.success() {
-            bail!(
-                "mount -t tmpfs on {} failed (the test needs root): {}",
-                dir.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(Self(dir.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Fills the file system of `dir` with a file `name` until it is full.
-fn fill(dir: &Path, name: &str) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(dir.join(name))?;
-    let block = vec![0x5au8; 64 * 1024];
-    for _ in 0..10_000 {
-        if let Err(e) = f.write_all(&block).and_then(|()| f.sync_all()) {
-            ensure!(
-                e.kind() == std::io::ErrorKind::StorageFull,
-                "filling {}: {e}",
-                dir.display()
-            );
-            return Ok(());
-        }
-    }
-    bail!("{} never filled up", dir.display())
-}
-
 /// Item 10 of issue 20 (the file cache's part): the disk of the file
 /// cache's directory fills up under a WRITE into a file held whole. The
 /// client is told NFS3ERR_NOSPC (nothing is kept of that WRITE, nothing
@@ -266,7 +220,7 @@ async fn a_full_file_cache_disk_answers_nospc_and_recovers() -> Result<()> {
     let cache = tempfile::tempdir()?;
     // The file cache's directory, on an 8 MiB disk of its own.
     let files = cache.path().join("files");
-    let tmpfs = Tmpfs::mount(&files, "8m")?;
+    let tmpfs = Tmpfs::mount_at(&files, "8m")?;
     let client = caching(server.upstream_url(), cache.path())?;
     ensure!(nfs_cat(&client.url("full.raw"))? == want);
     wait_complete(&client, 1).await?;
@@ -279,7 +233,7 @@ async fn a_full_file_cache_disk_answers_nospc_and_recovers() -> Result<()> {
     ensure!(commit(&nfs, &fh).await? == nfsstat3::NFS3_OK);
     want[1000..1000 + early.len()].copy_from_slice(early);
 
-    fill(&files, "filler")?;
+    tmpfs.fill()?;
     // Into a chunk of zeros (a hole in the cached file): needs new blocks.
     let hole = 2 * MIB as usize;
     let late = vec![0xc3u8; 256 * 1024];
@@ -298,7 +252,7 @@ async fn a_full_file_cache_disk_answers_nospc_and_recovers() -> Result<()> {
     );
 
     // Room again: the client's retry is kept, and everything written back.
-    std::fs::remove_file(files.join("filler"))?;
+    tmpfs.unfill()?;
     ensure!(write(&nfs, &fh, hole as u64, &late, false).await? == nfsstat3::NFS3_OK);
     ensure!(commit(&nfs, &fh).await? == nfsstat3::NFS3_OK);
     want[hole..hole + late.len()].copy_from_slice(&late);
