@@ -1,7 +1,8 @@
 //! Retransmissions and limits seen from the wire: a resent REMOVE is
 //! answered from the duplicate-request cache (not run twice, which would
-//! turn success into NFS3ERR_NOENT), connections beyond the limit wait, and
-//! a TOML config file drives the proxy like the command line does.
+//! turn success into NFS3ERR_NOENT), idle and half-sent connections at the
+//! connection limit give way to a new client, and a TOML config file drives
+//! the proxy like the command line does.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -100,34 +101,79 @@ fn a_resent_remove_is_answered_not_rerun_through_a_chain_to_ganesha() -> Result<
     resent_remove_succeeds_each_time(proxies.last().context("no proxy")?, g.export_dir())
 }
 
+/// Whether the proxy closed `s` (EOF or reset), reading at most 10 s.
+fn closed_by_proxy(s: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match s.read(&mut byte) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
 #[test]
-fn connections_beyond_the_limit_wait_for_a_free_slot() -> Result<()> {
+fn idle_and_half_sent_connections_do_not_lock_out_a_new_client() -> Result<()> {
     let origin = tempfile::tempdir()?;
+    std::fs::write(origin.path().join("f"), b"served anyway")?;
     let p = Proxy::spawn(
         ProxyArgs::dir(origin.path())
             .arg("--max-connections")
-            .arg("2"),
+            .arg("4")
+            .arg("--max-pending-connections")
+            .arg("4"),
     )?;
     let null = NfsRequest::Null(gvfs_nfs::nfs3_types::xdr_codec::Void);
-    let mut a = connect(p.addr())?;
-    let mut b = connect(p.addr())?;
-    for (i, s) in [&mut a, &mut b].into_iter().enumerate() {
-        send_call(s, i as u32, &null)?;
-        recv_reply(s, NfsProc::Null)?;
+    // Four clients fill the limit: each makes one call, then goes quiet;
+    // the last one starts another call and sends only half of it.
+    let mut served = Vec::new();
+    for i in 0..4 {
+        let mut s = connect(p.addr())?;
+        send_call(&mut s, i, &null)?;
+        recv_reply(&mut s, NfsProc::Null)?;
+        served.push(s);
     }
-    let mut c = connect(p.addr())?;
-    c.set_read_timeout(Some(Duration::from_millis(700)))?;
-    send_call(&mut c, 3, &null)?;
-    let mut byte = [0u8; 1];
-    let waited = c.read(&mut byte);
-    ensure!(
-        matches!(&waited, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
-        "a third connection was served beyond the limit: {waited:?}"
+    served[3].write_all(&gvfs_nfs::record::frame(200))?;
+    served[3].write_all(&[0; 100])?;
+    // More sockets than the pending budget that never complete a call:
+    // silent ones, and ones that send half a record.
+    let mut never = Vec::new();
+    for i in 0..12 {
+        let mut s = connect(p.addr())?;
+        if i % 2 == 1 {
+            s.write_all(&gvfs_nfs::record::frame(1000))?;
+            s.write_all(&[0; 10])?;
+        }
+        never.push(s);
+    }
+    // A real client is served (within the tool's own timeout, long before
+    // any of the timeouts above would free a slot).
+    let url = format!(
+        "nfs://127.0.0.1/export/f?version=3&nfsport={0}&mountport={0}",
+        p.port()
     );
-    drop(a);
-    c.set_read_timeout(Some(Duration::from_secs(10)))?;
-    recv_reply(&mut c, NfsProc::Null)
-        .context("the waiting connection was not served after a slot freed")?;
+    ensure!(nfs_cat(&url)? == b"served anyway");
+    // It took the places of the connections idle longest, and of the
+    // oldest that never sent a call.
+    ensure!(
+        closed_by_proxy(&mut served[0]),
+        "the connection idle longest is still open"
+    );
+    ensure!(
+        closed_by_proxy(&mut never[0]),
+        "the oldest silent connection is still open"
+    );
+    let st = p.status()?;
+    let conns = &st["connections"];
+    ensure!(
+        conns["evicted_idle"].as_u64() >= Some(1) && conns["evicted_pending"].as_u64() >= Some(8),
+        "status: {st}"
+    );
+    let log = p.output();
+    ensure!(
+        log.contains("connection limit reached: closed the connection idle longest")
+            && log.contains("too many connections not yet through their first call"),
+        "no log line for the full pools:\n{log}"
+    );
     Ok(())
 }
 
