@@ -34,6 +34,7 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// max_pending_connections = 64       # not yet through a first call or TLS handshake
 /// max_in_flight = 64
 /// idle_timeout_secs = 600              # close a client connection idle this long
+/// buffer_memory = "256M"               # call records and replies held, all clients
 /// drain_timeout_secs = 10
 /// metrics = "127.0.0.1:9100"           # Prometheus text endpoint
 /// attr_timeout_secs = 0                # attribute cache (0, default = off)
@@ -90,6 +91,9 @@ pub struct FileConfig {
     /// Close a client connection with nothing running and no call for
     /// this many seconds.
     pub idle_timeout_secs: Option<u64>,
+    /// Most memory for call records and replies held at once, all client
+    /// connections together, e.g. "256M".
+    pub buffer_memory: Option<String>,
     /// Calls in flight per client connection.
     pub max_in_flight: Option<usize>,
     /// On SIGTERM, wait this long for calls in flight.
@@ -168,6 +172,7 @@ impl FileConfig {
                 .max_pending_connections
                 .or(self.max_pending_connections),
             idle_timeout_secs: other.idle_timeout_secs.or(self.idle_timeout_secs),
+            buffer_memory: other.buffer_memory.or(self.buffer_memory),
             max_in_flight: other.max_in_flight.or(self.max_in_flight),
             drain_timeout_secs: other.drain_timeout_secs.or(self.drain_timeout_secs),
             metrics: other.metrics.or(self.metrics),
@@ -387,6 +392,10 @@ pub struct CacheSettings {
     pub file_cache_size: u64,
 }
 
+/// The smallest memory budget for call records and replies: two of the
+/// largest calls, rounded up.
+const MIN_BUFFER_MEMORY: u64 = 4 << 20;
+
 /// The file cache's budget when none is configured.
 pub const DEFAULT_FILE_CACHE_SIZE: u64 = 16 << 30;
 
@@ -575,6 +584,17 @@ impl Config {
                 Some(s) => Duration::from_secs(s),
                 None => defaults.idle_timeout,
             },
+            buffer_memory: match &f.buffer_memory {
+                Some(m) => match parse_size(m)? {
+                    n if n < MIN_BUFFER_MEMORY => {
+                        return Err(ConfigError::Invalid(format!(
+                            "buffer memory {m} is too small: at least 4M (two of the largest calls)"
+                        )));
+                    }
+                    n => n,
+                },
+                None => defaults.buffer_memory,
+            },
             ..defaults
         };
         let connect_timeout = match f.connect_timeout_secs {
@@ -714,6 +734,10 @@ mod tests {
             },
             FileConfig {
                 idle_timeout_secs: Some(0),
+                ..FileConfig::default()
+            },
+            FileConfig {
+                buffer_memory: Some("1M".into()),
                 ..FileConfig::default()
             },
         ] {

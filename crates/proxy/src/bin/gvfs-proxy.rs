@@ -103,6 +103,13 @@ struct Cli {
     #[arg(long, value_name = "SECS")]
     idle_timeout: Option<u64>,
 
+    /// Most memory for call records and replies held at once, all client
+    /// connections together, e.g. 256M [default: 256M]. A connection whose
+    /// client does not read its replies stops being read once it holds a
+    /// quarter of it; every client may still send one call at a time.
+    #[arg(long, value_name = "SIZE")]
+    buffer_memory: Option<String>,
+
     /// Calls in flight per client connection [default: 64].
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
@@ -239,6 +246,7 @@ impl Cli {
             max_connections: self.max_connections,
             max_pending_connections: self.max_pending_connections,
             idle_timeout_secs: self.idle_timeout,
+            buffer_memory: self.buffer_memory.clone(),
             max_in_flight: self.max_in_flight,
             drain_timeout_secs: None,
             metrics: self.metrics.clone(),

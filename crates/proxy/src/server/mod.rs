@@ -1,7 +1,9 @@
 //! The tokio edge of the front end: accepts connections, reads records,
 //! runs calls concurrently and writes replies.
 //!
-//! Bounded everywhere: at most `max_connections` served connections and
+//! Bounded everywhere: one memory budget for the call records and replies
+//! held for all connections, with backpressure ([`memory`]); at most
+//! `max_connections` served connections and
 //! `max_pending` more that have not yet sent a first call or finished a TLS
 //! handshake, each pool making room by closing its oldest or idlest member
 //! ([`slots`]); at most `max_in_flight` calls per connection (the reader
@@ -39,9 +41,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::front::{CredMap, FrontEnd, Peer};
 
+mod memory;
 mod slots;
 
-use slots::{CallGuard, ConnState, Slot, Slots};
+use memory::Charge;
+pub use memory::MemoryBudget;
+use slots::{ConnState, Slot, Slots};
 
 /// Limits of the server edge.
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +70,9 @@ pub struct ServerLimits {
     pub record_timeout: Duration,
     /// Longest wait for one reply write before the connection is dropped.
     pub write_timeout: Duration,
+    /// Most bytes of call records and replies held at once, all
+    /// connections together (see [`MemoryBudget`]).
+    pub buffer_memory: u64,
 }
 
 impl Default for ServerLimits {
@@ -78,6 +86,7 @@ impl Default for ServerLimits {
             first_call_timeout: Duration::from_secs(10),
             record_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(60),
+            buffer_memory: 256 << 20,
         }
     }
 }
@@ -152,21 +161,42 @@ pub enum Security {
     Tls(Arc<TlsSide>),
 }
 
-/// Serves `front` on `listener` until `shutdown` is cancelled, then drains
-/// in-flight calls (tracked by `tasks`) and returns.
+/// What the listeners of one proxy share.
+#[derive(Clone)]
+pub struct Shared {
+    /// The front end calls go to.
+    pub front: Arc<FrontEnd>,
+    /// Connection counters.
+    pub stats: Arc<ServerStats>,
+    /// The memory budget of all connections.
+    pub budget: Arc<MemoryBudget>,
+    /// Cancelled on shutdown.
+    pub shutdown: CancellationToken,
+    /// Tracks calls in flight, for draining.
+    pub tasks: TaskTracker,
+}
+
+/// Serves `shared.front` on `listener` until `shared.shutdown` is
+/// cancelled, then drains in-flight calls (tracked by `shared.tasks`) and
+/// returns.
 pub async fn serve(
     listener: TcpListener,
     security: Security,
-    front: Arc<FrontEnd>,
     limits: ServerLimits,
-    stats: Arc<ServerStats>,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
+    shared: Shared,
 ) {
+    let Shared {
+        front,
+        stats,
+        budget,
+        shutdown,
+        tasks,
+    } = shared;
     let slots = Arc::new(Slots::new(
         limits.max_connections,
         limits.max_pending,
         stats.clone(),
+        budget,
     ));
     loop {
         let (stream, peer) = tokio::select! {
@@ -205,15 +235,11 @@ pub async fn serve(
 
 /// What serving one connection needs besides the stream.
 #[derive(Clone)]
-pub struct Conn {
-    /// The front end calls go to.
-    pub front: Arc<FrontEnd>,
-    /// Limits of the edge.
-    pub limits: ServerLimits,
-    /// Cancelled on shutdown.
-    pub shutdown: CancellationToken,
-    /// Tracks calls in flight, for draining.
-    pub tasks: TaskTracker,
+struct Conn {
+    front: Arc<FrontEnd>,
+    limits: ServerLimits,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
 }
 
 /// Runs `step` unless the connection is closed first (evicted from the
@@ -446,7 +472,7 @@ async fn serve_connection<S>(
     let (rd, mut wr) = tokio::io::split(stream);
     let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
     let (reply_tx, mut reply_rx) =
-        mpsc::channel::<(ReplyRecord, CallGuard)>(limits.max_in_flight.max(1));
+        mpsc::channel::<(ReplyRecord, Charge)>(limits.max_in_flight.max(1));
     let write_timeout = limits.write_timeout;
     let writer = tokio::spawn(async move {
         while let Some((rec, call)) = reply_rx.recv().await {
@@ -465,6 +491,18 @@ async fn serve_connection<S>(
     let closed = state.close().cancelled();
     tokio::pin!(closed);
     loop {
+        if reply_tx.is_closed() {
+            // The writer gave up (a reply unwritten for the write timeout).
+            break;
+        }
+        // Backpressure: no more calls while this connection holds its share
+        // of the memory budget (its client is not reading replies), or all
+        // connections together hold the budget.
+        tokio::select! {
+            biased;
+            () = &mut closed => break,
+            () = state.memory().room() => {}
+        }
         let wait = if state.has_called() {
             limits.idle_timeout
         } else {
@@ -504,14 +542,20 @@ async fn serve_connection<S>(
                 }
             },
         };
-        let call = state.call_started();
+        let call = state.call_started((rec.len() + crate::front::reply_size_hint(&rec)) as u64);
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };
         let (front, tx, peer) = (front.clone(), reply_tx.clone(), peer.clone());
+        let memory = state.memory().clone();
         tasks.spawn(async move {
-            if let Some(reply) = front.handle(&rec, &peer).await {
-                let _ = tx.send((reply, call)).await;
+            let reply = front.handle(&rec, &peer).await;
+            drop(rec);
+            if let Some(reply) = reply {
+                // The reply as it is, instead of the most it could be.
+                let held = memory.charge(reply.len() as u64);
+                drop(call);
+                let _ = tx.send((reply, held)).await;
             }
             drop(permit);
         });

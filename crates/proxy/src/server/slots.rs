@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ServerStats;
+use super::memory::{Charge, ConnMemory, MemoryBudget};
 
 /// At most one log line of each kind this often.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -46,8 +47,9 @@ pub(crate) struct ConnState {
     addr: SocketAddr,
     epoch: Instant,
     opened: Instant,
-    /// Calls read and not yet done with (reply written, or dropped).
-    outstanding: AtomicUsize,
+    /// What its calls and replies hold of the memory budget: more than
+    /// nothing while a call runs or a reply waits to be written.
+    memory: Arc<ConnMemory>,
     /// When it was last active (served, or a complete call came in), in
     /// milliseconds after `epoch`.
     active: AtomicU64,
@@ -59,12 +61,17 @@ pub(crate) struct ConnState {
 }
 
 impl ConnState {
-    fn new(addr: SocketAddr, epoch: Instant, shutdown: &CancellationToken) -> Self {
+    fn new(
+        addr: SocketAddr,
+        epoch: Instant,
+        budget: &Arc<MemoryBudget>,
+        shutdown: &CancellationToken,
+    ) -> Self {
         Self {
             addr,
             epoch,
             opened: Instant::now(),
-            outstanding: AtomicUsize::new(0),
+            memory: Arc::new(ConnMemory::new(budget.clone())),
             active: AtomicU64::new(0),
             called: AtomicBool::new(false),
             close: shutdown.child_token(),
@@ -81,14 +88,19 @@ impl ConnState {
         &self.close
     }
 
-    /// A complete call came in: it is outstanding until the guard drops.
-    pub(crate) fn call_started(self: &Arc<Self>) -> CallGuard {
-        self.outstanding.fetch_add(1, Ordering::AcqRel);
+    /// Its part of the memory budget.
+    pub(crate) fn memory(&self) -> &Arc<ConnMemory> {
+        &self.memory
+    }
+
+    /// A complete call came in, holding `bytes` (its record and the
+    /// largest reply it may get) until the charge drops.
+    pub(crate) fn call_started(&self, bytes: u64) -> Charge {
         self.touch();
         if !self.called.load(Ordering::Relaxed) {
             self.called.store(true, Ordering::Relaxed);
         }
-        CallGuard(self.clone())
+        self.memory.charge(bytes)
     }
 
     /// Whether a complete call has come in on it.
@@ -98,7 +110,7 @@ impl ConnState {
 
     /// Whether calls are running or replies waiting to be written.
     pub(crate) fn busy(&self) -> bool {
-        self.outstanding.load(Ordering::Acquire) > 0
+        self.memory.busy()
     }
 
     fn touch(&self) {
@@ -109,17 +121,6 @@ impl ConnState {
     fn idle_for(&self, now: Instant) -> Duration {
         let since = now.saturating_duration_since(self.epoch);
         since.saturating_sub(Duration::from_millis(self.active.load(Ordering::Relaxed)))
-    }
-}
-
-/// A call's hold on its connection, from the complete record until its
-/// reply is written (or there is none).
-#[derive(Debug)]
-pub(crate) struct CallGuard(Arc<ConnState>);
-
-impl Drop for CallGuard {
-    fn drop(&mut self) {
-        self.0.outstanding.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -167,6 +168,7 @@ pub(crate) struct Slots {
     /// Woken when a served slot frees.
     freed: Notify,
     stats: Arc<ServerStats>,
+    budget: Arc<MemoryBudget>,
 }
 
 /// What [`Slots::try_serve`] found.
@@ -178,8 +180,14 @@ enum Promotion {
 }
 
 impl Slots {
-    pub(crate) fn new(max_served: usize, max_pending: usize, stats: Arc<ServerStats>) -> Self {
+    pub(crate) fn new(
+        max_served: usize,
+        max_pending: usize,
+        stats: Arc<ServerStats>,
+        budget: Arc<MemoryBudget>,
+    ) -> Self {
         Self {
+            budget,
             max_served: max_served.max(1),
             max_pending: max_pending.max(1),
             epoch: Instant::now(),
@@ -196,7 +204,7 @@ impl Slots {
     /// Admits a new connection from `addr` as pending, closing the oldest
     /// pending one if there are `max_pending` already. Never waits.
     pub(crate) fn admit(self: &Arc<Self>, addr: SocketAddr, shutdown: &CancellationToken) -> Slot {
-        let state = Arc::new(ConnState::new(addr, self.epoch, shutdown));
+        let state = Arc::new(ConnState::new(addr, self.epoch, &self.budget, shutdown));
         let mut t = self.lock();
         let id = t.next_id;
         t.next_id += 1;
@@ -345,7 +353,11 @@ mod tests {
 
     fn slots(served: usize, pending: usize) -> (Arc<Slots>, Arc<ServerStats>) {
         let stats = Arc::new(ServerStats::default());
-        (Arc::new(Slots::new(served, pending, stats.clone())), stats)
+        let budget = Arc::new(MemoryBudget::new(1 << 30, 1 << 20));
+        (
+            Arc::new(Slots::new(served, pending, stats.clone(), budget)),
+            stats,
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -380,9 +392,9 @@ mod tests {
         }
         // 0 is busy (its call still runs); 1 called most recently of the
         // idle ones... after 2 is made active again, 1 is idle longest.
-        let _running = served[0].state().call_started();
+        let _running = served[0].state().call_started(1);
         tokio::time::advance(Duration::from_secs(1)).await;
-        drop(served[2].state().call_started());
+        drop(served[2].state().call_started(1));
         let d = slots.admit(addr(9), &stop);
         assert!(d.serve().await);
         assert!(
@@ -403,7 +415,7 @@ mod tests {
         let stop = CancellationToken::new();
         let a = slots.admit(addr(1), &stop);
         assert!(a.serve().await);
-        let call = a.state().call_started();
+        let call = a.state().call_started(1);
         let b = slots.admit(addr(2), &stop);
         let waiting = tokio::spawn(async move {
             let ok = b.serve().await;
@@ -417,7 +429,7 @@ mod tests {
         let (ok, b) = waiting.await.unwrap();
         assert!(ok && a.state().close().is_cancelled());
         // A slot freed by a close wakes a waiter too.
-        let _call = b.state().call_started();
+        let _call = b.state().call_started(1);
         let c = slots.admit(addr(3), &stop);
         let waiting = tokio::spawn(async move { c.serve().await });
         tokio::task::yield_now().await;
