@@ -267,6 +267,55 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
     Ok(())
 }
 
+#[test]
+fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
+    let pki = Pki::with(&["image-server", "node1"])?;
+    let site = tempfile::tempdir()?;
+    std::fs::write(site.path().join("f"), b"through the crowd")?;
+    let origin = format!("dir:{}", site.path().display());
+    let (server, tls) = image_server(
+        &pki,
+        origin,
+        &["--max-connections", "8", "--map-peer", "node1=pass"],
+    )?;
+    // A hundred sockets that never start a handshake, far more than the
+    // served connections and than the budget of new ones.
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        silent.push(std::net::TcpStream::connect(tls)?);
+    }
+    // Health checks: connect, close, send nothing.
+    for _ in 0..5 {
+        drop(std::net::TcpStream::connect(tls)?);
+    }
+    // A client proxy checks its upstream within twice --connect-timeout at
+    // start, so it starts only if its handshake is not held up.
+    let client = Proxy::spawn(
+        pki.args(
+            "node1",
+            ProxyArgs::new(gvfs_url(tls))
+                .arg("--connect-timeout")
+                .arg("3"),
+        ),
+    )?;
+    ensure!(nfs_cat(&client.url("f"))? == b"through the crowd");
+    let st = server.status()?;
+    let conns = &st["connections"];
+    ensure!(
+        conns["evicted_pending"].as_u64() >= Some(30) && conns["tls_accepted"].as_u64() >= Some(1),
+        "status: {st}"
+    );
+    // Nobody was refused: silence is not a failed handshake.
+    ensure!(conns["tls_refused"].as_u64() == Some(0), "status: {st}");
+    let log = server.output();
+    ensure!(
+        !log.contains("refused a connection"),
+        "a health check or silent socket was logged as a refused peer:\n{log}"
+    );
+    drop(silent);
+    Ok(())
+}
+
 fn owner(path: &Path) -> Result<(u32, u32)> {
     let m = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     Ok((m.uid(), m.gid()))

@@ -19,7 +19,11 @@
 //! the RFC 9289 STARTTLS probe), or TLS 1.3 from the first byte with a
 //! client certificate required (`--listen-tls`, between proxies). A TLS
 //! handshake on a plain port, plain RPC on a TLS port, and any refused
-//! certificate end the connection with one log line; nothing is served.
+//! certificate end the connection with one log line at WARN; nothing is
+//! served. A connection that sends nothing (a health check that connects
+//! and closes, a silent socket) is no refused peer: it is logged at DEBUG
+//! only. Connections not yet through their handshake are pending
+//! ([`slots`]): they cannot take an authenticated peer's place.
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
@@ -268,8 +272,26 @@ async fn open_connection(
     };
     let starttls = match security {
         Security::Tls(tls) => {
-            let handshake =
-                gvfs_tunnel::accept(stream, tls.identity.server_config(), tls.handshake_timeout);
+            let start = tokio::time::Instant::now();
+            // A health check connects and closes without a byte; a silent
+            // socket sends nothing: neither is a peer refused.
+            let mut b = [0u8; 1];
+            let peek = tokio::time::timeout(tls.handshake_timeout, stream.peek(&mut b));
+            match unless_closed(state, peek).await {
+                None => return,
+                Some(Ok(Ok(1))) => {}
+                Some(Ok(_)) => {
+                    tracing::debug!(peer = %addr, "closed before sending anything");
+                    return;
+                }
+                Some(Err(_)) => {
+                    stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %addr, "closing a new connection: no TLS handshake in time");
+                    return;
+                }
+            }
+            let left = tls.handshake_timeout.saturating_sub(start.elapsed());
+            let handshake = gvfs_tunnel::accept(stream, tls.identity.server_config(), left);
             match unless_closed(state, handshake).await {
                 Some(Ok((s, name))) => {
                     stats.tls_accepted.fetch_add(1, Ordering::Relaxed);
@@ -278,6 +300,10 @@ async fn open_connection(
                     if slot.serve().await {
                         serve_connection(s, peer, conn, stats, state.clone()).await;
                     }
+                }
+                Some(Err(e @ gvfs_tunnel::AcceptError::Timeout(_))) => {
+                    stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %addr, "closing a new connection: {e}");
                 }
                 Some(Err(e)) => refused("TLS listener", &e),
                 None => {}
