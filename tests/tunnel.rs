@@ -30,9 +30,15 @@ struct Pki {
 
 impl Pki {
     fn new() -> Result<Pki> {
+        Self::named("gvfs site CA")
+    }
+
+    /// A CA whose certificate is named `name`.
+    fn named(name: &str) -> Result<Pki> {
         let dir = tempfile::tempdir()?;
         let pki = Pki { dir };
-        pki.gvfsctl(&["ca", "init", &pki.ca_dir().display().to_string()])?;
+        let ca = pki.ca_dir().display().to_string();
+        pki.gvfsctl(&["ca", "init", &ca, "--name", name])?;
         Ok(pki)
     }
 
@@ -313,6 +319,64 @@ fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
         "a health check or silent socket was logged as a refused peer:\n{log}"
     );
     drop(silent);
+    Ok(())
+}
+
+/// Runs `gvfs-proxy` with `args` until it exits (it must, at start-up);
+/// returns whether it succeeded and its error output.
+fn start_up_failure(args: ProxyArgs) -> Result<(bool, String)> {
+    let control = tempfile::tempdir()?;
+    let mut cmd = std::process::Command::new(gvfs::proxy::proxy_binary()?);
+    cmd.args(args.control(control.path().join("c.sock")).to_args());
+    let out = gvfs::process::run(&mut cmd, Duration::from_secs(60))?;
+    Ok((out.status.success(), out.stderr_text()))
+}
+
+#[test]
+fn a_client_proxy_refused_by_tls_exits_at_once_with_the_reason() -> Result<()> {
+    let pki = Pki::with(&["image-server"])?;
+    let site = tempfile::tempdir()?;
+    let origin = format!("dir:{}", site.path().display());
+    let (_server, tls) = image_server(&pki, origin, &[])?;
+    // Another site's CA, and one that happens to have our CA's name.
+    let rogue = Pki::named("another site CA")?;
+    rogue.issue("intruder")?;
+    let namesake = Pki::new()?;
+    namesake.issue("intruder")?;
+    for (other, reason) in [
+        (&rogue, "the server rejected our certificate: unknown CA"),
+        (
+            &namesake,
+            "the server rejected our certificate: its signature",
+        ),
+    ] {
+        // The intruder's CA file holds both CAs: its own certificate passes
+        // its own check at start and it trusts the server, but the server
+        // does not trust the intruder's CA.
+        let both = other.dir.path().join("both.pem");
+        std::fs::write(
+            &both,
+            [
+                std::fs::read(pki.files("image-server").ca)?,
+                std::fs::read(other.files("intruder").ca)?,
+            ]
+            .concat(),
+        )?;
+        let intruder = gvfs_tunnel::TlsFiles {
+            ca: both,
+            ..other.files("intruder")
+        };
+        let (ok, err) = start_up_failure(with_files(intruder, ProxyArgs::new(gvfs_url(tls))))?;
+        ensure!(!ok, "started with a certificate the server rejects: {err}");
+        ensure!(err.contains(reason), "not the reason ({reason}): {err}");
+    }
+    // The other way round: the client does not trust the server's CA.
+    let (ok, err) = start_up_failure(rogue.args("intruder", ProxyArgs::new(gvfs_url(tls))))?;
+    ensure!(!ok, "started against a server it cannot trust: {err}");
+    ensure!(
+        err.contains("we rejected the server's certificate: not signed by our CA"),
+        "not the reason: {err}"
+    );
     Ok(())
 }
 
