@@ -17,6 +17,10 @@
 //! its replies leaves them unwritten and its charge up, so its connection
 //! is not read from, and its calls wait in its own socket, until it reads.
 //!
+//! A record still coming in is not charged: a connection has at most one,
+//! capped at the record size ([`gvfs_nfs::record::RecordLimits`]) and timed
+//! by the record timeout, and connections are bounded in number.
+//!
 //! Everything here is atomics (and a [`Notify`] per connection, and one
 //! shared only by connections waiting for room): nothing locks per call.
 
