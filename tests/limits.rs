@@ -1,7 +1,8 @@
 //! Retransmissions and limits seen from the wire: a resent REMOVE is
 //! answered from the duplicate-request cache (not run twice, which would
-//! turn success into NFS3ERR_NOENT), connections beyond the limit wait, and
-//! a TOML config file drives the proxy like the command line does.
+//! turn success into NFS3ERR_NOENT), idle and half-sent connections at the
+//! connection limit give way to a new client, and a TOML config file drives
+//! the proxy like the command line does.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -100,34 +101,208 @@ fn a_resent_remove_is_answered_not_rerun_through_a_chain_to_ganesha() -> Result<
     resent_remove_succeeds_each_time(proxies.last().context("no proxy")?, g.export_dir())
 }
 
+/// Whether the proxy closed `s` (EOF or reset), reading at most 10 s.
+fn closed_by_proxy(s: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match s.read(&mut byte) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
 #[test]
-fn connections_beyond_the_limit_wait_for_a_free_slot() -> Result<()> {
+fn idle_and_half_sent_connections_do_not_lock_out_a_new_client() -> Result<()> {
     let origin = tempfile::tempdir()?;
+    std::fs::write(origin.path().join("f"), b"served anyway")?;
     let p = Proxy::spawn(
         ProxyArgs::dir(origin.path())
             .arg("--max-connections")
-            .arg("2"),
+            .arg("4")
+            .arg("--max-pending-connections")
+            .arg("4"),
     )?;
     let null = NfsRequest::Null(gvfs_nfs::nfs3_types::xdr_codec::Void);
-    let mut a = connect(p.addr())?;
-    let mut b = connect(p.addr())?;
-    for (i, s) in [&mut a, &mut b].into_iter().enumerate() {
-        send_call(s, i as u32, &null)?;
-        recv_reply(s, NfsProc::Null)?;
+    // Four clients fill the limit: each makes one call, then goes quiet;
+    // the last one starts another call and sends only half of it.
+    let mut served = Vec::new();
+    for i in 0..4 {
+        let mut s = connect(p.addr())?;
+        send_call(&mut s, i, &null)?;
+        recv_reply(&mut s, NfsProc::Null)?;
+        served.push(s);
     }
-    let mut c = connect(p.addr())?;
-    c.set_read_timeout(Some(Duration::from_millis(700)))?;
-    send_call(&mut c, 3, &null)?;
-    let mut byte = [0u8; 1];
-    let waited = c.read(&mut byte);
-    ensure!(
-        matches!(&waited, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
-        "a third connection was served beyond the limit: {waited:?}"
+    served[3].write_all(&gvfs_nfs::record::frame(200))?;
+    served[3].write_all(&[0; 100])?;
+    // More sockets than the pending budget that never complete a call:
+    // silent ones, and ones that send half a record.
+    let mut never = Vec::new();
+    for i in 0..12 {
+        let mut s = connect(p.addr())?;
+        if i % 2 == 1 {
+            s.write_all(&gvfs_nfs::record::frame(1000))?;
+            s.write_all(&[0; 10])?;
+        }
+        never.push(s);
+    }
+    // A real client is served (within the tool's own timeout, long before
+    // any of the timeouts above would free a slot).
+    let url = format!(
+        "nfs://127.0.0.1/export/f?version=3&nfsport={0}&mountport={0}",
+        p.port()
     );
-    drop(a);
-    c.set_read_timeout(Some(Duration::from_secs(10)))?;
-    recv_reply(&mut c, NfsProc::Null)
-        .context("the waiting connection was not served after a slot freed")?;
+    ensure!(nfs_cat(&url)? == b"served anyway");
+    // It took the places of the connections idle longest, and of the
+    // oldest that never sent a call.
+    ensure!(
+        closed_by_proxy(&mut served[0]),
+        "the connection idle longest is still open"
+    );
+    ensure!(
+        closed_by_proxy(&mut never[0]),
+        "the oldest silent connection is still open"
+    );
+    let st = p.status()?;
+    let conns = &st["connections"];
+    ensure!(
+        conns["evicted_idle"].as_u64() >= Some(1) && conns["evicted_pending"].as_u64() >= Some(8),
+        "status: {st}"
+    );
+    let log = p.output();
+    ensure!(
+        log.contains("connection limit reached: closed the connection idle longest")
+            && log.contains("too many connections not yet through their first call"),
+        "no log line for the full pools:\n{log}"
+    );
+    Ok(())
+}
+
+/// The proxy's peak resident memory (VmHWM), in KiB.
+fn peak_rss_kib(p: &Proxy) -> Result<u64> {
+    let pid = p.pid().context("the proxy is not running")?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .context("no VmHWM")?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("bad VmHWM")?
+        .parse()?)
+}
+
+/// A READ call of `count` bytes at `offset` of `fh`, as sent on the wire.
+fn read_call(xid: u32, fh: &nfs_fh3, offset: u64, count: u32) -> Vec<u8> {
+    let req = NfsRequest::Read(READ3args {
+        file: fh.clone(),
+        offset,
+        count,
+    });
+    let mut rec = rpc::call_record(xid, 100_003, 3, 6, &Credentials::unix(0, 0));
+    req.encode(&mut rec);
+    rpc::seal(rec)
+}
+
+#[test]
+fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Result<()> {
+    const MIB: u64 = 1 << 20;
+    const BUDGET: u64 = 32 * MIB;
+    const HOGS: u32 = 8;
+    const CALLS: u32 = 128;
+    let origin = tempfile::tempdir()?;
+    gvfs::data::write_random_file(&origin.path().join("big"), 8, 16 * MIB)?;
+    std::fs::write(origin.path().join("small"), b"still served")?;
+    let p = Proxy::spawn(
+        ProxyArgs::dir(origin.path())
+            .arg("--buffer-memory")
+            .arg(format!("{BUDGET}")),
+    )?;
+    let root = root_of(&p)?;
+    let mut s = connect(p.addr())?;
+    let lookup = NfsRequest::Lookup(LOOKUP3args {
+        what: diropargs3 {
+            dir: root,
+            name: filename3::from(b"big".to_vec()),
+        },
+    });
+    send_call(&mut s, 1, &lookup)?;
+    let NfsReply::Lookup(Nfs3Result::Ok(found)) = recv_reply(&mut s, NfsProc::Lookup)? else {
+        anyhow::bail!("LOOKUP big failed");
+    };
+    let fh = found.object;
+    let before = peak_rss_kib(&p)?;
+    // Eight clients each send 128 READs of 1 MiB at once and read nothing.
+    let mut hogs = Vec::new();
+    for c in 0..HOGS {
+        let mut s = connect(p.addr())?;
+        let mut calls = Vec::new();
+        for i in 0..CALLS {
+            calls.extend(read_call(
+                c * CALLS + i,
+                &fh,
+                u64::from(i % 16) * MIB,
+                MIB as u32,
+            ));
+        }
+        s.write_all(&calls)?;
+        hogs.push(s);
+    }
+    // Each of them stops being read, sooner or later.
+    let mut st = p.status()?;
+    for _ in 0..300 {
+        if st["buffers"]["throttled"].as_u64() >= Some(u64::from(HOGS)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        st = p.status()?;
+    }
+    ensure!(
+        st["buffers"]["throttled"].as_u64() >= Some(u64::from(HOGS)),
+        "the clients that read nothing were not held back: {st}"
+    );
+    // Meanwhile a client that reads its replies is served.
+    let url = format!(
+        "nfs://127.0.0.1/export/small?version=3&nfsport={0}&mountport={0}",
+        p.port()
+    );
+    ensure!(nfs_cat(&url)? == b"still served");
+    let peak = peak_rss_kib(&p)?;
+    let st = p.status()?;
+    let held_peak = st["buffers"]["peak_bytes"].as_u64().unwrap_or(u64::MAX);
+    eprintln!(
+        "proxy peak RSS {} MiB before, {} MiB with {HOGS} clients not reading (budget {} MiB, \
+         most held at once {} MiB)",
+        before / 1024,
+        peak / 1024,
+        BUDGET / MIB,
+        held_peak / MIB
+    );
+    // At most one call per connection past the budget (a reply swapped in
+    // for its estimate counts twice for a moment).
+    ensure!(held_peak <= BUDGET + 32 * MIB, "status: {st}");
+    // Not wall-clock: without the budget this was 128 replies of 1 MiB per
+    // client, over 1 GiB.
+    ensure!(
+        peak.saturating_sub(before) < (BUDGET + 96 * MIB) / 1024,
+        "peak RSS grew from {before} KiB to {peak} KiB with a {BUDGET}-byte budget"
+    );
+    // A client that starts reading gets every reply, in time.
+    let hog = &mut hogs[0];
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..CALLS {
+        let mut hdr = [0u8; 4];
+        hog.read_exact(&mut hdr)?;
+        let mut body = vec![0; (u32::from_be_bytes(hdr) & 0x7FFF_FFFF) as usize];
+        hog.read_exact(&mut body)?;
+        let results = rpc::parse_reply(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let NfsReply::Read(Nfs3Result::Ok(ok)) = NfsReply::decode(NfsProc::Read, results)? else {
+            anyhow::bail!("a READ failed");
+        };
+        ensure!(ok.data.len() as u64 == MIB, "short READ");
+        seen.insert(rpc::reply_xid(&body).context("no xid")?);
+    }
+    ensure!(seen.len() == CALLS as usize, "replies missing or repeated");
     Ok(())
 }
 

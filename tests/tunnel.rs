@@ -30,9 +30,15 @@ struct Pki {
 
 impl Pki {
     fn new() -> Result<Pki> {
+        Self::named("gvfs site CA")
+    }
+
+    /// A CA whose certificate is named `name`.
+    fn named(name: &str) -> Result<Pki> {
         let dir = tempfile::tempdir()?;
         let pki = Pki { dir };
-        pki.gvfsctl(&["ca", "init", &pki.ca_dir().display().to_string()])?;
+        let ca = pki.ca_dir().display().to_string();
+        pki.gvfsctl(&["ca", "init", &ca, "--name", name])?;
         Ok(pki)
     }
 
@@ -263,6 +269,113 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
         server.output().contains("refused a connection"),
         "no refusal logged:\n{}",
         server.output()
+    );
+    Ok(())
+}
+
+#[test]
+fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
+    let pki = Pki::with(&["image-server", "node1"])?;
+    let site = tempfile::tempdir()?;
+    std::fs::write(site.path().join("f"), b"through the crowd")?;
+    let origin = format!("dir:{}", site.path().display());
+    let (server, tls) = image_server(
+        &pki,
+        origin,
+        &["--max-connections", "8", "--map-peer", "node1=pass"],
+    )?;
+    // A hundred sockets that never start a handshake, far more than the
+    // served connections and than the budget of new ones.
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        silent.push(std::net::TcpStream::connect(tls)?);
+    }
+    // Health checks: connect, close, send nothing.
+    for _ in 0..5 {
+        drop(std::net::TcpStream::connect(tls)?);
+    }
+    // A client proxy checks its upstream within twice --connect-timeout at
+    // start, so it starts only if its handshake is not held up.
+    let client = Proxy::spawn(
+        pki.args(
+            "node1",
+            ProxyArgs::new(gvfs_url(tls))
+                .arg("--connect-timeout")
+                .arg("3"),
+        ),
+    )?;
+    ensure!(nfs_cat(&client.url("f"))? == b"through the crowd");
+    let st = server.status()?;
+    let conns = &st["connections"];
+    ensure!(
+        conns["evicted_pending"].as_u64() >= Some(30) && conns["tls_accepted"].as_u64() >= Some(1),
+        "status: {st}"
+    );
+    // Nobody was refused: silence is not a failed handshake.
+    ensure!(conns["tls_refused"].as_u64() == Some(0), "status: {st}");
+    let log = server.output();
+    ensure!(
+        !log.contains("refused a connection"),
+        "a health check or silent socket was logged as a refused peer:\n{log}"
+    );
+    drop(silent);
+    Ok(())
+}
+
+/// Runs `gvfs-proxy` with `args` until it exits (it must, at start-up);
+/// returns whether it succeeded and its error output.
+fn start_up_failure(args: ProxyArgs) -> Result<(bool, String)> {
+    let control = tempfile::tempdir()?;
+    let mut cmd = std::process::Command::new(gvfs::proxy::proxy_binary()?);
+    cmd.args(args.control(control.path().join("c.sock")).to_args());
+    let out = gvfs::process::run(&mut cmd, Duration::from_secs(60))?;
+    Ok((out.status.success(), out.stderr_text()))
+}
+
+#[test]
+fn a_client_proxy_refused_by_tls_exits_at_once_with_the_reason() -> Result<()> {
+    let pki = Pki::with(&["image-server"])?;
+    let site = tempfile::tempdir()?;
+    let origin = format!("dir:{}", site.path().display());
+    let (_server, tls) = image_server(&pki, origin, &[])?;
+    // Another site's CA, and one that happens to have our CA's name.
+    let rogue = Pki::named("another site CA")?;
+    rogue.issue("intruder")?;
+    let namesake = Pki::new()?;
+    namesake.issue("intruder")?;
+    for (other, reason) in [
+        (&rogue, "the server rejected our certificate: unknown CA"),
+        (
+            &namesake,
+            "the server rejected our certificate: its signature",
+        ),
+    ] {
+        // The intruder's CA file holds both CAs: its own certificate passes
+        // its own check at start and it trusts the server, but the server
+        // does not trust the intruder's CA.
+        let both = other.dir.path().join("both.pem");
+        std::fs::write(
+            &both,
+            [
+                std::fs::read(pki.files("image-server").ca)?,
+                std::fs::read(other.files("intruder").ca)?,
+            ]
+            .concat(),
+        )?;
+        let intruder = gvfs_tunnel::TlsFiles {
+            ca: both,
+            ..other.files("intruder")
+        };
+        let (ok, err) = start_up_failure(with_files(intruder, ProxyArgs::new(gvfs_url(tls))))?;
+        ensure!(!ok, "started with a certificate the server rejects: {err}");
+        ensure!(err.contains(reason), "not the reason ({reason}): {err}");
+    }
+    // The other way round: the client does not trust the server's CA.
+    let (ok, err) = start_up_failure(rogue.args("intruder", ProxyArgs::new(gvfs_url(tls))))?;
+    ensure!(!ok, "started against a server it cannot trust: {err}");
+    ensure!(
+        err.contains("we rejected the server's certificate: not signed by our CA"),
+        "not the reason: {err}"
     );
     Ok(())
 }

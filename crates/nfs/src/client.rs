@@ -17,6 +17,11 @@
 //! next connection. A connection that dies before the server has answered
 //! anything on it is redialled only after a growing pause, so a server
 //! that hangs up at once is not called in a tight loop.
+//!
+//! A server that refuses us for good (a TLS alert: it rejected our
+//! certificate; or a certificate we reject) is no outage: the connector
+//! says so ([`Connector::refusal`]), and every call waiting on that
+//! connection fails at once with [`ClientError::Refused`] and the reason.
 
 use std::collections::HashMap;
 use std::io;
@@ -32,7 +37,7 @@ use crate::proc::CallName;
 use crate::record::RecordLimits;
 use crate::rpc::{self, Credentials, ReplyError};
 use crate::service::BoxFuture;
-use crate::stream::RecordStream;
+use crate::stream::{RecordStream, StreamError};
 
 /// A bidirectional byte stream the client can run over (TCP, TLS, ...).
 pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -47,6 +52,30 @@ pub trait Connector: Send + Sync + 'static {
     fn connect(&self) -> BoxFuture<'_, io::Result<BoxStream>>;
     /// Where this connects, for messages.
     fn describe(&self) -> String;
+    /// Whether `e`, from [`connect`](Self::connect) or from reading a
+    /// connection it opened, means the server refused us for good (retrying
+    /// cannot help), and why. By default: an error carrying a [`Refusal`].
+    fn refusal(&self, e: &io::Error) -> Option<String> {
+        refusal_of(e)
+    }
+}
+
+/// The error a [`Connector`] returns (inside an `io::Error`) when the
+/// server refused us for good, such as a TLS handshake that failed on a
+/// certificate: calls fail at once with [`ClientError::Refused`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
+impl From<Refusal> for io::Error {
+    fn from(r: Refusal) -> io::Error {
+        io::Error::new(io::ErrorKind::PermissionDenied, r)
+    }
+}
+
+/// The reason of a [`Refusal`] carried by `e`, if it carries one.
+pub fn refusal_of(e: &io::Error) -> Option<String> {
+    e.get_ref()?.downcast_ref::<Refusal>().map(|r| r.0.clone())
 }
 
 /// Connects over plain TCP to a fixed address.
@@ -112,6 +141,15 @@ pub enum ClientError {
         /// The last connection or I/O error seen.
         last_error: String,
     },
+    /// The server refused us for good (see [`Connector::refusal`]): a
+    /// certificate rejected on either side, a TLS alert.
+    #[error("{server}: {reason}")]
+    Refused {
+        /// Where the client connects.
+        server: String,
+        /// Why, as the connector said.
+        reason: String,
+    },
     /// The server answered with an RPC-level error.
     #[error("{server}: {error}")]
     Rpc {
@@ -140,7 +178,7 @@ pub struct RpcClient {
 }
 
 struct Inner {
-    connector: Box<dyn Connector>,
+    connector: Arc<dyn Connector>,
     cfg: ClientConfig,
     next_xid: AtomicU32,
     in_flight: Semaphore,
@@ -185,6 +223,9 @@ struct Conn {
     out: mpsc::Sender<Arc<Vec<u8>>>,
     pending: Arc<Pending>,
     dead: Arc<AtomicBool>,
+    /// Why the server refused us on it, if it did: set before the calls
+    /// waiting on it are woken.
+    refused: Arc<Mutex<Option<String>>>,
     /// When it was opened, and when a record last came in on it
     /// (milliseconds after `opened`, plus one; 0: never).
     opened: Instant,
@@ -217,7 +258,7 @@ impl RpcClient {
             .unwrap_or(1);
         Self {
             inner: Arc::new(Inner {
-                connector: Box::new(connector),
+                connector: Arc::new(connector),
                 in_flight: Semaphore::new(cfg.max_in_flight.max(1)),
                 cfg,
                 next_xid: AtomicU32::new(seed ^ std::process::id()),
@@ -303,6 +344,9 @@ impl RpcClient {
             match tokio::time::timeout(wait, conn.out.send(record.clone())).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {
+                    if let Some(why) = conn.refusal() {
+                        return Err(inner.refused(why));
+                    }
                     conn.dead.store(true, Ordering::Release);
                     continue;
                 }
@@ -328,8 +372,13 @@ impl RpcClient {
                     );
                     return self.finish(reply);
                 }
-                // The connection died and dropped our slot: resend on a new one.
-                Ok(Err(_)) => {}
+                // The connection died and dropped our slot: resend on a new
+                // one, unless the server refused us.
+                Ok(Err(_)) => {
+                    if let Some(why) = conn.refusal() {
+                        return Err(inner.refused(why));
+                    }
+                }
                 Err(_) => {
                     if conn.silent_for(inner.cfg.retransmit_after) {
                         conn.abandon("nothing heard from the server");
@@ -397,6 +446,13 @@ impl Inner {
         }
     }
 
+    fn refused(&self, reason: String) -> ClientError {
+        ClientError::Refused {
+            server: self.connector.describe(),
+            reason,
+        }
+    }
+
     fn unavailable(&self, start: Instant, last_error: String) -> ClientError {
         ClientError::Unavailable {
             server: self.connector.describe(),
@@ -418,6 +474,11 @@ impl Inner {
             return Ok(c.clone());
         }
         if let Some(c) = slot.conn.take() {
+            // Its reader may have seen the refusal after the call that
+            // found it dead moved on (its writer failed first).
+            if let Some(why) = c.refusal() {
+                return Err(self.refused(why));
+            }
             if c.heard.load(Ordering::Acquire) == 0 {
                 // It died before the server said anything on it: pause
                 // before the next, longer each time it happens again.
@@ -449,11 +510,16 @@ impl Inner {
             let err = match tokio::time::timeout(budget, self.connector.connect()).await {
                 Ok(Ok(stream)) => {
                     self.stats.connects.fetch_add(1, Ordering::Relaxed);
-                    let conn = Arc::new(Conn::start(stream, &self.cfg));
+                    let conn = Arc::new(Conn::start(stream, &self.cfg, self.connector.clone()));
                     slot.conn = Some(conn.clone());
                     return Ok(conn);
                 }
-                Ok(Err(e)) => e.to_string(),
+                Ok(Err(e)) => {
+                    if let Some(why) = self.connector.refusal(&e) {
+                        return Err(self.refused(why));
+                    }
+                    e.to_string()
+                }
                 Err(_) => format!("connect timed out after {budget:?}"),
             };
             tracing::debug!(server = %self.connector.describe(), error = %err, "connect failed");
@@ -475,10 +541,11 @@ impl Inner {
 }
 
 impl Conn {
-    fn start(stream: BoxStream, cfg: &ClientConfig) -> Self {
+    fn start(stream: BoxStream, cfg: &ClientConfig, connector: Arc<dyn Connector>) -> Self {
         let (rd, mut wr) = tokio::io::split(stream);
         let pending: Arc<Pending> = Arc::default();
         let dead = Arc::new(AtomicBool::new(false));
+        let refused: Arc<Mutex<Option<String>>> = Arc::default();
         let (out, mut out_rx) = mpsc::channel::<Arc<Vec<u8>>>(64);
         let (opened, heard) = (Instant::now(), Arc::new(AtomicU64::new(0)));
         let (limits, stall) = (cfg.limits, cfg.retransmit_after);
@@ -506,6 +573,7 @@ impl Conn {
         };
         let reader = {
             let (pending, dead, heard) = (pending.clone(), dead.clone(), heard.clone());
+            let refused = refused.clone();
             tokio::spawn(async move {
                 let mut records = RecordStream::new(rd, limits);
                 loop {
@@ -521,7 +589,19 @@ impl Conn {
                         }
                         Ok(None) => break,
                         Err(e) => {
-                            tracing::warn!(error = %e, "dropping connection to server");
+                            let why = match &e {
+                                StreamError::Io(io) => connector.refusal(io),
+                                _ => None,
+                            };
+                            match why {
+                                Some(why) => {
+                                    tracing::warn!(server = %connector.describe(), "{why}");
+                                    *lock(&refused) = Some(why);
+                                }
+                                None => {
+                                    tracing::warn!(error = %e, "dropping connection to server")
+                                }
+                            }
                             break;
                         }
                     }
@@ -535,11 +615,17 @@ impl Conn {
             out,
             pending,
             dead,
+            refused,
             opened,
             heard,
             reader,
             writer,
         }
+    }
+
+    /// Why the server refused us on it, if it did.
+    fn refusal(&self) -> Option<String> {
+        lock(&self.refused).clone()
     }
 
     /// Whether nothing has come in on it for `quiet`.
@@ -594,5 +680,43 @@ mod tests {
         let _ = call.await;
         assert!(lock(&conn.pending).is_empty());
         server.abort();
+    }
+
+    /// Refuses every connection, as a TLS connector does when we reject
+    /// the server's certificate.
+    struct Refusing(AtomicU32);
+
+    impl Connector for Refusing {
+        fn connect(&self) -> BoxFuture<'_, io::Result<BoxStream>> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async { Err(Refusal("we rejected the server's certificate".into()).into()) })
+        }
+
+        fn describe(&self) -> String {
+            "refusing".into()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_fails_the_call_at_once_even_with_no_deadline() {
+        let connector = Refusing(AtomicU32::new(0));
+        let cfg = ClientConfig {
+            give_up_after: None,
+            ..ClientConfig::default()
+        };
+        let client = RpcClient::new(connector, cfg);
+        let call = client.call(1, 1, 1, &Credentials::None, &[]);
+        // Paused time runs ahead through any retrying: an hour passes at
+        // once if the call does not end by itself.
+        let got = tokio::time::timeout(Duration::from_secs(3600), call)
+            .await
+            .expect("the call kept retrying");
+        assert_eq!(
+            got,
+            Err(ClientError::Refused {
+                server: "refusing".into(),
+                reason: "we rejected the server's certificate".into(),
+            })
+        );
     }
 }

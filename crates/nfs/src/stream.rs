@@ -6,7 +6,10 @@
 //! read straight into the record, so a megabyte payload is copied once on its
 //! way in, not twice.
 
+use std::time::Duration;
+
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::time::Instant;
 
 use crate::record::{RecordError, RecordLimits, RecordReader};
 
@@ -28,6 +31,13 @@ pub enum StreamError {
     /// Reading failed.
     #[error("read failed: {0}")]
     Io(#[from] std::io::Error),
+    /// [`RecordStream::next_within`]: no record began in time (`begun:
+    /// false`), or one that began was not finished in time.
+    #[error("{}", if *begun { "a record begun was not finished in time" } else { "no record in time" })]
+    TimedOut {
+        /// Whether part of a record had come.
+        begun: bool,
+    },
 }
 
 /// Reads records from `R`, enforcing [`RecordLimits`].
@@ -61,6 +71,41 @@ impl<R: AsyncRead + Unpin> RecordStream<R> {
     /// The next record; `None` when the peer closed cleanly between records.
     /// Cancel-safe only in the sense that dropping it loses the connection.
     pub async fn next(&mut self) -> Result<Option<Vec<u8>>, StreamError> {
+        self.read_record(None).await
+    }
+
+    /// Like [`next`](Self::next), with two deadlines: the next record must
+    /// begin within `wait` and, once its first byte is in, be complete
+    /// within `finish` of that byte (a record already begun, bytes of it
+    /// buffered, gets `finish` from now). A peer that sends nothing, or
+    /// half a record and then nothing, is thus told apart from one that is
+    /// slowly sending a large record. Dropping the future mid-record loses
+    /// the connection, as with `next`; one that timed out before a record
+    /// began ([`StreamError::TimedOut`] with `begun: false`) has lost
+    /// nothing and may be called again.
+    pub async fn next_within(
+        &mut self,
+        wait: Duration,
+        finish: Duration,
+    ) -> Result<Option<Vec<u8>>, StreamError> {
+        self.read_record(Some((wait, finish))).await
+    }
+
+    /// Whether part of a record has been read (bytes buffered or taken in).
+    pub fn in_record(&self) -> bool {
+        self.start < self.end || !self.reader.is_idle()
+    }
+
+    async fn read_record(
+        &mut self,
+        limits: Option<(Duration, Duration)>,
+    ) -> Result<Option<Vec<u8>>, StreamError> {
+        let mut begun = self.in_record();
+        // One timer per record, moved once when the record begins.
+        let deadline = |begun: bool| {
+            limits.map(|(wait, finish)| Instant::now() + if begun { finish } else { wait })
+        };
+        let mut sleep = std::pin::pin!(deadline(begun).map(tokio::time::sleep_until));
         loop {
             if let Some(rec) = self.reader.take_record() {
                 return Ok(Some(rec));
@@ -70,20 +115,27 @@ impl<R: AsyncRead + Unpin> RecordStream<R> {
                 self.start += used;
                 continue;
             }
-            if let Some((record, remaining)) = self.reader.body_slot()
-                && remaining >= DIRECT_READ_MIN
-            {
-                let n = (&mut self.rd)
-                    .take(remaining as u64)
-                    .read_buf(record)
-                    .await?;
-                if n == 0 {
-                    return Err(StreamError::Truncated);
+            let read = async {
+                if let Some((record, remaining)) = self.reader.body_slot()
+                    && remaining >= DIRECT_READ_MIN
+                {
+                    let n = (&mut self.rd)
+                        .take(remaining as u64)
+                        .read_buf(record)
+                        .await?;
+                    return Ok::<_, std::io::Error>((n, true));
                 }
-                self.reader.body_appended(n);
-                continue;
-            }
-            let n = self.rd.read(&mut self.scratch).await?;
+                let n = self.rd.read(&mut self.scratch).await?;
+                Ok((n, false))
+            };
+            let (n, direct) = match sleep.as_mut().as_pin_mut() {
+                Some(timer) => tokio::select! {
+                    biased;
+                    r = read => r?,
+                    () = timer => return Err(StreamError::TimedOut { begun }),
+                },
+                None => read.await?,
+            };
             if n == 0 {
                 return if self.reader.is_idle() {
                     Ok(None)
@@ -91,7 +143,17 @@ impl<R: AsyncRead + Unpin> RecordStream<R> {
                     Err(StreamError::Truncated)
                 };
             }
-            (self.start, self.end) = (0, n);
+            if direct {
+                self.reader.body_appended(n);
+            } else {
+                (self.start, self.end) = (0, n);
+            }
+            if !begun {
+                begun = true;
+                if let (Some(timer), Some(at)) = (sleep.as_mut().as_pin_mut(), deadline(true)) {
+                    timer.reset(at);
+                }
+            }
         }
     }
 }
@@ -133,5 +195,54 @@ mod tests {
         drop(tx);
         let mut s = RecordStream::new(rx, RecordLimits::for_payload(1 << 20));
         assert!(matches!(s.next().await, Err(StreamError::Truncated)));
+    }
+
+    /// With paused time the deadlines are checked exactly, not raced.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_peer_and_a_half_record_time_out_a_slow_record_does_not() {
+        let wait = Duration::from_secs(10);
+        let finish = Duration::from_secs(30);
+        let limits = RecordLimits::for_payload(1 << 20);
+
+        // Nothing at all: times out after `wait`, nothing begun, and the
+        // stream may be asked again.
+        let (mut tx, rx) = tokio::io::duplex(1 << 16);
+        let mut s = RecordStream::new(rx, limits);
+        let t0 = Instant::now();
+        assert!(matches!(
+            s.next_within(wait, finish).await,
+            Err(StreamError::TimedOut { begun: false })
+        ));
+        assert_eq!(t0.elapsed(), wait);
+        tx.write_all(&crate::record::frame(3)).await.unwrap();
+        tx.write_all(b"abc").await.unwrap();
+        assert_eq!(s.next_within(wait, finish).await.unwrap().unwrap(), b"abc");
+
+        // Half a record, then silence: `finish` after its first byte.
+        tx.write_all(&crate::record::frame(100)).await.unwrap();
+        tx.write_all(&[1; 50]).await.unwrap();
+        let t0 = Instant::now();
+        assert!(matches!(
+            s.next_within(wait, finish).await,
+            Err(StreamError::TimedOut { begun: true })
+        ));
+        assert_eq!(t0.elapsed(), finish);
+
+        // A record that takes longer than `wait` but less than `finish`
+        // to arrive, a piece every 5 s, is read whole.
+        let (mut tx, rx) = tokio::io::duplex(1 << 16);
+        let mut s = RecordStream::new(rx, limits);
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            tx.write_all(&crate::record::frame(40_000)).await.unwrap();
+            for _ in 0..4 {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                tx.write_all(&[7; 10_000]).await.unwrap();
+            }
+            tx
+        });
+        let rec = s.next_within(wait, finish).await.unwrap().unwrap();
+        assert_eq!(rec, vec![7; 40_000]);
+        let _tx = writer.await.unwrap();
     }
 }

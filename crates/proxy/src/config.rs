@@ -31,7 +31,10 @@ pub const SAMPLE_DIR: &str = "gvfs-sample";
 /// upstream_timeout_secs = 0            # 0 (default) = wait forever, like a hard mount
 /// connect_timeout_secs = 5
 /// max_connections = 256
+/// max_pending_connections = 64       # not yet through a first call or TLS handshake
 /// max_in_flight = 64
+/// idle_timeout_secs = 600              # close a client connection idle this long
+/// buffer_memory = "256M"               # call records and replies held, all clients
 /// drain_timeout_secs = 10
 /// metrics = "127.0.0.1:9100"           # Prometheus text endpoint
 /// attr_timeout_secs = 0                # attribute cache (0, default = off)
@@ -82,6 +85,15 @@ pub struct FileConfig {
     pub connect_timeout_secs: Option<u64>,
     /// Client connections served at once.
     pub max_connections: Option<usize>,
+    /// Client connections not yet through their first call or TLS
+    /// handshake.
+    pub max_pending_connections: Option<usize>,
+    /// Close a client connection with nothing running and no call for
+    /// this many seconds.
+    pub idle_timeout_secs: Option<u64>,
+    /// Most memory for call records and replies held at once, all client
+    /// connections together, e.g. "256M".
+    pub buffer_memory: Option<String>,
     /// Calls in flight per client connection.
     pub max_in_flight: Option<usize>,
     /// On SIGTERM, wait this long for calls in flight.
@@ -156,6 +168,11 @@ impl FileConfig {
             upstream_timeout_secs: other.upstream_timeout_secs.or(self.upstream_timeout_secs),
             connect_timeout_secs: other.connect_timeout_secs.or(self.connect_timeout_secs),
             max_connections: other.max_connections.or(self.max_connections),
+            max_pending_connections: other
+                .max_pending_connections
+                .or(self.max_pending_connections),
+            idle_timeout_secs: other.idle_timeout_secs.or(self.idle_timeout_secs),
+            buffer_memory: other.buffer_memory.or(self.buffer_memory),
             max_in_flight: other.max_in_flight.or(self.max_in_flight),
             drain_timeout_secs: other.drain_timeout_secs.or(self.drain_timeout_secs),
             metrics: other.metrics.or(self.metrics),
@@ -375,6 +392,10 @@ pub struct CacheSettings {
     pub file_cache_size: u64,
 }
 
+/// The smallest memory budget for call records and replies: two of the
+/// largest calls, rounded up.
+const MIN_BUFFER_MEMORY: u64 = 4 << 20;
+
 /// The file cache's budget when none is configured.
 pub const DEFAULT_FILE_CACHE_SIZE: u64 = 16 << 30;
 
@@ -548,7 +569,32 @@ impl Config {
                 defaults.max_connections,
                 "max_connections",
             )?,
+            max_pending: positive(
+                f.max_pending_connections,
+                defaults.max_pending,
+                "max_pending_connections",
+            )?,
             max_in_flight: positive(f.max_in_flight, defaults.max_in_flight, "max_in_flight")?,
+            idle_timeout: match f.idle_timeout_secs {
+                Some(0) => {
+                    return Err(ConfigError::Invalid(
+                        "idle_timeout_secs must be at least 1".into(),
+                    ));
+                }
+                Some(s) => Duration::from_secs(s),
+                None => defaults.idle_timeout,
+            },
+            buffer_memory: match &f.buffer_memory {
+                Some(m) => match parse_size(m)? {
+                    n if n < MIN_BUFFER_MEMORY => {
+                        return Err(ConfigError::Invalid(format!(
+                            "buffer memory {m} is too small: at least 4M (two of the largest calls)"
+                        )));
+                    }
+                    n => n,
+                },
+                None => defaults.buffer_memory,
+            },
             ..defaults
         };
         let connect_timeout = match f.connect_timeout_secs {
@@ -644,6 +690,19 @@ mod tests {
         assert_eq!(c.listen.port(), 111);
         assert_eq!(c.upstream_timeout, None);
         assert!(toml::from_str::<FileConfig>("lisen = \"x\"").is_err());
+        let f: FileConfig = toml::from_str(
+            "max_connections = 8\nmax_pending_connections = 3\nidle_timeout_secs = 42\n",
+        )
+        .unwrap();
+        let limits = Config::from_file_config(f).unwrap().limits;
+        assert_eq!(
+            (
+                limits.max_connections,
+                limits.max_pending,
+                limits.idle_timeout
+            ),
+            (8, 3, Duration::from_secs(42))
+        );
     }
 
     #[test]
@@ -667,6 +726,18 @@ mod tests {
             },
             FileConfig {
                 max_in_flight: Some(0),
+                ..FileConfig::default()
+            },
+            FileConfig {
+                max_pending_connections: Some(0),
+                ..FileConfig::default()
+            },
+            FileConfig {
+                idle_timeout_secs: Some(0),
+                ..FileConfig::default()
+            },
+            FileConfig {
+                buffer_memory: Some("1M".into()),
                 ..FileConfig::default()
             },
         ] {

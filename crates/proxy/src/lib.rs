@@ -35,7 +35,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, UpstreamChoice};
 use crate::front::FrontEnd;
-use crate::server::{Security, ServerStats, TlsSide};
+use crate::server::{MemoryBudget, Security, ServerStats, Shared, TlsSide};
 use crate::upstream::UpstreamUrl;
 use crate::upstream::dir::DirUpstream;
 use crate::upstream::nfs::{NfsUpstream, UpstreamTimeouts};
@@ -290,6 +290,10 @@ pub async fn run(
         .unwrap_or_else(|| config::default_control_path(addr));
     let control_listener = control::bind(&control_path).await?;
     let stats = Arc::new(ServerStats::default());
+    let budget = Arc::new(MemoryBudget::new(
+        cfg.limits.buffer_memory,
+        u64::from(cfg.limits.records.max_record),
+    ));
     let ready = Ready {
         addr,
         export: cfg.export.clone(),
@@ -314,6 +318,7 @@ pub async fn run(
         ready: ready.clone(),
         front: front.clone(),
         server: stats.clone(),
+        budget: budget.clone(),
         client: bottom.client,
         cache: cache.clone(),
         meta,
@@ -343,26 +348,27 @@ pub async fn run(
     on_ready(&ready);
 
     let tasks = TaskTracker::new();
+    let shared = Shared {
+        front,
+        stats,
+        budget,
+        shutdown: shutdown.clone(),
+        tasks: tasks.clone(),
+    };
     let tls_task = tls_listener.map(|(l, at, side)| {
         tracing::info!(%at, name = side.identity.name(), "accepting gvfs:// peers over TLS");
         tokio::spawn(server::serve(
             l,
             Security::Tls(side),
-            front.clone(),
             cfg.limits,
-            stats.clone(),
-            shutdown.clone(),
-            tasks.clone(),
+            shared.clone(),
         ))
     });
     server::serve(
         listener,
         Security::Plain { starttls: tls },
-        front,
         cfg.limits,
-        stats,
-        shutdown.clone(),
-        tasks.clone(),
+        shared,
     )
     .await;
     if let Some(t) = tls_task {
@@ -467,6 +473,7 @@ struct StatusSource {
     ready: Ready,
     front: Arc<FrontEnd>,
     server: Arc<ServerStats>,
+    budget: Arc<MemoryBudget>,
     client: Option<RpcClient>,
     cache: Option<Arc<gvfs_cache::CacheLayer>>,
     meta: Option<Arc<gvfs_meta::MetaLayer>>,
@@ -553,6 +560,17 @@ impl StatusSource {
                 "tls_accepted": load(&self.server.tls_accepted),
                 "tls_refused": load(&self.server.tls_refused),
                 "starttls": load(&self.server.starttls),
+                "pending": load(&self.server.pending),
+                "evicted_pending": load(&self.server.evicted_pending),
+                "evicted_idle": load(&self.server.evicted_idle),
+                "slot_waits": load(&self.server.slot_waits),
+                "timed_out": load(&self.server.timed_out),
+            },
+            "buffers": {
+                "budget_bytes": self.budget.limit(),
+                "held_bytes": self.budget.used(),
+                "peak_bytes": self.budget.peak(),
+                "throttled": self.budget.throttled(),
             },
             "nfs_calls": calls,
             "mount_calls": load(&f.mount_calls),

@@ -6,7 +6,9 @@
 //! because a middle proxy is both. [`tls`] turns the PEM files into rustls
 //! configurations (TLS 1.3 only, the ring provider, client certificates
 //! required between proxies), runs the server handshake with a timeout and
-//! implements `gvfs_nfs::client::Connector` for `gvfs://` upstreams.
+//! implements `gvfs_nfs::client::Connector` for `gvfs://` upstreams, telling
+//! a refusal (a certificate rejected on either side: [`refusal`]) from a
+//! fault worth retrying.
 //! [`identity`] maps the name in a verified peer certificate to the
 //! credentials the upstream sees, like GVFS's logical user accounts.
 
@@ -16,6 +18,7 @@ pub mod error;
 pub mod identity;
 pub mod pki;
 mod read;
+pub mod refusal;
 pub mod tls;
 
 pub use error::TunnelError;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gvfs_nfs::BoxFuture;
-use gvfs_nfs::client::{BoxStream, Connector};
+use gvfs_nfs::client::{BoxStream, Connector, Refusal, refusal_of};
 use rustls::client::Resumption;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -493,10 +493,12 @@ impl TlsConnector {
             ))
         })?
         .map_err(|e| {
-            self.handshake_failed(io::Error::new(
-                e.kind(),
-                format!("TLS handshake with {address} failed: {e}"),
-            ))
+            let failed = format!("TLS handshake with {address} failed");
+            self.handshake_failed(match crate::refusal::refusal(&e) {
+                // Not worth retrying: the RPC client fails its calls at once.
+                Some(why) => Refusal(format!("{failed}: {why}")).into(),
+                None => io::Error::new(e.kind(), format!("{failed}: {e}")),
+            })
         })?;
         let name = match tls.get_ref().1.peer_certificates() {
             Some([end_entity, ..]) => peer_name(end_entity),
@@ -522,6 +524,13 @@ impl Connector for TlsConnector {
             tracing::debug!(upstream = %self.address(), server, "TLS connection up");
             Ok(Box::new(tls) as BoxStream)
         })
+    }
+
+    /// A TLS alert from the server (with TLS 1.3, one rejecting our
+    /// certificate comes on the first read, after the handshake) or a
+    /// server certificate we rejected.
+    fn refusal(&self, e: &io::Error) -> Option<String> {
+        crate::refusal::refusal(e).or_else(|| refusal_of(e))
     }
 
     fn describe(&self) -> String {

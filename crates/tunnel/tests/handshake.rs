@@ -172,13 +172,16 @@ async fn server_certificate_from_an_unknown_ca_is_refused() {
     let client = site.identity("lan-proxy");
 
     let (port, served) = serve_one(server.server_config()).await;
-    let err = connector(port, None, &client).open().await.unwrap_err();
+    let c = connector(port, None, &client);
+    let err = c.open().await.unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains(&format!("TLS handshake with 127.0.0.1:{port} failed"))
-            && msg.contains("UnknownIssuer"),
+            && msg.contains("we rejected the server's certificate: not signed by our CA"),
         "{msg}"
     );
+    // A refusal, which the RPC client does not retry.
+    assert_eq!(c.refusal(&err).as_deref(), Some(msg.as_str()));
     handshake_error(served.await.unwrap());
 }
 
@@ -194,8 +197,17 @@ async fn client_certificate_from_an_unknown_ca_is_refused() {
     let client = TlsIdentity::load(&files).unwrap();
 
     let (port, served) = serve_one(server.server_config()).await;
-    let opened = connector(port, None, &client).open().await.map(|(s, _)| s);
-    assert_client_refused(opened).await;
+    let c = connector(port, None, &client);
+    let (mut s, _) = c.open().await.expect("our side of the handshake");
+    // The server's alert comes on the first read, and is a refusal.
+    let e = s
+        .read(&mut [0u8; 1])
+        .await
+        .expect_err("the client was served");
+    assert_eq!(
+        c.refusal(&e).as_deref(),
+        Some("the server rejected our certificate: unknown CA")
+    );
     let msg = handshake_error(served.await.unwrap());
     assert!(msg.contains("UnknownIssuer"), "{msg}");
 

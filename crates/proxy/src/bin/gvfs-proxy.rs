@@ -85,9 +85,30 @@ struct Cli {
     #[arg(long, value_name = "SECS")]
     connect_timeout: Option<u64>,
 
-    /// Client connections served at once [default: 256].
+    /// Client connections served at once [default: 256]. When all are
+    /// taken, a new client is served by closing the connection idle
+    /// longest (one with no call running); if every one is busy, it waits.
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+
+    /// Connections not yet through their first call (or TLS handshake) at
+    /// once, besides --max-connections; one more closes the oldest, so
+    /// sockets that send nothing cannot keep clients out [default: 64].
+    #[arg(long, value_name = "N")]
+    max_pending_connections: Option<usize>,
+
+    /// Close a client connection that has nothing running and sends no
+    /// call for SECS [default: 600]. A new connection must send its first
+    /// call within 10 s, and a call once begun must be complete within 30 s.
+    #[arg(long, value_name = "SECS")]
+    idle_timeout: Option<u64>,
+
+    /// Most memory for call records and replies held at once, all client
+    /// connections together, e.g. 256M [default: 256M]. A connection whose
+    /// client does not read its replies stops being read once it holds a
+    /// quarter of it; every client may still send one call at a time.
+    #[arg(long, value_name = "SIZE")]
+    buffer_memory: Option<String>,
 
     /// Calls in flight per client connection [default: 64].
     #[arg(long, value_name = "N")]
@@ -223,6 +244,9 @@ impl Cli {
             upstream_timeout_secs: self.upstream_timeout,
             connect_timeout_secs: self.connect_timeout,
             max_connections: self.max_connections,
+            max_pending_connections: self.max_pending_connections,
+            idle_timeout_secs: self.idle_timeout,
+            buffer_memory: self.buffer_memory.clone(),
             max_in_flight: self.max_in_flight,
             drain_timeout_secs: None,
             metrics: self.metrics.clone(),

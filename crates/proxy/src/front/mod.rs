@@ -387,6 +387,62 @@ fn encode_success(xid: u32, reply: &NfsReply) -> Vec<u8> {
     rpc::seal(out)
 }
 
+/// Room for a reply's header, attributes and handles.
+const SMALL_REPLY: usize = 1024;
+
+/// The most bytes the reply to call record `msg` can take as far as the
+/// call says: a READ's count, a READDIR's, a whole-file chunk of the
+/// extension program; [`SMALL_REPLY`] for any other call (or one that
+/// does not parse). Reads only the header and a few arguments, for the
+/// server edge's memory budget.
+pub fn reply_size_hint(msg: &[u8]) -> usize {
+    use gvfs_nfs::proc::MAX_FH_LEN;
+    use gvfs_nfs::xdr::{XdrError, XdrReader};
+    let mut r = XdrReader::new(msg);
+    let mut data = || -> Result<u32, XdrError> {
+        for _ in 0..3 {
+            r.u32()?; // xid, message type, RPC version
+        }
+        let (prog, vers, proc_) = (r.u32()?, r.u32()?, r.u32()?);
+        for _ in 0..2 {
+            r.u32()?;
+            r.opaque(rpc::MAX_AUTH_BYTES)?; // credential, verifier
+        }
+        let skip = |r: &mut XdrReader<'_>, words: usize| -> Result<(), XdrError> {
+            for _ in 0..words {
+                r.u32()?;
+            }
+            Ok(())
+        };
+        Ok(match (prog, vers, proc_) {
+            // READ3args: file, offset, count.
+            (NFS_PROGRAM, 3, 6) => {
+                r.opaque(MAX_FH_LEN)?;
+                skip(&mut r, 2)?;
+                r.u32()?.min(MAX_DATA)
+            }
+            // READDIR3args: dir, cookie, verifier, count.
+            (NFS_PROGRAM, 3, 16) => {
+                r.opaque(MAX_FH_LEN)?;
+                skip(&mut r, 4)?;
+                r.u32()?.min(MAX_DATA)
+            }
+            // READDIRPLUS3args: dir, cookie, verifier, dircount, maxcount.
+            (NFS_PROGRAM, 3, 17) => {
+                r.opaque(MAX_FH_LEN)?;
+                skip(&mut r, 5)?;
+                r.u32()?.min(MAX_DATA)
+            }
+            (gvfs_meta::ext::PROGRAM, _, gvfs_meta::ext::PROC_FETCH) => {
+                gvfs_meta::ext::CHUNK + gvfs_meta::ext::MAX_FRAME_SLACK
+            }
+            _ => 0,
+        })
+    };
+    // Counts are clamped to MAX_DATA as the calls are (`clamp_request`).
+    data().unwrap_or(0) as usize + SMALL_REPLY
+}
+
 /// The NFS procedure named by `n`, for logs.
 pub fn proc_name(n: usize) -> &'static str {
     NfsProc::ALL.get(n).map_or("?", |p| p.name())

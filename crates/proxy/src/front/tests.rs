@@ -397,3 +397,41 @@ async fn mknod_of_a_regular_file_is_badtype_here_and_goes_no_further() {
     assert_eq!(r.u32().unwrap(), nfsstat3::NFS3ERR_BADTYPE as u32);
     assert_eq!(fake.calls.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn reply_size_hints_follow_the_counts_calls_ask_for() {
+    use super::{MAX_DATA, NFS_PROGRAM, SMALL_REPLY, reply_size_hint};
+    let cred = Credentials::unix(1000, 1000);
+    let encoded = |req: NfsRequest| {
+        let mut args = Vec::new();
+        req.encode(&mut args);
+        call(1, NFS_PROGRAM, 3, req.proc_() as u32, &cred, &args)
+    };
+    let read = |count| {
+        encoded(NfsRequest::Read(READ3args {
+            file: fh(b"some-handle"),
+            offset: 7,
+            count,
+        }))
+    };
+    assert_eq!(reply_size_hint(&read(4096)), 4096 + SMALL_REPLY);
+    // Clamped as the call itself is.
+    assert_eq!(
+        reply_size_hint(&read(u32::MAX)),
+        MAX_DATA as usize + SMALL_REPLY
+    );
+    let plus = encoded(NfsRequest::Readdirplus(READDIRPLUS3args {
+        dir: fh(b"d"),
+        cookie: 0,
+        cookieverf: cookieverf3::default(),
+        dircount: 512,
+        maxcount: 32_768,
+    }));
+    assert_eq!(reply_size_hint(&plus), 32_768 + SMALL_REPLY);
+    let getattr = encoded(NfsRequest::Getattr(GETATTR3args { object: fh(b"f") }));
+    assert_eq!(reply_size_hint(&getattr), SMALL_REPLY);
+    // Garbage, or a READ cut short, costs the small amount.
+    assert_eq!(reply_size_hint(b"nonsense"), SMALL_REPLY);
+    let cut = read(4096);
+    assert_eq!(reply_size_hint(&cut[..cut.len() - 4]), SMALL_REPLY);
+}

@@ -357,6 +357,10 @@ impl<C: Connector> Connector for Recording<C> {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+
+    fn refusal(&self, e: &std::io::Error) -> Option<String> {
+        self.inner.refusal(e)
+    }
 }
 
 /// Forwards every call to an NFSv3 server.
@@ -483,10 +487,12 @@ impl NfsUpstream {
     fn service_error(&self, e: ClientError) -> ServiceError {
         let upstream = self.describe();
         match e {
-            ClientError::Unavailable { .. } => ServiceError::UpstreamUnavailable {
-                upstream,
-                reason: e.to_string(),
-            },
+            ClientError::Unavailable { .. } | ClientError::Refused { .. } => {
+                ServiceError::UpstreamUnavailable {
+                    upstream,
+                    reason: e.to_string(),
+                }
+            }
             ClientError::Rpc { error, .. } => match error {
                 gvfs_nfs::rpc::ReplyError::Accepted(status)
                 | gvfs_nfs::rpc::ReplyError::Denied(status) => {

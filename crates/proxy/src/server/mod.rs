@@ -1,18 +1,29 @@
 //! The tokio edge of the front end: accepts connections, reads records,
 //! runs calls concurrently and writes replies.
 //!
-//! Bounded everywhere: at most `max_connections` connections (further
-//! clients wait in the kernel's accept queue), at most `max_in_flight` calls
-//! per connection (the reader stops reading while that many run), a bounded
-//! reply queue, and record caps enforced before allocation. On shutdown the
-//! listener stops, readers stop taking new calls, calls in flight finish and
-//! their replies are written, within the drain deadline.
+//! Bounded everywhere: one memory budget for the call records and replies
+//! held for all connections, with backpressure ([`memory`]); at most
+//! `max_connections` served connections and
+//! `max_pending` more that have not yet sent a first call or finished a TLS
+//! handshake, each pool making room by closing its oldest or idlest member
+//! ([`slots`]); at most `max_in_flight` calls per connection (the reader
+//! stops reading while that many run), a bounded reply queue, and record
+//! caps enforced before allocation. Every wait for a peer has a timeout: a
+//! first call within `first_call_timeout`, a record once begun within
+//! `record_timeout`, the next call within `idle_timeout` while nothing is
+//! running. On shutdown the listener stops, readers stop taking new calls,
+//! calls in flight finish and their replies are written, within the drain
+//! deadline.
 //!
 //! Security per listener ([`Security`]): plain RPC (optionally upgraded by
 //! the RFC 9289 STARTTLS probe), or TLS 1.3 from the first byte with a
 //! client certificate required (`--listen-tls`, between proxies). A TLS
 //! handshake on a plain port, plain RPC on a TLS port, and any refused
-//! certificate end the connection with one log line; nothing is served.
+//! certificate end the connection with one log line at WARN; nothing is
+//! served. A connection that sends nothing (a health check that connects
+//! and closes, a silent socket) is no refused peer: it is logged at DEBUG
+//! only. Connections not yet through their handshake are pending
+//! ([`slots`]): they cannot take an authenticated peer's place.
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
@@ -34,29 +45,52 @@ use tokio_util::task::TaskTracker;
 
 use crate::front::{CredMap, FrontEnd, Peer};
 
+mod memory;
+mod slots;
+
+use memory::Charge;
+pub use memory::MemoryBudget;
+use slots::{ConnState, Slot, Slots};
+
 /// Limits of the server edge.
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
-    /// Connections served at once.
+    /// Connections served at once (through their first call or TLS
+    /// handshake); when full, the one idle longest makes room.
     pub max_connections: usize,
+    /// Connections not yet through their first call or TLS handshake; when
+    /// full, the oldest makes room.
+    pub max_pending: usize,
     /// Calls in flight per connection.
     pub max_in_flight: usize,
     /// Caps on incoming records.
     pub records: RecordLimits,
-    /// A connection with no complete record for this long is closed.
+    /// A connection with nothing running and no call for this long is
+    /// closed.
     pub idle_timeout: Duration,
+    /// A new connection must send a complete first call within this.
+    pub first_call_timeout: Duration,
+    /// A record must be complete this long after its first byte.
+    pub record_timeout: Duration,
     /// Longest wait for one reply write before the connection is dropped.
     pub write_timeout: Duration,
+    /// Most bytes of call records and replies held at once, all
+    /// connections together (see [`MemoryBudget`]).
+    pub buffer_memory: u64,
 }
 
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
             max_connections: 256,
+            max_pending: 64,
             max_in_flight: 64,
             records: RecordLimits::for_payload(gvfs_nfs::proc::MAX_DATA),
-            idle_timeout: Duration::from_secs(3600),
+            idle_timeout: Duration::from_secs(600),
+            first_call_timeout: Duration::from_secs(10),
+            record_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(60),
+            buffer_memory: 256 << 20,
         }
     }
 }
@@ -77,6 +111,18 @@ pub struct ServerStats {
     pub tls_refused: AtomicU64,
     /// Plain connections upgraded by the RFC 9289 STARTTLS probe.
     pub starttls: AtomicU64,
+    /// Connections open now that are not yet through their first call or
+    /// TLS handshake.
+    pub pending: AtomicU64,
+    /// Such connections closed to admit a newer one (the oldest first).
+    pub evicted_pending: AtomicU64,
+    /// Served connections closed, idle, to make room for a new one.
+    pub evicted_idle: AtomicU64,
+    /// New connections that waited for a slot: every served one was busy.
+    pub slot_waits: AtomicU64,
+    /// Connections closed by a timeout: no first call, a record begun and
+    /// not finished, or idle.
+    pub timed_out: AtomicU64,
 }
 
 /// TLS settings of a listener.
@@ -119,23 +165,44 @@ pub enum Security {
     Tls(Arc<TlsSide>),
 }
 
-/// Serves `front` on `listener` until `shutdown` is cancelled, then drains
-/// in-flight calls (tracked by `tasks`) and returns.
+/// What the listeners of one proxy share.
+#[derive(Clone)]
+pub struct Shared {
+    /// The front end calls go to.
+    pub front: Arc<FrontEnd>,
+    /// Connection counters.
+    pub stats: Arc<ServerStats>,
+    /// The memory budget of all connections.
+    pub budget: Arc<MemoryBudget>,
+    /// Cancelled on shutdown.
+    pub shutdown: CancellationToken,
+    /// Tracks calls in flight, for draining.
+    pub tasks: TaskTracker,
+}
+
+/// Serves `shared.front` on `listener` until `shared.shutdown` is
+/// cancelled, then drains in-flight calls (tracked by `shared.tasks`) and
+/// returns.
 pub async fn serve(
     listener: TcpListener,
     security: Security,
-    front: Arc<FrontEnd>,
     limits: ServerLimits,
-    stats: Arc<ServerStats>,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
+    shared: Shared,
 ) {
-    let conns = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let Shared {
+        front,
+        stats,
+        budget,
+        shutdown,
+        tasks,
+    } = shared;
+    let slots = Arc::new(Slots::new(
+        limits.max_connections,
+        limits.max_pending,
+        stats.clone(),
+        budget,
+    ));
     loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            p = conns.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-        };
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
@@ -148,6 +215,8 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        // Never waits: a full pool of new connections makes room.
+        let slot = slots.admit(peer, &shutdown);
         let (front, stats, shutdown) = (front.clone(), stats.clone(), shutdown.clone());
         let conn = Conn {
             front,
@@ -160,71 +229,110 @@ pub async fn serve(
             stats.accepted.fetch_add(1, Ordering::Relaxed);
             stats.open.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, "connection opened");
-            open_connection(stream, peer, &security, conn, &stats).await;
+            open_connection(stream, &slot, &security, conn, &stats).await;
             stats.open.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!(%peer, "connection closed");
-            drop(permit);
+            drop(slot);
         });
     }
 }
 
 /// What serving one connection needs besides the stream.
 #[derive(Clone)]
-pub struct Conn {
-    /// The front end calls go to.
-    pub front: Arc<FrontEnd>,
-    /// Limits of the edge.
-    pub limits: ServerLimits,
-    /// Cancelled on shutdown.
-    pub shutdown: CancellationToken,
-    /// Tracks calls in flight, for draining.
-    pub tasks: TaskTracker,
+struct Conn {
+    front: Arc<FrontEnd>,
+    limits: ServerLimits,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// Runs `step` unless the connection is closed first (evicted from the
+/// pending pool, or shutdown); `None` then.
+async fn unless_closed<T>(state: &ConnState, step: impl Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = state.close().cancelled() => None,
+        v = step => Some(v),
+    }
 }
 
 /// Secures a new connection as its listener says, then serves it.
 async fn open_connection(
     mut stream: TcpStream,
-    addr: SocketAddr,
+    slot: &Slot,
     security: &Security,
     conn: Conn,
     stats: &ServerStats,
 ) {
+    let state = slot.state();
+    let addr = state.addr();
     let refused = |what: &str, e: &dyn std::fmt::Display| {
         stats.tls_refused.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(peer = %addr, "refused a connection: {what}: {e}");
     };
     let starttls = match security {
         Security::Tls(tls) => {
-            match gvfs_tunnel::accept(stream, tls.identity.server_config(), tls.handshake_timeout)
-                .await
-            {
-                Ok((s, name)) => {
+            let start = tokio::time::Instant::now();
+            // A health check connects and closes without a byte; a silent
+            // socket sends nothing: neither is a peer refused.
+            let mut b = [0u8; 1];
+            let peek = tokio::time::timeout(tls.handshake_timeout, stream.peek(&mut b));
+            match unless_closed(state, peek).await {
+                None => return,
+                Some(Ok(Ok(1))) => {}
+                Some(Ok(_)) => {
+                    tracing::debug!(peer = %addr, "closed before sending anything");
+                    return;
+                }
+                Some(Err(_)) => {
+                    stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %addr, "closing a new connection: no TLS handshake in time");
+                    return;
+                }
+            }
+            let left = tls.handshake_timeout.saturating_sub(start.elapsed());
+            let handshake = gvfs_tunnel::accept(stream, tls.identity.server_config(), left);
+            match unless_closed(state, handshake).await {
+                Some(Ok((s, name))) => {
                     stats.tls_accepted.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(peer = %addr, name = name.as_deref().unwrap_or("?"), "TLS peer connected");
                     let peer = tls.peer(addr, name, true);
-                    serve_connection(s, peer, conn, stats).await;
+                    if slot.serve().await {
+                        serve_connection(s, peer, conn, stats, state.clone()).await;
+                    }
                 }
-                Err(e) => refused("TLS listener", &e),
+                Some(Err(e @ gvfs_tunnel::AcceptError::Timeout(_))) => {
+                    stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %addr, "closing a new connection: {e}");
+                }
+                Some(Err(e)) => refused("TLS listener", &e),
+                None => {}
             }
             return;
         }
         Security::Plain { starttls } => starttls,
     };
-    let first = match sniff(&mut stream, conn.limits).await {
-        Ok(f) => f,
-        Err(Sniffed::TlsHello) => {
+    let first = match unless_closed(state, sniff(&mut stream, conn.limits)).await {
+        None => return,
+        Some(Ok(f)) => f,
+        Some(Err(Sniffed::TlsHello)) => {
             refused(
                 "plain port",
                 &"a TLS handshake arrived; connect to the --listen-tls port, or send the RFC 9289 STARTTLS probe first",
             );
             return;
         }
-        Err(Sniffed::Oversized(e)) => {
+        Some(Err(Sniffed::Oversized(e))) => {
             stats.oversized.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(peer = %addr, error = %e, "closing connection");
             return;
         }
-        Err(Sniffed::Closed) => return,
+        Some(Err(Sniffed::TimedOut)) => {
+            stats.timed_out.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(peer = %addr, "closing a new connection: no complete call in time");
+            return;
+        }
+        Some(Err(Sniffed::Closed)) => return,
     };
     // RFC 9289: a NULL call with AUTH_TLS as the first call asks to switch.
     if let (Some(tls), Some(xid)) = (starttls, gvfs_nfs::rpc::is_tls_probe(&first.record))
@@ -235,21 +343,23 @@ async fn open_connection(
             Ok(Ok(())) => {}
             _ => return,
         }
-        match gvfs_tunnel::accept(
+        let handshake = gvfs_tunnel::accept(
             stream,
             tls.identity.starttls_config(),
             tls.handshake_timeout,
-        )
-        .await
-        {
-            Ok((s, name)) => {
+        );
+        match unless_closed(state, handshake).await {
+            Some(Ok((s, name))) => {
                 stats.starttls.fetch_add(1, Ordering::Relaxed);
                 stats.tls_accepted.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(peer = %addr, name = name.as_deref().unwrap_or("-"), "client switched to TLS (RFC 9289)");
                 let peer = tls.peer(addr, name, false);
-                serve_connection(s, peer, conn, stats).await;
+                if slot.serve().await {
+                    serve_connection(s, peer, conn, stats, state.clone()).await;
+                }
             }
-            Err(e) => refused("STARTTLS", &e),
+            Some(Err(e)) => refused("STARTTLS", &e),
+            None => {}
         }
         return;
     }
@@ -261,7 +371,9 @@ async fn open_connection(
         at: 0,
         inner: stream,
     };
-    serve_connection(stream, Peer::plain(Some(addr)), conn, stats).await;
+    if slot.serve().await {
+        serve_connection(stream, Peer::plain(Some(addr)), conn, stats, state.clone()).await;
+    }
 }
 
 /// The first record of a plain connection and what was read after it.
@@ -276,7 +388,10 @@ enum Sniffed {
     TlsHello,
     /// A record cap was exceeded.
     Oversized(gvfs_nfs::record::RecordError),
-    /// EOF, an error, or the idle timeout.
+    /// No complete first call within the first-call timeout (nothing, or
+    /// part of a record), or a record begun and not finished in time.
+    TimedOut,
+    /// EOF or an error.
     Closed,
 }
 
@@ -287,19 +402,23 @@ const TLS_HANDSHAKE: u8 = 0x16;
 
 /// Reads the first record of a plain connection, noticing a TLS handshake.
 async fn sniff(stream: &mut TcpStream, limits: ServerLimits) -> Result<First, Sniffed> {
+    let deadline = tokio::time::Instant::now() + limits.first_call_timeout;
     let mut b = [0u8; 1];
-    match tokio::time::timeout(limits.idle_timeout, stream.peek(&mut b)).await {
+    match tokio::time::timeout_at(deadline, stream.peek(&mut b)).await {
         Ok(Ok(1)) if b[0] == TLS_HANDSHAKE => return Err(Sniffed::TlsHello),
         Ok(Ok(1)) => {}
-        _ => return Err(Sniffed::Closed),
+        Ok(_) => return Err(Sniffed::Closed),
+        Err(_) => return Err(Sniffed::TimedOut),
     }
     let mut records = RecordStream::new(&mut *stream, limits.records);
-    match tokio::time::timeout(limits.idle_timeout, records.next()).await {
-        Ok(Ok(Some(record))) => Ok(First {
+    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+    match records.next_within(wait, limits.record_timeout).await {
+        Ok(Some(record)) => Ok(First {
             rest: records.buffered().to_vec(),
             record,
         }),
-        Ok(Err(StreamError::Record(e))) => Err(Sniffed::Oversized(e)),
+        Err(StreamError::Record(e)) => Err(Sniffed::Oversized(e)),
+        Err(StreamError::TimedOut { .. }) => Err(Sniffed::TimedOut),
         _ => Err(Sniffed::Closed),
     }
 }
@@ -358,9 +477,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     }
 }
 
-/// Serves one connection until EOF, an error, or shutdown.
-pub async fn serve_connection<S>(stream: S, peer: Peer, conn: Conn, stats: &ServerStats)
-where
+/// Serves one connection until EOF, an error, a timeout, eviction or
+/// shutdown.
+async fn serve_connection<S>(
+    stream: S,
+    peer: Peer,
+    conn: Conn,
+    stats: &ServerStats,
+    state: Arc<ConnState>,
+) where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let Conn {
@@ -372,12 +497,13 @@ where
     let peer = Arc::new(peer);
     let (rd, mut wr) = tokio::io::split(stream);
     let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
-    let (reply_tx, mut reply_rx) = mpsc::channel::<ReplyRecord>(limits.max_in_flight.max(1));
+    let (reply_tx, mut reply_rx) =
+        mpsc::channel::<(ReplyRecord, Charge)>(limits.max_in_flight.max(1));
     let write_timeout = limits.write_timeout;
     let writer = tokio::spawn(async move {
-        while let Some(rec) = reply_rx.recv().await {
+        while let Some((rec, call)) = reply_rx.recv().await {
             match tokio::time::timeout(write_timeout, write_record(&mut wr, rec)).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => drop(call),
                 _ => return,
             }
         }
@@ -386,34 +512,76 @@ where
     });
 
     let mut records = RecordStream::new(rd, limits.records);
+    // One wait for the close signal (eviction or shutdown) for the whole
+    // connection, not one per call.
+    let closed = state.close().cancelled();
+    tokio::pin!(closed);
     loop {
+        if reply_tx.is_closed() {
+            // The writer gave up (a reply unwritten for the write timeout).
+            break;
+        }
+        // Backpressure: no more calls while this connection holds its share
+        // of the memory budget (its client is not reading replies), or all
+        // connections together hold the budget.
+        tokio::select! {
+            biased;
+            () = &mut closed => break,
+            () = state.memory().room() => {}
+        }
+        let wait = if state.has_called() {
+            limits.idle_timeout
+        } else {
+            limits.first_call_timeout
+        };
         let rec = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = tokio::time::timeout(limits.idle_timeout, records.next()) => match r {
-                Ok(Ok(Some(rec))) => rec,
-                Ok(Ok(None)) => break,
-                Ok(Err(StreamError::Record(e))) => {
+            biased;
+            () = &mut closed => {
+                if !shutdown.is_cancelled() {
+                    tracing::debug!(peer = ?peer.addr, "closed to make room for a new connection");
+                }
+                break;
+            }
+            r = records.next_within(wait, limits.record_timeout) => match r {
+                Ok(Some(rec)) => rec,
+                Ok(None) => break,
+                Err(StreamError::Record(e)) => {
                     stats.oversized.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(peer = ?peer.addr, error = %e, "closing connection");
                     break;
                 }
-                Ok(Err(e)) => {
-                    tracing::debug!(peer = ?peer.addr, error = %e, "connection ended");
+                // Nothing lost: calls are running, so it is not idle.
+                Err(StreamError::TimedOut { begun: false }) if state.busy() => continue,
+                Err(StreamError::TimedOut { begun }) => {
+                    stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                    let what = if begun {
+                        "part of a call came, then nothing"
+                    } else {
+                        "idle"
+                    };
+                    tracing::debug!(peer = ?peer.addr, "closing connection: {what}");
                     break;
                 }
-                Err(_) => {
-                    tracing::debug!(peer = ?peer.addr, "idle connection closed");
+                Err(e) => {
+                    tracing::debug!(peer = ?peer.addr, error = %e, "connection ended");
                     break;
                 }
             },
         };
+        let call = state.call_started((rec.len() + crate::front::reply_size_hint(&rec)) as u64);
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };
         let (front, tx, peer) = (front.clone(), reply_tx.clone(), peer.clone());
+        let memory = state.memory().clone();
         tasks.spawn(async move {
-            if let Some(reply) = front.handle(&rec, &peer).await {
-                let _ = tx.send(reply).await;
+            let reply = front.handle(&rec, &peer).await;
+            drop(rec);
+            if let Some(reply) = reply {
+                // The reply as it is, instead of the most it could be.
+                let held = memory.charge(reply.len() as u64);
+                drop(call);
+                let _ = tx.send((reply, held)).await;
             }
             drop(permit);
         });
