@@ -99,6 +99,40 @@ pub(crate) enum SyncState {
     DirtyUnsynced = 2,
 }
 
+/// Where in the header region a bank file found cut short records how much
+/// of it was there, before it is grown back to its length: the evidence
+/// must outlive a start that fails (or is killed) before recovery ends.
+///
+/// ```text
+///  off  len field
+/// 2048    8 magic "GVFSCUT1"
+/// 2056    8 bytes of the file that were there when the cut was found
+/// 2064    4 CRC32 of bytes 2048..2064
+/// ```
+pub(crate) const CUT_MARK_AT: u64 = 2048;
+/// Bytes of the cut mark.
+pub(crate) const CUT_MARK_LEN: usize = 20;
+const CUT_MAGIC: [u8; 8] = *b"GVFSCUT1";
+
+/// The cut mark recording `sound_len` bytes.
+pub(crate) fn encode_cut_mark(sound_len: u64) -> [u8; CUT_MARK_LEN] {
+    let mut b = [0u8; CUT_MARK_LEN];
+    b[0..8].copy_from_slice(&CUT_MAGIC);
+    b[8..16].copy_from_slice(&sound_len.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..16]);
+    b[16..20].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The length a cut mark records, if `b` is one.
+pub(crate) fn decode_cut_mark(b: &[u8]) -> Option<u64> {
+    if b.len() < CUT_MARK_LEN || b[0..8] != CUT_MAGIC || crc32fast::hash(&b[0..16]) != u32_at(b, 16)
+    {
+        return None;
+    }
+    Some(u64_at(b, 8))
+}
+
 /// A decoded bank header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {

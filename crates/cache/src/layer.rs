@@ -1264,13 +1264,9 @@ impl CacheLayer {
             st.writer = Some(cx.cred.clone());
             new
         };
-        if new_writer && self.config.policy == WritePolicy::WriteBack {
-            // Recorded with the store's next sync (a COMMIT), so data
-            // recovered after a crash is written back as its writer.
-            let (key, mut who) = (fh.clone(), Vec::new());
-            cx.cred.encode(&mut who);
-            self.store_op(move |s| s.set_writer(&key, &who)).await?;
-        }
+        // The verifier before the data lands: should dirty data be lost
+        // meanwhile, the verifier this WRITE returns is not the new one.
+        let verf = writeverf3(self.store.verifier());
         let bs = self.block_size();
         let mut pos = 0usize;
         while pos < n {
@@ -1281,6 +1277,14 @@ impl CacheLayer {
             self.store_dirty(cx, &fh, block, in_block, data[pos..pos + len].to_vec())
                 .await?;
             pos += len;
+        }
+        if new_writer {
+            // Recorded once the file has dirty data (so it is kept), made
+            // durable with the store's next sync (a COMMIT): data recovered
+            // after a crash is written back as its writer.
+            let (key, mut who) = (fh.clone(), Vec::new());
+            cx.cred.encode(&mut who);
+            self.store_op(move |s| s.set_writer(&key, &who)).await?;
         }
         let committed = if args.stable == stable_how::UNSTABLE {
             stable_how::UNSTABLE
@@ -1296,7 +1300,7 @@ impl CacheLayer {
             },
             count: n as u32,
             committed,
-            verf: writeverf3(self.store.verifier()),
+            verf,
         })))
     }
 

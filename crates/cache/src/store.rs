@@ -5,10 +5,14 @@
 //!
 //! * **Order of a write.** The frame's tag first, then the data; nothing is
 //!   fsynced except as below. Each valid sub-block's CRC32 is in the tag, so
-//!   a torn or reordered pair is detected on open. Tag first means that when
-//!   only the process dies (the system's page cache keeps every write, in
-//!   order), bytes that changed since the last sync always have a newer tag
-//!   saying so: bytes that differ from both tags of their frame are rot.
+//!   a torn or reordered pair is detected on open. Tag first, and a dirty
+//!   write into a sub-block taking its committed bit away in that tag until
+//!   the next sync, mean that when only the process dies (the system's page
+//!   cache keeps every write, in order) bytes that changed since the last
+//!   sync always have a tag saying so (or a tag torn while saying so): bytes
+//!   that differ from both tags of an untouched frame are rot. Every write
+//!   in place into dirty data (a truncation's zeroing too) first flags its
+//!   bank unsynced, as below.
 //! * **Unsynced-dirty flag.** Before the first dirty write into a bank after
 //!   a sync, that bank's header is set to "dirty writes since the last sync"
 //!   and fsynced (a barrier: the flag is durable before the data). `sync`
@@ -39,10 +43,15 @@
 //!   earlier evictions durable, so no stale copy of that file comes back); [`BlockStore::dirty_data`]
 //!   syncs before handing out data to be written upstream, so what upstream
 //!   receives is never newer than what a crash can bring back.
-//! * **Bank files.** Their space is reserved when they are created, so a
+//! * **Bank files.** Their space is reserved when they are opened, so a
 //!   full disk cannot fail a write into them. One found missing beside the
-//!   others, or shorter than its layout, lost what it held: that is
-//!   reported, nothing past a cut is trusted, and the verifier changes.
+//!   others (or every one, in a directory that held a cache), or shorter
+//!   than its layout, lost what it held: that is reported, nothing past a
+//!   cut is trusted (the cut is recorded in the header region before the
+//!   file is grown back, until recovery is durable), and the verifier
+//!   changes. In a bank closed cleanly a tag slot that fails its checksum
+//!   is rot, and may have been the newer one: its frame is dropped, its
+//!   dirty bytes set aside and reported.
 //! * **Verifier rule.** The verifier changes on open when: a bank header was
 //!   unreadable, a header says dirty writes were not synced, the headers
 //!   disagree, a bank file was missing or cut short, a tag was corrupt, a
@@ -1060,6 +1069,10 @@ impl Inner {
                 if mode == WriteMode::Dirty {
                     f.dirty.insert(sb);
                     f.dirty_seq[s] = seq;
+                    // Rewritten since the last sync: its tag no longer
+                    // claims it committed (the older tag still does), which
+                    // is how recovery knows it was being rewritten.
+                    f.committed.remove(sb);
                 }
             }
             runs.push((b, pos, buf));
@@ -1291,7 +1304,12 @@ impl Inner {
                 let from = from as usize;
                 if buf[from..].iter().any(|&x| x != 0) {
                     buf[from..].fill(0);
-                    // The tag first, as for every write in place.
+                    // A write in place into dirty data: flagged and marked
+                    // rewritten as `write` does, the tag first.
+                    if self.frames[id].dirty.contains(straddling) {
+                        self.flag_unsynced(b)?;
+                        self.frames[id].committed.remove(straddling);
+                    }
                     self.frames[id].crcs[straddling as usize] = crc32fast::hash(&buf);
                     self.write_tag(id)?;
                     self.banks[b]
@@ -1342,6 +1360,8 @@ impl Inner {
     }
 }
 
+#[cfg(test)]
+mod crash_tests;
 #[cfg(test)]
 mod integrity_tests;
 #[cfg(test)]

@@ -70,12 +70,14 @@ enum CrashHow {
     TearLast(usize),
     Random(u64),
     /// Only the process died, in the middle of its writes to `bank`: the
-    /// first `keep` writes since the last sync landed, the next one up to
-    /// `pages` pages, no later one (the other bank kept all of its).
+    /// first `keep` writes since the last sync landed, the first `torn`
+    /// bytes of the next one, no later one (the other bank kept all of
+    /// its). A kill stops a write only between pages; tearing anywhere is
+    /// harsher, and tears the model's small tags, which straddle no page.
     Process {
         bank: usize,
         keep: usize,
-        pages: usize,
+        torn: usize,
     },
 }
 
@@ -109,8 +111,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Crash { how: CrashHow::LoseAll }),
         1 => (0usize..20_000).prop_map(|n| Op::Crash { how: CrashHow::TearLast(n) }),
         2 => any::<u64>().prop_map(|s| Op::Crash { how: CrashHow::Random(s) }),
-        2 => (0usize..2, 0usize..40, 0usize..5).prop_map(|(bank, keep, pages)| {
-            Op::Crash { how: CrashHow::Process { bank, keep, pages } }
+        2 => (0usize..2, 0usize..40, 0usize..20_000).prop_map(|(bank, keep, torn)| {
+            Op::Crash { how: CrashHow::Process { bank, keep, torn } }
         }),
         1 => Just(Op::CloseReopen),
         1 => (0usize..2, 0u64..12).prop_map(|(bank, n)| Op::InjectIoError { bank, n }),
@@ -318,11 +320,11 @@ impl Harness {
                         _ => WriteFate::Torn(xorshift(&mut st) as usize % (len + 1)),
                     })
                 }
-                CrashHow::Process { bank, keep, pages } => s.crash_with(|w, _| {
+                CrashHow::Process { bank, keep, torn } => s.crash_with(|w, len| {
                     if i != bank || w < keep {
                         WriteFate::Kept
                     } else if w == keep {
-                        WriteFate::Torn(pages * 4096)
+                        WriteFate::Torn(torn % (len + 1))
                     } else {
                         WriteFate::Lost
                     }

@@ -104,7 +104,24 @@ pub struct SledIndex {
 impl SledIndex {
     /// Opens (creating if missing) the database in directory `dir`.
     pub fn open(dir: &Path) -> Result<Self, IndexError> {
-        let db = sled::open(dir)?;
+        // sled's background thread lets go of the directory's lock a moment
+        // after the last handle of an earlier open in this process is
+        // dropped: wait for it, a little.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let db = loop {
+            match sled::open(dir) {
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.to_string().contains("could not acquire lock") =>
+                {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(sled::Error::Io(e).into());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => break r?,
+            }
+        };
         let tree = (*db).clone();
         Ok(SledIndex { db, tree })
     }

@@ -12,10 +12,14 @@
 //!
 //! A sub-block that fails is never served and never written upstream:
 //! - **clean**: it is dropped; the READ misses and fetches it again.
-//! - **dirty**: the client's bytes are gone. The sub-block is dropped (the
-//!   origin keeps its bytes), the bytes that failed are set aside in
-//!   `DIR/quarantine/` for an operator, the write verifier changes (clients
-//!   resend what they have not committed) and an error is logged.
+//! - **dirty**: the client's bytes are gone. The write verifier changes,
+//!   durably, first (clients resend what they have not committed); then the
+//!   sub-block is dropped (the origin keeps its bytes) and that is synced.
+//!   The bytes that failed are set aside in `DIR/quarantine/` for an
+//!   operator and an error is logged.
+//!
+//! The no-wait READ path (on an async thread) only reads: bytes that fail
+//! there are left for the blocking path to drop.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -194,6 +198,10 @@ impl Inner {
         let bad = self.failing(id, span.start, bytes, SubBlockMask::range(span.clone()));
         let outcome = if bad.is_empty() {
             Checked::Good
+        } else if nowait {
+            // Dropping means writing and syncing: not on an async thread.
+            // The caller reads again from a blocking one.
+            Checked::NotInMemory
         } else {
             let copy = bytes.to_vec();
             self.drop_failed(id, span.start, &copy, bad, "a read")?;
@@ -280,11 +288,18 @@ impl Inner {
         }
         self.stats.corrupt_clean_dropped += u64::from(clean.count());
         self.stats.dirty_sub_blocks_lost += u64::from(dirty.count());
-        self.forget(id, bad, bad)?;
-        if !dirty.is_empty() {
-            self.change_verifier()?;
+        if dirty.is_empty() {
+            // Should this not become durable, the bytes fail again.
+            return self.forget(id, bad, bad);
         }
-        Ok(())
+        // The new verifier first: once the sub-block is forgotten nothing
+        // would tell a later open that data was lost. Then a sync, so the
+        // forgetting is durable and its tag slot is never overwritten by a
+        // write a power loss could tear (the older slot would bring the
+        // bytes back).
+        self.change_verifier()?;
+        self.forget(id, bad, bad)?;
+        self.sync()
     }
 
     /// Gives the cache a new write verifier, durably, so that clients

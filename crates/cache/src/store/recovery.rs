@@ -3,6 +3,7 @@
 //! crash-safety rules).
 
 use super::*;
+use crate::format::{CUT_MARK_AT, CUT_MARK_LEN, decode_cut_mark, encode_cut_mark};
 
 pub(super) fn new_verifier(old: &[[u8; 8]]) -> [u8; 8] {
     let state = std::collections::hash_map::RandomState::new();
@@ -48,6 +49,8 @@ fn size_option(bytes: u64) -> String {
 struct Kept {
     quarantine: Option<Quarantine>,
     writers: Writers,
+    /// The directory held a cache before.
+    existed: bool,
 }
 
 /// How one bank is recovered.
@@ -88,19 +91,31 @@ enum Verdict {
 
 /// Decides what recovery does with sub-block `sb` of `tag` (the newest)
 /// whose bytes `data` (the whole sub-block) do not match its CRC; `older`
-/// is the frame's other tag when it names the same block.
+/// is the frame's other tag when it names the same block, and `other_torn`
+/// says the other slot failed its own checksum (a torn tag write).
 ///
-/// Every write in place writes the tag before the data, so after the
-/// process alone died (the system's page cache kept every write, in order)
+/// Every write in place writes the tag before the data, and a dirty
+/// rewrite takes the sub-block's committed bit away in that tag until the
+/// next sync. So after the process alone died (the system's page cache
+/// kept every write, in order, at most the last one cut short at a page),
 /// a sub-block's bytes are those its newest tag describes or those from
 /// before the newest write to it. The latter match the older tag when that
-/// write was the first since the last sync; otherwise the older tag shows a
-/// rewrite since the sync, and only a committed sub-block is worth keeping
-/// (the client resends its uncommitted overwrites). Anything else is rot.
-/// After a system crash an unsynced bank's writes may have landed in any
-/// order, so a committed sub-block is kept whatever its bytes, as a torn
-/// overwrite: data the client committed is not given up on a guess.
-fn judge(tag: &Tag, older: Option<&Tag>, sb: u32, data: &[u8], check: BankCheck) -> Verdict {
+/// write was the first since the last sync. Otherwise the tags show a
+/// rewrite since the sync (or the slot that recorded it was being written),
+/// and a sub-block committed at the last sync is kept as it is: the client
+/// resends its uncommitted overwrites, the rest of its bytes are the
+/// committed ones. Anything else is rot. After a system crash an unsynced
+/// bank's writes may have landed in any order, so a committed sub-block is
+/// kept whatever its bytes: data the client committed is not given up on a
+/// guess.
+fn judge(
+    tag: &Tag,
+    older: Option<&Tag>,
+    other_torn: bool,
+    sb: u32,
+    data: &[u8],
+    check: BankCheck,
+) -> Verdict {
     let i = sb as usize;
     let range_of = |t: &Tag| -> Option<(usize, usize)> {
         if t.valid.contains(sb) {
@@ -123,31 +138,49 @@ fn judge(tag: &Tag, older: Option<&Tag>, sb: u32, data: &[u8], check: BankCheck)
     {
         return Verdict::Revert;
     }
-    if check.lenient {
-        if tag.committed.contains(sb) {
-            return Verdict::KeepTorn;
-        }
-        if let Some(o) = older
-            && o.partial.contains(sb)
-            && o.committed.contains(sb)
-            && tag.dirty.contains(sb)
-            && !tag.partial.contains(sb)
+    let older_committed = older.is_some_and(|o| o.committed.contains(sb));
+    let committed = tag.dirty.contains(sb) && (tag.committed.contains(sb) || older_committed);
+    // Kept committed: whole, unless only the older tag's extent was
+    // committed (a clean fill merged around it since).
+    let keep = || match older {
+        Some(o)
+            if !tag.committed.contains(sb)
+                && o.partial.contains(sb)
+                && o.committed.contains(sb)
+                && !tag.partial.contains(sb) =>
         {
             let (a, b) = o.extents[i];
-            return Verdict::CommittedExtent(a, b);
+            Verdict::CommittedExtent(a, b)
         }
-        return Verdict::Drop;
+        _ => Verdict::KeepTorn,
+    };
+    if check.lenient {
+        return if committed { keep() } else { Verdict::Drop };
     }
-    let rewritten = older.is_some_and(|o| {
-        o.valid.contains(sb) != tag.valid.contains(sb)
-            || o.partial.contains(sb) != tag.partial.contains(sb)
-            || o.extents[i] != tag.extents[i]
-            || o.crcs[i] != tag.crcs[i]
-    });
-    if check.unsynced && tag.committed.contains(sb) && rewritten {
-        return Verdict::KeepTorn;
+    let rewritten = other_torn
+        || older.is_some_and(|o| {
+            o.valid.contains(sb) != tag.valid.contains(sb)
+                || o.partial.contains(sb) != tag.partial.contains(sb)
+                || o.extents[i] != tag.extents[i]
+                || o.crcs[i] != tag.crcs[i]
+                || (o.committed.contains(sb) && !tag.committed.contains(sb))
+        });
+    if check.unsynced && committed && rewritten {
+        return keep();
     }
     Verdict::Drop
+}
+
+/// The length a bank's cut mark records, if it has one.
+fn read_cut_mark(storage: &dyn Storage, len: u64) -> Result<Option<u64>> {
+    if len < CUT_MARK_AT + CUT_MARK_LEN as u64 {
+        return Ok(None);
+    }
+    let mut b = [0u8; CUT_MARK_LEN];
+    storage
+        .read_at(&mut b, CUT_MARK_AT)
+        .ctx("reading a bank's cut mark")?;
+    Ok(decode_cut_mark(&b))
 }
 
 /// Reserves the disk space of every bank file, so that no later write into
@@ -263,6 +296,9 @@ impl BlockStore {
         let kept = Kept {
             quarantine: Some(Quarantine::in_dir(dir)),
             writers: Writers::load(dir),
+            // Recorded by every open: a cache was here, even if every bank
+            // file is gone.
+            existed: dir.join(BOOT_ID_FILE).exists(),
         };
         let (mut store, report) = BlockStore::open_with(storages, geometry, options, kept)?;
         boot.record_in(dir);
@@ -301,6 +337,7 @@ impl BlockStore {
         let mut banks = Vec::new();
         let mut checks = Vec::new();
         let mut created = Vec::new();
+        let mut cut = Vec::new();
         for (b, storage) in storages.into_iter().enumerate() {
             let b32 = b as u32;
             let len = storage.len().ctx("reading a bank's length")?;
@@ -345,8 +382,19 @@ impl BlockStore {
                 }
             }
             // Shorter than its layout but not empty: cut off (a full disk, a
-            // copy that stopped). Nothing past the cut can be trusted.
-            let truncated = len != 0 && len < layout.file_len();
+            // copy that stopped), now or before a start that did not finish.
+            // Nothing past the cut can be trusted.
+            let mark = read_cut_mark(storage.as_ref(), len)?;
+            let cut_now = len != 0 && len < layout.file_len();
+            let truncated = cut_now || mark.is_some();
+            let sound_len = mark.unwrap_or(len).min(len);
+            if cut_now && mark.is_none() {
+                storage
+                    .write_at(&encode_cut_mark(len), CUT_MARK_AT)
+                    .ctx("marking a bank file cut short")?;
+                storage.sync().ctx("marking a bank file cut short")?;
+            }
+            cut.push(truncated);
             if truncated {
                 report.banks_truncated += 1;
                 change = true;
@@ -358,6 +406,7 @@ impl BlockStore {
                      dirty data included, is lost"
                 );
             }
+            let len = sound_len;
             if len < layout.file_len() {
                 storage
                     .set_len(layout.file_len())
@@ -381,7 +430,7 @@ impl BlockStore {
             };
             checks.push(BankCheck {
                 verify: truncated || header_says_verify,
-                sound_len: if truncated { len } else { u64::MAX },
+                sound_len: if truncated { sound_len } else { u64::MAX },
                 lenient: unsynced && options.unclean != UncleanShutdown::ProcessOnly,
                 unsynced,
                 closed_cleanly: header_ok.is_some_and(|h| h.shutdown == Shutdown::Clean),
@@ -394,9 +443,10 @@ impl BlockStore {
         }
         reserve_space(&banks, &created, layout.file_len())?;
         old_verifiers.dedup();
-        report.new_cache = old_verifiers.is_empty();
-        // A bank file created anew beside banks that have headers was
-        // deleted: whatever it held is gone, dirty data included.
+        report.new_cache = old_verifiers.is_empty() && !kept.existed;
+        // A bank file created anew beside banks that have headers (or in a
+        // directory that held a cache) was deleted: whatever it held is
+        // gone, dirty data included.
         if !report.new_cache && report.banks_created > 0 {
             report.banks_lost = report.banks_created;
             change = true;
@@ -474,6 +524,13 @@ impl BlockStore {
             inner.write_header(b, h)?;
         }
         inner.sync()?;
+        // Only now, with the repairs durable, may a cut be forgotten.
+        for (bank, _) in inner.banks.iter().zip(&cut).filter(|(_, c)| **c) {
+            bank.storage
+                .write_at(&[0u8; CUT_MARK_LEN], CUT_MARK_AT)
+                .ctx("clearing a bank's cut mark")?;
+            bank.storage.sync().ctx("clearing a bank's cut mark")?;
+        }
         if report.verifier_changed {
             tracing::warn!(?report, "block cache opened with a new write verifier");
         } else {
@@ -545,14 +602,8 @@ impl Inner {
                         continue;
                     }
                 };
-                if slots[usize::from(1 - newest)] == Err(TagError::Corrupt) {
-                    // A bank closed cleanly had no tag write in flight: a
-                    // bad slot is rot, and it may have been the newer one.
-                    if check.closed_cleanly {
-                        report.corrupt_tags += 1;
-                    } else {
-                        report.torn_tag_writes += 1;
-                    }
+                let other_torn = slots[usize::from(1 - newest)] == Err(TagError::Corrupt);
+                if other_torn {
                     // Erased, so that a later clean open does not take an
                     // old torn write for rot.
                     let off = self.layout.tag_offset(fib, 1 - newest);
@@ -565,6 +616,44 @@ impl Inner {
                 let Ok(mut tag) = slots[usize::from(newest)].clone() else {
                     continue;
                 };
+                if other_torn && check.closed_cleanly {
+                    // No tag write was in flight in a bank closed cleanly: the
+                    // bad slot is rot, and it may have been the newer one, so
+                    // the other may describe a state long gone (dirty data
+                    // since written back). The frame goes; what its tag
+                    // calls dirty is set aside and reported lost.
+                    report.corrupt_tags += 1;
+                    if !tag.dirty.is_empty() {
+                        let (bank, off) = self.data_pos(id, 0);
+                        self.banks[bank]
+                            .storage
+                            .read_at(&mut block_buf, off)
+                            .ctx("reading frame data")?;
+                        for sb in tag.dirty.iter() {
+                            report.dirty_sub_blocks_lost += 1;
+                            let i = sb as usize;
+                            let (a, b) = if tag.partial.contains(sb) {
+                                let (a, b) = tag.extents[i];
+                                (a as usize, b as usize)
+                            } else {
+                                (0, sbs)
+                            };
+                            let offset =
+                                tag.block * u64::from(self.geo.block_size()) + (i * sbs + a) as u64;
+                            if let Some(q) = self.quarantine.as_mut() {
+                                q.keep(&tag.fh, offset, &block_buf[i * sbs + a..i * sbs + b]);
+                            }
+                        }
+                    }
+                    let f = &mut self.frames[id];
+                    f.generation = tag.generation;
+                    f.durable_slot = 1 - newest;
+                    self.write_tag(id)?;
+                    continue;
+                }
+                if other_torn {
+                    report.torn_tag_writes += 1;
+                }
                 let older = slots[usize::from(1 - newest)].clone().ok();
                 // Only the current copy's committed bits count: an older
                 // copy's may have been cleared by a durable mark_clean
@@ -613,7 +702,7 @@ impl Inner {
                         let verdict = if beyond {
                             Verdict::Drop
                         } else {
-                            judge(&tag, same, sb, data, check)
+                            judge(&tag, same, other_torn, sb, data, check)
                         };
                         match verdict {
                             Verdict::Revert => {

@@ -4,38 +4,48 @@
 //! refuses root's writes), not as root.
 //!
 //! The store keeps the writer as opaque bytes (the layer above encodes an
-//! RPC credential). The file is rewritten whole by the first sync after a
-//! file gets a new writer, before that sync returns: a COMMIT that makes
-//! data durable makes its writer durable too. Failing to write it (a full
-//! disk) is logged, retried at the next sync, and fails nothing: without a
-//! record the layer writes back as the file's owner.
+//! RPC credential). New writers are appended to the file by the next sync,
+//! before it returns: a COMMIT that makes data durable makes its writer
+//! durable too, for the cost of the few bytes a new writer adds. The file
+//! is rewritten without the files that have no dirty data left when it has
+//! grown well past what it needs, and once per open. Failing to write it
+//! (a full disk) is logged, retried at the next sync, and fails nothing:
+//! without a record the layer writes back as the file's owner.
 //!
 //! ```text
 //!  off  len  field (little-endian)
 //!    0    8  magic "GVFSWRTR"
-//!    8    4  format version (1)
-//!   12    4  entry count
-//!   16       entries: u8 handle length (<= 64), handle,
-//!                     u16 writer length (<= MAX_WRITER_LEN), writer
-//!    -    4  CRC32 of every byte before it
+//!    8    4  format version (2)
+//!   12       records, each:
+//!              u32 length of the body, u32 CRC32 of the body,
+//!              body: u8 handle length (<= 64), handle,
+//!                    u16 writer length (<= MAX_WRITER_LEN), writer
 //! ```
+//! A later record for a handle replaces an earlier one. Reading stops at
+//! the first record that is short or fails its CRC (a torn append).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::format::MAX_FH_LEN;
 
 const MAGIC: [u8; 8] = *b"GVFSWRTR";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+const HEAD_LEN: usize = 12;
 /// Longest writer record kept (an AUTH_UNIX credential is at most 408
 /// bytes with its flavor and length).
 pub const MAX_WRITER_LEN: usize = 1024;
 /// Files whose writer is remembered at once; when full, those without
 /// dirty data are forgotten.
 const MAX_ENTRIES: usize = 1 << 16;
+/// Longest body of one record.
+const MAX_BODY: usize = 3 + MAX_FH_LEN + MAX_WRITER_LEN;
 /// Longest `writers` file read.
-const MAX_FILE_LEN: u64 = (MAX_ENTRIES * (3 + MAX_FH_LEN + MAX_WRITER_LEN)) as u64 + 20;
+const MAX_FILE_LEN: u64 = 64 << 20;
+/// The file is rewritten when it is longer than this and than four times
+/// what its live entries need.
+const COMPACT_AT: u64 = 1 << 20;
 
 /// The writers of files with dirty data, in memory and in `DIR/writers`.
 #[derive(Debug, Default)]
@@ -43,13 +53,19 @@ pub(crate) struct Writers {
     /// Where they are kept; `None` for a store without a directory.
     path: Option<PathBuf>,
     map: BTreeMap<Vec<u8>, Vec<u8>>,
-    /// Changed since last written.
-    unsaved: bool,
+    /// Records set since the last save, to append.
+    pending: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Files set since the last rewrite: kept by it even without dirty
+    /// data (their data may be on its way).
+    fresh: BTreeSet<Vec<u8>>,
+    /// Bytes of the file that hold whole records (where appends go); `None`
+    /// until it has been rewritten by this process.
+    file_len: Option<u64>,
 }
 
 impl Writers {
-    /// The writers recorded in `dir`, if any; a file that cannot be read or
-    /// fails its checksum is ignored with a warning.
+    /// The writers recorded in `dir`, if any; a file that cannot be read is
+    /// ignored with a warning.
     pub(crate) fn load(dir: &Path) -> Writers {
         let path = dir.join("writers");
         let map = match read(&path) {
@@ -68,7 +84,7 @@ impl Writers {
         Writers {
             path: Some(path),
             map,
-            unsaved: false,
+            ..Writers::default()
         }
     }
 
@@ -87,24 +103,48 @@ impl Writers {
             return;
         }
         if self.map.len() >= MAX_ENTRIES {
-            self.map.retain(|k, _| has_dirty(k));
+            let fresh = &self.fresh;
+            self.map.retain(|k, _| has_dirty(k) || fresh.contains(k));
         }
         if self.map.len() < MAX_ENTRIES {
             self.map.insert(fh.to_vec(), who.to_vec());
-            self.unsaved = true;
+            self.fresh.insert(fh.to_vec());
+            if self.path.is_some() {
+                self.pending.push((fh.to_vec(), who.to_vec()));
+            }
         }
     }
 
-    /// Writes the record if it changed, keeping only files with dirty
-    /// data. A failure is logged and retried at the next call.
+    /// Makes the writers set since the last call durable: appended, or the
+    /// file rewritten with only the files that have dirty data (or were set
+    /// lately) when it is the first time or the file has grown. A failure
+    /// is logged and retried at the next call.
     pub(crate) fn save(&mut self, has_dirty: impl Fn(&[u8]) -> bool) {
-        let Some(path) = &self.path else { return };
-        if !self.unsaved {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        if self.pending.is_empty() && self.file_len.is_some() {
             return;
         }
-        self.map.retain(|k, _| has_dirty(k));
-        match write(path, &self.map) {
-            Ok(()) => self.unsaved = false,
+        let live: u64 = self
+            .map
+            .iter()
+            .map(|(k, v)| (8 + 3 + k.len() + v.len()) as u64)
+            .sum();
+        let written = match self.file_len {
+            Some(len) if len < COMPACT_AT.max(4 * live) => append(&path, len, &self.pending),
+            _ => {
+                let fresh = &self.fresh;
+                self.map.retain(|k, _| has_dirty(k) || fresh.contains(k));
+                self.fresh.clear();
+                rewrite(&path, &self.map)
+            }
+        };
+        match written {
+            Ok(len) => {
+                self.file_len = Some(len);
+                self.pending.clear();
+            }
             Err(e) => tracing::warn!(
                 path = %path.display(),
                 "block cache: could not record who wrote dirty data ({e}); will retry; \
@@ -114,62 +154,66 @@ impl Writers {
     }
 }
 
+fn record(fh: &[u8], who: &[u8], out: &mut Vec<u8>) {
+    let mut body = Vec::with_capacity(3 + fh.len() + who.len());
+    body.push(fh.len() as u8);
+    body.extend_from_slice(fh);
+    body.extend_from_slice(&(who.len() as u16).to_le_bytes());
+    body.extend_from_slice(who);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+}
+
 fn encode(map: &BTreeMap<Vec<u8>, Vec<u8>>) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&(map.len() as u32).to_le_bytes());
     for (fh, who) in map {
-        out.push(fh.len() as u8);
-        out.extend_from_slice(fh);
-        out.extend_from_slice(&(who.len() as u16).to_le_bytes());
-        out.extend_from_slice(who);
+        record(fh, who, &mut out);
     }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
     out
 }
 
+/// The records of `bytes` up to the first damaged one.
 fn decode(bytes: &[u8]) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, &'static str> {
-    let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
-        return Err("too short");
-    };
-    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
-        return Err("checksum mismatch");
-    }
-    let mut r = body;
-    let mut take = |n: usize| -> Result<&[u8], &'static str> {
-        let (head, rest) = r.split_at_checked(n).ok_or("truncated")?;
-        r = rest;
-        Ok(head)
-    };
-    if take(8)? != MAGIC {
+    if bytes.len() < HEAD_LEN || bytes[0..8] != MAGIC {
         return Err("bad magic");
     }
-    let u32_of = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    if u32_of(take(4)?) != VERSION {
+    if bytes[8..12] != VERSION.to_le_bytes() {
         return Err("unknown version");
     }
-    let count = u32_of(take(4)?) as usize;
-    if count > MAX_ENTRIES {
-        return Err("too many entries");
-    }
     let mut map = BTreeMap::new();
-    for _ in 0..count {
-        let n = take(1)?[0] as usize;
-        if n > MAX_FH_LEN {
-            return Err("file handle too long");
+    let mut r = &bytes[HEAD_LEN..];
+    while let Some((head, rest)) = r.split_first_chunk::<8>() {
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        if len > MAX_BODY {
+            break;
         }
-        let fh = take(n)?.to_vec();
-        let w = take(2)?;
-        let n = u16::from_le_bytes([w[0], w[1]]) as usize;
-        if n > MAX_WRITER_LEN {
-            return Err("writer too long");
+        let Some((body, rest)) = rest.split_at_checked(len) else {
+            break;
+        };
+        if crc32fast::hash(body) != crc {
+            break;
         }
-        map.insert(fh, take(n)?.to_vec());
-    }
-    if !r.is_empty() {
-        return Err("trailing bytes");
+        let Some((&n, b)) = body.split_first() else {
+            break;
+        };
+        let n = n as usize;
+        if n > MAX_FH_LEN || b.len() < n + 2 {
+            break;
+        }
+        let (fh, b) = b.split_at(n);
+        let w = u16::from_le_bytes([b[0], b[1]]) as usize;
+        if w > MAX_WRITER_LEN || b.len() != 2 + w {
+            break;
+        }
+        map.insert(fh.to_vec(), b[2..].to_vec());
+        if map.len() > MAX_ENTRIES {
+            return Err("too many entries");
+        }
+        r = rest;
     }
     Ok(map)
 }
@@ -183,17 +227,20 @@ fn read(path: &Path) -> std::io::Result<BTreeMap<Vec<u8>, Vec<u8>>> {
     decode(&bytes).map_err(std::io::Error::other)
 }
 
-fn write(path: &Path, map: &BTreeMap<Vec<u8>, Vec<u8>>) -> std::io::Result<()> {
+/// Writes `map` whole to a new file and renames it over `path`; the new
+/// length.
+fn rewrite(path: &Path, map: &BTreeMap<Vec<u8>, Vec<u8>>) -> std::io::Result<u64> {
     let tmp = path.with_extension("tmp");
+    let bytes = encode(map);
     let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&encode(map))?;
+        f.write_all(&bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         if let Some(dir) = path.parent() {
             std::fs::File::open(dir)?.sync_all()?;
         }
-        Ok(())
+        Ok(bytes.len() as u64)
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -201,34 +248,86 @@ fn write(path: &Path, map: &BTreeMap<Vec<u8>, Vec<u8>>) -> std::io::Result<()> {
     written
 }
 
+/// Appends `records` at `len` (cutting off whatever a torn append left
+/// there); the new length.
+fn append(path: &Path, len: u64, records: &[(Vec<u8>, Vec<u8>)]) -> std::io::Result<u64> {
+    let mut bytes = Vec::new();
+    for (fh, who) in records {
+        record(fh, who, &mut bytes);
+    }
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    let written =
+        std::os::unix::fs::FileExt::write_all_at(&f, &bytes, len).and_then(|()| f.sync_data());
+    if written.is_err() {
+        // Nothing half-written may stay for a later append to follow.
+        let _ = f.set_len(len);
+    }
+    written?;
+    Ok(len + bytes.len() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn round_trip_and_refuse_damage() {
+    fn round_trip_and_a_torn_tail_is_cut_off() {
         let mut map = BTreeMap::new();
         map.insert(b"fh-a".to_vec(), b"who-a".to_vec());
         map.insert(vec![7; 64], vec![1; 400]);
         let bytes = encode(&map);
-        assert_eq!(decode(&bytes), Ok(map));
-        for cut in [0, 4, 20, bytes.len() - 1] {
-            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        assert_eq!(decode(&bytes), Ok(map.clone()));
+        // A torn last record: the ones before it stay. (The 64-byte handle
+        // sorts first: its record is 8 + 3 + 64 + 400 bytes.)
+        let first = HEAD_LEN + 8 + 3 + 64 + 400;
+        for cut in [first, first + 1, bytes.len() - 1] {
+            let got = decode(&bytes[..cut]).expect("decodes");
+            assert_eq!(got.len(), 1, "cut at {cut}");
         }
         let mut bad = bytes.clone();
-        bad[17] ^= 1;
-        assert_eq!(decode(&bad), Err("checksum mismatch"));
+        bad[HEAD_LEN + 9] ^= 1;
+        assert_eq!(decode(&bad).map(|m| m.len()), Ok(0));
+        assert!(decode(&bytes[..4]).is_err());
     }
 
     #[test]
-    fn saved_only_for_files_with_dirty_data_and_kept_across_a_load() {
+    fn appended_then_rewritten_without_files_that_have_no_dirty_data() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut w = Writers::load(dir.path());
         w.set(b"dirty", b"alice", |_| true);
         w.set(b"clean", b"bob", |_| true);
+        // The first save rewrites, keeping what was set lately.
+        w.save(|fh| fh == b"dirty");
+        w.set(b"later", b"carol", |_| true);
         w.save(|fh| fh == b"dirty");
         let again = Writers::load(dir.path());
         assert_eq!(again.get(b"dirty"), Some(&b"alice"[..]));
-        assert_eq!(again.get(b"clean"), None);
+        assert_eq!(again.get(b"clean"), Some(&b"bob"[..]));
+        assert_eq!(again.get(b"later"), Some(&b"carol"[..]));
+        // A new process rewrites once: files without dirty data go.
+        let mut w = again;
+        w.save(|fh| fh == b"dirty");
+        let last = Writers::load(dir.path());
+        assert_eq!(last.get(b"dirty"), Some(&b"alice"[..]));
+        assert_eq!(last.get(b"clean"), None);
+        assert_eq!(last.get(b"later"), None);
+    }
+
+    #[test]
+    fn a_commit_per_new_file_appends_a_record_each() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut w = Writers::load(dir.path());
+        w.save(|_| true);
+        let path = dir.path().join("writers");
+        let mut written = 0u64;
+        for n in 0..2000u32 {
+            let before = std::fs::metadata(&path).expect("stat").len();
+            w.set(format!("file-{n:08}").as_bytes(), &[7; 48], |_| true);
+            w.save(|_| true);
+            written += std::fs::metadata(&path).expect("stat").len() - before;
+        }
+        // About one record a file (8 + 3 + 13 + 48 = 72 bytes), not the
+        // whole file each time.
+        assert!(written < 2000 * 100, "{written} bytes for 2000 files");
     }
 }
