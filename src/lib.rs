@@ -12,6 +12,8 @@
 //! - [`data`]: deterministic file contents, sparse files, comparisons.
 //! - [`process`]: child processes with deadlines.
 //! - [`clone`]: the VM clone benchmark (QEMU guests, golden images, scenarios).
+//! - [`soak`]: the soak benchmark (many clients through a caching chain over
+//!   TLS for a long time, every byte checked).
 //! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
 //!
 //! The fixtures are synchronous (all but [`nfsclient`]): tests call them
@@ -30,6 +32,7 @@ pub mod portmap;
 pub mod process;
 pub mod proxy;
 pub mod rpc_client;
+pub mod soak;
 
 pub use ganesha::Ganesha;
 pub use portmap::Portmapper;
