@@ -9,7 +9,9 @@
 //! (or into `GVFS_CLONE_OUT`). Environment: `GVFS_CLONE_IMAGES` (8),
 //! `GVFS_CLONE_CLONES` (8), `GVFS_CLONE_RAM_MIB` (256),
 //! `GVFS_CLONE_DISK_MIB` (384), `GVFS_BENCH_RTT_MS` (40), `GVFS_BENCH_MBIT`
-//! (50), `GVFS_CLONE_SCENARIOS` (all: `local,s1,s2,s3,p,full,plain`),
+//! (50), `GVFS_CLONE_SCENARIOS` (all: `local,s1,s2,s3,p,cut,full,plain`),
+//! `GVFS_CLONE_CUT_SECS` (10: how long the WAN cut scenario keeps the link
+//! cut),
 //! `GVFS_CLONE_LARGER_RAM_MIB` (2048 when all scenarios run, else 0: the
 //! RAM of the larger guests also cloned, `Settings::larger`; 0 skips them).
 //! Without `--bench` (under `cargo test --benches`) it does the quick run of
@@ -35,6 +37,7 @@ fn main() -> Result<()> {
     s.size.disk_files_mib = env_u64("GVFS_CLONE_DISK_MIB", s.size.disk_files_mib)?;
     s.rtt = Duration::from_millis(env_u64("GVFS_BENCH_RTT_MS", s.rtt.as_millis() as u64)?);
     s.mbit = env_u64("GVFS_BENCH_MBIT", s.mbit)?;
+    s.cut_hold = Duration::from_secs(env_u64("GVFS_CLONE_CUT_SECS", s.cut_hold.as_secs())?);
     let only_some = std::env::var_os("GVFS_CLONE_SCENARIOS").is_some();
     if let Ok(list) = std::env::var("GVFS_CLONE_SCENARIOS") {
         s.scenarios = list

@@ -309,16 +309,16 @@ fn measure(
     copy: impl FnOnce() -> Result<()>,
 ) -> Result<Sample> {
     let proxies_before = usage_of_pids(proxy_pids)?;
-    let ganesha_before = usage_of_pid(ganesha_pid)?;
-    let client_before = children_cpu();
+    let ganesha_before = usage_of_pids(&[ganesha_pid])?;
+    let client_before = gvfs::bench::children_cpu_secs();
     let start = Instant::now();
     copy()?;
     let secs = start.elapsed().as_secs_f64();
     Ok(Sample {
         mib_s: size as f64 / f64::from(1 << 20) / secs,
-        cpu_client: children_cpu() - client_before,
+        cpu_client: gvfs::bench::children_cpu_secs() - client_before,
         cpu_proxies: usage_of_pids(proxy_pids)?.cpu - proxies_before.cpu,
-        cpu_ganesha: usage_of_pid(ganesha_pid)?.cpu - ganesha_before.cpu,
+        cpu_ganesha: usage_of_pids(&[ganesha_pid])?.cpu - ganesha_before.cpu,
         proxy_faults: usage_of_pids(proxy_pids)?.faults - proxies_before.faults,
     })
 }
@@ -425,56 +425,14 @@ struct Usage {
     faults: u64,
 }
 
-/// CPU seconds (user + system, fields 14 and 15) and minor faults (field
-/// 10) of the process `pid` so far, from `/proc/PID/stat` (proc(5)), all
+/// CPU seconds and minor faults of the processes `pids` so far, all
 /// threads included.
-fn usage_of_pid(pid: u32) -> Result<Usage> {
-    let path = PathBuf::from(format!("/proc/{pid}/stat"));
-    let stat = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    // The command name (field 2) may contain spaces; it ends at the last ')'.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .with_context(|| format!("odd {}", path.display()))?;
-    // rest starts at field 3 (state); utime and stime are fields 14 and 15.
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| -> Result<u64> {
-        fields
-            .get(i)
-            .and_then(|f| f.parse().ok())
-            .with_context(|| format!("no field {} in {}", i + 3, path.display()))
-    };
-    Ok(Usage {
-        cpu: (field(11)? + field(12)?) as f64 / clock_ticks(),
-        faults: field(7)?,
-    })
-}
-
 fn usage_of_pids(pids: &[u32]) -> Result<Usage> {
     pids.iter().try_fold(Usage::default(), |sum, &p| {
-        let u = usage_of_pid(p)?;
+        let u = gvfs::bench::proc_usage(p)?;
         Ok(Usage {
-            cpu: sum.cpu + u.cpu,
-            faults: sum.faults + u.faults,
+            cpu: sum.cpu + u.cpu_secs,
+            faults: sum.faults + u.minor_faults,
         })
     })
-}
-
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as f64 } else { 100.0 }
-}
-
-/// CPU seconds used by reaped children so far (the `nfs-cp` runs; the
-/// proxies and ganesha are reaped only at the end).
-fn children_cpu() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_CHILDREN is a valid `who`.
-    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
-        return f64::NAN;
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
 }

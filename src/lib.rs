@@ -15,6 +15,8 @@
 //!   QEMU guests.
 //! - [`clone`]: the VM clone benchmark (QEMU guests, golden images, scenarios).
 //! - [`kernel`]: the Linux kernel NFS client in a QEMU guest, as a test peer.
+//! - [`soak`]: the soak benchmark (many clients through a caching chain over
+//!   TLS for a long time, every byte checked).
 //! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
 //! - [`tmpfs`]: a small tmpfs that fills up, for full-disk tests.
 //!
@@ -36,6 +38,7 @@ pub mod portmap;
 pub mod process;
 pub mod proxy;
 pub mod rpc_client;
+pub mod soak;
 pub mod tmpfs;
 
 pub use ganesha::{Ganesha, Squash};

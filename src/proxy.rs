@@ -55,6 +55,9 @@ pub struct ProxyArgs {
     pub extra: Vec<String>,
     /// Environment variables set for the proxy (e.g. `RUST_LOG`).
     pub env: Vec<(String, String)>,
+    /// Another `gvfs-proxy` binary to run instead of the one built beside
+    /// the tests (a benchmark comparing two builds).
+    pub binary: Option<PathBuf>,
 }
 
 impl ProxyArgs {
@@ -69,6 +72,7 @@ impl ProxyArgs {
             allow_remote: false,
             extra: Vec::new(),
             env: Vec::new(),
+            binary: None,
         }
     }
 
@@ -98,6 +102,12 @@ impl ProxyArgs {
     /// Passes `--allow-remote`.
     pub fn allow_remote(mut self) -> Self {
         self.allow_remote = true;
+        self
+    }
+
+    /// Runs the `gvfs-proxy` binary at `path` instead of the built one.
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
         self
     }
 
@@ -320,7 +330,10 @@ impl Proxy {
 
     /// Starts the proxy and waits (10 s at most) for its `listening on` line.
     pub fn spawn(mut args: ProxyArgs) -> Result<Self> {
-        let bin = proxy_binary()?;
+        let bin = match &args.binary {
+            Some(b) => b.clone(),
+            None => proxy_binary()?,
+        };
         let control_dir = match args.control {
             Some(_) => None,
             None => {

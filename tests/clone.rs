@@ -1,8 +1,9 @@
 //! The clone benchmark's quick mode, end to end: QEMU builds two small
 //! golden images on nfs-ganesha, clones them in every scenario (through
 //! client proxies, a LAN proxy and the TLS tunnel across an emulated WAN,
-//! and the two baselines), verifies that every clone runs on from its
-//! golden image, and writes the table, CSV and chart.
+//! and the two baselines; a WAN cut in the middle of two cold clones),
+//! verifies that every clone runs on from its golden image, and writes the
+//! table, CSV and chart.
 //!
 //! What it checks beyond "it ran" are the byte counts that make the
 //! scenarios what they are; the times are the benchmark's
@@ -34,6 +35,7 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
         ("WAN-S3", 2),
         ("WAN-P cold", 2),
         ("WAN-P warm", 2),
+        ("WAN cut", 2),
         ("full copy", 1),
         ("plain NFS", 1),
     ] {
@@ -113,6 +115,24 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
             "the warm clone sent {p} across the WAN: {warm_calls:?}"
         );
     }
+
+    // The WAN cut in the middle of a cold clone: the clone completed (its
+    // guest resumed with the right digest, or run() failed), the cut fell
+    // inside it, the node proxy reconnected after the reset, and the guest
+    // and QEMU logged no error.
+    ensure!(outcome.cuts.len() == 2, "cuts: {:?}", outcome.cuts);
+    for c in &outcome.cuts {
+        ensure!(
+            c.cut_at_secs.is_some() && c.errors.is_empty(),
+            "WAN cut clone {}: {c:?}",
+            c.clone
+        );
+    }
+    let reset = &outcome.cuts[0];
+    ensure!(
+        reset.spanned && reset.reconnects >= 1 && reset.connections_reset >= 1,
+        "the reset did not cut the clone's fetch: {reset:?}"
+    );
 
     let csv = std::fs::read_to_string(out.path().join("clone.csv"))?;
     ensure!(csv.lines().count() == r.len() + 1, "CSV:\n{csv}");

@@ -22,8 +22,10 @@
 //!
 //! **Scenarios** (names from the paper): see [`Scenario`]. Each WAN scenario
 //! gets a fresh link (its byte counters are the scenario's) and fresh
-//! proxies (cold caches).
+//! proxies (cold caches). One more is not the paper's: [`cut`], the link
+//! cut for some seconds in the middle of a cold clone.
 
+pub mod cut;
 pub mod guest;
 pub mod report;
 
@@ -68,6 +70,8 @@ pub struct Settings {
     pub clone_timeout: Duration,
     /// The scenarios to run (WAN-P cold and warm run together).
     pub scenarios: Vec<Scenario>,
+    /// How long the WAN cut scenario keeps the link cut.
+    pub cut_hold: Duration,
 }
 
 impl Settings {
@@ -86,6 +90,7 @@ impl Settings {
             mbit: 50,
             clone_timeout: Duration::from_secs(1800),
             scenarios: Scenario::ALL.to_vec(),
+            cut_hold: Duration::from_secs(10),
         }
     }
 
@@ -104,6 +109,7 @@ impl Settings {
             mbit: 200,
             clone_timeout: Duration::from_secs(300),
             scenarios: Scenario::ALL.to_vec(),
+            cut_hold: Duration::from_secs(3),
         }
     }
 
@@ -151,6 +157,9 @@ pub enum Scenario {
     WanPCold,
     /// The same nodes clone it again at once, with their caches warm.
     WanPWarm,
+    /// Cold clones of one image with the link cut for a while in the
+    /// middle ([`cut`]).
+    WanCut,
     /// Baseline: copy every file of the image across the WAN as one TCP
     /// stream each (like scp), then resume from the local copies.
     FullCopy,
@@ -161,13 +170,14 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Local,
         Scenario::WanS1,
         Scenario::WanS2,
         Scenario::WanS3,
         Scenario::WanPCold,
         Scenario::WanPWarm,
+        Scenario::WanCut,
         Scenario::FullCopy,
         Scenario::PlainNfs,
     ];
@@ -183,9 +193,10 @@ impl Scenario {
             "s2" => Scenario::WanS2,
             "s3" => Scenario::WanS3,
             "p" | "p cold" | "p warm" => Scenario::WanPCold,
+            "cut" => Scenario::WanCut,
             "full" | "full copy" => Scenario::FullCopy,
             "plain" | "plain nfs" => Scenario::PlainNfs,
-            _ => bail!("unknown scenario {name:?} (local, s1, s2, s3, p, full, plain)"),
+            _ => bail!("unknown scenario {name:?} (local, s1, s2, s3, p, cut, full, plain)"),
         })
     }
 
@@ -198,6 +209,7 @@ impl Scenario {
             Scenario::WanS3 => "WAN-S3",
             Scenario::WanPCold => "WAN-P cold",
             Scenario::WanPWarm => "WAN-P warm",
+            Scenario::WanCut => "WAN cut",
             Scenario::FullCopy => "full copy",
             Scenario::PlainNfs => "plain NFS",
         }
@@ -568,6 +580,7 @@ impl<'a> Bench<'a> {
             Scenario::WanPCold | Scenario::WanPWarm => {
                 bail!("WAN-P runs through run_parallel")
             }
+            Scenario::WanCut => bail!("WAN cut runs through run_cut"),
             Scenario::FullCopy => {
                 let files = FileServer::start(self.golden(1))?;
                 let wan = self.link(files.addr, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
@@ -739,6 +752,8 @@ pub struct Outcome {
     pub goals: Vec<Goal>,
     /// The guests' RAM.
     pub ram_mib: u64,
+    /// The WAN cut scenario's clones.
+    pub cuts: Vec<cut::CutRecord>,
 }
 
 /// A goal of the benchmark: `measured / against <= at_most`.
@@ -803,6 +818,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     let mut stats = Vec::new();
     let mut calls = Vec::new();
     let mut lan_stats = None;
+    let mut cuts = Vec::new();
     for scenario in Scenario::ALL {
         if !settings.scenarios.contains(&scenario) {
             continue;
@@ -814,6 +830,11 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
                 lan_stats = Some(lan);
             }
             Scenario::WanPWarm => {}
+            Scenario::WanCut => {
+                let (r, c) = bench.run_cut()?;
+                records.extend(r);
+                cuts = c;
+            }
             _ => {
                 let (r, s) = bench.run(scenario, &mut calls)?;
                 records.extend(r);
@@ -851,6 +872,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
         lan_stats,
         goals,
         ram_mib: settings.size.ram_mib,
+        cuts,
     };
     outcome.markdown = summary(settings, &outcome, &floor, &load);
     Ok(outcome)
@@ -1081,6 +1103,7 @@ fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, load: &str) ->
         );
         out += &parallel_time(records, v, size.ram_mib);
     }
+    out += &cut::cuts_markdown(&outcome.cuts, settings.cut_hold);
     if !calls.is_empty() {
         out += "\nCalls that crossed the WAN (answered by the image-server proxy; each costs at \
                 least one round trip):\n\n| clone | calls |\n|---|---|\n";
@@ -1250,6 +1273,7 @@ mod tests {
             lan_stats: None,
             goals,
             ram_mib,
+            cuts: Vec::new(),
         }
     }
 
