@@ -489,6 +489,13 @@ impl MetaFile {
         out
     }
 
+    /// About how much memory the decoded metadata takes.
+    pub fn memory_len(&self) -> usize {
+        std::mem::size_of::<MetaFile>()
+            + std::mem::size_of::<(u64, u64)>() * self.zero.zero.len()
+            + std::mem::size_of::<Repeat>() * self.repeats.len()
+    }
+
     /// The length [`MetaFile::encode`] would return, without encoding.
     pub fn encoded_len(&self) -> usize {
         let repeats = match self.repeats.len() {

@@ -78,6 +78,45 @@ struct Entry {
     no_copy: bool,
 }
 
+/// Most bytes of decoded metadata remembered at once (a metadata file may
+/// be 1 MiB, and anyone who can write a file can give it one): past this
+/// the table is emptied, as when it holds [`MAX_FILES`] files.
+const MAX_META_BYTES: usize = 64 << 20;
+
+/// The table of files, and (at least) how much memory the metadata it
+/// remembers takes.
+#[derive(Debug, Default)]
+struct Files {
+    map: HashMap<Vec<u8>, Entry>,
+    /// Memory of the metadata remembered since the table was last emptied
+    /// (an upper bound: what an entry forgets is not taken off).
+    meta_bytes: usize,
+}
+
+impl Files {
+    /// Makes room for metadata taking `len` bytes, about to be remembered.
+    fn remember(&mut self, len: usize) {
+        if self.meta_bytes + len > MAX_META_BYTES {
+            self.map.clear();
+            self.meta_bytes = 0;
+        }
+        self.meta_bytes += len;
+    }
+}
+
+impl std::ops::Deref for Files {
+    type Target = HashMap<Vec<u8>, Entry>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl std::ops::DerefMut for Files {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.map
+    }
+}
+
 /// Counters, for `gvfsctl stats` and the metrics endpoint.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct MetaStats {
@@ -139,7 +178,7 @@ fn describes(m: &MetaFile, a: &fattr3) -> bool {
 /// The metadata-actions layer.
 pub struct MetaLayer {
     inner: Arc<dyn NfsService>,
-    files: Mutex<HashMap<Vec<u8>, Entry>>,
+    files: Mutex<Files>,
     index: Option<Arc<dyn MetaIndex>>,
     /// One metadata fetch at a time (they are rare: once per file).
     fetching: tokio::sync::Mutex<()>,
@@ -172,7 +211,7 @@ impl MetaLayer {
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             inner,
-            files: Mutex::new(HashMap::new()),
+            files: Mutex::new(Files::default()),
             index,
             fetching: tokio::sync::Mutex::new(()),
             me: me.clone(),
@@ -217,13 +256,14 @@ impl MetaLayer {
         describes(m, a) && m.range_is_zero(offset, len)
     }
 
-    fn files(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Entry>> {
+    fn files(&self) -> MutexGuard<'_, Files> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn entry<'a>(files: &'a mut HashMap<Vec<u8>, Entry>, fh: &[u8]) -> &'a mut Entry {
+    fn entry<'a>(files: &'a mut Files, fh: &[u8]) -> &'a mut Entry {
         if files.len() >= MAX_FILES && !files.contains_key(fh) {
             files.clear();
+            files.meta_bytes = 0;
         }
         files.entry(fh.to_vec()).or_insert(Entry {
             name: None,
@@ -335,6 +375,9 @@ impl MetaLayer {
         };
         let known = self.fetch(cx, &name, &attrs).await;
         let mut files = self.files();
+        if let Known::Meta(m) = &known {
+            files.remember(m.memory_len());
+        }
         let e = Self::entry(&mut files, fh);
         e.name = Some(name);
         e.attrs = Some(attrs.clone());
@@ -1143,5 +1186,25 @@ impl NfsService for MetaLayer {
 
     fn describe(&self) -> String {
         format!("metadata actions over {}", self.inner.describe())
+    }
+}
+
+#[cfg(test)]
+mod files_tests {
+    use super::*;
+
+    #[test]
+    fn remembered_metadata_is_held_to_a_memory_budget() {
+        let mut files = Files::default();
+        let half = MAX_META_BYTES / 2;
+        for (i, fh) in [b"a", b"b"].iter().enumerate() {
+            files.remember(half - 1);
+            MetaLayer::entry(&mut files, &fh[..]);
+            assert_eq!(files.len(), i + 1);
+        }
+        // A third would pass the budget: the table empties first.
+        files.remember(half);
+        assert!(files.is_empty());
+        assert_eq!(files.meta_bytes, half);
     }
 }
