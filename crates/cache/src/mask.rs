@@ -12,11 +12,19 @@ impl SubBlockMask {
 
     /// The sub-blocks in `range` (indices must be below 256).
     pub fn range(range: Range<u32>) -> SubBlockMask {
-        let mut m = SubBlockMask::EMPTY;
-        for i in range {
-            m.insert(i);
+        let (start, end) = (range.start.min(256), range.end.min(256));
+        if start >= end {
+            return SubBlockMask::EMPTY;
         }
-        m
+        SubBlockMask(std::array::from_fn(|w| {
+            let (lo, hi) = (w as u32 * 64, w as u32 * 64 + 64);
+            let (a, b) = (start.clamp(lo, hi) - lo, end.clamp(lo, hi) - lo);
+            match b - a {
+                0 => 0,
+                64 => u64::MAX,
+                n => ((1u64 << n) - 1) << a,
+            }
+        }))
     }
     /// Whether sub-block `i` is in the set.
     pub fn contains(&self, i: u32) -> bool {
@@ -58,9 +66,20 @@ impl SubBlockMask {
     pub fn contains_all(&self, o: SubBlockMask) -> bool {
         o.without(*self).is_empty()
     }
-    /// Indices set, ascending.
+    /// Indices set, ascending (one step per bit set: this runs on every
+    /// cache hit).
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..256u32).filter(move |&i| self.contains(i))
+        self.0.iter().enumerate().flat_map(|(w, &word)| {
+            let mut bits = word;
+            std::iter::from_fn(move || {
+                if bits == 0 {
+                    return None;
+                }
+                let i = bits.trailing_zeros();
+                bits &= bits - 1;
+                Some(w as u32 * 64 + i)
+            })
+        })
     }
     /// Maximal runs of consecutive set sub-blocks, ascending.
     pub fn runs(&self) -> Vec<Range<u32>> {
@@ -111,6 +130,21 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn iter_and_range_agree_with_contains(
+            bits in proptest::collection::vec(0u32..256, 0..40),
+            a in 0u32..260,
+            b in 0u32..260,
+        ) {
+            let mut m = SubBlockMask::EMPTY;
+            for i in &bits { m.insert(*i); }
+            let want: Vec<u32> = (0..256).filter(|&i| m.contains(i)).collect();
+            prop_assert_eq!(m.iter().collect::<Vec<_>>(), want);
+            let r = SubBlockMask::range(a..b);
+            let want: Vec<u32> = (a.min(256)..b.min(256)).collect();
+            prop_assert_eq!(r.iter().collect::<Vec<_>>(), want);
+        }
+
         #[test]
         fn bytes_round_trip(bits in proptest::collection::vec(0u32..40, 0..20)) {
             let mut m = SubBlockMask::EMPTY;
