@@ -7,9 +7,11 @@
 //! checks that whoever may write it may write the file too (see
 //! [`trust`](crate::trust)), reads it (at most [`MAX_META_LEN`] bytes),
 //! decodes it and checks that it still describes the file (size, mtime and
-//! ctime). The answer, "none" included,
-//! is remembered, in memory and in a [`MetaIndex`] when one is given, so a
-//! file costs one extra LOOKUP per session at most.
+//! ctime). The answer, "none" included, is remembered in memory (at most
+//! 65,536 files and 64 MiB of decoded metadata), so a file costs one extra
+//! LOOKUP per session at most; a [`MetaIndex`], when one is given, keeps
+//! the files' names across restarts, so the metadata of a file a client
+//! reads without looking it up again can still be found.
 //!
 //! With valid metadata, a READ is split into runs of zero blocks and runs
 //! of data: zero runs are answered here with zeros and never reach the
@@ -202,7 +204,7 @@ impl std::fmt::Debug for MetaLayer {
 }
 
 impl MetaLayer {
-    /// A layer over `inner`; `index` keeps file names and metadata answers
+    /// A layer over `inner`; `index` keeps file names
     /// across restarts when given; `copy` enables compress-and-copy.
     pub fn new(
         inner: Arc<dyn NfsService>,
