@@ -317,6 +317,26 @@ pub(crate) struct Tag {
     pub(crate) extents: Vec<(u32, u32)>,
 }
 
+/// The bytes inside sub-block `sb` that a frame or tag vouches for (and
+/// checksums): all `sub_block_size` of them when the sub-block is valid, its
+/// extent when partial, none when it holds nothing.
+pub(crate) fn held_span(
+    valid: &SubBlockMask,
+    partial: &SubBlockMask,
+    extents: &[(u32, u32)],
+    sb: u32,
+    sub_block_size: usize,
+) -> Option<(usize, usize)> {
+    if valid.contains(sb) {
+        Some((0, sub_block_size))
+    } else if partial.contains(sb) {
+        let (a, b) = extents[sb as usize];
+        Some((a as usize, b as usize))
+    } else {
+        None
+    }
+}
+
 /// Why a tag slot holds no usable tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TagError {
@@ -327,6 +347,17 @@ pub(crate) enum TagError {
 }
 
 impl Tag {
+    /// The bytes of sub-block `sb` this tag vouches for ([`held_span`]).
+    pub(crate) fn span(&self, sb: u32, sub_block_size: usize) -> Option<(usize, usize)> {
+        held_span(
+            &self.valid,
+            &self.partial,
+            &self.extents,
+            sb,
+            sub_block_size,
+        )
+    }
+
     pub(crate) fn encode(&self, layout: &BankLayout, out: &mut [u8]) {
         let n = layout.sub_blocks as usize;
         let bl = layout.bitmap_len;

@@ -72,18 +72,9 @@ pub async fn serve<F>(
     F: Fn(&Value) -> Result<Value, String> + Send + Sync + 'static,
 {
     let handler = std::sync::Arc::new(handler);
-    loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "control accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, _)) =
+        crate::server::accept_until(|| listener.accept(), "control", &shutdown).await
+    {
         let handler = handler.clone();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(IO_TIMEOUT, answer(stream, &*handler)).await;

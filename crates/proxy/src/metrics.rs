@@ -120,18 +120,9 @@ pub fn render(snapshot: &Snapshot) -> String {
 
 /// Serves `GET /metrics` on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, snapshot: Snapshot, shutdown: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) =
+        crate::server::accept_until(|| listener.accept(), "metrics", &shutdown).await
+    {
         let snapshot = snapshot.clone();
         tokio::spawn(async move {
             if tokio::time::timeout(IO_TIMEOUT, answer(stream, &snapshot))

@@ -8,7 +8,7 @@ use super::*;
 use crate::format::HEADER_REGION;
 use crate::storage::{FaultyStorage, MemStorage, WriteFate};
 
-use super::tests::{geo, mems, stored};
+use super::tests::{flip, geo, mems, open_as, stored};
 
 const FH: &[u8] = b"fh-review";
 
@@ -16,31 +16,10 @@ fn faulty(mem: &[MemStorage]) -> Vec<FaultyStorage<MemStorage>> {
     mem.iter().map(|m| FaultyStorage::new(m.clone())).collect()
 }
 
-fn open_faulty(
-    f: &[FaultyStorage<MemStorage>],
-    unclean: UncleanShutdown,
-) -> (BlockStore, RecoveryReport) {
-    let s = f
-        .iter()
-        .map(|m| Box::new(m.clone()) as Box<dyn Storage>)
-        .collect();
-    let options = OpenOptions {
-        unclean,
-        ..OpenOptions::default()
-    };
-    BlockStore::open(s, geo(), options).expect("open")
-}
-
 fn bank_of(s: &BlockStore, fh: &[u8], block: u64) -> usize {
     let g = s.inner.lock().expect("lock");
     let id = g.lookup(fh, block).expect("cached");
     g.locate(id).0
-}
-
-fn flip(storage: &dyn Storage, pos: u64) {
-    let mut b = [0u8; 1];
-    storage.read_at(&mut b, pos).expect("read");
-    storage.write_at(&[!b[0]], pos).expect("write");
 }
 
 /// The bytes of sub-block 0 of block 0 the store would write back.
@@ -63,7 +42,7 @@ fn sb0_written_back(s: &BlockStore) -> Option<Vec<u8>> {
 #[test]
 fn kill_tearing_a_tag_write_loses_committed_bytes() {
     let f = faulty(&mems());
-    let (s, _) = open_faulty(&f, UncleanShutdown::ProcessOnly);
+    let (s, _) = open_as(&f, UncleanShutdown::ProcessOnly);
     stored(s.write(FH, 0, 0, &[1; 4096], WriteMode::Dirty));
     s.sync().expect("COMMIT");
     let b = bank_of(&s, FH, 0);
@@ -79,7 +58,7 @@ fn kill_tearing_a_tag_write_loses_committed_bytes() {
         _ => WriteFate::Lost,
     })
     .expect("crash");
-    let (s, r) = open_faulty(&f, UncleanShutdown::ProcessOnly);
+    let (s, r) = open_as(&f, UncleanShutdown::ProcessOnly);
     assert!(r.verifier_changed);
     let got = sb0_written_back(&s).expect("committed sub-block kept");
     assert!(
@@ -96,7 +75,7 @@ fn kill_tearing_a_tag_write_loses_committed_bytes() {
 #[test]
 fn rewriting_the_committed_bytes_back_then_kill_loses_committed_bytes() {
     let f = faulty(&mems());
-    let (s, _) = open_faulty(&f, UncleanShutdown::ProcessOnly);
+    let (s, _) = open_as(&f, UncleanShutdown::ProcessOnly);
     stored(s.write(FH, 0, 0, &[1; 4096], WriteMode::Dirty));
     s.sync().expect("COMMIT");
     let b = bank_of(&s, FH, 0);
@@ -113,7 +92,7 @@ fn rewriting_the_committed_bytes_back_then_kill_loses_committed_bytes() {
         }
     })
     .expect("crash");
-    let (s, r) = open_faulty(&f, UncleanShutdown::ProcessOnly);
+    let (s, r) = open_as(&f, UncleanShutdown::ProcessOnly);
     assert!(r.verifier_changed);
     let got = sb0_written_back(&s).expect("committed sub-block kept");
     assert!(
@@ -132,7 +111,7 @@ fn rewriting_the_committed_bytes_back_then_kill_loses_committed_bytes() {
 fn bytes_dropped_as_rot_come_back_after_a_power_loss_and_are_written_back() {
     let mem = mems();
     let f = faulty(&mem);
-    let (s, _) = open_faulty(&f, UncleanShutdown::SystemCrash);
+    let (s, _) = open_as(&f, UncleanShutdown::SystemCrash);
     // Two committed sub-blocks, so the frame outlives the drop of one.
     stored(s.write(FH, 0, 0, &[1; 8192], WriteMode::Dirty));
     s.sync().expect("COMMIT");
@@ -159,7 +138,7 @@ fn bytes_dropped_as_rot_come_back_after_a_power_loss_and_are_written_back() {
         }
     })
     .expect("power loss");
-    let (s, r) = open_faulty(&f, UncleanShutdown::SystemCrash);
+    let (s, r) = open_as(&f, UncleanShutdown::SystemCrash);
     let back = sb0_written_back(&s);
     assert!(
         back.is_none(),
@@ -373,7 +352,7 @@ fn the_nowait_read_leaves_rotten_dirty_bytes_to_the_blocking_path() {
 fn an_io_error_while_dropping_dirty_data_loses_it_silently_across_a_restart() {
     let mem = mems();
     let f = faulty(&mem);
-    let (s, _) = open_faulty(&f, UncleanShutdown::ProcessOnly);
+    let (s, _) = open_as(&f, UncleanShutdown::ProcessOnly);
     stored(s.write(FH, 0, 0, &[1; 8192], WriteMode::Dirty));
     s.sync().expect("COMMIT");
     let v = s.verifier();
@@ -388,7 +367,7 @@ fn an_io_error_while_dropping_dirty_data_loses_it_silently_across_a_restart() {
     assert!(s.read(FH, 0, 0, 4096).is_err(), "the injected fault");
     assert!(matches!(s.sync(), Err(Error::Poisoned)));
     drop(s); // the proxy restarts (the system kept every write)
-    let (s, r) = open_faulty(&f, UncleanShutdown::ProcessOnly);
+    let (s, r) = open_as(&f, UncleanShutdown::ProcessOnly);
     let d = s.dirty_data(FH, 0).expect("dirty").expect("sb1 left");
     assert_eq!(d.extents[0].offset, 4096, "sub-block 0 was dropped");
     assert!(
@@ -407,7 +386,7 @@ fn an_io_error_while_dropping_dirty_data_loses_it_silently_across_a_restart() {
 fn power_loss_during_a_truncation_loses_committed_bytes_before_the_cut() {
     let mem = mems();
     let f = faulty(&mem);
-    let (s, _) = open_faulty(&f, UncleanShutdown::SystemCrash);
+    let (s, _) = open_as(&f, UncleanShutdown::SystemCrash);
     stored(s.write(FH, 0, 0, &[5; 8192], WriteMode::Dirty));
     s.sync().expect("COMMIT");
     let b = bank_of(&s, FH, 0);
@@ -429,7 +408,7 @@ fn power_loss_during_a_truncation_loses_committed_bytes_before_the_cut() {
         }
     })
     .expect("power loss");
-    let (s, r) = open_faulty(&f, UncleanShutdown::SystemCrash);
+    let (s, r) = open_as(&f, UncleanShutdown::SystemCrash);
     let d = s.dirty_data(FH, 0).expect("dirty").expect("some");
     let end = d
         .extents

@@ -106,14 +106,8 @@ impl Inner {
     /// sub-block: all of it when valid, the extent when partial.
     pub(crate) fn checked_range(&self, id: usize, sb: u32) -> Option<(usize, usize)> {
         let f = &self.frames[id];
-        if f.valid.contains(sb) {
-            Some((0, self.geo.sub_block_size() as usize))
-        } else if f.partial.contains(sb) {
-            let (a, b) = f.extents[sb as usize];
-            Some((a as usize, b as usize))
-        } else {
-            None
-        }
+        let sbs = self.geo.sub_block_size() as usize;
+        crate::format::held_span(&f.valid, &f.partial, &f.extents, sb, sbs)
     }
 
     /// Of the sub-blocks in `check`, those of frame `id` whose bytes do not

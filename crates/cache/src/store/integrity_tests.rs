@@ -4,40 +4,17 @@
 use std::os::unix::fs::MetadataExt;
 
 use super::*;
-use crate::storage::{FaultyStorage, MemStorage};
+use crate::storage::FaultyStorage;
 
-use super::tests::{geo, mems, stored};
+use super::tests::{flip, geo, mems, open, open_as, stored};
 
 const FH: &[u8] = b"fh-rot";
-
-fn open_as(mem: &[MemStorage], unclean: UncleanShutdown) -> (BlockStore, RecoveryReport) {
-    let s = mem
-        .iter()
-        .map(|m| Box::new(m.clone()) as Box<dyn Storage>)
-        .collect();
-    let options = OpenOptions {
-        unclean,
-        ..OpenOptions::default()
-    };
-    BlockStore::open(s, geo(), options).expect("open")
-}
-
-fn open(mem: &[MemStorage]) -> (BlockStore, RecoveryReport) {
-    open_as(mem, UncleanShutdown::Unknown)
-}
 
 /// Bank and position in the bank of sub-block `sb` of a cached block.
 fn data_at(s: &BlockStore, fh: &[u8], block: u64, sb: u32) -> (usize, u64) {
     let g = s.inner.lock().expect("lock");
     let id = g.lookup(fh, block).expect("cached");
     g.data_pos(id, sb)
-}
-
-/// Flips the bits of the byte at `pos` of `storage`.
-fn flip(storage: &dyn Storage, pos: u64) {
-    let mut b = [0u8; 1];
-    storage.read_at(&mut b, pos).expect("read");
-    storage.write_at(&[!b[0]], pos).expect("write");
 }
 
 #[test]

@@ -117,16 +117,7 @@ fn judge(
     check: BankCheck,
 ) -> Verdict {
     let i = sb as usize;
-    let range_of = |t: &Tag| -> Option<(usize, usize)> {
-        if t.valid.contains(sb) {
-            Some((0, data.len()))
-        } else if t.partial.contains(sb) {
-            let (a, b) = t.extents[i];
-            Some((a as usize, b as usize))
-        } else {
-            None
-        }
-    };
+    let range_of = |t: &Tag| t.span(sb, data.len());
     if let Some(o) = older
         && let Some((a, b)) = range_of(o)
         && data
@@ -632,12 +623,7 @@ impl Inner {
                         for sb in tag.dirty.iter() {
                             report.dirty_sub_blocks_lost += 1;
                             let i = sb as usize;
-                            let (a, b) = if tag.partial.contains(sb) {
-                                let (a, b) = tag.extents[i];
-                                (a as usize, b as usize)
-                            } else {
-                                (0, sbs)
-                            };
+                            let (a, b) = tag.span(sb, sbs).unwrap_or((0, sbs));
                             let offset =
                                 tag.block * u64::from(self.geo.block_size()) + (i * sbs + a) as u64;
                             if let Some(q) = self.quarantine.as_mut() {
@@ -682,12 +668,7 @@ impl Inner {
                         .ctx("reading frame data")?;
                     for sb in tag.valid.or(tag.partial).iter().collect::<Vec<_>>() {
                         let i = sb as usize;
-                        let (a, b) = if tag.partial.contains(sb) {
-                            let (a, b) = tag.extents[i];
-                            (a as usize, b as usize)
-                        } else {
-                            (0, sbs)
-                        };
+                        let (a, b) = tag.span(sb, sbs).unwrap_or((0, sbs));
                         let crc = crc32fast::hash(&block_buf[i * sbs + a..i * sbs + b]);
                         let (_, at) = self.data_pos(id, sb);
                         let beyond = at + sbs as u64 > check.sound_len;

@@ -12,12 +12,31 @@ pub(super) fn geo() -> Geometry {
     crate::geometry::tiny_for_tests()
 }
 
-fn open(mem: &[MemStorage]) -> (BlockStore, RecoveryReport) {
-    let s = mem
+/// Opens a store on (clones of) `banks`, after a shutdown of kind `unclean`.
+pub(super) fn open_as<S: Storage + Clone + 'static>(
+    banks: &[S],
+    unclean: UncleanShutdown,
+) -> (BlockStore, RecoveryReport) {
+    let s = banks
         .iter()
         .map(|m| Box::new(m.clone()) as Box<dyn Storage>)
         .collect();
-    BlockStore::open(s, geo(), OpenOptions::default()).expect("open")
+    let options = OpenOptions {
+        unclean,
+        ..OpenOptions::default()
+    };
+    BlockStore::open(s, geo(), options).expect("open")
+}
+
+pub(super) fn open(mem: &[MemStorage]) -> (BlockStore, RecoveryReport) {
+    open_as(mem, UncleanShutdown::Unknown)
+}
+
+/// Flips the bits of the byte at `pos` of `storage`.
+pub(super) fn flip(storage: &dyn Storage, pos: u64) {
+    let mut b = [0u8; 1];
+    storage.read_at(&mut b, pos).expect("read");
+    storage.write_at(&[!b[0]], pos).expect("write");
 }
 
 pub(super) fn mems() -> Vec<MemStorage> {

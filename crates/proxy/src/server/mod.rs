@@ -202,18 +202,7 @@ pub async fn serve(
         stats.clone(),
         budget,
     ));
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((stream, peer)) = accept_until(|| listener.accept(), "nfs", &shutdown).await {
         let _ = stream.set_nodelay(true);
         // Never waits: a full pool of new connections makes room.
         let slot = slots.admit(peer, &shutdown);
@@ -618,4 +607,31 @@ async fn write_record<W: AsyncWrite + Unpin>(wr: &mut W, rec: ReplyRecord) -> st
         }
     }
     Ok(())
+}
+
+/// The next connection `accept` gives, or `None` once `shutdown` is
+/// cancelled. A failed accept (out of file descriptors, say) is logged and
+/// retried after a pause, so a run of failures neither spins nor ends the
+/// listener.
+pub(crate) async fn accept_until<T, F, Fut>(
+    mut accept: F,
+    listener: &str,
+    shutdown: &CancellationToken,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<T>>,
+{
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            r = accept() => match r {
+                Ok(v) => return Some(v),
+                Err(e) => {
+                    tracing::warn!(error = %e, listener, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
 }
