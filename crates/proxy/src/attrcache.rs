@@ -32,7 +32,8 @@
 //! kept), so this proxy's own clients read their writes; changes made upstream by others
 //! show within the timeout, as with a kernel client's attribute cache.
 //! Entries are bounded ([`MAX_ENTRIES`]): when full, expired entries go,
-//! then everything.
+//! and everything when that frees less than a quarter (so a full table is
+//! not scanned again at every new entry).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +51,9 @@ use gvfs_nfs::service::{BoxFuture, CallContext, NfsService, ServiceError};
 
 /// Most cached replies (each a few hundred bytes at most).
 pub const MAX_ENTRIES: usize = 16_384;
+/// Most entries left after dropping the expired ones of a full table;
+/// past this the table is emptied.
+const KEPT_AFTER_EXPIRY: usize = MAX_ENTRIES / 4 * 3;
 
 /// The READDIRPLUS sent with a directory's first LOOKUP asks for at most
 /// this many bytes of reply (a few hundred entries), and ...
@@ -268,7 +272,7 @@ impl AttrCache {
         }
         if listed.len() >= MAX_ENTRIES {
             listed.retain(|_, l| l.at.elapsed() < self.ttl);
-            if listed.len() >= MAX_ENTRIES {
+            if listed.len() > KEPT_AFTER_EXPIRY {
                 listed.clear();
             }
         }
@@ -364,7 +368,7 @@ impl AttrCache {
         }
         if entries.len() >= MAX_ENTRIES {
             entries.retain(|_, e| e.at.elapsed() < self.ttl);
-            if entries.len() >= MAX_ENTRIES {
+            if entries.len() > KEPT_AFTER_EXPIRY {
                 entries.clear();
                 // Their names are gone: a listing no longer says which
                 // names are not there, and one still being kept must not

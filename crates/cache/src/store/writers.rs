@@ -24,7 +24,7 @@
 //! A later record for a handle replaces an earlier one. Reading stops at
 //! the first record that is short or fails its CRC (a torn append).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -39,6 +39,14 @@ pub const MAX_WRITER_LEN: usize = 1024;
 /// Files whose writer is remembered at once; when full, those without
 /// dirty data are forgotten.
 const MAX_ENTRIES: usize = 1 << 16;
+/// Files set between two prunings of a full map at least: a pruning scans
+/// the whole map, so a map full of files with dirty data is not scanned
+/// again at every new file (new writers then go unrecorded, and are written
+/// back as the file's owner, until a pruning makes room).
+const SETS_BETWEEN_PRUNINGS: usize = MAX_ENTRIES / 4;
+/// The files set last, kept by a pruning even without dirty data: their
+/// data may be on its way (the writer is set before the write is stored).
+const FRESH_KEPT: usize = 4096;
 /// Longest body of one record.
 const MAX_BODY: usize = 3 + MAX_FH_LEN + MAX_WRITER_LEN;
 /// Longest `writers` file read.
@@ -53,11 +61,14 @@ pub(crate) struct Writers {
     /// Where they are kept; `None` for a store without a directory.
     path: Option<PathBuf>,
     map: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Bytes the map's records take in the file.
+    live: u64,
     /// Records set since the last save, to append.
     pending: Vec<(Vec<u8>, Vec<u8>)>,
-    /// Files set since the last rewrite: kept by it even without dirty
-    /// data (their data may be on its way).
-    fresh: BTreeSet<Vec<u8>>,
+    /// The last [`FRESH_KEPT`] files set, oldest first.
+    fresh: VecDeque<Vec<u8>>,
+    /// Files set since the last pruning (`None`: none yet).
+    sets_since_pruning: Option<usize>,
     /// Bytes of the file that hold whole records (where appends go); `None`
     /// until it has been rewritten by this process.
     file_len: Option<u64>,
@@ -83,9 +94,19 @@ impl Writers {
         };
         Writers {
             path: Some(path),
+            live: map.iter().map(|(k, v)| record_len(k, v)).sum(),
             map,
             ..Writers::default()
         }
+    }
+
+    /// Forgets the files that have no dirty data and were not set lately.
+    fn prune(&mut self, has_dirty: impl Fn(&[u8]) -> bool) {
+        let fresh: BTreeSet<&[u8]> = self.fresh.iter().map(Vec::as_slice).collect();
+        self.map
+            .retain(|k, _| has_dirty(k) || fresh.contains(k.as_slice()));
+        self.live = self.map.iter().map(|(k, v)| record_len(k, v)).sum();
+        self.sets_since_pruning = Some(0);
     }
 
     /// The writer recorded for `fh`.
@@ -102,14 +123,33 @@ impl Writers {
         if self.map.get(fh).is_some_and(|w| w == who) {
             return;
         }
-        if self.map.len() >= MAX_ENTRIES {
-            let fresh = &self.fresh;
-            self.map.retain(|k, _| has_dirty(k) || fresh.contains(k));
+        if self.map.len() >= MAX_ENTRIES
+            && self
+                .sets_since_pruning
+                .is_none_or(|n| n >= SETS_BETWEEN_PRUNINGS)
+        {
+            self.prune(&has_dirty);
         }
-        if self.map.len() < MAX_ENTRIES {
-            self.map.insert(fh.to_vec(), who.to_vec());
-            self.fresh.insert(fh.to_vec());
-            if self.path.is_some() {
+        if let Some(n) = self.sets_since_pruning.as_mut() {
+            *n += 1;
+        }
+        if self.map.len() >= MAX_ENTRIES && !self.map.contains_key(fh) {
+            return;
+        }
+        self.live += record_len(fh, who);
+        if let Some(old) = self.map.insert(fh.to_vec(), who.to_vec()) {
+            self.live -= record_len(fh, &old);
+        }
+        if self.fresh.len() >= FRESH_KEPT {
+            self.fresh.pop_front();
+        }
+        self.fresh.push_back(fh.to_vec());
+        if self.path.is_some() {
+            if self.pending.len() >= MAX_ENTRIES {
+                // Saved by rewriting the map whole instead.
+                self.pending.clear();
+                self.file_len = None;
+            } else {
                 self.pending.push((fh.to_vec(), who.to_vec()));
             }
         }
@@ -126,17 +166,10 @@ impl Writers {
         if self.pending.is_empty() && self.file_len.is_some() {
             return;
         }
-        let live: u64 = self
-            .map
-            .iter()
-            .map(|(k, v)| (8 + 3 + k.len() + v.len()) as u64)
-            .sum();
         let written = match self.file_len {
-            Some(len) if len < COMPACT_AT.max(4 * live) => append(&path, len, &self.pending),
+            Some(len) if len < COMPACT_AT.max(4 * self.live) => append(&path, len, &self.pending),
             _ => {
-                let fresh = &self.fresh;
-                self.map.retain(|k, _| has_dirty(k) || fresh.contains(k));
-                self.fresh.clear();
+                self.prune(has_dirty);
                 rewrite(&path, &self.map)
             }
         };
@@ -152,6 +185,11 @@ impl Writers {
             ),
         }
     }
+}
+
+/// Bytes of `fh`'s record in the file.
+fn record_len(fh: &[u8], who: &[u8]) -> u64 {
+    (8 + 3 + fh.len() + who.len()) as u64
 }
 
 fn record(fh: &[u8], who: &[u8], out: &mut Vec<u8>) {
@@ -329,5 +367,60 @@ mod tests {
         // About one record a file (8 + 3 + 13 + 48 = 72 bytes), not the
         // whole file each time.
         assert!(written < 2000 * 100, "{written} bytes for 2000 files");
+    }
+
+    fn file(n: usize) -> Vec<u8> {
+        format!("file-{n:08}").into_bytes()
+    }
+
+    fn live_of(w: &Writers) -> u64 {
+        w.map.iter().map(|(k, v)| record_len(k, v)).sum()
+    }
+
+    /// Every file written lately used to be kept from pruning, so once
+    /// 65,536 files had been written since the last rewrite no new writer
+    /// was recorded, and each new file scanned the whole map in vain.
+    #[test]
+    fn a_full_map_of_files_written_back_makes_room_for_new_writers() {
+        let mut w = Writers::default();
+        for n in 0..MAX_ENTRIES {
+            w.set(&file(n), b"alice", |_| false);
+        }
+        assert_eq!(w.map.len(), MAX_ENTRIES);
+        for n in MAX_ENTRIES..MAX_ENTRIES + 10 {
+            w.set(&file(n), b"bob", |_| false);
+            assert_eq!(w.get(&file(n)), Some(&b"bob"[..]), "file {n} unrecorded");
+        }
+        // The files set last are kept even without dirty data yet.
+        assert_eq!(w.get(&file(MAX_ENTRIES - 1)), Some(&b"alice"[..]));
+        assert_eq!(w.get(&file(0)), None);
+        assert_eq!(w.live, live_of(&w));
+    }
+
+    /// A map full of files that all have dirty data cannot make room; it is
+    /// scanned again only after many new files, not at each one.
+    #[test]
+    fn a_full_map_of_dirty_files_is_not_scanned_at_every_new_file() {
+        let mut w = Writers::default();
+        let calls = std::cell::Cell::new(0u64);
+        let dirty = |_: &[u8]| {
+            calls.set(calls.get() + 1);
+            true
+        };
+        let extra = 2 * SETS_BETWEEN_PRUNINGS;
+        for n in 0..MAX_ENTRIES + extra {
+            w.set(&file(n), b"alice", dirty);
+            assert!(
+                calls.get() <= 3 * MAX_ENTRIES as u64,
+                "{} scans of the map after {n} files",
+                calls.get()
+            );
+        }
+        assert_eq!(w.map.len(), MAX_ENTRIES);
+        assert_eq!(w.get(&file(MAX_ENTRIES + extra - 1)), None, "no room");
+        // A writer for a file already in the map is still replaced.
+        w.set(&file(0), b"carol", dirty);
+        assert_eq!(w.get(&file(0)), Some(&b"carol"[..]));
+        assert_eq!(w.live, live_of(&w));
     }
 }
