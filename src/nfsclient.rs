@@ -51,7 +51,7 @@ impl NfsClient {
         let mut args = Vec::new();
         xdr::put_opaque(&mut args, export.as_bytes());
         let reply = m
-            .call(100_005, 3, 1, &cred, &args)
+            .call(gvfs_nfs::proc::MOUNT_PROGRAM, 3, 1, &cred, &args)
             .await
             .with_context(|| format!("MNT {export} at {mount}"))?;
         let mut r = XdrReader::new(&reply);
@@ -142,7 +142,7 @@ impl NfsClient {
         req.encode(&mut args);
         let results = self
             .nfs
-            .call(100_003, 3, p as u32, &self.cred, &args)
+            .call(gvfs_nfs::proc::NFS_PROGRAM, 3, p as u32, &self.cred, &args)
             .await
             .with_context(|| format!("{} to {}", p.name(), self.nfs.server()))?;
         NfsReply::decode(p, &results).with_context(|| format!("decoding {} reply", p.name()))

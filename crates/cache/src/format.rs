@@ -4,7 +4,8 @@
 //! ```text
 //! bank file
 //! +---------------------------+ 0
-//! | header (HEADER_REGION)    |   4096 bytes, only the first 68 used
+//! | header (HEADER_REGION)    |   4096 bytes: the header's 68, and a cut
+//! |                           |   mark at 2048 while one is needed
 //! +---------------------------+ 4096
 //! | tag table                 |   frames_per_bank x 2 slots x tag_len
 //! +---------------------------+ data_offset = round_up(4096 + tags, block_size)
@@ -21,7 +22,7 @@
 //! ```text
 //!  off len field
 //!    0   8 magic "GVFSBANK"
-//!    8   4 format version (1)
+//!    8   4 format version (FORMAT_VERSION, 2)
 //!   12   4 bank index
 //!   16   4 bank count
 //!   20   4 ways

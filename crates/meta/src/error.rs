@@ -12,7 +12,7 @@ pub enum MetaError {
     #[error("not a gvfs metadata file (bad magic)")]
     BadMagic,
     /// A format version this build does not read.
-    #[error("metadata format version {0} is not supported (this build reads 1)")]
+    #[error("metadata format version {0} is not supported (this build reads 1 and 2)")]
     Version(u32),
     /// The CRC32 does not match the bytes.
     #[error("metadata file checksum mismatch")]

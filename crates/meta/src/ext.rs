@@ -502,6 +502,10 @@ fn end(r: &XdrReader<'_>) -> Result<(), XdrError> {
     }
 }
 
+/// The zstd level chunks are compressed at: fast, and most of what a VM
+/// image saves comes from runs of zeros and repeats any level finds.
+pub const LEVEL: i32 = 3;
+
 /// Compresses one chunk: a zstd frame, or the bytes as they are when the
 /// frame would not be smaller.
 pub fn compress(raw: &[u8], level: i32) -> (Codec, Vec<u8>) {

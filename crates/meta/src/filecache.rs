@@ -51,11 +51,11 @@ use tokio::sync::watch;
 
 use crate::MetaIndex;
 use crate::ext::{
-    CHUNK, ChunkSource, Codec, FetchArgs, FetchError, StoreArgs, StoreGuard, compress, decompress,
+    CHUNK, ChunkSource, Codec, FetchArgs, FetchError, LEVEL, StoreArgs, StoreGuard, compress,
+    decompress,
 };
 use crate::format::{ByteRepeat, MetaFile};
 use crate::scan::data_extent;
-use crate::server::LEVEL;
 
 /// Chunks one file's background fetch keeps in flight.
 pub const WINDOW: usize = 8;

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 
+use crate::ext::LEVEL;
 use crate::format::{
     Actions, MAX_BLOCK_SIZE, MAX_META_LEN, MIN_BLOCK_SIZE, MetaFile, Repeat, ZeroMap, block_count,
     meta_name,
@@ -17,8 +18,6 @@ use crate::format::{
 
 /// Bytes read at a time.
 const BUF_LEN: usize = 1 << 20;
-/// zstd level of the compressed size (the level the proxy streams with).
-const ZSTD_LEVEL: i32 = 3;
 /// Most distinct blocks remembered while looking for repeats (about 40
 /// bytes each); blocks after that are still matched against them.
 const MAX_DISTINCT_BLOCKS: usize = 1 << 22;
@@ -64,10 +63,7 @@ pub fn scan(
     let size = before.len();
     let mut zeros = ZeroScanner::new(size, block_size);
     let mut zstd = if actions.compress {
-        Some(zstd::stream::write::Encoder::new(
-            ByteCounter(0),
-            ZSTD_LEVEL,
-        )?)
+        Some(zstd::stream::write::Encoder::new(ByteCounter(0), LEVEL)?)
     } else {
         None
     };
@@ -615,7 +611,7 @@ mod tests {
         assert_eq!(meta.ctime, (m.ctime() as u64, m.ctime_nsec() as u32));
         assert!(meta.matches(m.len(), meta.mtime, meta.ctime, true));
         assert_eq!(meta.actions, Actions::COMPRESS_AND_COPY);
-        let expect = zstd::encode_all(&data[..], ZSTD_LEVEL).expect("zstd").len() as u64;
+        let expect = zstd::encode_all(&data[..], LEVEL).expect("zstd").len() as u64;
         assert_eq!(meta.compressed_size, expect);
         assert!(meta.range_is_zero(8192, 4096 * 40));
         assert!(!meta.range_is_zero(4096, 4096));

@@ -29,15 +29,12 @@ use gvfs_nfs::rpc::ReplyStatus;
 use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
 
 use crate::ext::{
-    self, CHUNK, ChunkSource, FetchArgs, FetchOk, StoreArgs, compress, encode_fetch_repeats_res,
-    encode_fetch_res, encode_store_res,
+    self, CHUNK, ChunkSource, FetchArgs, FetchOk, LEVEL, StoreArgs, compress,
+    encode_fetch_repeats_res, encode_fetch_res, encode_store_res,
 };
 use crate::filecache::{FileCache, same_version};
 use crate::layer::MetaLayer;
 
-/// The zstd level chunks are compressed at: fast, and most of what a VM
-/// image saves comes from runs of zeros and repeats any level finds.
-pub const LEVEL: i32 = 3;
 /// How long a file-cache entry is trusted without asking upstream for the
 /// file's attributes again, for FETCHes that do not start a file.
 const RECHECK: Duration = Duration::from_secs(3);

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 
 use crate::proc::CallName;
 use crate::record::RecordLimits;
-use crate::rpc::{self, Credentials, ReplyError};
+use crate::rpc::{self, Credentials, Reply, ReplyError};
 use crate::service::BoxFuture;
 use crate::stream::{RecordStream, StreamError};
 
@@ -401,31 +401,7 @@ impl RpcClient {
                 });
             }
         };
-        Ok(Reply { record, results_at })
-    }
-}
-
-/// The results of a successful call: the XDR bytes after the reply header,
-/// kept inside the received record so they are never copied.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
-    record: Vec<u8>,
-    results_at: usize,
-}
-
-impl Reply {
-    /// The record received and where the results start in it, to pass
-    /// them on without a copy ([`ReplyRecord::new`](crate::rpc::ReplyRecord::new)).
-    pub fn into_record(self) -> (Vec<u8>, usize) {
-        (self.record, self.results_at)
-    }
-}
-
-impl std::ops::Deref for Reply {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.record[self.results_at..]
+        Ok(Reply::new(record, results_at))
     }
 }
 

@@ -499,6 +499,35 @@ pub fn seal(mut record: Vec<u8>) -> Vec<u8> {
     record
 }
 
+/// The results of a successful call: the XDR bytes after the reply header,
+/// kept inside the received record so they are never copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    record: Vec<u8>,
+    results_at: usize,
+}
+
+impl Reply {
+    /// The results at `results_at..` of the received `record`.
+    pub(crate) fn new(record: Vec<u8>, results_at: usize) -> Reply {
+        Reply { record, results_at }
+    }
+
+    /// The record received and where the results start in it, to pass
+    /// them on without a copy ([`ReplyRecord::new`](ReplyRecord::new)).
+    pub fn into_record(self) -> (Vec<u8>, usize) {
+        (self.record, self.results_at)
+    }
+}
+
+impl std::ops::Deref for Reply {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.record[self.results_at..]
+    }
+}
+
 /// How a reply said the call went, when it was not a plain success.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -14,9 +14,8 @@ use std::sync::Arc;
 use nfs3_types::mount::mountstat3;
 use nfs3_types::nfs3::{nfs_fh3, nfsstat3};
 
-use crate::client::Reply;
 use crate::proc::{NfsProc, NfsReply, NfsRequest};
-use crate::rpc::{Credentials, ReplyStatus};
+use crate::rpc::{Credentials, Reply, ReplyStatus};
 
 /// A boxed, sendable future: what [`NfsService`] methods return, so a stack
 /// can be built from `Arc<dyn NfsService>` at run time.

@@ -40,13 +40,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use gvfs_nfs::client::Reply;
 use gvfs_nfs::nfs3_types::nfs3::{
     GETATTR3args, GETATTR3resok, LOOKUP3args, LOOKUP3resfail, LOOKUP3resok, Nfs3Option, Nfs3Result,
     READDIRPLUS3args, cookieverf3, diropargs3, fattr3, filename3, nfs_fh3, nfsstat3, post_op_attr,
 };
 use gvfs_nfs::nfs3_types::xdr_codec::{Opaque, Void};
 use gvfs_nfs::proc::{NfsProc, NfsReply, NfsRequest};
+use gvfs_nfs::rpc::Reply;
 use gvfs_nfs::service::{BoxFuture, CallContext, NfsService, ServiceError};
 
 /// Most cached replies (each a few hundred bytes at most).

@@ -15,17 +15,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gvfs_nfs::client::{
-    BoxStream, ClientConfig, ClientError, Connector, Reply, RpcClient, TcpConnector,
-};
+use gvfs_nfs::client::{BoxStream, ClientConfig, ClientError, Connector, RpcClient, TcpConnector};
 use gvfs_nfs::nfs3_types::nfs3::nfs_fh3;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::portmap::{self, IPPROTO_TCP, Mapping};
 use gvfs_nfs::proc::{MAX_FH_LEN, NfsProc, raw};
+use gvfs_nfs::rpc::Reply;
 use gvfs_nfs::xdr::{self, XdrReader};
 use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
-use crate::front::{MOUNT_PROGRAM, NFS_PROGRAM};
+use gvfs_nfs::proc::{MOUNT_PROGRAM, NFS_PROGRAM};
 
 /// A parsed `nfs://` upstream URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
