@@ -323,7 +323,7 @@ pub struct CacheLayer {
     /// Says which byte ranges of a file are known to be zeros (a layer
     /// above with zero-block maps answers those itself): read-ahead skips
     /// them.
-    zero_hint: std::sync::OnceLock<ZeroHint>,
+    zero_hint: Option<ZeroHint>,
     /// One write-back at a time; truncation waits for it.
     write_back_lock: tokio::sync::Mutex<()>,
     /// Upstream's ACCESS answers for writes kept here: the bits granted to
@@ -389,10 +389,17 @@ fn mismatch(upstream: String, what: &str, got: &NfsReply) -> ServiceError {
 }
 
 impl CacheLayer {
-    /// A cache layer over `inner` keeping its blocks in `store`. Files
-    /// with dirty data recovered from an earlier session are noted, so that
-    /// the next write-back sends them upstream.
-    pub fn new(inner: Arc<dyn NfsService>, store: BlockStore, config: CacheConfig) -> Arc<Self> {
+    /// A cache layer over `inner` keeping its blocks in `store`, asking
+    /// `zero_hint` (the metadata layer's table, when there is one above)
+    /// which ranges read-ahead may skip. Files with dirty data recovered
+    /// from an earlier session are noted, so that the next write-back sends
+    /// them upstream.
+    pub fn new(
+        inner: Arc<dyn NfsService>,
+        store: BlockStore,
+        config: CacheConfig,
+        zero_hint: Option<ZeroHint>,
+    ) -> Arc<Self> {
         let geo = store.geometry();
         let mut files = FileTable::new(MAX_FILES);
         match store.dirty_blocks(None) {
@@ -419,19 +426,13 @@ impl CacheLayer {
             flights: Mutex::new(HashMap::new()),
             prefetched: Mutex::new(HashSet::new()),
             readahead_slots: Arc::new(Semaphore::new(MAX_READAHEAD_TASKS)),
-            zero_hint: std::sync::OnceLock::new(),
+            zero_hint,
             write_back_lock: tokio::sync::Mutex::new(()),
             write_checks: Mutex::new(HashMap::new()),
             file_locks: FileLocks::default(),
             counters: Counters::default(),
             closed: AtomicBool::new(false),
         })
-    }
-
-    /// Sets the zero-range hint read-ahead consults (once; later calls are
-    /// ignored).
-    pub fn set_zero_hint(&self, hint: ZeroHint) {
-        let _ = self.zero_hint.set(hint);
     }
 
     /// The configuration.
@@ -1082,7 +1083,11 @@ impl CacheLayer {
             // still one sequential stream.
             let sequential = st.next_read == Some(offset)
                 || st.next_read.is_some_and(|n| {
-                    n < offset && self.zero_hint.get().is_some_and(|h| h(fh, n, offset - n))
+                    n < offset
+                        && self
+                            .zero_hint
+                            .as_ref()
+                            .is_some_and(|h| h(fh, n, offset - n))
                 });
             st.next_read = Some(end);
             if !sequential {
@@ -1148,7 +1153,7 @@ impl CacheLayer {
             Err(_) => return,
         };
         let bs = self.block_size();
-        let known_zero = |b: u64| self.zero_hint.get().is_some_and(|h| h(&fh, b * bs, bs));
+        let known_zero = |b: u64| self.zero_hint.as_ref().is_some_and(|h| h(&fh, b * bs, bs));
         let mut set = tokio::task::JoinSet::new();
         for b in wanted.into_iter().filter(|&b| !known_zero(b)) {
             let (me, cred, fh) = (self.clone(), cred.clone(), fh.clone());

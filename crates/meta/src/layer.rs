@@ -106,6 +106,43 @@ impl Files {
     }
 }
 
+/// The metadata layer's table of files: what it knows of each file's
+/// metadata and attributes. Made before the layers, so a layer below (the
+/// block cache's read-ahead) can ask it which ranges are known zeros
+/// ([`MetaFiles::known_zero`]) without a reference back up the stack.
+#[derive(Debug, Default)]
+pub struct MetaFiles {
+    files: Mutex<Files>,
+}
+
+impl MetaFiles {
+    /// An empty table.
+    pub fn new() -> Arc<MetaFiles> {
+        Arc::new(MetaFiles::default())
+    }
+
+    /// Whether `offset..offset + len` of `fh` (clipped to its size) is
+    /// known to be zeros that the metadata layer answers itself: for the
+    /// layers below, so they do not read such ranges ahead.
+    pub fn known_zero(&self, fh: &[u8], offset: u64, len: u64) -> bool {
+        let files = self.lock();
+        let Some(Entry {
+            known: Known::Meta(m),
+            attrs: Some(a),
+            ..
+        }) = files.get(fh)
+        else {
+            return false;
+        };
+        let len = len.min(a.size.saturating_sub(offset));
+        describes(m, a) && m.range_is_zero(offset, len)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Files> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 impl std::ops::Deref for Files {
     type Target = HashMap<Vec<u8>, Entry>;
     fn deref(&self) -> &Self::Target {
@@ -180,7 +217,7 @@ fn describes(m: &MetaFile, a: &fattr3) -> bool {
 /// The metadata-actions layer.
 pub struct MetaLayer {
     inner: Arc<dyn NfsService>,
-    files: Mutex<Files>,
+    files: Arc<MetaFiles>,
     index: Option<Arc<dyn MetaIndex>>,
     /// One metadata fetch at a time (they are rare: once per file).
     fetching: tokio::sync::Mutex<()>,
@@ -204,16 +241,18 @@ impl std::fmt::Debug for MetaLayer {
 }
 
 impl MetaLayer {
-    /// A layer over `inner`; `index` keeps file names
-    /// across restarts when given; `copy` enables compress-and-copy.
+    /// A layer over `inner` keeping what it learns in `files`; `index`
+    /// keeps file names across restarts when given; `copy` enables
+    /// compress-and-copy.
     pub fn new(
         inner: Arc<dyn NfsService>,
+        files: Arc<MetaFiles>,
         index: Option<Arc<dyn MetaIndex>>,
         copy: Option<CopyPath>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             inner,
-            files: Mutex::new(Files::default()),
+            files,
             index,
             fetching: tokio::sync::Mutex::new(()),
             me: me.clone(),
@@ -241,25 +280,8 @@ impl MetaLayer {
         }
     }
 
-    /// Whether `offset..offset + len` of `fh` (clipped to its size) is
-    /// known to be zeros that this layer answers itself: for the layers
-    /// below, so they do not read such ranges ahead.
-    pub fn known_zero(&self, fh: &[u8], offset: u64, len: u64) -> bool {
-        let files = self.files();
-        let Some(Entry {
-            known: Known::Meta(m),
-            attrs: Some(a),
-            ..
-        }) = files.get(fh)
-        else {
-            return false;
-        };
-        let len = len.min(a.size.saturating_sub(offset));
-        describes(m, a) && m.range_is_zero(offset, len)
-    }
-
     fn files(&self) -> MutexGuard<'_, Files> {
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
+        self.files.lock()
     }
 
     fn entry<'a>(files: &'a mut Files, fh: &[u8]) -> &'a mut Entry {

@@ -29,6 +29,6 @@ pub use format::{
     block_count, described_name, is_meta_name, meta_name,
 };
 pub use index::{MemIndex, MetaIndex, SledIndex};
-pub use layer::{CopyPath, MetaLayer, MetaStats};
+pub use layer::{CopyPath, MetaFiles, MetaLayer, MetaStats};
 pub use scan::{scan, scan_work, write_beside};
 pub use server::{ExtRefusal, ExtServer, ExtStats};

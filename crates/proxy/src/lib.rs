@@ -205,8 +205,15 @@ pub async fn run(
         None => None,
     };
     let bottom = build_upstream(&cfg, tls.as_deref()).await?;
+    // The metadata layer's table, made first: the block cache below it
+    // asks which ranges are known zeros, so read-ahead skips them.
+    let meta_files = cfg.meta.then(gvfs_meta::MetaFiles::new);
+    let zero_hint = meta_files.clone().map(|t| {
+        Arc::new(move |fh: &[u8], off: u64, len: u64| t.known_zero(fh, off, len))
+            as gvfs_cache::ZeroHint
+    });
     let cache = match &cfg.cache {
-        Some(c) => Some(open_cache(c, bottom.service.clone()).await?),
+        Some(c) => Some(open_cache(c, bottom.service.clone(), zero_hint).await?),
         None => None,
     };
     let mut service: Arc<dyn NfsService> = match &cache {
@@ -229,7 +236,7 @@ pub async fn run(
         (Some(c), true) => Some(open_file_cache(c, index.clone())?),
         _ => None,
     };
-    let meta = if cfg.meta {
+    let meta = if let Some(meta_files) = meta_files {
         let copy = match (&files, &ext_client) {
             (Some(files), Some(source)) => {
                 // Ask now whether the upstream speaks the extension, so the
@@ -243,14 +250,7 @@ pub async fn run(
             }
             _ => None,
         };
-        let layer = gvfs_meta::MetaLayer::new(service.clone(), index, copy);
-        if let Some(c) = &cache {
-            // Read-ahead need not fetch blocks the metadata says are zeros.
-            let weak = Arc::downgrade(&layer);
-            c.set_zero_hint(Arc::new(move |fh: &[u8], off: u64, len: u64| {
-                weak.upgrade().is_some_and(|m| m.known_zero(fh, off, len))
-            }));
-        }
+        let layer = gvfs_meta::MetaLayer::new(service.clone(), meta_files, index, copy);
         service = layer.clone();
         Some(layer)
     } else {
@@ -418,6 +418,7 @@ fn open_file_cache(
 async fn open_cache(
     settings: &config::CacheSettings,
     below: Arc<dyn NfsService>,
+    zero_hint: Option<gvfs_cache::ZeroHint>,
 ) -> Result<Arc<gvfs_cache::CacheLayer>, ProxyError> {
     let (dir, geometry) = (settings.dir.clone(), settings.geometry);
     let opened = tokio::task::spawn_blocking(move || {
@@ -441,7 +442,12 @@ async fn open_cache(
     } else {
         tracing::info!(?report, "block cache opened");
     }
-    Ok(gvfs_cache::CacheLayer::new(below, store, settings.layer))
+    Ok(gvfs_cache::CacheLayer::new(
+        below,
+        store,
+        settings.layer,
+        zero_hint,
+    ))
 }
 
 /// On exit: unless configured not to, write dirty data back within the

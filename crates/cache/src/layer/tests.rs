@@ -50,7 +50,7 @@ fn setup_with(geo: Geometry, config: CacheConfig) -> Setup {
     let disks: Disks = (0..geo.banks())
         .map(|_| FaultyStorage::new(MemStorage::new()))
         .collect();
-    let layer = CacheLayer::new(fake.clone(), open(geo, &disks), config);
+    let layer = CacheLayer::new(fake.clone(), open(geo, &disks), config, None);
     Setup {
         fake,
         layer,
@@ -712,7 +712,12 @@ async fn committed_data_survives_a_crash() {
     for d in &disks {
         d.crash().expect("crash");
     }
-    let layer = CacheLayer::new(fake.clone(), open(geo, &disks), CacheConfig::default());
+    let layer = CacheLayer::new(
+        fake.clone(),
+        open(geo, &disks),
+        CacheConfig::default(),
+        None,
+    );
     let mut expect = pattern(1000, 18);
     expect.resize(500, 0);
     expect.extend_from_slice(&data);
@@ -749,6 +754,7 @@ async fn clean_restart_keeps_the_cache_warm_and_dirty_data() {
         s.fake.clone(),
         open(s.geo, &s.disks),
         CacheConfig::default(),
+        None,
     );
     let (d, _, _) = read(&layer, &fh, 0, (2 * BS) as u32).await;
     assert_eq!(d, content);
