@@ -8,14 +8,16 @@
 //! clients share no directory they change: nfs-ganesha 5.9 itself answers
 //! some READDIRPLUS calls on a directory others are creating and removing
 //! files in with NFS3ERR_STALE or NFS3ERR_JUKEBOX (about 0.2% of them when
-//! asked directly), which would blame the proxies for the origin's race. All clients also read the shared files, whose contents are
+//! asked directly), which would blame the proxies for the origin's race.
+//! All clients also read the shared files, whose contents are
 //! [`crate::data`]'s function of a seed. A client is either a *fixture*
 //! client (the project's async NFS client: READ, WRITE UNSTABLE or
 //! FILE_SYNC, COMMIT, CREATE, REMOVE, SETATTR of the size, GETATTR,
 //! READDIRPLUS; a listing must hold every own file and no removed one) or a
 //! *libnfs* client, which reads whole files with `nfs-cat`, creates them
-//! with `nfs-cp`, lists the directory with `nfs-ls` and does the rest (writes, removes: libnfs-utils has no
-//! `rm`) through the fixture.
+//! with `nfs-cp`, lists the directory with `nfs-ls` and does the rest
+//! (writes, removes: libnfs-utils has no `rm`) through the fixture
+//! (`workload/libnfs.rs`).
 //!
 //! A write the server acknowledged as UNSTABLE is remembered with its write
 //! verifier; a COMMIT (or a later UNSTABLE reply) with another verifier
@@ -41,8 +43,10 @@ use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::{NfsReply, NfsRequest};
 
 use crate::data::fill_at;
-use crate::libnfs::{nfs_cat, nfs_cp, nfs_ls_names, nfs_url};
+use crate::libnfs::nfs_url;
 use crate::nfsclient::NfsClient;
+
+mod libnfs;
 
 /// Most bytes one WRITE call carries.
 const MAX_WRITE_CALL: usize = 256 << 10;
@@ -897,45 +901,6 @@ impl Client {
         Ok(())
     }
 
-    /// `nfs-cat` of `url`, checked against `want`.
-    async fn cat_check(&mut self, url: String, want: Vec<u8>, what: &str) -> Result<()> {
-        let got = tokio::task::spawn_blocking(move || nfs_cat(&url))
-            .await
-            .context("nfs-cat task")??;
-        self.tally.bytes_read += got.len() as u64;
-        let wrong = differing(&want, &got);
-        if wrong > 0 {
-            self.tally.wrong_bytes += wrong;
-            bail!(
-                "nfs-cat {what}: {wrong} wrong bytes ({} read, {} expected)",
-                got.len(),
-                want.len()
-            );
-        }
-        if got.len() < want.len() {
-            bail!(
-                "nfs-cat {what}: {} bytes, expected {}",
-                got.len(),
-                want.len()
-            );
-        }
-        Ok(())
-    }
-
-    async fn cat_own(&mut self, i: usize) -> Result<()> {
-        let (name, want) = (self.files[i].name.clone(), self.files[i].data.clone());
-        let url = self.plan.url(&self.path(&name));
-        self.cat_check(url, want, &name).await
-    }
-
-    async fn cat_shared(&mut self) -> Result<()> {
-        let s = self.pick_shared()?;
-        let mut want = vec![0; s.size as usize];
-        fill_at(s.seed, 0, &mut want);
-        let url = self.plan.url(&s.name);
-        self.cat_check(url, want, &s.name).await
-    }
-
     /// Checks a listing of the client's directory: it holds every healthy
     /// own file, and nothing else but `.`, `..` and names whose existence
     /// is unknown.
@@ -996,81 +961,7 @@ impl Client {
         }
         self.check_listing(&names, "READDIRPLUS")
     }
-
-    async fn list_with_nfs_ls(&mut self) -> Result<()> {
-        let url = self.plan.url(&self.dir);
-        let listed = tokio::task::spawn_blocking(move || nfs_ls_names(&url))
-            .await
-            .context("nfs-ls task")??;
-        let names = listed.into_iter().map(String::into_bytes).collect();
-        self.check_listing(&names, "nfs-ls")
-    }
-
-    /// `nfs-cp` of a new local file to a new name.
-    async fn copy_in(&mut self) -> Result<()> {
-        let name = self.new_name();
-        let size = self.some_size(self.plan.max_file);
-        let mut data = vec![0; size];
-        fill_at(self.content_seed(), 0, &mut data);
-        let local = self.plan.scratch.join(&name);
-        std::fs::write(&local, &data).with_context(|| format!("writing {}", local.display()))?;
-        let url = self.plan.url(&self.path(&name));
-        let src = local.display().to_string();
-        let copied = tokio::task::spawn_blocking(move || nfs_cp(&src, &url))
-            .await
-            .context("nfs-cp task")?;
-        let _ = std::fs::remove_file(&local);
-        let fh = match copied {
-            Ok(()) => self.nfs.lookup(&self.dir_fh.clone(), &name).await,
-            Err(e) => Err(e),
-        };
-        let fh = match fh {
-            Ok(Some(fh)) => fh,
-            Ok(None) => bail!("{name} not found after nfs-cp"),
-            Err(e) => {
-                // Whether the file is there is unknown: keep its name out of
-                // the checks (it is neither expected nor removed).
-                self.uncertain.insert(name.clone());
-                self.tally.tainted_files += 1;
-                return Err(e.context(format!("nfs-cp to {name}")));
-            }
-        };
-        self.tally.bytes_written += size as u64;
-        // nfs-cp may leave its writes UNSTABLE: the next COMMIT learns the
-        // verifier.
-        self.files.push(OwnedFile {
-            name,
-            fh,
-            data,
-            verf: None,
-            unstable: true,
-            tainted: false,
-        });
-        Ok(())
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn differing_counts_changed_and_extra_bytes() {
-        assert_eq!(differing(b"abcd", b"abcd"), 0);
-        assert_eq!(differing(b"abcd", b"abXd"), 1);
-        assert_eq!(differing(b"ab", b"abcd"), 2);
-        assert_eq!(differing(b"abcd", b"ab"), 0);
-        assert_eq!(differing(b"", b"xy"), 2);
-    }
-
-    #[test]
-    fn the_generator_is_deterministic_and_in_range() {
-        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
-        for _ in 0..100 {
-            let x = a.below(10);
-            assert_eq!(x, b.below(10));
-            assert!(x < 10);
-        }
-        assert_eq!(a.below(0), 0);
-    }
-}
+mod tests;
