@@ -1,0 +1,118 @@
+use super::*;
+
+fn rec(scenario: &str, clone: usize, total_secs: f64) -> CloneRecord {
+    CloneRecord {
+        scenario: scenario.to_owned(),
+        clone,
+        image: 1,
+        total_secs,
+        copy_secs: total_secs / 2.0,
+        overlay_secs: 0.0,
+        resume_secs: total_secs / 2.0,
+        wan_bytes: 0,
+    }
+}
+
+fn floor(secs: f64) -> Floor {
+    Floor {
+        secs,
+        zstd_mem: 0,
+        zstd_state: 0,
+        disk_read: 0,
+    }
+}
+
+fn outcome(ram_mib: u64, records: Vec<CloneRecord>, floor_secs: f64) -> Outcome {
+    let settings = Settings::quick();
+    let goals = goals(&settings, &records, &floor(floor_secs));
+    Outcome {
+        records,
+        markdown: format!("tables of {ram_mib} MiB\n"),
+        client_stats: Vec::new(),
+        wan_calls: Vec::new(),
+        lan_stats: None,
+        goals,
+        ram_mib,
+        cuts: Vec::new(),
+    }
+}
+
+fn goal<'a>(o: &'a Outcome, starts: &str) -> &'a Goal {
+    o.goals
+        .iter()
+        .find(|g| g.name.starts_with(starts))
+        .unwrap_or_else(|| panic!("no goal {starts:?}"))
+}
+
+#[test]
+fn goals_hold_warm_against_warm_and_know_the_floor_s_bound() {
+    let small = outcome(
+        256,
+        vec![
+            rec("Local", 1, 5.0),
+            rec("Local", 2, 1.0),
+            rec("Local", 3, 1.0),
+            rec("WAN-S1", 1, 10.0),
+            rec("WAN-S1", 2, 1.4),
+            rec("WAN-S1", 3, 1.6),
+            rec("plain NFS", 1, 50.0),
+        ],
+        8.0,
+    );
+    // Local's first clone (from disk) is not what warm clones face.
+    let warm = goal(&small, "warm clone");
+    assert_eq!((warm.measured, warm.against), (Some(1.5), Some(1.0)));
+    assert_eq!(warm.met(), Some(true));
+    // 10 s of 50 s is not 1/20, and no clone could be: the floor is 0.16.
+    let plain = goal(&small, "cold first clone <= 1/20");
+    assert_eq!(plain.met(), Some(false));
+    assert_eq!(plain.best, Some(8.0 / 50.0));
+    assert_eq!(goal(&small, "cold first clone (WAN-S1 #1)").met(), None);
+    assert_eq!(goal(&small, "cold clone <= 1.5x").met(), Some(true));
+
+    let large = outcome(
+        2048,
+        vec![rec("WAN-S1", 1, 10.0), rec("plain NFS", 1, 400.0)],
+        8.0,
+    );
+    assert_eq!(goal(&large, "cold first clone <= 1/20").met(), Some(true));
+    let md = report_markdown(&small, Some(&large), "cmd");
+    assert!(md.contains("| goal | 256 MiB guests | best | 2048 MiB guests | best |"));
+    assert!(
+        md.contains("| cold first clone <= 1/20 of plain NFS | 0.200 (**not met**) | 0.160 | 0.025 (met) | 0.020 |"),
+        "{md}"
+    );
+    let (a, b) = (
+        md.find("tables of 256 MiB").unwrap_or(usize::MAX),
+        md.find("tables of 2048 MiB").unwrap_or(0),
+    );
+    assert!(a < b, "each size's tables, in order: {md}");
+    assert!(!report_markdown(&small, None, "cmd").contains("2048"));
+}
+
+#[test]
+fn wan_p_time_splits_at_the_lan_proxy_s_last_chunk() {
+    let records = vec![
+        rec("WAN-S1", 1, 10.0),
+        rec("WAN-P cold", 1, 16.0),
+        rec("WAN-P cold", 2, 20.0),
+        rec("WAN-P warm", 1, 4.0),
+        rec("WAN-P warm", 2, 6.0),
+    ];
+    let lan = serde_json::json!({"file_cache": {"fetch_micros": 8_000_000}});
+    let text = parallel_time(&records, &lan, 1024);
+    // The slowest cold clone copied for 10 s, 8 of them fetching.
+    assert!(
+        text.contains("of 2 clones, 20.00 s): its copy step took 10.00 s"),
+        "{text}"
+    );
+    assert!(text.contains("on disk); the 2.00 s after them"), "{text}");
+    assert!(text.contains("1024 MiB memory images, 2 at once"), "{text}");
+    assert!(text.contains("took 2.50 s (WAN-P warm, mean)"), "{text}");
+    assert_eq!(parallel_time(&records[..1], &lan, 1024), "");
+    // Copies that end with the last fetch kept up with the chunks.
+    let lan = serde_json::json!({"file_cache": {"fetch_micros": 9_800_000}});
+    let text = parallel_time(&records, &lan, 256);
+    assert!(text.contains("on disk): the copies kept up"), "{text}");
+    assert!(!text.contains("after them"), "{text}");
+}
