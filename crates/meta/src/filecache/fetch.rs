@@ -1,0 +1,406 @@
+//! Fetching a whole file into the cache: started on first use (making room
+//! first), chunk by chunk through the extension program (FETCH: compressed
+//! chunks and repeat runs), with readers waiting for the chunks they need.
+
+use super::*;
+
+impl CachedFile {
+    /// Claims the first chunk at or after `from` that nobody fetches yet.
+    pub(super) fn claim_next(&self, from: usize) -> Option<usize> {
+        let mut chunks = lock(&self.chunks);
+        let idx = chunks
+            .iter()
+            .skip(from)
+            .position(|c| *c == Chunk::Missing)?
+            + from;
+        chunks[idx] = Chunk::InFlight;
+        Some(idx)
+    }
+
+    pub(super) fn set(&self, idx: usize, state: Chunk) {
+        lock(&self.chunks)[idx] = state;
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Fetches chunk `idx` (already claimed) and writes it into the file.
+    pub(super) async fn fetch_chunk(
+        self: &Arc<Self>,
+        cache: &FileCache,
+        source: &dyn ChunkSource,
+        cred: &Credentials,
+        idx: usize,
+    ) -> Result<(), String> {
+        let (offset, count) = self.chunk_range(idx);
+        let writes = self.writes.load(Ordering::Acquire);
+        let args = FetchArgs {
+            fh: self.fh.clone(),
+            offset,
+            count,
+        };
+        let result = async {
+            let ok = source.fetch(cred, &args).await.map_err(|e| match e {
+                FetchError::Nfs(st) => format!("upstream answered {st:?}"),
+                FetchError::Transport(t) => t,
+            })?;
+            if !same_version(&ok.attrs, &self.attrs()) {
+                return Err("the file changed upstream during the fetch".to_string());
+            }
+            if ok.raw_len != count {
+                return Err(format!(
+                    "chunk at {offset} holds {} bytes, expected {count}",
+                    ok.raw_len
+                ));
+            }
+            let wire = ok.data.len() as u64;
+            ok.check_repeats(offset)?;
+            let mut ok = ok;
+            let repeats = std::mem::take(&mut ok.repeats);
+            // Their sources before this chunk must be here first: earlier
+            // chunks, which never wait for later ones.
+            for r in repeats.iter().filter(|r| r.from < offset) {
+                let end = (r.from + u64::from(r.len)).min(offset);
+                self.wait_for(r.from, end).await?;
+            }
+            let repeated: u64 = repeats.iter().map(|r| u64::from(r.len)).sum();
+            let keep = cache.keep_frames.load(Ordering::Relaxed);
+            let me = self.clone();
+            let spent = tokio::task::spawn_blocking(move || {
+                // Kept with its repeats: handed on only to callers that
+                // fill them.
+                let frame = keep.then(|| Frame {
+                    codec: ok.codec,
+                    data: ok.data.clone(),
+                    repeats: repeats.clone(),
+                });
+                let t = Instant::now();
+                let mut raw = decompress(ok)?;
+                let spent = t.elapsed().as_micros() as u64;
+                me.fill_repeats(&mut raw, offset, &repeats)?;
+                me.file
+                    .write_all_at(&raw, offset)
+                    .map_err(|e| format!("writing {}: {e}", me.path.display()))?;
+                if let Some(frame) = frame {
+                    me.keep_frame(idx, &frame, writes);
+                }
+                Ok::<_, String>(spent)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            bump(&cache.counters.decompress_micros, spent);
+            bump(&cache.counters.repeat_bytes, repeated);
+            bump(&cache.counters.chunks_fetched, 1);
+            bump(&cache.counters.wire_bytes, wire);
+            bump(&cache.counters.raw_bytes, u64::from(count));
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                self.set(idx, Chunk::Present);
+                Ok(())
+            }
+            Err(why) => {
+                self.set(idx, Chunk::Missing);
+                self.fail(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// Waits until the data chunks under `from..end` have arrived (someone
+    /// else fetches them: they come before the chunk that waits). A chunk
+    /// of zeros there contradicts the repeat that points at it.
+    pub(super) async fn wait_for(&self, from: u64, end: u64) -> Result<(), String> {
+        if end <= from {
+            return Ok(());
+        }
+        let (first, last) = chunks_of(from, end);
+        let mut rx = self.changed.subscribe();
+        loop {
+            if let Some(why) = self.failure() {
+                return Err(why);
+            }
+            let here = {
+                let chunks = lock(&self.chunks);
+                let span = chunks
+                    .get(first..=last)
+                    .ok_or("a repeat points past the file")?;
+                if span.contains(&Chunk::Zero) {
+                    return Err(format!(
+                        "a repeat's source at {from} lies in a chunk of zeros"
+                    ));
+                }
+                span.iter().all(|c| *c == Chunk::Present)
+            };
+            if here {
+                return Ok(());
+            }
+            rx.changed()
+                .await
+                .map_err(|_| "the fetch went away".to_string())?;
+        }
+    }
+
+    /// Copies each repeat's source into `raw`, the chunk at `offset` (blocking
+    /// I/O): bytes before the chunk from the file, the rest from `raw`.
+    pub(super) fn fill_repeats(
+        &self,
+        raw: &mut [u8],
+        offset: u64,
+        repeats: &[ByteRepeat],
+    ) -> Result<(), String> {
+        for r in repeats {
+            let to = (r.to - offset) as usize;
+            let len = r.len as usize;
+            let before = offset.saturating_sub(r.from).min(u64::from(r.len)) as usize;
+            if before > 0 {
+                self.file
+                    .read_exact_at(&mut raw[to..to + before], r.from)
+                    .map_err(|e| format!("reading {}: {e}", self.path.display()))?;
+            }
+            if before < len {
+                let from = (r.from + before as u64 - offset) as usize;
+                raw.copy_within(from..from + (len - before), to + before);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `offset..offset + len` has arrived, fetching chunks that
+    /// nobody fetches yet.
+    pub(super) async fn ensure(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), String> {
+        if len == 0 {
+            return Ok(());
+        }
+        let first = (offset / u64::from(CHUNK)) as usize;
+        let last = ((offset + len - 1) / u64::from(CHUNK)) as usize;
+        let mut rx = self.changed.subscribe();
+        loop {
+            if let Some(why) = self.failure() {
+                return Err(why);
+            }
+            let (missing, waiting) = {
+                let mut chunks = lock(&self.chunks);
+                let mut missing = None;
+                let mut waiting = false;
+                for (i, c) in chunks.iter_mut().enumerate().take(last + 1).skip(first) {
+                    match *c {
+                        Chunk::Missing if missing.is_none() => {
+                            *c = Chunk::InFlight;
+                            missing = Some(i);
+                        }
+                        Chunk::Missing | Chunk::InFlight => waiting = true,
+                        Chunk::Present | Chunk::Zero => {}
+                    }
+                }
+                (missing, waiting)
+            };
+            match missing {
+                // Its own task: readers waiting for this chunk (and the
+                // background fetch, which has passed it) must not depend on
+                // this one, whose client may go away mid-fetch.
+                Some(idx) => {
+                    let (me, cache, source, cred) =
+                        (self.clone(), cache.clone(), source.clone(), cred.clone());
+                    tokio::spawn(async move {
+                        me.fetch_chunk(&cache, source.as_ref(), &cred, idx).await
+                    })
+                    .await
+                    .map_err(|e| format!("a chunk's fetch stopped: {e}"))??;
+                }
+                None if waiting => {
+                    rx.changed()
+                        .await
+                        .map_err(|_| "the fetch went away".to_string())?;
+                }
+                None => return Ok(()),
+            }
+        }
+    }
+}
+
+impl FileCache {
+    /// The entry for this version of the file, starting its fetch from
+    /// `source` when there is none. `zero` (the file's valid metadata)
+    /// spares fetching chunks of zeros. Fails when the file cannot be held
+    /// (over the budget, local I/O).
+    pub fn start(
+        self: &Arc<Self>,
+        fh: &[u8],
+        attrs: &fattr3,
+        zero: Option<&MetaFile>,
+        source: Arc<dyn ChunkSource>,
+        cred: &Credentials,
+    ) -> Result<Arc<CachedFile>, String> {
+        let mut files = lock(&self.files);
+        if let Some(f) = files.get(fh) {
+            if f.busy() || (f.failure().is_none() && same_version(&f.attrs(), attrs)) {
+                if !f.complete() {
+                    bump(&self.counters.coalesced_fetches, 1);
+                }
+                return Ok(f.clone());
+            }
+            let old = files.remove(fh);
+            if let Some(old) = old {
+                self.discard(&old);
+            }
+        }
+        self.make_room(&mut files, attrs.size)?;
+        // A record left of an earlier entry (let go without a flush since)
+        // must not survive a crash to describe the half-fetched file about
+        // to be made at its path.
+        if let Some(index) = &self.index {
+            index
+                .remove(&index_key(fh))
+                .and_then(|()| index.flush())
+                .map_err(|e| format!("clearing the record of a file: {e}"))?;
+        }
+        let path = self.dir.join(file_name(fh));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .and_then(|f| f.set_len(attrs.size).map(|()| f))
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        let n = CachedFile::chunk_count(attrs.size);
+        let mut chunks = vec![Chunk::Missing; n];
+        let mut zeros = 0;
+        if let Some(m) = zero {
+            for (i, c) in chunks.iter_mut().enumerate() {
+                let start = i as u64 * u64::from(CHUNK);
+                let len = (attrs.size - start).min(u64::from(CHUNK));
+                if m.range_is_zero(start, len) {
+                    *c = Chunk::Zero;
+                    zeros += 1;
+                }
+            }
+        }
+        bump(&self.counters.zero_chunks, zeros);
+        bump(&self.counters.files_fetched, 1);
+        let entry = Arc::new(CachedFile {
+            fh: fh.to_vec(),
+            versions: Mutex::new(Versions::new(attrs.clone())),
+            writes: AtomicU64::new(0),
+            frames: FrameStore::new(frames_path(&path)),
+            path,
+            file,
+            chunks: Mutex::new(chunks),
+            changed: watch::channel(0).0,
+            failed: Mutex::new(None),
+            last_used: AtomicU64::new(now_secs()),
+            unpinned: tokio::sync::Notify::new(),
+        });
+        files.insert(fh.to_vec(), entry.clone());
+        drop(files);
+        tokio::spawn(self.clone().fetch_all(entry.clone(), source, cred.clone()));
+        Ok(entry)
+    }
+
+    /// Evicts finished or failed files, least recently used first, until
+    /// `size` more bytes fit.
+    pub(super) fn make_room(
+        &self,
+        files: &mut HashMap<Vec<u8>, Arc<CachedFile>>,
+        size: u64,
+    ) -> Result<(), String> {
+        if size > self.max_bytes {
+            return Err(format!(
+                "the file ({size} bytes) is larger than the file cache ({} bytes)",
+                self.max_bytes
+            ));
+        }
+        loop {
+            let held: u64 = files.values().map(|f| f.size() + f.frames.bytes()).sum();
+            if held + size <= self.max_bytes {
+                return Ok(());
+            }
+            let victim = files
+                .values()
+                .filter(|f| !f.busy() && (f.complete() || f.failure().is_some()))
+                .min_by_key(|f| f.last_used.load(Ordering::Relaxed))
+                .map(|f| f.fh.clone());
+            let Some(fh) = victim else {
+                return Err("the file cache is full of fetches under way".into());
+            };
+            if let Some(f) = files.remove(&fh) {
+                self.discard(&f);
+                bump(&self.counters.evicted, 1);
+            }
+        }
+    }
+
+    /// The background fetch of a whole file: [`WINDOW`] chunks in flight,
+    /// in file order; then sync and record it.
+    pub(super) async fn fetch_all(
+        self: Arc<Self>,
+        entry: Arc<CachedFile>,
+        source: Arc<dyn ChunkSource>,
+        cred: Credentials,
+    ) {
+        let started = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        let mut next = 0;
+        loop {
+            while set.len() < WINDOW
+                && entry.failure().is_none()
+                && let Some(idx) = entry.claim_next(next)
+            {
+                next = idx + 1;
+                let (cache, entry, source, cred) =
+                    (self.clone(), entry.clone(), source.clone(), cred.clone());
+                set.spawn(
+                    async move { entry.fetch_chunk(&cache, source.as_ref(), &cred, idx).await },
+                );
+            }
+            if set.join_next().await.is_none() {
+                break;
+            }
+        }
+        // Chunks that readers fetched themselves may still be arriving.
+        let mut rx = entry.changed.subscribe();
+        while entry.failure().is_none() && !entry.complete() {
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+        if let Some(why) = entry.failure() {
+            bump(&self.counters.files_failed, 1);
+            tracing::debug!(%why, "file fetch failed");
+            let mut files = lock(&self.files);
+            if files.get(&entry.fh).is_some_and(|f| Arc::ptr_eq(f, &entry)) {
+                files.remove(&entry.fh);
+                self.discard(&entry);
+            }
+            return;
+        }
+        let e = entry.clone();
+        let synced = tokio::task::spawn_blocking(move || e.file.sync_all()).await;
+        if !matches!(synced, Ok(Ok(()))) {
+            entry.fail("cannot sync the fetched file".into());
+            return;
+        }
+        // Only if still the entry: one let go meanwhile must leave no
+        // record to describe the file a newer entry makes at its path.
+        self.record_lazily(&entry);
+        bump(&self.counters.files_complete, 1);
+        bump(
+            &self.counters.fetch_micros,
+            started.elapsed().as_micros() as u64,
+        );
+        tracing::info!(
+            file = %entry.path.display(),
+            bytes = entry.size(),
+            secs = started.elapsed().as_secs_f64(),
+            "file cache: fetched a whole file"
+        );
+    }
+}
