@@ -4,6 +4,8 @@
 //! - [`rpc`]: ONC RPC call and reply headers, AUTH_UNIX credentials.
 //! - [`proc`]: the 22 NFSv3 procedures as typed requests and replies.
 //! - [`service`]: [`NfsService`], the interface every proxy layer implements.
+//! - [`layer`]: the kit layers are built with ([`layer::Layer`], typed calls
+//!   below, the write check, counters).
 //! - [`client`]: an async RPC client that keeps many calls in flight on one
 //!   connection and survives reconnects.
 //! - [`portmap`]: the PORTMAP v2 messages gvfs speaks and asks.
@@ -13,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod layer;
 pub mod portmap;
 pub mod proc;
 pub mod record;

@@ -39,7 +39,7 @@ pub struct Jobs {
     /// Whose file cache is written back first (compress-and-copy files).
     meta: Mutex<Option<Arc<gvfs_meta::MetaLayer>>>,
     /// Emptied when a job ends: what it wrote changed attributes upstream.
-    attrs: Mutex<Option<Arc<crate::attrcache::AttrCache>>>,
+    attrs: Mutex<Option<Arc<gvfs_attrcache::AttrCache>>>,
 }
 
 impl Jobs {
@@ -49,7 +49,7 @@ impl Jobs {
     }
 
     /// Empties `attrs` at the end of every job.
-    pub fn with_attr_cache(&self, attrs: Arc<crate::attrcache::AttrCache>) {
+    pub fn with_attr_cache(&self, attrs: Arc<gvfs_attrcache::AttrCache>) {
         *lock(&self.attrs) = Some(attrs);
     }
 

@@ -37,9 +37,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gvfs_nfs::layer::{Layer, lock};
 use gvfs_nfs::nfs3_types::nfs3::{
     GETATTR3args, GETATTR3resok, LOOKUP3args, LOOKUP3resfail, LOOKUP3resok, Nfs3Option, Nfs3Result,
     READDIRPLUS3args, cookieverf3, diropargs3, fattr3, filename3, nfs_fh3, nfsstat3, post_op_attr,
@@ -181,17 +182,18 @@ struct Listed {
     whole: Option<post_op_attr>,
 }
 
-/// Hits and misses, for `gvfsctl stats`.
-#[derive(Debug, Default)]
-pub struct AttrCacheStats {
-    /// Calls answered here (NULL included).
-    pub hits: AtomicU64,
-    /// Cacheable calls that went below.
-    pub misses: AtomicU64,
-    /// Directories read (READDIRPLUS) along with a LOOKUP that missed.
-    pub listings: AtomicU64,
-    /// Times a changing call or a write-back emptied a non-empty cache.
-    pub invalidations: AtomicU64,
+gvfs_nfs::counters! {
+    /// Hits and misses, for `gvfsctl stats`.
+    pub struct Counters => AttrCacheStats {
+        /// Calls answered here (NULL included).
+        hits,
+        /// Cacheable calls that went below.
+        misses,
+        /// Directories read (READDIRPLUS) along with a LOOKUP that missed.
+        listings,
+        /// Times a changing call or a write-back emptied a non-empty cache.
+        invalidations,
+    }
 }
 
 /// The layer.
@@ -208,7 +210,7 @@ pub struct AttrCache {
     /// Bumped by every [`AttrCache::invalidate`], under the locks: a reply
     /// that was on its way while the cache was emptied is not kept.
     generation: AtomicU64,
-    stats: AttrCacheStats,
+    stats: Counters,
 }
 
 impl std::fmt::Debug for AttrCache {
@@ -231,13 +233,13 @@ impl AttrCache {
             roots: Mutex::new(HashMap::new()),
             listed: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
-            stats: AttrCacheStats::default(),
+            stats: Counters::default(),
         })
     }
 
     /// Its counters.
-    pub fn stats(&self) -> &AttrCacheStats {
-        &self.stats
+    pub fn stats(&self) -> AttrCacheStats {
+        self.stats.snapshot()
     }
 
     fn fresh(&self, at: Instant) -> bool {
@@ -249,14 +251,14 @@ impl AttrCache {
     /// here: a file held whole by compress-and-copy must not show its
     /// attributes from before the writes once the metadata layer lets it go).
     pub fn invalidate(&self) {
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = lock(&self.entries);
+        let mut roots = lock(&self.roots);
+        let mut listed = lock(&self.listed);
         self.generation.fetch_add(1, Ordering::Relaxed);
         if entries.is_empty() && roots.is_empty() && listed.is_empty() {
             return;
         }
-        self.stats.invalidations.fetch_add(1, Ordering::Relaxed);
+        self.stats.invalidations.inc();
         entries.clear();
         roots.clear();
         listed.clear();
@@ -265,7 +267,7 @@ impl AttrCache {
     /// Whether to read `dir` along with a LOOKUP in it: not when this
     /// caller had it read within the timeout. Marks it read.
     fn should_list(&self, dir: &nfs_fh3, cred: &[u32]) -> bool {
-        let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut listed = lock(&self.listed);
         let key = (dir.data.as_ref().to_vec(), cred.to_vec());
         if listed.get(&key).is_some_and(|l| self.fresh(l.at)) {
             return false;
@@ -285,7 +287,7 @@ impl AttrCache {
     /// directory for this caller did not hold (its names were kept, so a
     /// LOOKUP that got here is for another name).
     fn not_listed(&self, dir: &nfs_fh3, cred: &[u32]) -> Option<NfsReply> {
-        let listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let listed = lock(&self.listed);
         let l = listed.get(&(dir.data.as_ref().to_vec(), cred.to_vec()))?;
         let dir_attributes = l.whole.clone().filter(|_| self.fresh(l.at))?;
         Some(NfsReply::Lookup(Nfs3Result::Err((
@@ -332,7 +334,7 @@ impl AttrCache {
             names += 1;
         }
         if ok.reply.eof && all_kept {
-            let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut listed = lock(&self.listed);
             if self.generation.load(Ordering::Relaxed) != seen {
                 return;
             }
@@ -349,7 +351,7 @@ impl AttrCache {
     }
 
     fn lookup(&self, key: &Key) -> Option<NfsReply> {
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = lock(&self.entries);
         let e = entries.get(key)?;
         if !self.fresh(e.at) {
             return None;
@@ -362,7 +364,7 @@ impl AttrCache {
     fn store(&self, key: Key, reply: &NfsReply, seen: u64) {
         let mut bytes = Vec::new();
         reply.encode(&mut bytes);
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = lock(&self.entries);
         if self.generation.load(Ordering::Relaxed) != seen {
             return;
         }
@@ -373,10 +375,7 @@ impl AttrCache {
                 // Their names are gone: a listing no longer says which
                 // names are not there, and one still being kept must not
                 // mark its directory whole with half its names.
-                self.listed
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clear();
+                lock(&self.listed).clear();
                 self.generation.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -409,16 +408,20 @@ impl AttrCache {
     }
 }
 
-impl NfsService for AttrCache {
-    fn call<'a>(
-        &'a self,
-        cx: &'a CallContext,
-        req: NfsRequest,
-    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
-        Box::pin(async move {
+impl Layer for AttrCache {
+    fn below(&self) -> &dyn NfsService {
+        &*self.below
+    }
+
+    fn what(&self) -> String {
+        format!("attribute cache ({} s)", self.ttl.as_secs_f64())
+    }
+
+    async fn handle(&self, cx: &CallContext, req: NfsRequest) -> Result<NfsReply, ServiceError> {
+        {
             let p = req.proc_();
             if p == NfsProc::Null {
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                self.stats.hits.inc();
                 return Ok(NfsReply::Null(Void));
             }
             if !read_only(p) {
@@ -440,7 +443,7 @@ impl NfsService for AttrCache {
                 cred: cx.cred.key(),
             };
             if let Some(reply) = self.lookup(&key) {
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                self.stats.hits.inc();
                 return Ok(reply);
             }
             let subject = subject(&req);
@@ -450,12 +453,12 @@ impl NfsService for AttrCache {
                 // a listing.
                 let dots = [&b"."[..], b".."].contains(&a.what.name.as_ref());
                 if let Some(reply) = self.not_listed(dir, &key.cred).filter(|_| !dots) {
-                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    self.stats.hits.inc();
                     return Ok(reply);
                 }
                 if self.should_list(dir, &key.cred) {
-                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                    self.stats.listings.fetch_add(1, Ordering::Relaxed);
+                    self.stats.misses.inc();
+                    self.stats.listings.inc();
                     let list = NfsRequest::Readdirplus(READDIRPLUS3args {
                         dir: dir.clone(),
                         cookie: 0,
@@ -494,29 +497,32 @@ impl NfsService for AttrCache {
                     return Ok(reply);
                 }
             }
-            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            self.stats.misses.inc();
             let reply = self.below.call(cx, req).await?;
             self.keep(key, subject, &reply, seen);
             Ok(reply)
-        })
+        }
     }
 
-    fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+    fn handle_root<'a>(
+        &'a self,
+        cx: &'a CallContext,
+    ) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
         Box::pin(async move {
             let key = cx.cred.key();
             {
-                let roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+                let roots = lock(&self.roots);
                 if let Some((at, fh)) = roots.get(&key)
                     && self.fresh(*at)
                 {
-                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    self.stats.hits.inc();
                     return Ok(fh.clone());
                 }
             }
-            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            self.stats.misses.inc();
             let seen = self.generation.load(Ordering::Relaxed);
             let fh = self.below.root(cx).await?;
-            let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut roots = lock(&self.roots);
             if self.generation.load(Ordering::Relaxed) != seen {
                 return Ok(fh);
             }
@@ -528,15 +534,7 @@ impl NfsService for AttrCache {
         })
     }
 
-    fn describe(&self) -> String {
-        format!(
-            "attribute cache ({} s) over {}",
-            self.ttl.as_secs_f64(),
-            self.below.describe()
-        )
-    }
-
-    fn forward_raw<'a>(
+    fn handle_raw<'a>(
         &'a self,
         cx: &'a CallContext,
         proc_: NfsProc,
