@@ -53,10 +53,11 @@ mod tests;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Instant, SystemTime};
 
+use gvfs_nfs::layer::{Calls, Layer, WriteCheck, WriteTarget, lock};
 use gvfs_nfs::proc::MAX_DATA;
 use gvfs_nfs::{
     BoxFuture, CallContext, Credentials, NfsReply, NfsRequest, NfsService, ServiceError,
@@ -80,12 +81,6 @@ const MAX_READAHEAD_TASKS: usize = 8;
 const MAX_STORE_ATTEMPTS: usize = 8;
 /// Remembered read-ahead blocks not yet read, for the read-ahead hit count.
 const MAX_PREFETCHED: usize = 64 * 1024;
-/// How long upstream's word that a caller may write a file is trusted
-/// before a write into the cache asks again.
-const WRITE_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(30);
-/// Most (file, caller) write permissions remembered; all are forgotten
-/// when full.
-const MAX_WRITE_CHECKS: usize = 4096;
 
 /// How WRITEs are handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -145,34 +140,58 @@ impl Default for CacheConfig {
     }
 }
 
+gvfs_nfs::counters! {
+    /// What the layer counts, for `gvfsctl stats` and metrics.
+    pub struct Counters => LayerCounts {
+        /// READ calls.
+        reads,
+        /// READs served entirely from the cache.
+        hits,
+        /// READs that needed at least one block from upstream.
+        misses,
+        /// Bytes served by hits.
+        hit_bytes,
+        /// Bytes returned by all READs.
+        read_bytes,
+        /// Bytes fetched from upstream to fill the cache.
+        fetched_bytes,
+        /// Blocks fetched by read-ahead.
+        readahead_blocks,
+        /// READs served (at least partly) from blocks read ahead.
+        readahead_hits,
+        /// Block fetches that joined one already in flight instead of asking
+        /// upstream again.
+        coalesced_misses,
+        /// WRITE calls.
+        writes,
+        /// Bytes written by clients.
+        write_bytes,
+        /// COMMIT calls.
+        commits,
+        /// Dirty blocks written upstream early to free a frame.
+        eviction_write_backs,
+        /// Bytes written upstream by write-back (including evictions).
+        write_back_bytes,
+        /// Completed write-back runs.
+        write_backs,
+        /// Files whose clean blocks were dropped because they changed upstream.
+        invalidations,
+        /// Calls sent to the layer below.
+        upstream_calls,
+        /// Total time spent waiting for the layer below, in microseconds.
+        upstream_latency_us_total,
+        /// Failures of the local cache storage.
+        store_errors,
+    }
+}
+
 /// Counters and gauges of the layer, for `gvfsctl stats` and metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct LayerStats {
-    /// READ calls.
-    pub reads: u64,
-    /// READs served entirely from the cache.
-    pub hits: u64,
-    /// READs that needed at least one block from upstream.
-    pub misses: u64,
-    /// Bytes served by hits.
-    pub hit_bytes: u64,
-    /// Bytes returned by all READs.
-    pub read_bytes: u64,
-    /// Bytes fetched from upstream to fill the cache.
-    pub fetched_bytes: u64,
-    /// Blocks fetched by read-ahead.
-    pub readahead_blocks: u64,
-    /// READs served (at least partly) from blocks read ahead.
-    pub readahead_hits: u64,
-    /// Block fetches that joined one already in flight instead of asking
-    /// upstream again.
-    pub coalesced_misses: u64,
-    /// WRITE calls.
-    pub writes: u64,
-    /// Bytes written by clients.
-    pub write_bytes: u64,
-    /// COMMIT calls.
-    pub commits: u64,
+    /// What the layer counted.
+    #[serde(flatten)]
+    pub counts: LayerCounts,
     /// Bytes of dirty data cached.
     pub dirty_bytes: u64,
     /// Bytes of valid data cached.
@@ -183,20 +202,6 @@ pub struct LayerStats {
     pub frames_in_use: u64,
     /// Clean frames reused for another block.
     pub evictions: u64,
-    /// Dirty blocks written upstream early to free a frame.
-    pub eviction_write_backs: u64,
-    /// Bytes written upstream by write-back (including evictions).
-    pub write_back_bytes: u64,
-    /// Completed write-back runs.
-    pub write_backs: u64,
-    /// Files whose clean blocks were dropped because they changed upstream.
-    pub invalidations: u64,
-    /// Calls sent to the layer below.
-    pub upstream_calls: u64,
-    /// Total time spent waiting for the layer below, in microseconds.
-    pub upstream_latency_us_total: u64,
-    /// Failures of the local cache storage.
-    pub store_errors: u64,
     /// Clean sub-blocks whose bytes failed their checksum: dropped and
     /// fetched again, never served.
     pub corrupt_clean_dropped: u64,
@@ -210,35 +215,37 @@ pub struct LayerStats {
     pub verifier_changes: u64,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    reads: AtomicU64,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    hit_bytes: AtomicU64,
-    read_bytes: AtomicU64,
-    fetched_bytes: AtomicU64,
-    readahead_blocks: AtomicU64,
-    readahead_hits: AtomicU64,
-    coalesced_misses: AtomicU64,
-    writes: AtomicU64,
-    write_bytes: AtomicU64,
-    commits: AtomicU64,
-    eviction_write_backs: AtomicU64,
-    write_back_bytes: AtomicU64,
-    write_backs: AtomicU64,
-    invalidations: AtomicU64,
-    upstream_calls: AtomicU64,
-    upstream_latency_us: AtomicU64,
-    store_errors: AtomicU64,
+/// The layer below, timed: each call counts in `upstream_calls` and
+/// `upstream_latency_us_total`.
+struct Below {
+    inner: Arc<dyn NfsService>,
+    counters: Arc<Counters>,
 }
 
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
+impl NfsService for Below {
+    fn call<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        req: NfsRequest,
+    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+        Box::pin(async move {
+            let t = Instant::now();
+            let r = self.inner.call(cx, req).await;
+            self.counters.upstream_calls.inc();
+            self.counters
+                .upstream_latency_us_total
+                .add(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
+            r
+        })
+    }
 
-fn get(c: &AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
+    fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+        self.inner.root(cx)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
 }
 
 /// Async locks by file handle, kept only while held or awaited.
@@ -275,14 +282,6 @@ impl Drop for FileLockGuard<'_> {
     }
 }
 
-/// Upstream's answers on writing: by (file, caller), when and the ACCESS
-/// bits granted.
-type WriteChecks = HashMap<(Vec<u8>, Vec<u32>), (Instant, u32)>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Why a block could not be fetched: the layer below failed, or answered
 /// with an NFS error the client should see.
 #[derive(Debug, Clone)]
@@ -313,7 +312,7 @@ type BlockKey = (Vec<u8>, u64);
 /// The block cache as an NFSv3 layer. See the module docs.
 pub struct CacheLayer {
     me: Weak<CacheLayer>,
-    inner: Arc<dyn NfsService>,
+    below: Below,
     store: Arc<BlockStore>,
     geo: Geometry,
     config: CacheConfig,
@@ -329,22 +328,21 @@ pub struct CacheLayer {
     zero_hint: Option<ZeroHint>,
     /// One write-back at a time; truncation waits for it.
     write_back_lock: tokio::sync::Mutex<()>,
-    /// Upstream's ACCESS answers for writes kept here: the bits granted to
-    /// a caller (by credentials) on a file, and when.
-    write_checks: Mutex<WriteChecks>,
+    /// Whether callers may write files whose writes are kept here.
+    write_checks: WriteCheck,
     /// What sends a file's dirty data upstream or truncates it (a
     /// write-back, an evicted dirty block, SETATTR of the size) does so one
     /// at a time per file, so no WRITE of older bytes lands after newer
     /// ones or past a truncation.
     file_locks: FileLocks,
-    counters: Counters,
+    counters: Arc<Counters>,
     closed: AtomicBool,
 }
 
 impl fmt::Debug for CacheLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CacheLayer")
-            .field("inner", &self.inner.describe())
+            .field("inner", &self.below.describe())
             .field("geometry", &self.geo)
             .field("config", &self.config)
             .finish_non_exhaustive()
@@ -384,13 +382,6 @@ fn post_op(a: Option<fattr3>) -> post_op_attr {
     }
 }
 
-fn mismatch(upstream: String, what: &str, got: &NfsReply) -> ServiceError {
-    ServiceError::UpstreamProtocol {
-        upstream,
-        reason: format!("{what} answered with a {} reply", got.proc_().name()),
-    }
-}
-
 impl CacheLayer {
     /// A cache layer over `inner` keeping its blocks in `store`, asking
     /// `zero_hint` (the metadata layer's table, when there is one above)
@@ -419,9 +410,13 @@ impl CacheLayer {
             }
             Err(e) => tracing::error!("block cache: listing recovered dirty data failed: {e}"),
         }
+        let counters = Arc::new(Counters::default());
         Arc::new_cyclic(|me| CacheLayer {
             me: me.clone(),
-            inner,
+            below: Below {
+                inner,
+                counters: counters.clone(),
+            },
             store: Arc::new(store),
             geo,
             config,
@@ -431,9 +426,9 @@ impl CacheLayer {
             readahead_slots: Arc::new(Semaphore::new(MAX_READAHEAD_TASKS)),
             zero_hint,
             write_back_lock: tokio::sync::Mutex::new(()),
-            write_checks: Mutex::new(HashMap::new()),
+            write_checks: WriteCheck::default(),
             file_locks: FileLocks::default(),
-            counters: Counters::default(),
+            counters,
             closed: AtomicBool::new(false),
         })
     }
@@ -451,32 +446,13 @@ impl CacheLayer {
     /// Counters for `gvfsctl stats` and the metrics endpoint.
     pub fn stats(&self) -> LayerStats {
         let s = self.store.stats();
-        let c = &self.counters;
         LayerStats {
-            reads: get(&c.reads),
-            hits: get(&c.hits),
-            misses: get(&c.misses),
-            hit_bytes: get(&c.hit_bytes),
-            read_bytes: get(&c.read_bytes),
-            fetched_bytes: get(&c.fetched_bytes),
-            readahead_blocks: get(&c.readahead_blocks),
-            readahead_hits: get(&c.readahead_hits),
-            coalesced_misses: get(&c.coalesced_misses),
-            writes: get(&c.writes),
-            write_bytes: get(&c.write_bytes),
-            commits: get(&c.commits),
+            counts: self.counters.snapshot(),
             dirty_bytes: s.dirty_bytes,
             cached_bytes: s.cached_bytes,
             capacity_bytes: s.capacity,
             frames_in_use: s.frames_in_use,
             evictions: s.evictions,
-            eviction_write_backs: get(&c.eviction_write_backs),
-            write_back_bytes: get(&c.write_back_bytes),
-            write_backs: get(&c.write_backs),
-            invalidations: get(&c.invalidations),
-            upstream_calls: get(&c.upstream_calls),
-            upstream_latency_us_total: get(&c.upstream_latency_us),
-            store_errors: get(&c.store_errors),
             corrupt_clean_dropped: s.corrupt_clean_dropped,
             dirty_sub_blocks_lost: s.dirty_sub_blocks_lost,
             banks_lost: s.banks_lost,
@@ -544,7 +520,7 @@ impl CacheLayer {
         if let Err(e) = &r
             && !matches!(e, Error::PartialSubBlockWrite { .. })
         {
-            bump(&self.counters.store_errors, 1);
+            self.counters.store_errors.add(1);
             tracing::warn!("block cache: {e}");
         }
         r
@@ -561,65 +537,21 @@ impl CacheLayer {
 
     // ---- the layer below ----
 
-    async fn up(&self, cx: &CallContext, req: NfsRequest) -> Result<NfsReply, ServiceError> {
-        let t = Instant::now();
-        let r = self.inner.call(cx, req).await;
-        bump(&self.counters.upstream_calls, 1);
-        bump(
-            &self.counters.upstream_latency_us,
-            u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX),
-        );
-        r
-    }
-
-    async fn up_getattr(&self, cx: &CallContext, fh: &[u8]) -> Result<GETATTR3res, ServiceError> {
-        let req = NfsRequest::Getattr(GETATTR3args { object: fh3(fh) });
-        match self.up(cx, req).await? {
-            NfsReply::Getattr(r) => Ok(r),
-            other => Err(mismatch(self.inner.describe(), "GETATTR", &other)),
-        }
-    }
-
-    async fn up_read(
-        &self,
-        cx: &CallContext,
-        fh: &[u8],
-        offset: u64,
-        count: u32,
-    ) -> Result<READ3res<'static>, ServiceError> {
-        let req = NfsRequest::Read(READ3args {
-            file: fh3(fh),
-            offset,
-            count,
-        });
-        match self.up(cx, req).await? {
-            NfsReply::Read(r) => Ok(r),
-            other => Err(mismatch(self.inner.describe(), "READ", &other)),
-        }
-    }
-
     async fn up_lookup(
         &self,
         cx: &CallContext,
         dir: &nfs_fh3,
         name: &filename3<'_>,
     ) -> Result<Option<(Vec<u8>, Option<fattr3>)>, ServiceError> {
-        let req = NfsRequest::Lookup(LOOKUP3args {
-            what: diropargs3 {
-                dir: dir.clone(),
-                name: name.clone_to_owned(),
-            },
-        });
-        match self.up(cx, req).await? {
-            NfsReply::Lookup(Nfs3Result::Ok(ok)) => {
+        match self.below.lookup(cx, dir, name).await? {
+            Nfs3Result::Ok(ok) => {
                 let a = match ok.obj_attributes {
                     Nfs3Option::Some(a) => Some(a),
                     Nfs3Option::None => None,
                 };
                 Ok(Some((ok.object.data.to_vec(), a)))
             }
-            NfsReply::Lookup(Nfs3Result::Err(_)) => Ok(None),
-            other => Err(mismatch(self.inner.describe(), "LOOKUP", &other)),
+            Nfs3Result::Err(_) => Ok(None),
         }
     }
 
@@ -641,7 +573,7 @@ impl CacheLayer {
                 })
                 .await;
             if let Ok(Some(_)) = r {
-                bump(&self.counters.invalidations, 1);
+                self.counters.invalidations.add(1);
                 tracing::debug!(fh = ?fh, "file changed upstream; clean blocks dropped");
             }
         }
@@ -693,7 +625,7 @@ impl CacheLayer {
         if let Some(a) = self.effective(fh) {
             return Ok(Ok(a));
         }
-        match self.up_getattr(cx, fh).await? {
+        match self.below.getattr(cx, fh).await? {
             Nfs3Result::Ok(ok) => {
                 self.note(fh, &ok.obj_attributes, Seen::Foreign).await;
                 // Only regular files are remembered; others answer as is.
@@ -719,7 +651,7 @@ impl CacheLayer {
         }
         let upstream_size = match known {
             Some(a) => a.size,
-            None => match self.up_getattr(cx, fh).await? {
+            None => match self.below.getattr(cx, fh).await? {
                 Nfs3Result::Ok(ok) => {
                     self.note(fh, &ok.obj_attributes, Seen::Foreign).await;
                     ok.obj_attributes.size
@@ -801,28 +733,23 @@ fn recovered_end(dd: &DirtyData, block_size: u64) -> u64 {
     dd.block * block_size + end
 }
 
-impl NfsService for CacheLayer {
-    fn call<'a>(
-        &'a self,
-        cx: &'a CallContext,
-        req: NfsRequest,
-    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
-        Box::pin(self.dispatch(cx, req))
+impl Layer for CacheLayer {
+    fn below(&self) -> &dyn NfsService {
+        &self.below
     }
 
-    fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
-        self.inner.root(cx)
-    }
-
-    fn describe(&self) -> String {
+    fn what(&self) -> String {
         format!(
-            "block cache ({}, {} MiB in {} banks, {}-way, {} KiB blocks) over {}",
+            "block cache ({}, {} MiB in {} banks, {}-way, {} KiB blocks)",
             self.config.policy,
             self.geo.capacity() >> 20,
             self.geo.banks(),
             self.geo.ways(),
             self.geo.block_size() >> 10,
-            self.inner.describe()
         )
+    }
+
+    async fn handle(&self, cx: &CallContext, req: NfsRequest) -> Result<NfsReply, ServiceError> {
+        self.dispatch(cx, req).await
     }
 }

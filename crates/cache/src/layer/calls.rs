@@ -11,10 +11,10 @@ impl CacheLayer {
         cx: &CallContext,
         args: COMMIT3args,
     ) -> Result<NfsReply, ServiceError> {
-        bump(&self.counters.commits, 1);
+        self.counters.commits.add(1);
         if self.config.policy == WritePolicy::WriteThrough {
             let fh = args.file.data.to_vec();
-            let reply = self.up(cx, NfsRequest::Commit(args)).await?;
+            let reply = self.below.call(cx, NfsRequest::Commit(args)).await?;
             if let NfsReply::Commit(Nfs3Result::Ok(ok)) = &reply {
                 self.note_wcc(&fh, &ok.file_wcc).await;
             }
@@ -52,7 +52,7 @@ impl CacheLayer {
             Nfs3Option::None => None,
         };
         let Some(size) = new_size else {
-            let mut reply = self.up(cx, NfsRequest::Setattr(args)).await?;
+            let mut reply = self.below.call(cx, NfsRequest::Setattr(args)).await?;
             self.note_setattr(&fh, &mut reply).await;
             return Ok(reply);
         };
@@ -60,7 +60,7 @@ impl CacheLayer {
         let _wb = self.write_back_lock.lock().await;
         let _file = self.file_locks.lock(&fh).await;
         self.ensure_recovered(cx, &fh).await?;
-        let mut reply = self.up(cx, NfsRequest::Setattr(args)).await?;
+        let mut reply = self.below.call(cx, NfsRequest::Setattr(args)).await?;
         if reply.status() == nfsstat3::NFS3_OK {
             // Only now: dirty data past the size is the client's, kept
             // (and written back) if upstream refuses the truncation.
@@ -135,7 +135,7 @@ impl CacheLayer {
         let target = self
             .doomed_target(cx, &args.object.dir, &args.object.name)
             .await?;
-        let reply = self.up(cx, NfsRequest::Remove(args)).await?;
+        let reply = self.below.call(cx, NfsRequest::Remove(args)).await?;
         if reply.status() == nfsstat3::NFS3_OK
             && let Some((fh, attrs)) = target
             && attrs.is_none_or(|a| a.nlink <= 1 && a.type_ == ftype3::NF3REG)
@@ -155,7 +155,7 @@ impl CacheLayer {
             Some(_) => self.up_lookup(cx, &args.from.dir, &args.from.name).await?,
             None => None,
         };
-        let reply = self.up(cx, NfsRequest::Rename(args)).await?;
+        let reply = self.below.call(cx, NfsRequest::Rename(args)).await?;
         if reply.status() == nfsstat3::NFS3_OK
             && let Some((fh, attrs)) = target
             && source.is_none_or(|(s, _)| s != fh)
@@ -171,7 +171,7 @@ impl CacheLayer {
         cx: &CallContext,
         req: NfsRequest,
     ) -> Result<NfsReply, ServiceError> {
-        let mut reply = self.up(cx, req).await?;
+        let mut reply = self.below.call(cx, req).await?;
         match &mut reply {
             NfsReply::Lookup(Nfs3Result::Ok(ok)) => {
                 let fh = ok.object.data.to_vec();
@@ -201,7 +201,7 @@ impl CacheLayer {
         args: GETATTR3args,
     ) -> Result<NfsReply, ServiceError> {
         let fh = args.object.data.to_vec();
-        let mut reply = self.up(cx, NfsRequest::Getattr(args)).await?;
+        let mut reply = self.below.call(cx, NfsRequest::Getattr(args)).await?;
         if let NfsReply::Getattr(Nfs3Result::Ok(ok)) = &mut reply {
             self.note(&fh, &ok.obj_attributes, Seen::Foreign).await;
             self.ensure_recovered(cx, &fh).await?;
@@ -220,7 +220,7 @@ impl CacheLayer {
         args: ACCESS3args,
     ) -> Result<NfsReply, ServiceError> {
         let fh = args.object.data.to_vec();
-        let mut reply = self.up(cx, NfsRequest::Access(args)).await?;
+        let mut reply = self.below.call(cx, NfsRequest::Access(args)).await?;
         if let NfsReply::Access(Nfs3Result::Ok(ok)) = &mut reply {
             self.note_post_op(&fh, &ok.obj_attributes, Seen::Foreign)
                 .await;
@@ -242,7 +242,7 @@ impl CacheLayer {
             },
             _ => None,
         };
-        let mut reply = self.up(cx, NfsRequest::Create(args)).await?;
+        let mut reply = self.below.call(cx, NfsRequest::Create(args)).await?;
         if let NfsReply::Create(Nfs3Result::Ok(ok)) = &mut reply
             && let Nfs3Option::Some(h) = &ok.obj
         {

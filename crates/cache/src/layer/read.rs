@@ -9,14 +9,14 @@ impl CacheLayer {
         cx: &CallContext,
         args: READ3args,
     ) -> Result<NfsReply, ServiceError> {
-        bump(&self.counters.reads, 1);
+        self.counters.reads.add(1);
         let fh = args.file.data.to_vec();
         let attrs = match self.file_attrs(cx, &fh).await? {
             Ok(a) => a,
             Err(st) => return Ok(NfsReply::error(gvfs_nfs::NfsProc::Read, st)),
         };
         if attrs.type_ != ftype3::NF3REG {
-            return self.up(cx, NfsRequest::Read(args)).await;
+            return self.below.call(cx, NfsRequest::Read(args)).await;
         }
         let dirty_file = self.files().get(&fh).is_some_and(|s| s.overlay.is_some());
         match self
@@ -26,7 +26,7 @@ impl CacheLayer {
             Ok(reply) => Ok(reply),
             Err(e @ ServiceError::Local(_)) if !dirty_file => {
                 tracing::warn!("block cache read failed ({e}); forwarding the READ");
-                self.up(cx, NfsRequest::Read(args)).await
+                self.below.call(cx, NfsRequest::Read(args)).await
             }
             Err(e) => Err(e),
         }
@@ -146,15 +146,15 @@ impl CacheLayer {
         data.truncate(keep);
         let eof = offset + data.len() as u64 >= attrs.size;
         let n = data.len() as u64;
-        bump(&self.counters.read_bytes, n);
+        self.counters.read_bytes.add(n);
         if hit {
-            bump(&self.counters.hits, 1);
-            bump(&self.counters.hit_bytes, n);
+            self.counters.hits.add(1);
+            self.counters.hit_bytes.add(n);
         } else {
-            bump(&self.counters.misses, 1);
+            self.counters.misses.add(1);
         }
         if readahead_hit {
-            bump(&self.counters.readahead_hits, 1);
+            self.counters.readahead_hits.add(1);
         }
         self.maybe_read_ahead(cx, fh, offset, offset + n, attrs.size);
         Ok(read_reply(Some(attrs), data, eof))
@@ -204,7 +204,7 @@ impl CacheLayer {
         };
         match role {
             Err(mut rx) => {
-                bump(&self.counters.coalesced_misses, 1);
+                self.counters.coalesced_misses.add(1);
                 if let Ok(v) = rx.wait_for(|v| v.is_some()).await
                     && let Some(r) = v.as_ref()
                 {
@@ -269,7 +269,8 @@ impl CacheLayer {
         while !eof && (data.len() as u64) < bs {
             let want = (bs - data.len() as u64) as u32;
             match self
-                .up_read(&cx, fh, start + data.len() as u64, want)
+                .below
+                .read(&cx, fh, start + data.len() as u64, want)
                 .await?
             {
                 Nfs3Result::Ok(ok) => {
@@ -289,7 +290,7 @@ impl CacheLayer {
                 }
             }
         }
-        bump(&self.counters.fetched_bytes, data.len() as u64);
+        self.counters.fetched_bytes.add(data.len() as u64);
         // Past the end of the file a block reads as zeros: cache the whole
         // block so the tail sub-block and later extending writes fit.
         let mut fill = data.clone();
@@ -413,7 +414,7 @@ impl CacheLayer {
         for b in wanted.into_iter().filter(|&b| !known_zero(b)) {
             let (me, cred, fh) = (self.clone(), cred.clone(), fh.clone());
             set.spawn(async move { me.fetch_block(cred, fh, b, true).await });
-            bump(&self.counters.readahead_blocks, 1);
+            self.counters.readahead_blocks.add(1);
         }
         while set.join_next().await.is_some() {}
     }

@@ -201,10 +201,10 @@ async fn read_miss_fills_then_hits() {
     assert_eq!(d, content[8000..]);
     assert_eq!(s.fake.calls(NfsProc::Read), 3);
     let st = s.layer.stats();
-    assert_eq!((st.hits, st.misses), (2, 3));
-    assert_eq!(st.hit_bytes, 5000 + 12_000);
-    assert_eq!(st.fetched_bytes, 2 * 8192 + (20_000 - 16_384));
-    assert!(st.upstream_calls >= 3);
+    assert_eq!((st.counts.hits, st.counts.misses), (2, 3));
+    assert_eq!(st.counts.hit_bytes, 5000 + 12_000);
+    assert_eq!(st.counts.fetched_bytes, 2 * 8192 + (20_000 - 16_384));
+    assert!(st.counts.upstream_calls >= 3);
     assert!(st.cached_bytes > 0 && st.capacity_bytes == s.geo.capacity());
 }
 
@@ -228,7 +228,7 @@ async fn concurrent_misses_are_coalesced() {
     }
     assert_eq!(n, 8);
     assert_eq!(s.fake.calls(NfsProc::Read), 1);
-    assert_eq!(s.layer.stats().coalesced_misses, 7);
+    assert_eq!(s.layer.stats().counts.coalesced_misses, 7);
 }
 
 #[tokio::test]
@@ -253,8 +253,8 @@ async fn sequential_reads_trigger_read_ahead() {
     // From the fourth block on the run is as long as the window (4).
     assert_eq!(s.fake.calls(NfsProc::Read), 10, "up to block 10");
     let st = s.layer.stats();
-    assert_eq!(st.readahead_hits, 5);
-    assert_eq!(st.readahead_blocks, 9);
+    assert_eq!(st.counts.readahead_hits, 5);
+    assert_eq!(st.counts.readahead_blocks, 9);
     // Read-ahead kept going, clipped at the end of the file.
     for b in 6..10u64 {
         read(&s.layer, &fh, b * BS as u64, BS as u32).await;
@@ -280,7 +280,7 @@ async fn two_small_reads_that_touch_read_ahead_one_block_not_the_window() {
     read(&s.layer, &fh, 3 * BS as u64, 100).await;
     read(&s.layer, &fh, 3 * BS as u64 + 100, 100).await;
     idle(&s.layer).await;
-    assert_eq!(s.layer.stats().readahead_blocks, 1, "block 4 only");
+    assert_eq!(s.layer.stats().counts.readahead_blocks, 1, "block 4 only");
     assert_eq!(s.fake.calls(NfsProc::Read), 2);
 }
 
@@ -339,7 +339,7 @@ async fn write_back_policy_caches_writes_until_write_back() {
     assert_eq!(s.layer.dirty_bytes(), 0);
     assert_eq!(getattr(&s.layer, &fh).await.size, 20_000);
     assert_eq!(write_back(&s.layer).await, WriteBackReport::default());
-    assert_eq!(s.layer.stats().write_back_bytes, 20_000);
+    assert_eq!(s.layer.stats().counts.write_back_bytes, 20_000);
 }
 
 #[tokio::test]
@@ -435,7 +435,7 @@ async fn eviction_writes_dirty_victims_back() {
         write(&s.layer, &fh, (i * BS) as u64, chunk, stable_how::UNSTABLE).await;
     }
     let st = s.layer.stats();
-    assert!(st.eviction_write_backs >= 3, "{st:?}");
+    assert!(st.counts.eviction_write_backs >= 3, "{st:?}");
     assert!(s.fake.calls(NfsProc::Write) >= 3);
     let (d, _, a) = read(&s.layer, &fh, 0, (5 * BS) as u32).await;
     assert_eq!(a.size, data.len() as u64);
@@ -641,7 +641,7 @@ async fn upstream_change_drops_clean_blocks() {
     let (d, _, _) = read(&s.layer, &fh, 0, BS as u32).await;
     assert_eq!(d, new);
     assert_eq!(s.fake.calls(NfsProc::Read), 2);
-    assert_eq!(s.layer.stats().invalidations, 1);
+    assert_eq!(s.layer.stats().counts.invalidations, 1);
 }
 
 #[tokio::test]
@@ -656,7 +656,7 @@ async fn own_writes_do_not_invalidate() {
     let (d, _, _) = read(&s.layer, &fh, 0, 1024).await;
     assert_eq!(d, pattern(1024, 14));
     assert_eq!(s.fake.calls(NfsProc::Read), 2, "one per block, then hits");
-    assert_eq!(s.layer.stats().invalidations, 0);
+    assert_eq!(s.layer.stats().counts.invalidations, 0);
 }
 
 #[tokio::test]

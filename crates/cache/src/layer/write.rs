@@ -10,57 +10,13 @@ impl CacheLayer {
         cx: &CallContext,
         args: WRITE3args<'static>,
     ) -> Result<NfsReply, ServiceError> {
-        bump(&self.counters.writes, 1);
+        self.counters.writes.add(1);
         let n = (args.count as usize).min(args.data.len());
-        bump(&self.counters.write_bytes, n as u64);
+        self.counters.write_bytes.add(n as u64);
         match self.config.policy {
             WritePolicy::WriteBack => self.write_cached(cx, args).await,
             WritePolicy::WriteThrough => self.write_through(cx, args).await,
         }
-    }
-
-    /// Whether upstream lets this caller write `fh` (and make it longer,
-    /// if `extends`), for a caller the file's mode does not let write (an
-    /// ACL may): ACCESS with the caller's credentials, remembered for
-    /// [`WRITE_CHECK_TTL`].
-    pub(super) async fn may_write(
-        &self,
-        cx: &CallContext,
-        fh: &[u8],
-        extends: bool,
-    ) -> Result<Result<(), nfsstat3>, ServiceError> {
-        let want = ACCESS3_MODIFY | if extends { ACCESS3_EXTEND } else { 0 };
-        let key = (fh.to_vec(), cx.cred.key());
-        let known = lock(&self.write_checks)
-            .get(&key)
-            .filter(|(at, _)| at.elapsed() < WRITE_CHECK_TTL)
-            .map(|(_, granted)| *granted);
-        let granted = match known {
-            Some(g) => g,
-            None => {
-                let req = NfsRequest::Access(ACCESS3args {
-                    object: nfs_fh3 {
-                        data: Opaque::owned(fh.to_vec()),
-                    },
-                    access: ACCESS3_MODIFY | ACCESS3_EXTEND,
-                });
-                let granted = match self.up(cx, req).await? {
-                    NfsReply::Access(Nfs3Result::Ok(ok)) => ok.access,
-                    other => return Ok(Err(other.status())),
-                };
-                let mut checks = lock(&self.write_checks);
-                if checks.len() >= MAX_WRITE_CHECKS {
-                    checks.clear();
-                }
-                checks.insert(key, (Instant::now(), granted));
-                granted
-            }
-        };
-        Ok(if granted & want == want {
-            Ok(())
-        } else {
-            Err(nfsstat3::NFS3ERR_ACCES)
-        })
     }
 
     pub(super) async fn write_cached(
@@ -74,7 +30,7 @@ impl CacheLayer {
             Err(st) => return Ok(NfsReply::error(gvfs_nfs::NfsProc::Write, st)),
         };
         if attrs.type_ != ftype3::NF3REG {
-            return self.up(cx, NfsRequest::Write(args)).await;
+            return self.below.call(cx, NfsRequest::Write(args)).await;
         }
         let n = (args.count as usize).min(args.data.len());
         let data = &args.data[..n];
@@ -88,9 +44,14 @@ impl CacheLayer {
             .get(&fh)
             .and_then(|s| s.overlay)
             .map_or(attrs.size, |o| o.size);
-        if !cx.cred.may_write_by_mode(attrs.uid, attrs.gid, attrs.mode)
-            && let Err(st) = self.may_write(cx, &fh, end > current).await?
-        {
+        let target = WriteTarget {
+            fh: &fh,
+            uid: attrs.uid,
+            gid: attrs.gid,
+            mode: attrs.mode,
+            extends: end > current,
+        };
+        if let Err(st) = self.write_checks.may_write(&self.below, cx, target).await? {
             return Ok(NfsReply::error(gvfs_nfs::NfsProc::Write, st));
         }
         // The size grows before the data lands, so a concurrent write-back
@@ -252,18 +213,17 @@ impl CacheLayer {
         let n = (args.count as usize).min(args.data.len());
         let data = args.data[..n].to_vec();
         let offset = args.offset;
-        let reply = self.up(cx, NfsRequest::Write(args)).await?;
-        let NfsReply::Write(res) = &reply else {
-            return Err(mismatch(self.inner.describe(), "WRITE", &reply));
-        };
-        let Nfs3Result::Ok(ok) = res else {
-            if let Nfs3Result::Err((_, fail)) = res {
-                self.note_wcc(&fh, &fail.file_wcc).await;
+        let res = self.below.write(cx, args).await?;
+        let written = match &res {
+            Nfs3Result::Ok(ok) => {
+                self.note_wcc(&fh, &ok.file_wcc).await;
+                (ok.count as usize).min(n)
             }
-            return Ok(reply);
+            Nfs3Result::Err((_, fail)) => {
+                self.note_wcc(&fh, &fail.file_wcc).await;
+                return Ok(NfsReply::Write(res));
+            }
         };
-        self.note_wcc(&fh, &ok.file_wcc).await;
-        let written = (ok.count as usize).min(n);
         let bs = self.block_size();
         let key = fh.clone();
         let r = self
@@ -291,6 +251,6 @@ impl CacheLayer {
             let key = fh.clone();
             self.store_op(move |s| s.invalidate(&key, false)).await?;
         }
-        Ok(reply)
+        Ok(NfsReply::Write(res))
     }
 }

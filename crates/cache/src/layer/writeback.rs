@@ -16,13 +16,14 @@
 //! store, and the size is read after the dirty data is taken, so a
 //! concurrent WRITE never has its data clipped and then marked clean.
 
+use gvfs_nfs::layer::{Calls, lock};
 use gvfs_nfs::proc::MAX_DATA;
-use gvfs_nfs::{CallContext, Credentials, NfsReply, NfsRequest, ServiceError};
+use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 
 use super::attrs::Seen;
-use super::{CacheLayer, bump, fh3, mismatch};
+use super::{CacheLayer, fh3};
 use crate::store::DirtyData;
 
 /// How often one file's data is resent because upstream's verifier changed
@@ -114,7 +115,7 @@ impl CacheLayer {
         // Make the clean marks durable: a crash now need not resend.
         self.store_op(|s| s.sync()).await?;
         progress(total, total);
-        bump(&self.counters.write_backs, 1);
+        self.counters.write_backs.add(1);
         tracing::info!(?report, "write-back done");
         Ok(report)
     }
@@ -137,7 +138,7 @@ impl CacheLayer {
             let mut files = self.files();
             files.bump_all_generations();
         }
-        super::lock(&self.prefetched).clear();
+        lock(&self.prefetched).clear();
         self.store_op(|s| s.drop_clean()).await?;
         Ok(report)
     }
@@ -170,7 +171,7 @@ impl CacheLayer {
         if let Some(a) = self.effective(fh) {
             return Ok(Some(a.size));
         }
-        match self.up_getattr(cx, fh).await? {
+        match self.below.getattr(cx, fh).await? {
             Nfs3Result::Ok(ok) => {
                 self.note(fh, &ok.obj_attributes, Seen::Foreign).await;
                 Ok(Some(ok.obj_attributes.size))
@@ -235,7 +236,7 @@ impl CacheLayer {
                 }
             };
             report.bytes += bytes;
-            bump(&self.counters.write_back_bytes, bytes);
+            self.counters.write_back_bytes.add(bytes);
             if !verfs.is_empty() {
                 match self.up_commit(&cx, fh).await? {
                     Ok(v) if verfs.iter().all(|w| *w == v) => {}
@@ -314,7 +315,7 @@ impl CacheLayer {
                     )));
                 }
             }
-            bump(&self.counters.write_back_bytes, buf.len() as u64);
+            self.counters.write_back_bytes.add(buf.len() as u64);
         }
         if !verfs.is_empty() {
             match self.up_commit(&cx, fh).await? {
@@ -334,7 +335,7 @@ impl CacheLayer {
         }
         self.files().bump_generation(fh);
         self.store_op(move |s| s.mark_clean(&dd)).await?;
-        bump(&self.counters.eviction_write_backs, 1);
+        self.counters.eviction_write_backs.add(1);
         Ok(())
     }
 
@@ -393,19 +394,19 @@ impl CacheLayer {
         };
         let mut pos = 0usize;
         while pos < data.len() {
-            let req = NfsRequest::Write(WRITE3args {
+            let args = WRITE3args {
                 file: fh3(fh),
                 offset: offset + pos as u64,
                 count: (data.len() - pos) as u32,
                 stable,
                 data: Opaque::owned(data[pos..].to_vec()),
-            });
-            match self.up(cx, req).await? {
-                NfsReply::Write(Nfs3Result::Ok(ok)) => {
+            };
+            match self.below.write(cx, args).await? {
+                Nfs3Result::Ok(ok) => {
                     self.note_wcc(fh, &ok.file_wcc).await;
                     if ok.count == 0 {
                         return Err(ServiceError::UpstreamProtocol {
-                            upstream: self.inner.describe(),
+                            upstream: self.below.describe(),
                             reason: "WRITE accepted no bytes".into(),
                         });
                     }
@@ -414,11 +415,10 @@ impl CacheLayer {
                     }
                     pos += (ok.count as usize).min(data.len() - pos);
                 }
-                NfsReply::Write(Nfs3Result::Err((st, fail))) => {
+                Nfs3Result::Err((st, fail)) => {
                     self.note_wcc(fh, &fail.file_wcc).await;
                     return Ok(Err(st));
                 }
-                other => return Err(mismatch(self.inner.describe(), "WRITE", &other)),
             }
         }
         Ok(Ok(sent))
@@ -429,18 +429,12 @@ impl CacheLayer {
         cx: &CallContext,
         fh: &[u8],
     ) -> Result<Result<writeverf3, nfsstat3>, ServiceError> {
-        let req = NfsRequest::Commit(COMMIT3args {
-            file: fh3(fh),
-            offset: 0,
-            count: 0,
-        });
-        match self.up(cx, req).await? {
-            NfsReply::Commit(Nfs3Result::Ok(ok)) => {
+        match self.below.commit(cx, fh).await? {
+            Nfs3Result::Ok(ok) => {
                 self.note_wcc(fh, &ok.file_wcc).await;
                 Ok(Ok(ok.verf))
             }
-            NfsReply::Commit(Nfs3Result::Err((st, _))) => Ok(Err(st)),
-            other => Err(mismatch(self.inner.describe(), "COMMIT", &other)),
+            Nfs3Result::Err((st, _)) => Ok(Err(st)),
         }
     }
 }
