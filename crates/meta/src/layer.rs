@@ -24,13 +24,14 @@
 //! the origin) drops its metadata.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use gvfs_nfs::layer::{Calls, Layer, WriteCheck, WriteTarget, lock};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::xdr::zeros;
-use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
+use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
 use crate::MetaIndex;
 use crate::ext::ChunkSource;
@@ -141,7 +142,7 @@ impl MetaFiles {
     }
 
     fn lock(&self) -> MutexGuard<'_, Files> {
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.files)
     }
 }
 
@@ -158,46 +159,30 @@ impl std::ops::DerefMut for Files {
     }
 }
 
-/// Counters, for `gvfsctl stats` and the metrics endpoint.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct MetaStats {
-    /// READs answered entirely here (all zero blocks).
-    pub zero_reads: u64,
-    /// Bytes of zeros answered here instead of read from below.
-    pub zero_bytes: u64,
-    /// READs sent below for the data runs of split READs.
-    pub data_reads: u64,
-    /// Metadata files found, valid, and used.
-    pub meta_found: u64,
-    /// Files looked up with no metadata file beside them.
-    pub meta_absent: u64,
-    /// Metadata files ignored: corrupt, truncated, other version, stale,
-    /// or not trusted.
-    pub meta_rejected: u64,
-    /// Of those, the ones not trusted: writable by someone who may not
-    /// write the file they describe (see the README's rule).
-    pub meta_untrusted: u64,
-    /// READs of compress-and-copy files served from the file cache.
-    pub copy_reads: u64,
-    /// WRITEs into files held whole in the file cache.
-    pub copy_writes: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    zero_reads: AtomicU64,
-    zero_bytes: AtomicU64,
-    data_reads: AtomicU64,
-    meta_found: AtomicU64,
-    meta_absent: AtomicU64,
-    meta_rejected: AtomicU64,
-    meta_untrusted: AtomicU64,
-    copy_reads: AtomicU64,
-    copy_writes: AtomicU64,
-}
-
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
+gvfs_nfs::counters! {
+    /// Counters, for `gvfsctl stats` and the metrics endpoint.
+    pub struct Counters => MetaStats {
+        /// READs answered entirely here (all zero blocks).
+        zero_reads,
+        /// Bytes of zeros answered here instead of read from below.
+        zero_bytes,
+        /// READs sent below for the data runs of split READs.
+        data_reads,
+        /// Metadata files found, valid, and used.
+        meta_found,
+        /// Files looked up with no metadata file beside them.
+        meta_absent,
+        /// Metadata files ignored: corrupt, truncated, other version, stale,
+        /// or not trusted.
+        meta_rejected,
+        /// Of those, the ones not trusted: writable by someone who may not
+        /// write the file they describe (see the README's rule).
+        meta_untrusted,
+        /// READs of compress-and-copy files served from the file cache.
+        copy_reads,
+        /// WRITEs into files held whole in the file cache.
+        copy_writes,
+    }
 }
 
 fn mtime_of(a: &fattr3) -> (u64, u32) {
@@ -230,6 +215,8 @@ pub struct MetaLayer {
     early: AtomicUsize,
     copy: Option<CopyPath>,
     counters: Counters,
+    /// Whether callers may write the files held whole here.
+    write_checks: WriteCheck,
     /// Warnings about ignored metadata files: a few a minute at most.
     warnings: WarnLimit,
 }
@@ -261,25 +248,14 @@ impl MetaLayer {
             early: AtomicUsize::new(0),
             copy,
             counters: Counters::default(),
+            write_checks: WriteCheck::default(),
             warnings: WarnLimit::new(10, std::time::Duration::from_secs(60)),
         })
     }
 
     /// The counters.
     pub fn stats(&self) -> MetaStats {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let c = &self.counters;
-        MetaStats {
-            zero_reads: g(&c.zero_reads),
-            zero_bytes: g(&c.zero_bytes),
-            data_reads: g(&c.data_reads),
-            meta_found: g(&c.meta_found),
-            meta_absent: g(&c.meta_absent),
-            meta_rejected: g(&c.meta_rejected),
-            meta_untrusted: g(&c.meta_untrusted),
-            copy_reads: g(&c.copy_reads),
-            copy_writes: g(&c.copy_writes),
-        }
+        self.counters.snapshot()
     }
 
     fn files(&self) -> MutexGuard<'_, Files> {
@@ -460,13 +436,8 @@ impl MetaLayer {
     }
 
     async fn getattr(&self, cx: &CallContext, fh: &[u8]) -> Option<fattr3> {
-        let req = NfsRequest::Getattr(GETATTR3args {
-            object: nfs_fh3 {
-                data: Opaque::owned(fh.to_vec()),
-            },
-        });
-        match self.inner.call(cx, req).await {
-            Ok(NfsReply::Getattr(Nfs3Result::Ok(ok))) => Some(ok.obj_attributes),
+        match self.inner.getattr(cx, fh).await {
+            Ok(Nfs3Result::Ok(ok)) => Some(ok.obj_attributes),
             _ => None,
         }
     }
@@ -501,7 +472,7 @@ impl MetaLayer {
                 (ok.object.data.to_vec(), attrs)
             }
             Ok(_) => {
-                bump(&self.counters.meta_absent, 1);
+                self.counters.meta_absent.add(1);
                 return Known::Nothing;
             }
             Err(e) => {
@@ -511,7 +482,7 @@ impl MetaLayer {
             }
         };
         let reject = |why: String| {
-            bump(&self.counters.meta_rejected, 1);
+            self.counters.meta_rejected.add(1);
             if let Some(held) = self.warnings.allow(std::time::Instant::now()) {
                 let held = if held > 0 {
                     format!(" ({held} more such warnings held back)")
@@ -532,7 +503,7 @@ impl MetaLayer {
             },
         };
         if let Err(why) = trust::check(&(&mattrs).into(), &attrs.into()) {
-            bump(&self.counters.meta_untrusted, 1);
+            self.counters.meta_untrusted.add(1);
             return reject(format!("not trusted: {why}"));
         }
         if mattrs.size > MAX_META_LEN as u64 {
@@ -580,7 +551,7 @@ impl MetaLayer {
                 ctime_of(attrs)
             ));
         }
-        bump(&self.counters.meta_found, 1);
+        self.counters.meta_found.add(1);
         tracing::info!(
             file = %name,
             zero_blocks = meta.zero.zero_blocks(),
@@ -630,8 +601,8 @@ impl MetaLayer {
         let runs = merge_short_gaps(runs);
         if runs.iter().all(|r| r.2) {
             // Nothing to read upstream: the reply lends static zeros.
-            bump(&self.counters.zero_bytes, end - args.offset);
-            bump(&self.counters.zero_reads, 1);
+            self.counters.zero_bytes.add(end - args.offset);
+            self.counters.zero_reads.add(1);
             return Ok(NfsReply::Read(Nfs3Result::Ok(READ3resok {
                 file_attributes: Nfs3Option::Some(attrs),
                 count: (end - args.offset) as u32,
@@ -660,7 +631,7 @@ impl MetaLayer {
                     attrs,
                     reads,
                 } => {
-                    bump(&self.counters.data_reads, reads);
+                    self.counters.data_reads.add(reads);
                     self.note_post_op(&fh, &attrs);
                     let off = (lo - args.offset) as usize;
                     data[off..off + bytes.len()].copy_from_slice(&bytes);
@@ -674,7 +645,7 @@ impl MetaLayer {
         if self.meta_for(cx, &fh).await.is_none() {
             return self.forward(cx, NfsRequest::Read(args)).await;
         }
-        bump(&self.counters.zero_bytes, zero_bytes);
+        self.counters.zero_bytes.add(zero_bytes);
         let n = data.len() as u32;
         Ok(NfsReply::Read(Nfs3Result::Ok(READ3resok {
             file_attributes: last_attrs,
@@ -870,13 +841,17 @@ fn key(kind: u8, fh: &[u8]) -> Vec<u8> {
     k
 }
 
-impl NfsService for MetaLayer {
-    fn call<'a>(
-        &'a self,
-        cx: &'a CallContext,
-        req: NfsRequest,
-    ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
-        Box::pin(async move {
+impl Layer for MetaLayer {
+    fn below(&self) -> &dyn NfsService {
+        &*self.inner
+    }
+
+    fn what(&self) -> String {
+        "metadata actions".into()
+    }
+
+    async fn handle(&self, cx: &CallContext, req: NfsRequest) -> Result<NfsReply, ServiceError> {
+        {
             match req {
                 NfsRequest::Read(args) => self.read(cx, args).await,
                 NfsRequest::Write(args) => match self.held_whole(&args.file.data) {
@@ -911,15 +886,7 @@ impl NfsService for MetaLayer {
                     Ok(reply)
                 }
             }
-        })
-    }
-
-    fn root<'a>(&'a self, cx: &'a CallContext) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
-        self.inner.root(cx)
-    }
-
-    fn describe(&self) -> String {
-        format!("metadata actions over {}", self.inner.describe())
+        }
     }
 }
 

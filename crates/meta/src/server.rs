@@ -19,10 +19,10 @@
 //! the blocking pool.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gvfs_nfs::layer::{Calls, lock};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::rpc::ReplyStatus;
@@ -44,51 +44,30 @@ const MAX_CHECKED: usize = 4096;
 /// When each (file, caller) last passed a read check.
 type ReadChecks = HashMap<(Vec<u8>, Vec<u32>), Instant>;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Counters, for `gvfsctl stats` and the metrics endpoint.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct ExtStats {
-    /// FETCH and FETCH_REPEATS calls answered.
-    pub fetch_calls: u64,
-    /// File bytes those answers held.
-    pub raw_bytes: u64,
-    /// Bytes sent for them (after compression).
-    pub wire_bytes: u64,
-    /// Answered from the file cache.
-    pub from_file_cache: u64,
-    /// Forwarded to the upstream's extension.
-    pub forwarded: u64,
-    /// Read through the layers below and compressed here.
-    pub compressed_here: u64,
-    /// STORE calls answered (chunks written back by client proxies).
-    pub store_calls: u64,
-    /// Bytes received for them (compressed).
-    pub stored_wire_bytes: u64,
-    /// File bytes they held.
-    pub stored_raw_bytes: u64,
-    /// FETCH and STORE calls that failed.
-    pub errors: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    fetch_calls: AtomicU64,
-    raw_bytes: AtomicU64,
-    wire_bytes: AtomicU64,
-    from_file_cache: AtomicU64,
-    forwarded: AtomicU64,
-    compressed_here: AtomicU64,
-    store_calls: AtomicU64,
-    stored_wire_bytes: AtomicU64,
-    stored_raw_bytes: AtomicU64,
-    errors: AtomicU64,
-}
-
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
+gvfs_nfs::counters! {
+    /// Counters, for `gvfsctl stats` and the metrics endpoint.
+    pub struct Counters => ExtStats {
+        /// FETCH and FETCH_REPEATS calls answered.
+        fetch_calls,
+        /// File bytes those answers held.
+        raw_bytes,
+        /// Bytes sent for them (after compression).
+        wire_bytes,
+        /// Answered from the file cache.
+        from_file_cache,
+        /// Forwarded to the upstream's extension.
+        forwarded,
+        /// Read through the layers below and compressed here.
+        compressed_here,
+        /// STORE calls answered (chunks written back by client proxies).
+        store_calls,
+        /// Bytes received for them (compressed).
+        stored_wire_bytes,
+        /// File bytes they held.
+        stored_raw_bytes,
+        /// FETCH and STORE calls that failed.
+        errors,
+    }
 }
 
 /// The extension program's server side.
@@ -142,20 +121,7 @@ impl ExtServer {
 
     /// The counters.
     pub fn stats(&self) -> ExtStats {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let c = &self.counters;
-        ExtStats {
-            fetch_calls: g(&c.fetch_calls),
-            raw_bytes: g(&c.raw_bytes),
-            wire_bytes: g(&c.wire_bytes),
-            from_file_cache: g(&c.from_file_cache),
-            forwarded: g(&c.forwarded),
-            compressed_here: g(&c.compressed_here),
-            store_calls: g(&c.store_calls),
-            stored_wire_bytes: g(&c.stored_wire_bytes),
-            stored_raw_bytes: g(&c.stored_raw_bytes),
-            errors: g(&c.errors),
-        }
+        self.counters.snapshot()
     }
 
     /// Runs one call of the program and returns its XDR results.
@@ -181,11 +147,11 @@ impl ExtServer {
             let Ok(store) = decoded else {
                 return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
             };
-            bump(&self.counters.store_calls, 1);
-            bump(&self.counters.stored_wire_bytes, store.data.len() as u64);
+            self.counters.store_calls.add(1);
+            self.counters.stored_wire_bytes.add(store.data.len() as u64);
             let res = self.store(cx, store).await;
             if res.is_err() {
-                bump(&self.counters.errors, 1);
+                self.counters.errors.add(1);
             }
             let mut out = Vec::new();
             encode_store_res(&mut out, &res);
@@ -195,21 +161,21 @@ impl ExtServer {
             return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
         };
         let repeats = proc_ == ext::PROC_FETCH_REPEATS;
-        bump(&self.counters.fetch_calls, 1);
+        self.counters.fetch_calls.add(1);
         let upstream_speaks = match &self.upstream {
             Some(u) => u.supported().await,
             None => false,
         };
         let res = match (&self.files, &self.upstream) {
             (Some(files), Some(up)) if upstream_speaks => {
-                bump(&self.counters.from_file_cache, 1);
+                self.counters.from_file_cache.add(1);
                 self.via_file_cache(cx, files, up.clone(), &fetch, repeats)
                     .await
             }
             (None, Some(up)) if upstream_speaks && repeats => {
                 // Asked of the upstream with FETCH_REPEATS, or FETCH if it
                 // does not know it; answered as it came.
-                bump(&self.counters.forwarded, 1);
+                self.counters.forwarded.add(1);
                 up.fetch(&cx.cred, &fetch).await.map_err(|e| {
                     tracing::warn!(error = %e, "forwarding FETCH_REPEATS failed");
                     match e {
@@ -219,7 +185,7 @@ impl ExtServer {
                 })
             }
             (None, Some(up)) if upstream_speaks => {
-                bump(&self.counters.forwarded, 1);
+                self.counters.forwarded.add(1);
                 return match up.forward(&cx.cred, args).await {
                     Ok(bytes) => {
                         if let Ok(Ok(ok)) = ext::decode_fetch_res(&bytes) {
@@ -235,7 +201,7 @@ impl ExtServer {
                 };
             }
             _ => {
-                bump(&self.counters.compressed_here, 1);
+                self.counters.compressed_here.add(1);
                 self.read_below(cx, &fetch, repeats).await
             }
         };
@@ -243,8 +209,8 @@ impl ExtServer {
     }
 
     fn count(&self, ok: &FetchOk) {
-        bump(&self.counters.raw_bytes, u64::from(ok.raw_len));
-        bump(&self.counters.wire_bytes, ok.data.len() as u64);
+        self.counters.raw_bytes.add(u64::from(ok.raw_len));
+        self.counters.wire_bytes.add(ok.data.len() as u64);
     }
 
     /// Counts an answer and encodes it as FETCH's results, or with
@@ -252,7 +218,7 @@ impl ExtServer {
     fn encode(&self, res: &Result<FetchOk, nfsstat3>, repeats: bool) -> Vec<u8> {
         match res {
             Ok(ok) => self.count(ok),
-            Err(_) => bump(&self.counters.errors, 1),
+            Err(_) => self.counters.errors.add(1),
         }
         let mut out = Vec::new();
         if repeats {
@@ -264,14 +230,9 @@ impl ExtServer {
     }
 
     async fn getattr(&self, cx: &CallContext, fh: &[u8]) -> Result<fattr3, nfsstat3> {
-        let req = NfsRequest::Getattr(GETATTR3args {
-            object: nfs_fh3 {
-                data: Opaque::owned(fh.to_vec()),
-            },
-        });
-        match self.inner.call(cx, req).await {
-            Ok(NfsReply::Getattr(Nfs3Result::Ok(ok))) => Ok(ok.obj_attributes),
-            Ok(other) => Err(other.status()),
+        match self.inner.getattr(cx, fh).await {
+            Ok(Nfs3Result::Ok(ok)) => Ok(ok.obj_attributes),
+            Ok(Nfs3Result::Err((st, _))) => Err(st),
             Err(e) => Err(e.nfsstat()),
         }
     }
@@ -449,7 +410,7 @@ impl ExtServer {
                 Err(e) => return Err(e.nfsstat()),
             }
         }
-        bump(&self.counters.stored_raw_bytes, u64::from(count));
+        self.counters.stored_raw_bytes.add(u64::from(count));
         match attrs {
             Some(a) if guard.is_none() => Ok(a),
             _ => self.getattr(cx, &fh).await,

@@ -59,7 +59,7 @@ impl MetaLayer {
         let (data, eof) = f
             .read(&copy.files, &copy.source, &cx.cred, args.offset, count)
             .await?;
-        bump(&self.counters.copy_reads, 1);
+        self.counters.copy_reads.add(1);
         Ok(NfsReply::Read(Nfs3Result::Ok(READ3resok {
             file_attributes: Nfs3Option::Some(f.local_attrs()),
             count: data.len() as u32,
@@ -137,7 +137,7 @@ impl MetaLayer {
                 }));
             }
         };
-        bump(&self.counters.copy_writes, 1);
+        self.counters.copy_writes.add(1);
         Ok(NfsReply::Write(Nfs3Result::Ok(WRITE3resok {
             file_wcc: wcc(&before, &after),
             count,
@@ -152,7 +152,7 @@ impl MetaLayer {
 
     /// Whether this caller may write the held file (up to `end`): by the
     /// file's mode, else by ACCESS with its credentials through the layers
-    /// below (an ACL may allow it; an attribute cache there remembers).
+    /// below (an ACL may allow it).
     pub(super) async fn may_write(
         &self,
         cx: &CallContext,
@@ -160,20 +160,15 @@ impl MetaLayer {
         end: u64,
     ) -> Result<(), nfsstat3> {
         let local = f.local_attrs();
-        if cx.cred.may_write_by_mode(local.uid, local.gid, local.mode) {
-            return Ok(());
-        }
-        let want = ACCESS3_MODIFY | if end > local.size { ACCESS3_EXTEND } else { 0 };
-        let req = NfsRequest::Access(ACCESS3args {
-            object: nfs_fh3 {
-                data: Opaque::owned(f.fh().to_vec()),
-            },
-            access: ACCESS3_MODIFY | ACCESS3_EXTEND,
-        });
-        match self.inner.call(cx, req).await {
-            Ok(NfsReply::Access(Nfs3Result::Ok(ok))) if ok.access & want == want => Ok(()),
-            Ok(NfsReply::Access(Nfs3Result::Ok(_))) => Err(nfsstat3::NFS3ERR_ACCES),
-            Ok(other) => Err(other.status()),
+        let target = WriteTarget {
+            fh: f.fh(),
+            uid: local.uid,
+            gid: local.gid,
+            mode: local.mode,
+            extends: end > local.size,
+        };
+        match self.write_checks.may_write(&*self.inner, cx, target).await {
+            Ok(r) => r,
             Err(e) => Err(e.nfsstat()),
         }
     }
