@@ -226,7 +226,8 @@ impl FrameStore {
 }
 
 /// Counters, for `gvfsctl stats` and the metrics endpoint.
-#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct FileCacheStats {
     /// Whole-file fetches started.
     pub files_fetched: u64,

@@ -17,7 +17,7 @@ pub mod metrics;
 pub mod server;
 pub mod shutdown;
 pub mod stack;
-mod status;
+pub mod status;
 pub mod upstream;
 pub mod writeback;
 
@@ -241,7 +241,7 @@ pub async fn serve(
     });
     if let Some((listener, at)) = metrics {
         let source = status.clone();
-        let snapshot: metrics::Snapshot = Arc::new(move || source.stats());
+        let snapshot: metrics::Snapshot = Arc::new(move || serde_json::json!(source.stats()));
         tokio::spawn(metrics::serve(listener, snapshot, shutdown.clone()));
         tracing::info!(%at, "serving Prometheus metrics at /metrics");
     }

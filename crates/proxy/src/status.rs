@@ -1,16 +1,152 @@
 //! What `gvfsctl status` and `stats` and the metrics endpoint show: live
 //! counters of the front end, the connections and each layer.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::front::{self, FrontEnd};
 use crate::server::{MemoryBudget, ServerStats};
 use crate::stack::Stack;
 use crate::{Ready, writeback};
+
+/// What `stats` answers: the status and every layer's counters (a layer
+/// the proxy does not run is `null`). `gvfsctl` reads it back with this
+/// type; the metrics endpoint shows each number as a gauge.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Stats {
+    /// What `status` answers.
+    pub status: Status,
+    /// The block cache.
+    pub cache: Option<gvfs_cache::LayerStats>,
+    /// The metadata layer.
+    pub meta: Option<gvfs_meta::MetaStats>,
+    /// The file cache (compress-and-copy).
+    pub file_cache: Option<gvfs_meta::FileCacheStats>,
+    /// The attribute cache.
+    pub attr_cache: Option<gvfs_attrcache::AttrCacheStats>,
+    /// The extension program, answering other proxies.
+    pub ext: gvfs_meta::ExtStats,
+    /// The write-back job.
+    pub writeback: writeback::JobState,
+}
+
+/// What `status` answers: what is served, connections, calls.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Status {
+    /// gvfs-proxy's version.
+    pub version: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The NFS listener's address.
+    pub listen: String,
+    /// The TLS listener's address, when there is one.
+    pub listen_tls: Option<String>,
+    /// This node's certificate name, when TLS is configured.
+    pub tls_name: Option<String>,
+    /// The export clients mount.
+    pub export: String,
+    /// The stack, described.
+    pub upstream: String,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+    /// Connections.
+    pub connections: Connections,
+    /// Buffer memory across connections.
+    pub buffers: Buffers,
+    /// NFS calls by procedure (those called at least once).
+    pub nfs_calls: BTreeMap<String, u64>,
+    /// MOUNT calls.
+    pub mount_calls: u64,
+    /// PORTMAP calls.
+    pub portmap_calls: u64,
+    /// Bytes READ by clients.
+    pub read_bytes: u64,
+    /// Bytes written by clients.
+    pub write_bytes: u64,
+    /// Calls refused at the RPC level.
+    pub rpc_errors: u64,
+    /// Calls the layers failed (answered with an error status).
+    pub service_errors: u64,
+    /// Retransmissions answered from the duplicate-request cache.
+    pub drc_hits: u64,
+    /// Calls of the extension program.
+    pub ext_calls: u64,
+    /// The RPC client to the upstream, when it is reached over RPC.
+    pub upstream_client: Option<UpstreamClient>,
+    /// The block cache's dirty bytes, when there is one.
+    pub cache: Option<DirtyBytes>,
+}
+
+/// Connection counters (see [`ServerStats`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Connections {
+    /// Open now.
+    pub open: u64,
+    /// Accepted since start.
+    pub accepted: u64,
+    /// Closed for sending a record over the limit.
+    pub closed_oversized: u64,
+    /// TLS handshakes completed.
+    pub tls_accepted: u64,
+    /// TLS handshakes refused.
+    pub tls_refused: u64,
+    /// Connections upgraded with STARTTLS.
+    pub starttls: u64,
+    /// Pending (not yet past their first call or handshake) now.
+    pub pending: u64,
+    /// Pending connections closed to make room.
+    pub evicted_pending: u64,
+    /// Idle connections closed to make room.
+    pub evicted_idle: u64,
+    /// Times a connection waited for a free slot.
+    pub slot_waits: u64,
+    /// Connections closed for silence.
+    pub timed_out: u64,
+}
+
+/// The memory budget of all connections.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Buffers {
+    /// The budget (`--buffer-memory`).
+    pub budget_bytes: u64,
+    /// Held now.
+    pub held_bytes: u64,
+    /// Most held at once.
+    pub peak_bytes: u64,
+    /// Times a connection waited for room.
+    pub throttled: u64,
+}
+
+/// The RPC client to the upstream.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct UpstreamClient {
+    /// The server it talks to.
+    pub server: String,
+    /// Calls sent.
+    pub calls: u64,
+    /// Calls sent again.
+    pub retransmits: u64,
+    /// Connections made.
+    pub connects: u64,
+}
+
+/// The block cache's dirty bytes (in `status`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DirtyBytes {
+    /// Bytes of dirty data cached.
+    pub dirty_bytes: u64,
+}
 
 /// Answers control requests from live counters.
 pub(crate) struct StatusSource {
@@ -31,8 +167,8 @@ impl StatusSource {
             })
         };
         match req["cmd"].as_str() {
-            Some("status") => Ok(self.status()),
-            Some("stats") => Ok(self.stats()),
+            Some("status") => Ok(json!(self.status())),
+            Some("stats") => Ok(json!(self.stats())),
             Some("writeback") => Ok(self.jobs.start(cache()?, writeback::JobKind::WriteBack)),
             Some("flush") => Ok(self.jobs.start(cache()?, writeback::JobKind::Flush)),
             Some(other) => Err(format!(
@@ -42,77 +178,78 @@ impl StatusSource {
         }
     }
 
-    /// Everything: status, cache counters, the write-back job.
-    pub(crate) fn stats(&self) -> Value {
-        json!({
-            "status": self.status(),
-            "cache": self.stack.cache.as_ref().map(|c| json!(c.stats())),
-            "meta": self.stack.meta.as_ref().map(|m| json!(m.stats())),
-            "file_cache": self.stack.files.as_ref().map(|f| json!(f.stats())),
-            "attr_cache": self.stack.attrs.as_ref().map(|a| json!(a.stats())),
-            "ext": json!(self.stack.ext.stats()),
-            "writeback": self.jobs.state(),
-        })
+    /// Everything: status, each layer's counters, the write-back job.
+    pub(crate) fn stats(&self) -> Stats {
+        Stats {
+            status: self.status(),
+            cache: self.stack.cache.as_ref().map(|c| c.stats()),
+            meta: self.stack.meta.as_ref().map(|m| m.stats()),
+            file_cache: self.stack.files.as_ref().map(|f| f.stats()),
+            attr_cache: self.stack.attrs.as_ref().map(|a| a.stats()),
+            ext: self.stack.ext.stats(),
+            writeback: self.jobs.state(),
+        }
     }
 
-    fn status(&self) -> Value {
+    fn status(&self) -> Status {
         let f = self.front.stats();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let calls: serde_json::Map<String, Value> = f
-            .nfs_calls
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| load(c) > 0)
-            .map(|(i, c)| (front::proc_name(i).to_string(), json!(load(c))))
-            .collect();
-        let upstream_client = self.stack.client.as_ref().map(|c| {
-            let s = c.stats();
-            json!({
-                "server": c.server(),
-                "calls": load(&s.calls),
-                "retransmits": load(&s.retransmits),
-                "connects": load(&s.connects),
-            })
-        });
-        json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "pid": std::process::id(),
-            "listen": self.ready.addr.to_string(),
-            "listen_tls": self.ready.tls_addr.map(|a| a.to_string()),
-            "tls_name": self.ready.tls_name,
-            "export": self.ready.export,
-            "upstream": self.ready.upstream,
-            "uptime_secs": self.started.elapsed().as_secs(),
-            "connections": {
-                "open": load(&self.server.open),
-                "accepted": load(&self.server.accepted),
-                "closed_oversized": load(&self.server.oversized),
-                "tls_accepted": load(&self.server.tls_accepted),
-                "tls_refused": load(&self.server.tls_refused),
-                "starttls": load(&self.server.starttls),
-                "pending": load(&self.server.pending),
-                "evicted_pending": load(&self.server.evicted_pending),
-                "evicted_idle": load(&self.server.evicted_idle),
-                "slot_waits": load(&self.server.slot_waits),
-                "timed_out": load(&self.server.timed_out),
+        let s = &self.server;
+        Status {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: std::process::id(),
+            listen: self.ready.addr.to_string(),
+            listen_tls: self.ready.tls_addr.map(|a| a.to_string()),
+            tls_name: self.ready.tls_name.clone(),
+            export: self.ready.export.clone(),
+            upstream: self.ready.upstream.clone(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            connections: Connections {
+                open: load(&s.open),
+                accepted: load(&s.accepted),
+                closed_oversized: load(&s.oversized),
+                tls_accepted: load(&s.tls_accepted),
+                tls_refused: load(&s.tls_refused),
+                starttls: load(&s.starttls),
+                pending: load(&s.pending),
+                evicted_pending: load(&s.evicted_pending),
+                evicted_idle: load(&s.evicted_idle),
+                slot_waits: load(&s.slot_waits),
+                timed_out: load(&s.timed_out),
             },
-            "buffers": {
-                "budget_bytes": self.budget.limit(),
-                "held_bytes": self.budget.used(),
-                "peak_bytes": self.budget.peak(),
-                "throttled": self.budget.throttled(),
+            buffers: Buffers {
+                budget_bytes: self.budget.limit(),
+                held_bytes: self.budget.used(),
+                peak_bytes: self.budget.peak(),
+                throttled: self.budget.throttled(),
             },
-            "nfs_calls": calls,
-            "mount_calls": load(&f.mount_calls),
-            "portmap_calls": load(&f.portmap_calls),
-            "read_bytes": load(&f.read_bytes),
-            "write_bytes": load(&f.write_bytes),
-            "rpc_errors": load(&f.rpc_errors),
-            "service_errors": load(&f.service_errors),
-            "drc_hits": load(&f.drc_hits),
-            "ext_calls": load(&f.ext_calls),
-            "upstream_client": upstream_client,
-            "cache": self.stack.cache.as_ref().map(|c| json!({"dirty_bytes": c.dirty_bytes()})),
-        })
+            nfs_calls: f
+                .nfs_calls
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| load(c) > 0)
+                .map(|(i, c)| (front::proc_name(i).to_string(), load(c)))
+                .collect(),
+            mount_calls: load(&f.mount_calls),
+            portmap_calls: load(&f.portmap_calls),
+            read_bytes: load(&f.read_bytes),
+            write_bytes: load(&f.write_bytes),
+            rpc_errors: load(&f.rpc_errors),
+            service_errors: load(&f.service_errors),
+            drc_hits: load(&f.drc_hits),
+            ext_calls: load(&f.ext_calls),
+            upstream_client: self.stack.client.as_ref().map(|c| {
+                let u = c.stats();
+                UpstreamClient {
+                    server: c.server().to_string(),
+                    calls: load(&u.calls),
+                    retransmits: load(&u.retransmits),
+                    connects: load(&u.connects),
+                }
+            }),
+            cache: self.stack.cache.as_ref().map(|c| DirtyBytes {
+                dirty_bytes: c.dirty_bytes(),
+            }),
+        }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gvfs_cache::CacheLayer;
+use gvfs_nfs::layer::lock;
 use serde_json::{Value, json};
 
 /// What a job does.
@@ -121,15 +122,15 @@ impl Jobs {
     }
 
     /// The job's state for `gvfsctl`: running, progress, the last outcome.
-    pub fn state(&self) -> Value {
-        json!({
-            "running": self.running.load(Ordering::Acquire),
-            "kind": lock(&self.kind).map(JobKind::name),
-            "done_bytes": self.done.load(Ordering::Relaxed),
-            "total_bytes": self.total.load(Ordering::Relaxed),
-            "finished": self.finished.load(Ordering::Acquire),
-            "last": lock(&self.last).clone(),
-        })
+    pub fn state(&self) -> JobState {
+        JobState {
+            running: self.running.load(Ordering::Acquire),
+            kind: lock(&self.kind).map(|k| k.name().to_string()),
+            done_bytes: self.done.load(Ordering::Relaxed),
+            total_bytes: self.total.load(Ordering::Relaxed),
+            finished: self.finished.load(Ordering::Acquire),
+            last: lock(&self.last).clone(),
+        }
     }
 
     /// Waits for a running job to end, at most `deadline`.
@@ -148,8 +149,22 @@ fn files_bytes(meta: &Option<Arc<gvfs_meta::MetaLayer>>) -> u64 {
     meta.as_ref().map_or(0, |m| m.written_back_bytes())
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// The write-back job, as `gvfsctl stats` shows it.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct JobState {
+    /// A job is running.
+    pub running: bool,
+    /// Its kind (`writeback` or `flush`), or the last one's.
+    pub kind: Option<String>,
+    /// Bytes written back so far.
+    pub done_bytes: u64,
+    /// Bytes it has to write back.
+    pub total_bytes: u64,
+    /// Jobs finished since start.
+    pub finished: u64,
+    /// How the last job ended.
+    pub last: Option<Value>,
 }
 
 /// Starts a write-back on SIGUSR1 and a flush on SIGUSR2, for as long as

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use gvfs_proxy::status::{Stats, Status};
 use serde_json::{Value, json};
 
 #[derive(Debug, Parser)]
@@ -195,7 +196,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                print_status(&status);
+                print_status(&serde_json::from_value(status).context(NOT_UNDERSTOOD)?);
             }
         }
         Cmd::Stats { json } => {
@@ -203,7 +204,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
-                print_stats(&stats);
+                print_stats(&serde_json::from_value(stats).context(NOT_UNDERSTOOD)?);
             }
         }
         Cmd::Writeback { wait } => {
@@ -619,115 +620,92 @@ fn wait_for_job(
     }
 }
 
-fn print_stats(s: &Value) {
-    let n = |v: &Value| v.as_u64().unwrap_or(0);
+/// What a stats or status answer that does not parse means.
+const NOT_UNDERSTOOD: &str =
+    "the proxy's answer is not understood (a gvfs-proxy of another version? --json shows it)";
+
+fn print_stats(s: &Stats) {
     print_cache_stats(s);
-    let m = &s["meta"];
-    if m.is_object() {
+    if let Some(m) = &s.meta {
         println!("metadata actions");
         println!(
             "  metadata    {} files with, {} without, {} ignored (bad, stale or \
              {} not trusted)",
-            n(&m["meta_found"]),
-            n(&m["meta_absent"]),
-            n(&m["meta_rejected"]),
-            n(&m["meta_untrusted"])
+            m.meta_found, m.meta_absent, m.meta_rejected, m.meta_untrusted
         );
         println!(
             "  zero maps   {} bytes of zeros answered here, {} READs wholly zeros",
-            n(&m["zero_bytes"]),
-            n(&m["zero_reads"])
+            m.zero_bytes, m.zero_reads
         );
         println!(
             "  file cache  {} READs and {} WRITEs served",
-            n(&m["copy_reads"]),
-            n(&m["copy_writes"])
+            m.copy_reads, m.copy_writes
         );
     }
-    let f = &s["file_cache"];
-    if f.is_object() {
+    if let Some(f) = &s.file_cache {
         println!("file cache (compress-and-copy)");
         println!(
             "  files       {} fetched ({} whole, {} failed), {} joined a fetch under way",
-            n(&f["files_fetched"]),
-            n(&f["files_complete"]),
-            n(&f["files_failed"]),
-            n(&f["coalesced_fetches"])
+            f.files_fetched, f.files_complete, f.files_failed, f.coalesced_fetches
         );
         println!(
             "  wire        {} chunks, {} bytes for {} bytes of file; {} zero chunks never fetched; \
              {} bytes copied from earlier ones (repeats)",
-            n(&f["chunks_fetched"]),
-            n(&f["wire_bytes"]),
-            n(&f["raw_bytes"]),
-            n(&f["zero_chunks"]),
-            n(&f["repeat_bytes"])
+            f.chunks_fetched, f.wire_bytes, f.raw_bytes, f.zero_chunks, f.repeat_bytes
         );
         println!(
             "  time        {:.2} s fetching whole files (start to last chunk, summed), {:.2} s decompressing",
-            n(&f["fetch_micros"]) as f64 / 1e6,
-            n(&f["decompress_micros"]) as f64 / 1e6
+            f.fetch_micros as f64 / 1e6,
+            f.decompress_micros as f64 / 1e6
         );
         println!(
             "  held        {} bytes; {} files with writes; {} files ({} bytes) written back",
-            n(&f["cached_bytes"]),
-            n(&f["dirty_files"]),
-            n(&f["written_back_files"]),
-            n(&f["written_back_bytes"])
+            f.cached_bytes, f.dirty_files, f.written_back_files, f.written_back_bytes
         );
-        if n(&f["frames_reused"]) + n(&f["frames_made"]) > 0 {
+        if f.frames_reused + f.frames_made > 0 {
             println!(
                 "  frames      {} chunks sent to other proxies as they came, {} compressed here; {} bytes kept",
-                n(&f["frames_reused"]),
-                n(&f["frames_made"]),
-                n(&f["frame_bytes"])
+                f.frames_reused, f.frames_made, f.frame_bytes
             );
         }
     }
-    let a = &s["attr_cache"];
-    if a.is_object() {
+    if let Some(a) = &s.attr_cache {
         println!("attribute cache (--attr-timeout)");
         println!(
             "  calls       {} answered here, {} asked upstream; emptied {} times",
-            n(&a["hits"]),
-            n(&a["misses"]),
-            n(&a["invalidations"])
+            a.hits, a.misses, a.invalidations
         );
         println!(
             "  listings    {} directories read along with a first LOOKUP",
-            n(&a["listings"])
+            a.listings
         );
     }
-    let e = &s["ext"];
-    if n(&e["fetch_calls"]) + n(&e["store_calls"]) > 0 {
+    let e = &s.ext;
+    if e.fetch_calls + e.store_calls > 0 {
         println!("extension program (answering other proxies)");
         println!(
             "  FETCH       {} calls, {} bytes of file sent as {} bytes ({} from the file cache, {} compressed here, {} forwarded)",
-            n(&e["fetch_calls"]),
-            n(&e["raw_bytes"]),
-            n(&e["wire_bytes"]),
-            n(&e["from_file_cache"]),
-            n(&e["compressed_here"]),
-            n(&e["forwarded"])
+            e.fetch_calls,
+            e.raw_bytes,
+            e.wire_bytes,
+            e.from_file_cache,
+            e.compressed_here,
+            e.forwarded
         );
         println!(
             "  STORE       {} calls, {} bytes received for {} bytes of file; {} errors",
-            n(&e["store_calls"]),
-            n(&e["stored_wire_bytes"]),
-            n(&e["stored_raw_bytes"]),
-            n(&e["errors"])
+            e.store_calls, e.stored_wire_bytes, e.stored_raw_bytes, e.errors
         );
     }
 }
 
-fn print_cache_stats(s: &Value) {
-    let n = |v: &Value| v.as_u64().unwrap_or(0);
-    let c = &s["cache"];
-    if !c.is_object() {
+fn print_cache_stats(s: &Stats) {
+    let Some(c) = &s.cache else {
         println!("no block cache (the proxy runs without --cache-dir)");
         return;
-    }
-    let (hits, misses) = (n(&c["hits"]), n(&c["misses"]));
+    };
+    let n = &c.counts;
+    let (hits, misses) = (n.hits, n.misses);
     let ratio = if hits + misses > 0 {
         100.0 * hits as f64 / (hits + misses) as f64
     } else {
@@ -736,111 +714,83 @@ fn print_cache_stats(s: &Value) {
     println!("block cache");
     println!(
         "  hits        {hits} ({ratio:.1}%), misses {misses}, read-ahead hits {}",
-        n(&c["readahead_hits"])
+        n.readahead_hits
     );
     println!(
         "  served      {} bytes from the cache, {} bytes fetched upstream",
-        n(&c["hit_bytes"]),
-        n(&c["fetched_bytes"])
+        n.hit_bytes, n.fetched_bytes
     );
     println!(
         "  dirty       {} bytes; {} bytes written back so far",
-        n(&c["dirty_bytes"]),
-        n(&c["write_back_bytes"])
+        c.dirty_bytes, n.write_back_bytes
     );
     println!(
         "  cached      {} of {} bytes; {} evictions",
-        n(&c["cached_bytes"]),
-        n(&c["capacity_bytes"]),
-        n(&c["evictions"])
+        c.cached_bytes, c.capacity_bytes, c.evictions
     );
-    let calls = n(&c["upstream_calls"]);
-    let avg = n(&c["upstream_latency_us_total"])
-        .checked_div(calls)
-        .unwrap_or(0);
+    let calls = n.upstream_calls;
+    let avg = n.upstream_latency_us_total.checked_div(calls).unwrap_or(0);
     println!(
         "  upstream    {calls} calls, {avg} us average latency; {} misses coalesced",
-        n(&c["coalesced_misses"])
+        n.coalesced_misses
     );
-    let (bad, lost) = (
-        n(&c["corrupt_clean_dropped"]),
-        n(&c["dirty_sub_blocks_lost"]),
-    );
-    if bad + lost + n(&c["banks_lost"]) > 0 {
+    let (bad, lost) = (c.corrupt_clean_dropped, c.dirty_sub_blocks_lost);
+    if bad + lost + c.banks_lost > 0 {
         println!(
             "  integrity   {bad} sub-blocks failed their checksum and were fetched again; \
              {lost} dirty sub-blocks LOST (not written back; see the log and CACHE_DIR/quarantine); \
              {} bank files missing or cut off; write verifier changed {} times",
-            n(&c["banks_lost"]),
-            n(&c["verifier_changes"])
+            c.banks_lost, c.verifier_changes
         );
     }
-    let w = &s["writeback"];
-    if w["running"] == true {
+    let w = &s.writeback;
+    if w.running {
         println!(
             "  write-back  running: {} of {} bytes",
-            n(&w["done_bytes"]),
-            n(&w["total_bytes"])
+            w.done_bytes, w.total_bytes
         );
     }
 }
 
-fn print_status(s: &Value) {
-    let n = |v: &Value| v.as_u64().unwrap_or(0);
-    println!(
-        "gvfs-proxy {} (pid {})",
-        s["version"].as_str().unwrap_or("?"),
-        n(&s["pid"])
-    );
-    println!(
-        "  listening   {}  export {}",
-        s["listen"].as_str().unwrap_or("?"),
-        s["export"].as_str().unwrap_or("?")
-    );
-    println!("  upstream    {}", s["upstream"].as_str().unwrap_or("?"));
-    println!("  uptime      {} s", n(&s["uptime_secs"]));
-    let c = &s["connections"];
+fn print_status(s: &Status) {
+    println!("gvfs-proxy {} (pid {})", s.version, s.pid);
+    println!("  listening   {}  export {}", s.listen, s.export);
+    println!("  upstream    {}", s.upstream);
+    println!("  uptime      {} s", s.uptime_secs);
+    let c = &s.connections;
     println!(
         "  connections {} open, {} accepted, {} closed for oversized records",
-        n(&c["open"]),
-        n(&c["accepted"]),
-        n(&c["closed_oversized"])
+        c.open, c.accepted, c.closed_oversized
     );
     println!(
         "  data        {} bytes read, {} bytes written",
-        n(&s["read_bytes"]),
-        n(&s["write_bytes"])
+        s.read_bytes, s.write_bytes
     );
     println!(
         "  errors      {} RPC-level, {} upstream; {} retransmissions answered from the duplicate-request cache",
-        n(&s["rpc_errors"]),
-        n(&s["service_errors"]),
-        n(&s["drc_hits"])
+        s.rpc_errors, s.service_errors, s.drc_hits
     );
-    if let Some(calls) = s["nfs_calls"].as_object() {
-        let list: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {}", n(v))).collect();
-        println!(
-            "  NFS calls   {}",
-            if list.is_empty() {
-                "none".into()
-            } else {
-                list.join(", ")
-            }
-        );
-    }
+    let list: Vec<String> = s
+        .nfs_calls
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    println!(
+        "  NFS calls   {}",
+        if list.is_empty() {
+            "none".into()
+        } else {
+            list.join(", ")
+        }
+    );
     println!(
         "  MOUNT calls {}  PORTMAP calls {}",
-        n(&s["mount_calls"]),
-        n(&s["portmap_calls"])
+        s.mount_calls, s.portmap_calls
     );
-    let u = &s["upstream_client"];
-    if u.is_object() {
+    if let Some(u) = &s.upstream_client {
         println!(
             "  upstream rpc {}: {} calls, {} retransmits, {} connects",
-            u["server"].as_str().unwrap_or("?"),
-            n(&u["calls"]),
-            n(&u["retransmits"]),
-            n(&u["connects"])
+            u.server, u.calls, u.retransmits, u.connects
         );
     }
 }
