@@ -49,6 +49,12 @@ use report::CloneRecord;
 use summary::{fmt3, goals, summary};
 pub use summary::{report_markdown, write_outputs};
 
+mod stream;
+use stream::{FileServer, fetch_stream};
+
+mod outcome;
+pub use outcome::{Goal, Outcome};
+
 const MIB: u64 = 1 << 20;
 
 /// `--attr-timeout` of the node and LAN proxies: golden images are
@@ -676,132 +682,6 @@ impl<'a> Bench<'a> {
 fn wire(link: &WanLink) -> u64 {
     let s = link.stats();
     s.upstream_bytes + s.downstream_bytes
-}
-
-/// Longest wait for a connection, or for the next bytes, of the full copy.
-const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Serves the files of one directory, one per connection, like scp: the
-/// client sends a file name and a newline, the server sends the bytes and
-/// closes.
-struct FileServer {
-    addr: SocketAddr,
-}
-
-impl FileServer {
-    fn start(dir: PathBuf) -> Result<Self> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let addr = listener.local_addr()?;
-        let dir = Arc::new(dir);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                if stream.set_read_timeout(Some(STREAM_TIMEOUT)).is_err()
-                    || stream.set_write_timeout(Some(STREAM_TIMEOUT)).is_err()
-                {
-                    continue;
-                }
-                let dir = Arc::clone(&dir);
-                std::thread::spawn(move || {
-                    let mut name = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while name.len() < 64
-                        && stream.read_exact(&mut byte).is_ok()
-                        && byte[0] != b'\n'
-                    {
-                        name.push(byte[0]);
-                    }
-                    let name = String::from_utf8_lossy(&name).into_owned();
-                    if FILES.contains(&name.as_str())
-                        && let Ok(mut f) = std::fs::File::open(dir.join(&name))
-                    {
-                        let _ = std::io::copy(&mut f, &mut stream);
-                    }
-                });
-            }
-        });
-        Ok(Self { addr })
-    }
-}
-
-/// Fetches file `name` from a [`FileServer`] at `addr` into `to`.
-fn fetch_stream(addr: SocketAddr, name: &str, to: &Path) -> Result<()> {
-    let mut stream = TcpStream::connect_timeout(&addr, STREAM_TIMEOUT)?;
-    stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
-    stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
-    stream.write_all(format!("{name}\n").as_bytes())?;
-    let mut f = std::fs::File::create(to)?;
-    let n = std::io::copy(&mut stream, &mut f).with_context(|| format!("fetching {name}"))?;
-    ensure!(n > 0, "the file server sent nothing for {name}");
-    Ok(())
-}
-
-/// The results of a run.
-#[derive(Debug, Clone)]
-pub struct Outcome {
-    /// Every timed clone.
-    pub records: Vec<CloneRecord>,
-    /// The report: parameters, tables, goals, where the time goes.
-    pub markdown: String,
-    /// `gvfsctl stats --json` of the first node's proxy after its first
-    /// clone, per sequential WAN scenario.
-    pub client_stats: Vec<(Scenario, serde_json::Value)>,
-    /// Calls that crossed the WAN, by procedure, for WAN-S1's cold and warm
-    /// clone.
-    pub wan_calls: Vec<(String, BTreeMap<String, u64>)>,
-    /// `gvfsctl stats --json` of WAN-P's LAN proxy after its clones.
-    pub lan_stats: Option<serde_json::Value>,
-    /// The goals, as measured.
-    pub goals: Vec<Goal>,
-    /// The guests' RAM.
-    pub ram_mib: u64,
-    /// The WAN cut scenario's clones.
-    pub cuts: Vec<cut::CutRecord>,
-}
-
-/// A goal of the benchmark: `measured / against <= at_most`.
-#[derive(Debug, Clone)]
-pub struct Goal {
-    /// What the goal says.
-    pub name: String,
-    /// The time measured (seconds), when its scenario ran.
-    pub measured: Option<f64>,
-    /// The time it is held against (seconds), when its scenario ran.
-    pub against: Option<f64>,
-    /// The largest ratio that meets the goal.
-    pub at_most: f64,
-    /// The floor's ratio, when it is known: the floor held against the
-    /// same time (a clone beats it only by what the floor does not count,
-    /// repeated blocks sent once).
-    pub best: Option<f64>,
-}
-
-impl Goal {
-    /// `measured / against`, when both ran.
-    pub fn ratio(&self) -> Option<f64> {
-        match (self.measured, self.against) {
-            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-            _ => None,
-        }
-    }
-
-    /// Whether the goal is met (`None` when its scenarios did not run).
-    pub fn met(&self) -> Option<bool> {
-        self.ratio().map(|r| r <= self.at_most)
-    }
-
-    /// `met`, `**not met**` or `n/a`, for tables.
-    pub fn verdict(&self) -> &'static str {
-        match self.met() {
-            Some(true) => "met",
-            Some(false) => "**not met**",
-            None => "n/a",
-        }
-    }
-
-    fn ratio_text(&self) -> String {
-        fmt3(self.ratio())
-    }
 }
 
 /// Runs every scenario with `settings`.

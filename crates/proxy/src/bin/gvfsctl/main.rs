@@ -1,0 +1,286 @@
+//! gvfsctl: control a running gvfs-proxy over its control socket, make
+//! the certificates for TLS between proxies (`gvfsctl ca`), and make and
+//! show metadata files (`gvfsctl meta`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use gvfs_proxy::status::{Stats, Status};
+use serde_json::{Value, json};
+
+mod meta;
+use meta::meta;
+
+mod show;
+use show::{NOT_UNDERSTOOD, print_stats, print_status, wait_for_job};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gvfsctl",
+    version,
+    about = "Control a running gvfs-proxy (status, stats, writeback, flush); make a site CA and \
+node certificates (ca); make and show metadata files (meta)",
+    after_help = "Without --control, gvfsctl uses the only gvfs-proxy control socket in \
+$XDG_RUNTIME_DIR (or /tmp); with several proxies running, name one with --control. \
+`ca` and `meta` work on local files and need no proxy."
+)]
+struct Cli {
+    /// The proxy's control socket (printed by gvfs-proxy at start).
+    #[arg(long, global = true, value_name = "PATH")]
+    control: Option<PathBuf>,
+
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Show what the proxy serves, its connections and call counters.
+    Status {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Block cache counters: hits, misses, bytes served and fetched,
+    /// read-ahead, dirty bytes, upstream calls and latency.
+    Stats {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the cache's dirty data back upstream (the cache stays warm).
+    Writeback {
+        /// Wait until it is done, with a progress bar.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Write back, then drop the cached data; waits until done.
+    Flush,
+    /// Make the site CA and node certificates for TLS between proxies
+    /// (runs locally; no proxy needed).
+    Ca {
+        #[command(subcommand)]
+        cmd: CaCmd,
+    },
+    /// Make and show `.NAME.gvfsmeta` metadata files: zero-block maps and
+    /// compress-and-copy actions (runs locally; no proxy needed).
+    Meta {
+        #[command(subcommand)]
+        cmd: MetaCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum MetaCmd {
+    /// Scan files and write `.NAME.gvfsmeta` beside each (on the image
+    /// server's directory, or through a proxy's mount).
+    Gen {
+        /// Regular files to scan; directories and metadata files are skipped.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Zero-map block size: a power of two from 4K to 1M.
+        #[arg(long, default_value = "4K", value_name = "SIZE")]
+        block_size: String,
+        /// Mark the files compress-and-copy (fetched whole as one zstd
+        /// stream into the proxy's file cache), and record their zstd size
+        /// and the blocks that repeat earlier ones (sent once, not twice).
+        #[arg(long)]
+        compress: bool,
+        /// With --compress, do not record repeated blocks: the file stays
+        /// in metadata format 1, which proxies older than repeats read.
+        #[arg(long, requires = "compress")]
+        no_repeats: bool,
+    },
+    /// Print a metadata file and whether it still matches its file.
+    Show {
+        /// The file, or its `.NAME.gvfsmeta`.
+        path: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CaCmd {
+    /// Create a site CA: DIR/ca.pem and DIR/ca-key.pem (keep the key private).
+    Init {
+        /// Where to put the CA (created 0700 if missing).
+        dir: PathBuf,
+        /// The CA certificate's common name.
+        #[arg(long, default_value = "gvfs site CA")]
+        name: String,
+        /// Validity in days.
+        #[arg(long, default_value_t = 3650)]
+        days: u32,
+    },
+    /// Issue a node certificate signed by the site CA: OUT/NAME.pem and
+    /// OUT/NAME-key.pem, usable to serve and to connect.
+    Issue {
+        /// The CA directory (made by `gvfsctl ca init`).
+        #[arg(long, value_name = "DIR")]
+        ca: PathBuf,
+        /// The node's name: the certificate CN, which image servers map to
+        /// a uid/gid.
+        #[arg(long)]
+        name: String,
+        /// An IP address the node is reached at (repeatable).
+        #[arg(long = "ip", value_name = "IP")]
+        ips: Vec<String>,
+        /// A DNS name the node is reached at (repeatable).
+        #[arg(long = "dns", value_name = "NAME")]
+        dns: Vec<String>,
+        /// Validity in days.
+        #[arg(long, default_value_t = 825)]
+        days: u32,
+        /// Where to write the files (default: the CA directory).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match real_main(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gvfsctl: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn control_path(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    let found = gvfs_proxy::control::discover();
+    let list = |paths: &[PathBuf]| {
+        paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match found.live.as_slice() {
+        [one] => Ok(one.clone()),
+        [] if !found.stale.is_empty() => bail!(
+            "no running gvfs-proxy found (stale control sockets: {}; a proxy started on the same \
+             address replaces its socket) (start one, or pass --control PATH)",
+            list(&found.stale)
+        ),
+        [] => bail!(
+            "no running gvfs-proxy found in {} (start one, or pass --control PATH)",
+            gvfs_proxy::config::runtime_dir().display()
+        ),
+        many => bail!(
+            "several proxies are running; pick one with --control: {}",
+            list(many)
+        ),
+    }
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    // `gvfsctl ca` works on files only: no control socket to look for.
+    let cmd = match cli.cmd {
+        Cmd::Ca { cmd } => return ca(cmd),
+        Cmd::Meta { cmd } => return meta(cmd),
+        cmd => cmd,
+    };
+    let path = control_path(cli.control)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let ask = |cmd: &str| {
+        runtime
+            .block_on(gvfs_proxy::control::request(&path, &json!({ "cmd": cmd })))
+            .map_err(anyhow::Error::msg)
+    };
+    match cmd {
+        Cmd::Status { json } => {
+            let status = ask("status")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print_status(&serde_json::from_value(status).context(NOT_UNDERSTOOD)?);
+            }
+        }
+        Cmd::Stats { json } => {
+            let stats = ask("stats")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                print_stats(&serde_json::from_value(stats).context(NOT_UNDERSTOOD)?);
+            }
+        }
+        Cmd::Writeback { wait } => {
+            let started = ask("writeback")?;
+            if wait {
+                wait_for_job(&ask, &started)?;
+            } else {
+                let total = started["job"]["total_bytes"].as_u64().unwrap_or(0);
+                match started["started"].as_bool() {
+                    Some(true) => println!("write-back started: {total} dirty bytes"),
+                    _ => println!("a write-back is already running"),
+                }
+            }
+        }
+        Cmd::Flush => {
+            let started = ask("flush")?;
+            wait_for_job(&ask, &started)?;
+        }
+        Cmd::Ca { .. } => unreachable!("gvfsctl ca is handled before the control socket lookup"),
+        Cmd::Meta { .. } => {
+            unreachable!("gvfsctl meta is handled before the control socket lookup")
+        }
+    }
+    Ok(())
+}
+
+/// `gvfsctl ca init|issue`: makes the site CA and node certificates.
+fn ca(cmd: CaCmd) -> anyhow::Result<()> {
+    match cmd {
+        CaCmd::Init { dir, name, days } => {
+            let cert = gvfs_tunnel::pki::init_ca(&dir, &name, days)?;
+            println!("site CA {name:?} created: {}", cert.display());
+            println!(
+                "its key {} signs node certificates; keep it private",
+                dir.join(gvfs_tunnel::pki::CA_KEY_FILE).display()
+            );
+            println!(
+                "next: gvfsctl ca issue --ca {} --name NODE [--ip IP]... [--dns NAME]...",
+                dir.display()
+            );
+        }
+        CaCmd::Issue {
+            ca,
+            name,
+            ips,
+            dns,
+            days,
+            out,
+        } => {
+            let ips = ips
+                .iter()
+                .map(|ip| {
+                    ip.parse::<std::net::IpAddr>()
+                        .with_context(|| format!("--ip {ip:?} is not an IP address"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let out = out.unwrap_or_else(|| ca.clone());
+            let mut opts = gvfs_tunnel::pki::IssueOptions::new(name.clone(), days);
+            opts.ips = ips;
+            opts.dns = dns;
+            let (cert, key) = gvfs_tunnel::pki::issue(&ca, &out, &opts)?;
+            println!("node certificate for {name:?}: {}", cert.display());
+            println!("its key: {}", key.display());
+            println!(
+                "use with: gvfs-proxy --cert {} --key {} --ca {}",
+                cert.display(),
+                key.display(),
+                ca.join(gvfs_tunnel::pki::CA_CERT_FILE).display()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! How gvfsctl shows a proxy's answers: status, stats, and a write-back
+//! job's progress.
+
+use super::*;
+
+/// Polls the proxy's write-back job with a progress bar until the job that
+/// `started` describes has ended; fails when it failed.
+pub(super) fn wait_for_job(
+    ask: &dyn Fn(&str) -> anyhow::Result<Value>,
+    started: &Value,
+) -> anyhow::Result<()> {
+    // The job we wait for is the one running now (ours, or one already
+    // running that we joined): it ends when `finished` passes this count.
+    let finished_before = started["job"]["finished"].as_u64().unwrap_or(0);
+    let bar = indicatif::ProgressBar::new(started["job"]["total_bytes"].as_u64().unwrap_or(0));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(
+        started["job"]["kind"]
+            .as_str()
+            .unwrap_or("write-back")
+            .to_string(),
+    );
+    let job = loop {
+        let job = ask("stats")?["writeback"].clone();
+        bar.set_length(job["total_bytes"].as_u64().unwrap_or(0));
+        bar.set_position(job["done_bytes"].as_u64().unwrap_or(0));
+        if job["finished"].as_u64().unwrap_or(0) > finished_before {
+            break job;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    bar.finish_and_clear();
+    let last = &job["last"];
+    let name = last["job"].as_str().unwrap_or("write-back");
+    if last["ok"] == true {
+        let r = &last["report"];
+        let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        println!(
+            "{name} done: {} bytes in {} blocks of {} files written back ({} rewritten after the server's verifier changed)",
+            n("bytes"),
+            n("blocks"),
+            n("files"),
+            n("rewrites"),
+        );
+        Ok(())
+    } else {
+        bail!(
+            "{name} failed: {} (dirty data stays in the cache)",
+            last["error"].as_str().unwrap_or("unknown error")
+        )
+    }
+}
+
+/// What a stats or status answer that does not parse means.
+pub(super) const NOT_UNDERSTOOD: &str =
+    "the proxy's answer is not understood (a gvfs-proxy of another version? --json shows it)";
+
+pub(super) fn print_stats(s: &Stats) {
+    print_cache_stats(s);
+    if let Some(m) = &s.meta {
+        println!("metadata actions");
+        println!(
+            "  metadata    {} files with, {} without, {} ignored (bad, stale or \
+             {} not trusted)",
+            m.meta_found, m.meta_absent, m.meta_rejected, m.meta_untrusted
+        );
+        println!(
+            "  zero maps   {} bytes of zeros answered here, {} READs wholly zeros",
+            m.zero_bytes, m.zero_reads
+        );
+        println!(
+            "  file cache  {} READs and {} WRITEs served",
+            m.copy_reads, m.copy_writes
+        );
+    }
+    if let Some(f) = &s.file_cache {
+        println!("file cache (compress-and-copy)");
+        println!(
+            "  files       {} fetched ({} whole, {} failed), {} joined a fetch under way",
+            f.files_fetched, f.files_complete, f.files_failed, f.coalesced_fetches
+        );
+        println!(
+            "  wire        {} chunks, {} bytes for {} bytes of file; {} zero chunks never fetched; \
+             {} bytes copied from earlier ones (repeats)",
+            f.chunks_fetched, f.wire_bytes, f.raw_bytes, f.zero_chunks, f.repeat_bytes
+        );
+        println!(
+            "  time        {:.2} s fetching whole files (start to last chunk, summed), {:.2} s decompressing",
+            f.fetch_micros as f64 / 1e6,
+            f.decompress_micros as f64 / 1e6
+        );
+        println!(
+            "  held        {} bytes; {} files with writes; {} files ({} bytes) written back",
+            f.cached_bytes, f.dirty_files, f.written_back_files, f.written_back_bytes
+        );
+        if f.frames_reused + f.frames_made > 0 {
+            println!(
+                "  frames      {} chunks sent to other proxies as they came, {} compressed here; {} bytes kept",
+                f.frames_reused, f.frames_made, f.frame_bytes
+            );
+        }
+    }
+    if let Some(a) = &s.attr_cache {
+        println!("attribute cache (--attr-timeout)");
+        println!(
+            "  calls       {} answered here, {} asked upstream; emptied {} times",
+            a.hits, a.misses, a.invalidations
+        );
+        println!(
+            "  listings    {} directories read along with a first LOOKUP",
+            a.listings
+        );
+    }
+    let e = &s.ext;
+    if e.fetch_calls + e.store_calls > 0 {
+        println!("extension program (answering other proxies)");
+        println!(
+            "  FETCH       {} calls, {} bytes of file sent as {} bytes ({} from the file cache, {} compressed here, {} forwarded)",
+            e.fetch_calls,
+            e.raw_bytes,
+            e.wire_bytes,
+            e.from_file_cache,
+            e.compressed_here,
+            e.forwarded
+        );
+        println!(
+            "  STORE       {} calls, {} bytes received for {} bytes of file; {} errors",
+            e.store_calls, e.stored_wire_bytes, e.stored_raw_bytes, e.errors
+        );
+    }
+}
+
+pub(super) fn print_cache_stats(s: &Stats) {
+    let Some(c) = &s.cache else {
+        println!("no block cache (the proxy runs without --cache-dir)");
+        return;
+    };
+    let n = &c.counts;
+    let (hits, misses) = (n.hits, n.misses);
+    let ratio = if hits + misses > 0 {
+        100.0 * hits as f64 / (hits + misses) as f64
+    } else {
+        0.0
+    };
+    println!("block cache");
+    println!(
+        "  hits        {hits} ({ratio:.1}%), misses {misses}, read-ahead hits {}",
+        n.readahead_hits
+    );
+    println!(
+        "  served      {} bytes from the cache, {} bytes fetched upstream",
+        n.hit_bytes, n.fetched_bytes
+    );
+    println!(
+        "  dirty       {} bytes; {} bytes written back so far",
+        c.dirty_bytes, n.write_back_bytes
+    );
+    println!(
+        "  cached      {} of {} bytes; {} evictions",
+        c.cached_bytes, c.capacity_bytes, c.evictions
+    );
+    let calls = n.upstream_calls;
+    let avg = n.upstream_latency_us_total.checked_div(calls).unwrap_or(0);
+    println!(
+        "  upstream    {calls} calls, {avg} us average latency; {} misses coalesced",
+        n.coalesced_misses
+    );
+    let (bad, lost) = (c.corrupt_clean_dropped, c.dirty_sub_blocks_lost);
+    if bad + lost + c.banks_lost > 0 {
+        println!(
+            "  integrity   {bad} sub-blocks failed their checksum and were fetched again; \
+             {lost} dirty sub-blocks LOST (not written back; see the log and CACHE_DIR/quarantine); \
+             {} bank files missing or cut off; write verifier changed {} times",
+            c.banks_lost, c.verifier_changes
+        );
+    }
+    let w = &s.writeback;
+    if w.running {
+        println!(
+            "  write-back  running: {} of {} bytes",
+            w.done_bytes, w.total_bytes
+        );
+    }
+}
+
+pub(super) fn print_status(s: &Status) {
+    println!("gvfs-proxy {} (pid {})", s.version, s.pid);
+    println!("  listening   {}  export {}", s.listen, s.export);
+    println!("  upstream    {}", s.upstream);
+    println!("  uptime      {} s", s.uptime_secs);
+    let c = &s.connections;
+    println!(
+        "  connections {} open, {} accepted, {} closed for oversized records",
+        c.open, c.accepted, c.closed_oversized
+    );
+    println!(
+        "  data        {} bytes read, {} bytes written",
+        s.read_bytes, s.write_bytes
+    );
+    println!(
+        "  errors      {} RPC-level, {} upstream; {} retransmissions answered from the duplicate-request cache",
+        s.rpc_errors, s.service_errors, s.drc_hits
+    );
+    let list: Vec<String> = s
+        .nfs_calls
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    println!(
+        "  NFS calls   {}",
+        if list.is_empty() {
+            "none".into()
+        } else {
+            list.join(", ")
+        }
+    );
+    println!(
+        "  MOUNT calls {}  PORTMAP calls {}",
+        s.mount_calls, s.portmap_calls
+    );
+    if let Some(u) = &s.upstream_client {
+        println!(
+            "  upstream rpc {}: {} calls, {} retransmits, {} connects",
+            u.server, u.calls, u.retransmits, u.connects
+        );
+    }
+}

@@ -1,0 +1,71 @@
+//! What a run reports: its outcome and the goals it is judged by.
+
+use super::*;
+
+/// The results of a run.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Every timed clone.
+    pub records: Vec<CloneRecord>,
+    /// The report: parameters, tables, goals, where the time goes.
+    pub markdown: String,
+    /// `gvfsctl stats --json` of the first node's proxy after its first
+    /// clone, per sequential WAN scenario.
+    pub client_stats: Vec<(Scenario, serde_json::Value)>,
+    /// Calls that crossed the WAN, by procedure, for WAN-S1's cold and warm
+    /// clone.
+    pub wan_calls: Vec<(String, BTreeMap<String, u64>)>,
+    /// `gvfsctl stats --json` of WAN-P's LAN proxy after its clones.
+    pub lan_stats: Option<serde_json::Value>,
+    /// The goals, as measured.
+    pub goals: Vec<Goal>,
+    /// The guests' RAM.
+    pub ram_mib: u64,
+    /// The WAN cut scenario's clones.
+    pub cuts: Vec<cut::CutRecord>,
+}
+
+/// A goal of the benchmark: `measured / against <= at_most`.
+#[derive(Debug, Clone)]
+pub struct Goal {
+    /// What the goal says.
+    pub name: String,
+    /// The time measured (seconds), when its scenario ran.
+    pub measured: Option<f64>,
+    /// The time it is held against (seconds), when its scenario ran.
+    pub against: Option<f64>,
+    /// The largest ratio that meets the goal.
+    pub at_most: f64,
+    /// The floor's ratio, when it is known: the floor held against the
+    /// same time (a clone beats it only by what the floor does not count,
+    /// repeated blocks sent once).
+    pub best: Option<f64>,
+}
+
+impl Goal {
+    /// `measured / against`, when both ran.
+    pub fn ratio(&self) -> Option<f64> {
+        match (self.measured, self.against) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        }
+    }
+
+    /// Whether the goal is met (`None` when its scenarios did not run).
+    pub fn met(&self) -> Option<bool> {
+        self.ratio().map(|r| r <= self.at_most)
+    }
+
+    /// `met`, `**not met**` or `n/a`, for tables.
+    pub fn verdict(&self) -> &'static str {
+        match self.met() {
+            Some(true) => "met",
+            Some(false) => "**not met**",
+            None => "n/a",
+        }
+    }
+
+    pub(super) fn ratio_text(&self) -> String {
+        fmt3(self.ratio())
+    }
+}
