@@ -7,15 +7,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gvfs_upstream::{DEFAULT_EXPORT, UpstreamUrl};
 use serde::Deserialize;
 
 use crate::server::ServerLimits;
-use crate::upstream::UpstreamUrl;
 
 /// The default listening address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:2049";
-/// The default export name.
-pub const DEFAULT_EXPORT: &str = "/export";
 /// The directory served when no upstream is configured (created with sample
 /// files on first use).
 pub const SAMPLE_DIR: &str = "gvfs-sample";

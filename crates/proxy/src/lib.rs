@@ -2,9 +2,9 @@
 //!
 //! A proxy is a stack of [`gvfs_nfs::NfsService`] layers behind an RPC
 //! front end: [`front`] decodes calls and routes NFS v3, MOUNT v3 and
-//! PORTMAP v2; [`server`] is its tokio edge; [`upstream`] is what sits at
-//! the bottom (a local directory or an NFSv3 server). [`run`] assembles a
-//! stack from a [`config::Config`] and serves it until shutdown.
+//! PORTMAP v2; [`server`] is its tokio edge; [`gvfs_upstream`] is what
+//! sits at the bottom (a local directory or an NFSv3 server). [`run`]
+//! assembles a stack from a [`config::Config`] and serves it until shutdown.
 
 #![warn(missing_docs)]
 
@@ -17,7 +17,6 @@ pub mod front;
 pub mod metrics;
 pub mod server;
 pub mod shutdown;
-pub mod upstream;
 pub mod writeback;
 
 use std::net::SocketAddr;
@@ -28,6 +27,9 @@ use std::time::Instant;
 
 use gvfs_nfs::client::RpcClient;
 use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
+use gvfs_upstream::UpstreamUrl;
+use gvfs_upstream::dir::DirUpstream;
+use gvfs_upstream::nfs::{NfsUpstream, UpstreamTimeouts};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -36,9 +38,6 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, UpstreamChoice};
 use crate::front::FrontEnd;
 use crate::server::{MemoryBudget, Security, ServerStats, Shared, TlsSide};
-use crate::upstream::UpstreamUrl;
-use crate::upstream::dir::DirUpstream;
-use crate::upstream::nfs::{NfsUpstream, UpstreamTimeouts};
 
 /// Why a proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +53,7 @@ pub enum ProxyError {
     },
     /// The `dir:` upstream could not be opened.
     #[error(transparent)]
-    Dir(#[from] upstream::dir::DirError),
+    Dir(#[from] gvfs_upstream::dir::DirError),
     /// The sample directory could not be created.
     #[error("cannot create the sample directory {path}: {cause}")]
     Sample {

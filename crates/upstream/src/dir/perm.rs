@@ -123,7 +123,7 @@ impl Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::dir::attr::{S_IFDIR, S_IFREG};
+    use crate::dir::attr::{S_IFDIR, S_IFREG};
     use nfs3_types::nfs3::nfstime3;
 
     fn attr(mode: u32, uid: u32, gid: u32) -> Attr {

@@ -1,11 +1,18 @@
-//! What sits below a proxy, chosen by URL: `dir:PATH` (a local directory,
-//! the embedded origin), `nfs://HOST[:PORT]/EXPORT` (an NFSv3 server) or
-//! `gvfs://HOST:PORT/EXPORT` (another gvfs-proxy over TLS).
+//! What sits below a gvfs proxy, the bottom of its stack, chosen by URL:
+//! `dir:PATH` ([`dir`]: a local directory, the embedded origin),
+//! `nfs://HOST[:PORT]/EXPORT` ([`nfs`]: an NFSv3 server) or
+//! `gvfs://HOST:PORT/EXPORT` (also [`nfs`]: another gvfs-proxy over TLS).
+//! Each is a [`gvfs_nfs::NfsService`], so the layers above it neither know
+//! nor care which one they talk to; [`UpstreamUrl`] parses the URL.
+#![warn(missing_docs)]
 
 pub mod dir;
 pub mod nfs;
 
 use std::path::PathBuf;
+
+/// The default export name.
+pub const DEFAULT_EXPORT: &str = "/export";
 
 /// A parsed `--upstream` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
