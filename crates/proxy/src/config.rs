@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gvfs_upstream::{DEFAULT_EXPORT, UpstreamUrl};
+use gvfs_upstream::{DEFAULT_EXPORT, UpstreamUrl, UrlError};
 use serde::Deserialize;
 
 use crate::server::ServerLimits;
@@ -229,6 +229,9 @@ pub enum ConfigError {
     /// A value is out of range or malformed.
     #[error("{0}")]
     Invalid(String),
+    /// The upstream URL is malformed.
+    #[error(transparent)]
+    Upstream(#[from] UrlError),
 }
 
 /// Where the upstream comes from.
@@ -546,7 +549,7 @@ impl Config {
             )));
         }
         let upstream = match f.upstream {
-            Some(u) => UpstreamChoice::Url(u.parse().map_err(ConfigError::Invalid)?),
+            Some(u) => UpstreamChoice::Url(u.parse()?),
             None => UpstreamChoice::Sample(PathBuf::from(SAMPLE_DIR)),
         };
         let export = f.export.unwrap_or_else(|| DEFAULT_EXPORT.to_string());

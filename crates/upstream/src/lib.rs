@@ -25,31 +25,76 @@ pub enum UpstreamUrl {
     Gvfs(nfs::GvfsUrl),
 }
 
-impl std::str::FromStr for UpstreamUrl {
-    type Err = String;
+/// Why an `--upstream` URL was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UrlError {
+    /// `dir:` with nothing after it.
+    #[error("bad upstream {url:?}: dir: needs a path, e.g. dir:/srv/images")]
+    DirWithoutPath {
+        /// The URL given.
+        url: String,
+    },
+    /// An `nfs://` URL that does not parse.
+    #[error(transparent)]
+    Nfs(nfs::BadUrl),
+    /// A `gvfs://` URL that does not parse.
+    #[error(transparent)]
+    Gvfs(nfs::BadUrl),
+    /// None of `dir:`, `nfs://` and `gvfs://`.
+    #[error(
+        "bad upstream {url:?}: expected dir:PATH, nfs://HOST[:PORT]/EXPORT[?mountport=N] \
+         or gvfs://HOST:PORT[/EXPORT]"
+    )]
+    UnknownScheme {
+        /// The URL given.
+        url: String,
+    },
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for UpstreamUrl {
+    type Err = UrlError;
+
+    fn from_str(s: &str) -> Result<Self, UrlError> {
         if let Some(path) = s.strip_prefix("dir:") {
             if path.is_empty() {
-                return Err(format!(
-                    "bad upstream {s:?}: dir: needs a path, e.g. dir:/srv/images"
-                ));
+                return Err(UrlError::DirWithoutPath { url: s.to_string() });
             }
             return Ok(Self::Dir(PathBuf::from(path)));
         }
         if s.starts_with("nfs://") {
-            return nfs::NfsUrl::parse(s)
-                .map(Self::Nfs)
-                .map_err(|e| e.to_string());
+            return nfs::NfsUrl::parse(s).map(Self::Nfs).map_err(UrlError::Nfs);
         }
         if s.starts_with("gvfs://") {
             return nfs::GvfsUrl::parse(s)
                 .map(Self::Gvfs)
-                .map_err(|e| e.to_string());
+                .map_err(UrlError::Gvfs);
         }
-        Err(format!(
-            "bad upstream {s:?}: expected dir:PATH, nfs://HOST[:PORT]/EXPORT[?mountport=N] \
-             or gvfs://HOST:PORT[/EXPORT]"
-        ))
+        Err(UrlError::UnknownScheme { url: s.to_string() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_errors_say_what_was_expected() {
+        let e = |s: &str| s.parse::<UpstreamUrl>().unwrap_err().to_string();
+        assert_eq!(
+            e("dir:"),
+            "bad upstream \"dir:\": dir: needs a path, e.g. dir:/srv/images"
+        );
+        assert_eq!(
+            e("ftp://x"),
+            "bad upstream \"ftp://x\": expected dir:PATH, \
+             nfs://HOST[:PORT]/EXPORT[?mountport=N] or gvfs://HOST:PORT[/EXPORT]"
+        );
+        assert!(e("nfs://h").starts_with("bad nfs:// URL \"nfs://h\": "));
+        assert!(e("gvfs://p/e").starts_with("bad gvfs:// URL \"gvfs://p/e\": "));
+        assert_eq!(
+            "dir:/srv".parse::<UpstreamUrl>(),
+            Ok(UpstreamUrl::Dir(PathBuf::from("/srv")))
+        );
     }
 }
