@@ -7,15 +7,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gvfs_upstream::{DEFAULT_EXPORT, UpstreamUrl, UrlError};
 use serde::Deserialize;
 
 use crate::server::ServerLimits;
-use crate::upstream::UpstreamUrl;
 
 /// The default listening address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:2049";
-/// The default export name.
-pub const DEFAULT_EXPORT: &str = "/export";
 /// The directory served when no upstream is configured (created with sample
 /// files on first use).
 pub const SAMPLE_DIR: &str = "gvfs-sample";
@@ -231,6 +229,9 @@ pub enum ConfigError {
     /// A value is out of range or malformed.
     #[error("{0}")]
     Invalid(String),
+    /// The upstream URL is malformed.
+    #[error(transparent)]
+    Upstream(#[from] UrlError),
 }
 
 /// Where the upstream comes from.
@@ -548,7 +549,7 @@ impl Config {
             )));
         }
         let upstream = match f.upstream {
-            Some(u) => UpstreamChoice::Url(u.parse().map_err(ConfigError::Invalid)?),
+            Some(u) => UpstreamChoice::Url(u.parse()?),
             None => UpstreamChoice::Sample(PathBuf::from(SAMPLE_DIR)),
         };
         let export = f.export.unwrap_or_else(|| DEFAULT_EXPORT.to_string());

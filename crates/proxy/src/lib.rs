@@ -2,9 +2,9 @@
 //!
 //! A proxy is a stack of [`gvfs_nfs::NfsService`] layers behind an RPC
 //! front end: [`front`] decodes calls and routes NFS v3, MOUNT v3 and
-//! PORTMAP v2; [`server`] is its tokio edge; [`upstream`] is what sits at
-//! the bottom (a local directory or an NFSv3 server). [`run`] assembles a
-//! stack from a [`config::Config`] and serves it until shutdown.
+//! PORTMAP v2; [`server`] is its tokio edge; [`gvfs_upstream`] is what
+//! sits at the bottom (a local directory or an NFSv3 server). [`run`]
+//! assembles a stack from a [`config::Config`] and serves it until shutdown.
 
 #![warn(missing_docs)]
 
@@ -18,7 +18,6 @@ pub mod server;
 pub mod shutdown;
 pub mod stack;
 pub mod status;
-pub mod upstream;
 pub mod writeback;
 
 use std::net::SocketAddr;
@@ -52,7 +51,7 @@ pub enum ProxyError {
     },
     /// The `dir:` upstream could not be opened.
     #[error(transparent)]
-    Dir(#[from] upstream::dir::DirError),
+    Dir(#[from] gvfs_upstream::dir::DirError),
     /// The sample directory could not be created.
     #[error("cannot create the sample directory {path}: {cause}")]
     Sample {
@@ -318,7 +317,7 @@ async fn write_back_on_exit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::dir::DirUpstream;
+    use gvfs_upstream::dir::DirUpstream;
 
     /// The error as `main` prints it: the message and every `source`.
     fn as_main_prints(e: ProxyError) -> String {

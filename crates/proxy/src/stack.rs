@@ -28,9 +28,9 @@ use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
 use crate::ProxyError;
 use crate::config::{CacheSettings, Config, UpstreamChoice};
 use crate::server::TlsSide;
-use crate::upstream::UpstreamUrl;
-use crate::upstream::dir::DirUpstream;
-use crate::upstream::nfs::{NfsUpstream, UpstreamTimeouts};
+use gvfs_upstream::UpstreamUrl;
+use gvfs_upstream::dir::DirUpstream;
+use gvfs_upstream::nfs::{NfsUpstream, UpstreamTimeouts};
 
 /// A proxy's layers, bottom to top. The optional ones are kept by name
 /// for what only they do (status, write-back jobs, exit).

@@ -331,3 +331,137 @@ fn times_of(s: &sattr3) -> Result<Option<(Timestamps, bool)>, Fail> {
         explicit,
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use gvfs_nfs::{NfsReply, NfsRequest, NfsService};
+    use nfs3_types::nfs3::*;
+
+    use crate::dir::testing::{Fixture, call, root};
+
+    #[tokio::test]
+    async fn setattr_truncate_times_and_guard() {
+        let f = Fixture::new().await;
+        let fh = f.file_with(&f.root, "f", b"0123456789").await;
+        let attr = f.getattr(&fh).await.unwrap();
+        let wrong = nfstime3 {
+            seconds: attr.ctime.seconds.wrapping_add(1),
+            nseconds: attr.ctime.nseconds,
+        };
+        let truncate = sattr3 {
+            size: Nfs3Option::Some(4),
+            ..sattr3::default()
+        };
+        assert_eq!(
+            f.setattr(&root(), &fh, truncate.clone(), Some(wrong))
+                .await
+                .unwrap_err(),
+            nfsstat3::NFS3ERR_NOT_SYNC
+        );
+        assert_eq!(f.getattr(&fh).await.unwrap().size, 10);
+        let ok = f
+            .setattr(&root(), &fh, truncate, Some(attr.ctime))
+            .await
+            .unwrap();
+        let Nfs3Option::Some(after) = ok.obj_wcc.after else {
+            panic!("no post-op attributes")
+        };
+        assert_eq!(after.size, 4);
+        assert_eq!(std::fs::read(f.tmp.path().join("f")).unwrap(), b"0123");
+
+        let when = nfstime3 {
+            seconds: 1_000_000_000,
+            nseconds: 123,
+        };
+        let times = sattr3 {
+            mode: Nfs3Option::Some(0o4755),
+            atime: set_atime::SET_TO_CLIENT_TIME(when),
+            mtime: set_mtime::SET_TO_CLIENT_TIME(when),
+            ..sattr3::default()
+        };
+        f.setattr(&root(), &fh, times, None).await.unwrap();
+        let attr = f.getattr(&fh).await.unwrap();
+        assert_eq!((attr.mode, attr.atime, attr.mtime), (0o4755, when, when));
+        let now = sattr3 {
+            mtime: set_mtime::SET_TO_SERVER_TIME,
+            ..sattr3::default()
+        };
+        f.setattr(&root(), &fh, now, None).await.unwrap();
+        assert!(f.getattr(&fh).await.unwrap().mtime.seconds > when.seconds);
+        assert_eq!(
+            f.setattr(
+                &root(),
+                &f.root,
+                sattr3 {
+                    size: Nfs3Option::Some(0),
+                    ..sattr3::default()
+                },
+                None
+            )
+            .await
+            .unwrap_err(),
+            nfsstat3::NFS3ERR_BADTYPE
+        );
+    }
+
+    #[tokio::test]
+    async fn fsinfo_fsstat_pathconf() {
+        let f = Fixture::new().await;
+        let ok = call!(
+            f,
+            &root(),
+            Fsinfo(FSINFO3args {
+                fsroot: f.root.clone(),
+            })
+        )
+        .unwrap();
+        assert_eq!(
+            (ok.rtmax, ok.rtpref, ok.wtmax, ok.wtpref),
+            (1 << 20, 1 << 20, 1 << 20, 1 << 20)
+        );
+        assert_eq!(ok.dtpref, 64 * 1024);
+        assert_eq!(
+            ok.time_delta,
+            nfstime3 {
+                seconds: 0,
+                nseconds: 1
+            }
+        );
+        assert_eq!(
+            ok.properties,
+            FSF3_LINK | FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME
+        );
+        assert!(ok.maxfilesize >= 1 << 40);
+        let Nfs3Option::Some(attr) = ok.obj_attributes else {
+            panic!("no attributes")
+        };
+        assert_eq!(attr.type_, ftype3::NF3DIR);
+
+        let ok = call!(
+            f,
+            &root(),
+            Fsstat(FSSTAT3args {
+                fsroot: f.root.clone(),
+            })
+        )
+        .unwrap();
+        assert!(ok.tbytes > 0 && ok.tbytes >= ok.fbytes && ok.fbytes >= ok.abytes);
+
+        let ok = call!(
+            f,
+            &root(),
+            Pathconf(PATHCONF3args {
+                object: f.root.clone(),
+            })
+        )
+        .unwrap();
+        assert_eq!(ok.name_max, 255);
+        assert!(ok.no_trunc && ok.case_preserving && !ok.case_insensitive);
+
+        let r = f
+            .call(&root(), NfsRequest::Null(nfs3_types::xdr_codec::Void))
+            .await;
+        assert!(matches!(r, NfsReply::Null(_)));
+        assert!(f.up.describe().starts_with("dir:/"));
+    }
+}

@@ -32,6 +32,8 @@ mod readdir;
 mod resolve;
 mod status;
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

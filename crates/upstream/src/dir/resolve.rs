@@ -201,3 +201,85 @@ impl Export {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use nfs3_types::nfs3::*;
+    use nfs3_types::xdr_codec::Opaque;
+    use tempfile::TempDir;
+
+    use crate::dir::testing::{Fixture, root};
+
+    #[tokio::test]
+    async fn handles_survive_restart_and_renames() {
+        let f = Fixture::new().await;
+        let (a, _) = f.mkdir(&root(), &f.root, "a").await.unwrap();
+        let (b, _) = f.mkdir(&root(), &a, "b").await.unwrap();
+        let file = f.file_with(&b, "f", b"payload").await;
+
+        // Rename of an ancestor through NFS.
+        f.rename(&f.root, "a", &f.root, "a2").await.unwrap();
+        assert_eq!(f.read(&root(), &file, 0, 100).await.unwrap().0, b"payload");
+        assert_eq!(f.getattr(&b).await.unwrap().type_, ftype3::NF3DIR);
+
+        // A new instance on the same directory, after a rename behind its back.
+        std::fs::rename(f.tmp.path().join("a2"), f.tmp.path().join("a3")).unwrap();
+        let g = Fixture::open(f.tmp.path(), TempDir::new().unwrap()).await;
+        assert_eq!(g.root, f.root, "the root handle is stable");
+        assert_eq!(g.read(&root(), &file, 0, 100).await.unwrap().0, b"payload");
+        assert_eq!(g.getattr(&a).await.unwrap().type_, ftype3::NF3DIR);
+        let (found, _) = g.lookup(&root(), &b, "f").await.unwrap();
+        assert_eq!(found, file);
+        // The first instance finds it too, though its index is out of date.
+        std::fs::rename(f.tmp.path().join("a3"), f.tmp.path().join("a4")).unwrap();
+        assert_eq!(f.getattr(&file).await.unwrap().size, 7);
+        let (dotdot, _) = f.lookup(&root(), &b, "..").await.unwrap();
+        assert_eq!(dotdot, a);
+    }
+
+    #[tokio::test]
+    async fn stale_and_bad_handles() {
+        let f = Fixture::new().await;
+        let fh = f.create_file(&f.root, "f").await;
+        f.write(&root(), &fh, 0, b"x", stable_how::UNSTABLE)
+            .await
+            .unwrap();
+        let (d, _) = f.mkdir(&root(), &f.root, "d").await.unwrap();
+        f.remove(&root(), &f.root, "f").await.unwrap();
+        assert_eq!(f.getattr(&fh).await.unwrap_err(), nfsstat3::NFS3ERR_STALE);
+        assert_eq!(
+            f.read(&root(), &fh, 0, 1).await.unwrap_err(),
+            nfsstat3::NFS3ERR_STALE
+        );
+        assert_eq!(
+            f.remove(&root(), &f.root, "f").await.unwrap_err(),
+            nfsstat3::NFS3ERR_NOENT
+        );
+
+        // Removed behind the proxy's back, seen by a fresh instance.
+        std::fs::remove_dir(f.tmp.path().join("d")).unwrap();
+        let fresh = Fixture::open(f.tmp.path(), TempDir::new().unwrap()).await;
+        assert_eq!(
+            fresh.getattr(&d).await.unwrap_err(),
+            nfsstat3::NFS3ERR_STALE
+        );
+        assert_eq!(f.getattr(&d).await.unwrap_err(), nfsstat3::NFS3ERR_STALE);
+
+        for bad in [vec![], vec![1, 2, 3], vec![0; 64]] {
+            let fh = nfs_fh3 {
+                data: Opaque::owned(bad),
+            };
+            assert_eq!(
+                f.getattr(&fh).await.unwrap_err(),
+                nfsstat3::NFS3ERR_BADHANDLE
+            );
+        }
+        // A handle of another export is stale.
+        let other = Fixture::new().await;
+        let theirs = other.create_file(&other.root, "f").await;
+        assert_eq!(
+            f.getattr(&theirs).await.unwrap_err(),
+            nfsstat3::NFS3ERR_STALE
+        );
+    }
+}

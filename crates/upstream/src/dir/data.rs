@@ -284,3 +284,6 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     }
     Ok(done)
 }
+
+#[cfg(test)]
+mod tests;

@@ -576,3 +576,6 @@ fn exclusive_times(v: &createverf3) -> (Timespec, Timespec) {
     };
     (at(half(&v.0[4..8])), at(half(&v.0[0..4])))
 }
+
+#[cfg(test)]
+mod tests;

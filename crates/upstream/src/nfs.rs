@@ -132,7 +132,7 @@ impl GvfsUrl {
         };
         let (authority, export) = match rest.find('/') {
             Some(i) => rest.split_at(i),
-            None => (rest, crate::config::DEFAULT_EXPORT),
+            None => (rest, crate::DEFAULT_EXPORT),
         };
         let (host, port) = split_host_port(authority).ok_or_else(|| bad("bad HOST:PORT"))?;
         let port =
