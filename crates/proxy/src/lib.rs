@@ -81,6 +81,9 @@ pub enum ProxyError {
     /// The TLS certificate, key or CA could not be used.
     #[error(transparent)]
     Tls(#[from] gvfs_tunnel::TunnelError),
+    /// A gvfs:// upstream was configured without the TLS files it needs.
+    #[error("a gvfs:// upstream needs --cert, --key and --ca")]
+    GvfsWithoutTls,
 }
 
 fn bind_hint(e: &std::io::Error) -> &'static str {
