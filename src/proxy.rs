@@ -202,6 +202,26 @@ pub fn gvfsctl_binary() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Arguments that start a proxy (on a port of its own) in front of an
+/// nfs:// upstream nobody answers: a 127.0.0.1 port just closed, with a
+/// 1 s connect timeout, so that the start-up check fails fast.
+pub fn unreachable_upstream_args() -> Result<Vec<String>> {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let url = format!("nfs://127.0.0.1:{closed}/export?mountport={closed}");
+    Ok([
+        "--listen",
+        "127.0.0.1:0",
+        "--connect-timeout",
+        "1",
+        "--upstream",
+        &url,
+    ]
+    .map(String::from)
+    .to_vec())
+}
+
 /// Runs `gvfsctl --control SOCKET ARGS...` and returns its output.
 pub fn gvfsctl(control: &Path, args: &[&str]) -> Result<process::Output> {
     let mut cmd = Command::new(gvfsctl_binary()?);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use gvfs::libnfs::nfs_cat;
-use gvfs::proxy::proxy_binary;
+use gvfs::proxy::{proxy_binary, unreachable_upstream_args};
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::rpc::{self, Credentials, ReplyError, ReplyStatus, auth_stat};
 use gvfs_nfs::xdr;
@@ -413,19 +413,10 @@ fn command_line_mistakes_are_one_line_errors() -> Result<()> {
         &["--listen", &format!("127.0.0.1:{port}"), "--upstream", &dir],
         "in use",
     )?;
-    // Nothing listens on this port: the upstream check fails fast.
-    let closed = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    refuses(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--connect-timeout",
-            "1",
-            "--upstream",
-            &format!("nfs://127.0.0.1:{closed}/export?mountport={closed}"),
-        ],
-        "upstream",
-    )?;
+    // Nothing listens on the upstream's port: the upstream check fails fast.
+    let unreachable = unreachable_upstream_args()?;
+    let args: Vec<&str> = unreachable.iter().map(String::as_str).collect();
+    refuses(&args, "upstream")?;
     let cfg = origin.path().join("bad.toml");
     std::fs::write(&cfg, "listen = 5\n")?;
     refuses(&["--config", &cfg.display().to_string()], "bad config file")?;

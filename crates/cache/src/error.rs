@@ -150,3 +150,103 @@ impl<T> IoContext<T> for io::Result<T> {
         self.map_err(|source| Error::Io { op, source })
     }
 }
+
+/// Why the block cache layer failed a call with no NFS status to give for
+/// it: the client sees `NFS3ERR_IO` (through
+/// [`ServiceError::Layer`](gvfs_nfs::ServiceError::Layer)).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayerError {
+    /// The block store failed.
+    #[error("block cache: {0}")]
+    Store(#[source] Error),
+    /// The layer was closed at shutdown: it takes no more calls.
+    #[error("block cache is closed")]
+    Closed,
+    /// The layer was dropped while a call of it was still running.
+    #[error("block cache layer dropped")]
+    Dropped,
+    /// A task the layer ran a call's work in panicked or was cancelled.
+    #[error("block cache {task} task: {source}")]
+    Task {
+        /// Which work ("fetch", "write-back").
+        task: &'static str,
+        /// What tokio said.
+        source: tokio::task::JoinError,
+    },
+    /// Upstream answered a call the layer made of its own accord (to fill
+    /// a block, to write dirty data back) with an error.
+    #[error("block cache: {call} failed upstream: {status}")]
+    Upstream {
+        /// What the layer asked.
+        call: UpstreamCall,
+        /// What upstream answered.
+        status: nfs3_types::nfs3::nfsstat3,
+    },
+    /// Upstream's write verifier changed again and again while a file's
+    /// data was written back: it kept restarting.
+    #[error("block cache: upstream write verifier keeps changing")]
+    VerifierKeepsChanging,
+    /// Upstream restarted (its write verifier changed) while an evicted
+    /// block was written to it: the block stays dirty.
+    #[error("block cache: upstream restarted while an evicted block was written; retry")]
+    RestartedDuringEviction,
+    /// A block could not be stored: each attempt found its set full of
+    /// blocks being written back or filled.
+    #[error("block cache: could not store block {block} after {attempts} attempts")]
+    NoRoom {
+        /// The block.
+        block: u64,
+        /// How many times it was tried.
+        attempts: usize,
+    },
+}
+
+/// A call the block cache layer makes upstream of its own accord, as
+/// [`LayerError::Upstream`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UpstreamCall {
+    /// GETATTR of a file found with dirty data at start-up.
+    RecoveredGetattr,
+    /// READ of a block, to complete a partial write into it.
+    FillForPartialWrite {
+        /// The block.
+        block: u64,
+    },
+    /// GETATTR before a file's data is written back.
+    WriteBackGetattr,
+    /// WRITE of a file's dirty data.
+    WriteBackWrite {
+        /// Where the WRITE starts.
+        offset: u64,
+    },
+    /// COMMIT after a file's dirty data was written.
+    WriteBackCommit,
+    /// WRITE of a dirty block evicted to make room.
+    EvictionWrite,
+    /// COMMIT of a dirty block evicted to make room.
+    EvictionCommit,
+}
+
+impl std::fmt::Display for UpstreamCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::RecoveredGetattr => f.write_str("GETATTR of a file with recovered dirty data"),
+            Self::FillForPartialWrite { block } => {
+                write!(f, "reading block {block} to complete a partial write")
+            }
+            Self::WriteBackGetattr => f.write_str("GETATTR before write-back"),
+            Self::WriteBackWrite { offset } => write!(f, "write-back WRITE at {offset}"),
+            Self::WriteBackCommit => f.write_str("write-back COMMIT"),
+            Self::EvictionWrite => f.write_str("writing an evicted block"),
+            Self::EvictionCommit => f.write_str("COMMIT of an evicted block"),
+        }
+    }
+}
+
+impl From<LayerError> for gvfs_nfs::ServiceError {
+    fn from(e: LayerError) -> Self {
+        Self::layer(e)
+    }
+}

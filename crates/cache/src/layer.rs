@@ -66,7 +66,7 @@ use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 use tokio::sync::{Semaphore, watch};
 
-use crate::error::Error;
+use crate::error::{Error, LayerError, UpstreamCall};
 use crate::geometry::Geometry;
 use crate::store::{BlockStore, DirtyData, WriteMode, WriteOutcome};
 
@@ -354,7 +354,13 @@ impl fmt::Debug for CacheLayer {
 pub type ZeroHint = Arc<dyn Fn(&[u8], u64, u64) -> bool + Send + Sync>;
 
 fn local(e: Error) -> ServiceError {
-    ServiceError::Local(format!("block cache: {e}"))
+    LayerError::Store(e).into()
+}
+
+/// Upstream answered `call`, which the layer made of its own accord, with
+/// `status`.
+fn upstream_failed(call: UpstreamCall, status: nfsstat3) -> ServiceError {
+    LayerError::Upstream { call, status }.into()
 }
 
 fn fh3(fh: &[u8]) -> nfs_fh3 {
@@ -664,9 +670,7 @@ impl CacheLayer {
                     return Ok(());
                 }
                 Nfs3Result::Err((st, _)) => {
-                    return Err(ServiceError::Local(format!(
-                        "block cache: GETATTR of a file with recovered dirty data failed: {st}"
-                    )));
+                    return Err(upstream_failed(UpstreamCall::RecoveredGetattr, st));
                 }
             },
         };
@@ -702,7 +706,7 @@ impl CacheLayer {
 
     async fn dispatch(&self, cx: &CallContext, req: NfsRequest) -> Result<NfsReply, ServiceError> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err(ServiceError::Local("block cache is closed".into()));
+            return Err(LayerError::Closed.into());
         }
         match req {
             NfsRequest::Read(a) => self.read(cx, a).await,

@@ -19,7 +19,7 @@ mod set;
 mod storage;
 mod store;
 
-pub use error::{Error, GeometryError, Result};
+pub use error::{Error, GeometryError, LayerError, Result, UpstreamCall};
 pub use geometry::{
     Geometry, GeometryConfig, MAX_BANKS, MAX_BLOCK_SIZE, MAX_SUB_BLOCKS, MAX_WAYS, MIN_BLOCK_SIZE,
     MIN_SUB_BLOCK_SIZE,

@@ -91,6 +91,7 @@ use gvfs_nfs::rpc::{ReplyError, ReplyStatus};
 use gvfs_nfs::xdr::{XdrError, XdrReader, encode_into, put_opaque, put_u32};
 use gvfs_nfs::{BoxFuture, Credentials};
 
+use crate::error::ChunkError;
 use crate::format::ByteRepeat;
 
 /// The program number.
@@ -162,7 +163,7 @@ pub struct FetchOk {
 impl FetchOk {
     /// Checks the repeats against the chunk at `offset`: each inside it,
     /// its source before it, in order, not overlapping.
-    pub fn check_repeats(&self, offset: u64) -> Result<(), String> {
+    pub fn check_repeats(&self, offset: u64) -> Result<(), ChunkError> {
         let end = offset + u64::from(self.raw_len);
         let mut next = offset;
         for r in &self.repeats {
@@ -173,10 +174,12 @@ impl FetchOk {
                 || to_end.is_none_or(|e| e > end)
                 || r.from.checked_add(len).is_none_or(|e| e > r.to);
             if bad {
-                return Err(format!(
-                    "repeat of {}+{} from {} does not fit the chunk at {offset}",
-                    r.to, r.len, r.from
-                ));
+                return Err(ChunkError::RepeatOutside {
+                    to: r.to,
+                    len: r.len,
+                    from: r.from,
+                    offset,
+                });
             }
             next = r.to + len;
         }
@@ -425,7 +428,7 @@ impl StoreArgs {
     }
 
     /// The file bytes, checked to be exactly `raw_len` long.
-    pub fn raw(self) -> Result<Vec<u8>, String> {
+    pub fn raw(self) -> Result<Vec<u8>, ChunkError> {
         unpack(self.codec, self.data, self.raw_len)
     }
 }
@@ -471,17 +474,20 @@ fn data_limit(codec: Codec, raw_len: u32) -> usize {
     }
 }
 
-fn unpack(codec: Codec, data: Vec<u8>, raw_len: u32) -> Result<Vec<u8>, String> {
+fn unpack(codec: Codec, data: Vec<u8>, raw_len: u32) -> Result<Vec<u8>, ChunkError> {
     let raw = match codec {
         Codec::Stored => data,
-        Codec::Zstd => zstd::bulk::decompress(&data, raw_len as usize)
-            .map_err(|e| format!("bad zstd frame: {e}"))?,
+        Codec::Zstd => {
+            zstd::bulk::decompress(&data, raw_len as usize).map_err(|e| ChunkError::BadFrame {
+                source: Arc::new(e),
+            })?
+        }
     };
     if raw.len() != raw_len as usize {
-        return Err(format!(
-            "chunk holds {} bytes, announced {raw_len}",
-            raw.len()
-        ));
+        return Err(ChunkError::WrongLength {
+            got: raw.len(),
+            announced: raw_len,
+        });
     }
     Ok(raw)
 }
@@ -517,19 +523,30 @@ pub fn compress(raw: &[u8], level: i32) -> (Codec, Vec<u8>) {
 
 /// The file bytes of a fetched chunk: decompressed into at most `raw_len`
 /// bytes, and refused unless it is exactly `raw_len` long.
-pub fn decompress(ok: FetchOk) -> Result<Vec<u8>, String> {
+pub fn decompress(ok: FetchOk) -> Result<Vec<u8>, ChunkError> {
     unpack(ok.codec, ok.data, ok.raw_len)
 }
 
-/// Why a FETCH through [`ExtClient`] failed.
-#[derive(Debug, Clone, thiserror::Error)]
+/// Why a FETCH (or STORE) through a [`ChunkSource`] failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FetchError {
     /// Upstream answered with an NFS error.
     #[error("upstream answered {0:?}")]
     Nfs(nfsstat3),
-    /// Upstream did not answer, or broke the protocol.
-    #[error("{0}")]
-    Transport(String),
+    /// Upstream did not answer, refused us, or did not run the call.
+    #[error(transparent)]
+    Transport(#[from] ClientError),
+    /// Upstream's results do not decode.
+    #[error("{server}: bad {call} reply: {source}")]
+    BadReply {
+        /// Where the client connects.
+        server: String,
+        /// Which call ("FETCH", "STORE").
+        call: &'static str,
+        /// What is wrong with the results.
+        source: XdrError,
+    },
 }
 
 /// Where chunks of whole files come from: an upstream that speaks this
@@ -606,7 +623,7 @@ impl ExtClient {
     ) -> Result<Vec<u8>, FetchError> {
         match self.client.call(PROGRAM, VERSION, proc_, cred, args).await {
             Ok(reply) => Ok(reply.to_vec()),
-            Err(e) => Err(FetchError::Transport(e.to_string())),
+            Err(e) => Err(FetchError::Transport(e)),
         }
     }
 
@@ -666,7 +683,7 @@ impl ChunkSource for ExtClient {
                             .store(false, std::sync::atomic::Ordering::Relaxed);
                         (self.call(PROC_FETCH, cred, &buf).await?, false)
                     }
-                    Err(e) => return Err(FetchError::Transport(e.to_string())),
+                    Err(e) => return Err(FetchError::Transport(e)),
                 }
             } else {
                 (self.call(PROC_FETCH, cred, &buf).await?, false)
@@ -679,10 +696,11 @@ impl ChunkSource for ExtClient {
             match decoded {
                 Ok(Ok(ok)) => Ok(ok),
                 Ok(Err(st)) => Err(FetchError::Nfs(st)),
-                Err(e) => Err(FetchError::Transport(format!(
-                    "{}: bad FETCH reply: {e}",
-                    self.client.server()
-                ))),
+                Err(source) => Err(FetchError::BadReply {
+                    server: self.client.server(),
+                    call: "FETCH",
+                    source,
+                }),
             }
         })
     }
@@ -718,7 +736,7 @@ impl ChunkSource for ExtClient {
                         buf.truncate(buf.len() - GUARD_LEN);
                         self.call(PROC_STORE, cred, &buf).await?
                     }
-                    Err(e) => return Err(FetchError::Transport(e.to_string())),
+                    Err(e) => return Err(FetchError::Transport(e)),
                 }
             } else {
                 if guarded {
@@ -730,10 +748,11 @@ impl ChunkSource for ExtClient {
             match decode_store_res(&bytes) {
                 Ok(Ok(attrs)) => Ok(attrs),
                 Ok(Err(st)) => Err(FetchError::Nfs(st)),
-                Err(e) => Err(FetchError::Transport(format!(
-                    "{}: bad STORE reply: {e}",
-                    self.client.server()
-                ))),
+                Err(source) => Err(FetchError::BadReply {
+                    server: self.client.server(),
+                    call: "STORE",
+                    source,
+                }),
             }
         })
     }

@@ -50,6 +50,8 @@ use gvfs_nfs::xdr::{XdrReader, encode_into, put_u32, zeros};
 use tokio::sync::watch;
 
 use crate::MetaIndex;
+pub use crate::error::HeldWriteError;
+use crate::error::{FileCacheError, IndexError};
 use crate::ext::{
     CHUNK, ChunkSource, Codec, FetchArgs, FetchError, LEVEL, StoreArgs, StoreGuard, compress,
     decompress,
@@ -371,77 +373,6 @@ impl Versions {
     }
 }
 
-/// Why a WRITE into a held file was not taken.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum HeldWriteError {
-    /// The file is not held whole (or its fetch failed): the caller
-    /// forwards the WRITE.
-    #[error("the file is not held whole")]
-    NotHeld,
-    /// The write ends past what the file cache can hold.
-    #[error("a write ending at {end} does not fit the file cache ({max} bytes)")]
-    TooLarge {
-        /// Where the write ends.
-        end: u64,
-        /// The cache's budget.
-        max: u64,
-    },
-    /// The entry was let go (written back, evicted, replaced) while the
-    /// write was under way: nothing was kept, and the client should send
-    /// the WRITE again (NFS3ERR_JUKEBOX), which then goes upstream.
-    #[error("the file was let go during the write")]
-    LetGo,
-    /// Local I/O (the file, the index) failed: the write is not durable.
-    #[error("{0}")]
-    Local(String),
-    /// The file cache's disk is full (or over quota): the write is not
-    /// kept; writes go on once there is room again.
-    #[error("{0}")]
-    NoSpace(String),
-}
-
-/// Whether an I/O error says the disk is full or over quota.
-fn no_space(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
-    )
-}
-
-/// A local I/O failure of a WRITE kept here, as what the client is told.
-fn local_failure(what: String, e: &std::io::Error) -> HeldWriteError {
-    if no_space(e) {
-        HeldWriteError::NoSpace(format!("{what}: {e}"))
-    } else {
-        HeldWriteError::Local(format!("{what}: {e}"))
-    }
-}
-
-/// A failure of the file cache's index, as what a WRITE's client is told.
-fn index_failure(e: crate::IndexError) -> HeldWriteError {
-    let full = matches!(&e, crate::IndexError::Sled(sled::Error::Io(io)) if no_space(io));
-    let what = format!("cannot record a file in the file-cache index: {e}");
-    if full {
-        HeldWriteError::NoSpace(what)
-    } else {
-        HeldWriteError::Local(what)
-    }
-}
-
-impl HeldWriteError {
-    /// The status a client sees (RFC 1813, section 3.3.7).
-    pub fn nfsstat(&self) -> gvfs_nfs::nfs3_types::nfs3::nfsstat3 {
-        use gvfs_nfs::nfs3_types::nfs3::nfsstat3;
-        match self {
-            Self::LetGo => nfsstat3::NFS3ERR_JUKEBOX,
-            Self::TooLarge { .. } => nfsstat3::NFS3ERR_FBIG,
-            Self::NoSpace(_) => nfsstat3::NFS3ERR_NOSPC,
-            Self::NotHeld | Self::Local(_) => nfsstat3::NFS3ERR_IO,
-        }
-    }
-}
-
 /// A WRITE under way: while it lives the entry counts as busy.
 struct WritePin<'a>(&'a CachedFile);
 
@@ -466,7 +397,7 @@ pub struct CachedFile {
     frames: FrameStore,
     /// Bumped whenever a chunk arrives or the fetch fails.
     changed: watch::Sender<u64>,
-    failed: Mutex<Option<String>>,
+    failed: Mutex<Option<FileCacheError>>,
     last_used: AtomicU64,
     /// Told whenever a WRITE under way ends.
     unpinned: tokio::sync::Notify,
@@ -533,7 +464,7 @@ impl CachedFile {
     }
 
     /// Why the fetch was abandoned, if it was.
-    pub fn failure(&self) -> Option<String> {
+    pub fn failure(&self) -> Option<FileCacheError> {
         lock(&self.failed).clone()
     }
 
@@ -547,7 +478,7 @@ impl CachedFile {
         (start, len)
     }
 
-    fn fail(&self, why: String) {
+    fn fail(&self, why: FileCacheError) {
         let mut f = lock(&self.failed);
         if f.is_none() {
             tracing::warn!(file = %self.path.display(), "file cache fetch abandoned: {why}");
@@ -858,7 +789,7 @@ impl FileCache {
     /// it is still the entry of its file: under the lock that replacing it
     /// takes, so a record of a let-go entry never outlives it. Returns the
     /// `epoch` and the dirty chunks recorded, or `None` when it was let go.
-    fn record(&self, f: &Arc<CachedFile>) -> Result<Option<(u64, Vec<usize>)>, crate::IndexError> {
+    fn record(&self, f: &Arc<CachedFile>) -> Result<Option<(u64, Vec<usize>)>, IndexError> {
         let files = lock(&self.files);
         if !files.get(&f.fh).is_some_and(|g| Arc::ptr_eq(g, f)) {
             return Ok(None);
@@ -888,13 +819,17 @@ impl FileCache {
     /// Records a file and waits until the record is durable. Returns
     /// whether it is still the entry of its file.
     async fn record_durably(&self, f: &Arc<CachedFile>) -> Result<bool, HeldWriteError> {
+        let index_failure = |source| FileCacheError::Index {
+            op: "cannot record a file in the file-cache index",
+            source,
+        };
         let Some((epoch, chunks)) = self.record(f).map_err(index_failure)? else {
             return Ok(false);
         };
         if let Some(index) = self.index.clone() {
             tokio::task::spawn_blocking(move || index.flush())
                 .await
-                .map_err(|e| HeldWriteError::Local(e.to_string()))?
+                .map_err(|e| FileCacheError::task("recording a file", e))?
                 .map_err(index_failure)?;
         }
         let mut v = lock(&f.versions);

@@ -568,7 +568,7 @@ impl MetaLayer {
             return self
                 .read_held(cx, copy, &f, &args)
                 .await
-                .map_err(ServiceError::Local);
+                .map_err(ServiceError::from);
         }
         let Some((meta, attrs)) = self.meta_for(cx, &fh).await else {
             return self.forward(cx, NfsRequest::Read(args)).await;
@@ -624,7 +624,7 @@ impl MetaLayer {
             set.spawn(async move { (lo, read_run(inner.as_ref(), &cx, file, lo, hi).await) });
         }
         while let Some(joined) = set.join_next().await {
-            let (lo, run) = joined.map_err(|e| ServiceError::Local(e.to_string()))?;
+            let (lo, run) = joined.map_err(ServiceError::layer)?;
             match run? {
                 Run::Data {
                     bytes,
@@ -872,7 +872,7 @@ impl Layer for MetaLayer {
                         copy.files
                             .write_back_and_let_go(copy.source.as_ref(), &f)
                             .await
-                            .map_err(ServiceError::Local)?;
+                            .map_err(ServiceError::from)?;
                     }
                     self.forward(cx, NfsRequest::Setattr(args)).await
                 }

@@ -180,7 +180,7 @@ impl ExtServer {
                     tracing::warn!(error = %e, "forwarding FETCH_REPEATS failed");
                     match e {
                         ext::FetchError::Nfs(st) => st,
-                        ext::FetchError::Transport(_) => nfsstat3::NFS3ERR_IO,
+                        _ => nfsstat3::NFS3ERR_IO,
                     }
                 })
             }

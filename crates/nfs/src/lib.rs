@@ -29,4 +29,4 @@ pub mod xdr;
 pub use nfs3_types;
 pub use proc::{NfsProc, NfsReply, NfsRequest};
 pub use rpc::Credentials;
-pub use service::{BoxFuture, CallContext, NfsService, ServiceError};
+pub use service::{BoxFuture, CallContext, LayerFailure, NfsService, ServiceError};

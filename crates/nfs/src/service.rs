@@ -55,6 +55,16 @@ pub enum ServiceError {
         /// What went wrong last.
         reason: String,
     },
+    /// The upstream refused us for good, or we refused it: a TLS handshake
+    /// that failed on a certificate (either side's) or on a TLS alert.
+    /// Retrying cannot help (see `client::ClientError::Refused`).
+    #[error("upstream {upstream} refused the connection: {reason}")]
+    UpstreamRefused {
+        /// Which upstream.
+        upstream: String,
+        /// Why, as the connector said.
+        reason: String,
+    },
     /// The upstream answered, but not with a usable reply.
     #[error("upstream {upstream} broke protocol: {reason}")]
     UpstreamProtocol {
@@ -76,10 +86,75 @@ pub enum ServiceError {
     /// The upstream's MOUNT service refused the export.
     #[error("upstream refused the mount: {0}")]
     MountRefused(MountStatus),
-    /// A local failure (I/O on the proxy's own files).
+    /// A layer's own failure (its block store, its file cache, I/O on the
+    /// proxy's own files), with that layer's typed error as the cause:
+    /// made with [`ServiceError::layer`].
+    #[error("local failure: {0}")]
+    Layer(#[source] LayerFailure),
+    /// A local failure told in words only. Only the `dir:` upstream still
+    /// reports one (an I/O task that stopped), until it passes a typed
+    /// cause to [`ServiceError::layer`] too; then this variant goes.
     #[error("local failure: {0}")]
     Local(String),
 }
+
+impl ServiceError {
+    /// A layer's own failure, caused by `cause` (its own error type).
+    pub fn layer(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Layer(LayerFailure::new(cause))
+    }
+
+    /// The cause of a [`Layer`](Self::Layer) failure, when it is an `E`.
+    pub fn layer_cause<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Self::Layer(e) => e.downcast_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// The typed cause of a [`ServiceError::Layer`]: whatever error type the
+/// failing layer has (the block cache's, the file cache's, ...), shared, so
+/// that one failure can be handed to every caller waiting on it.
+///
+/// It adds no words of its own: it displays as its cause, and its
+/// `source` is its cause's `source`.
+#[derive(Debug, Clone)]
+pub struct LayerFailure(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl LayerFailure {
+    /// Wraps `cause`.
+    pub fn new(cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(cause))
+    }
+
+    /// The cause, when it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref()
+    }
+}
+
+impl std::fmt::Display for LayerFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for LayerFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Two layer failures are equal when they are the same failure (one shared
+/// cause), as a failure handed to several waiters is.
+impl PartialEq for LayerFailure {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for LayerFailure {}
 
 /// A `mountstat3` that is `Clone + Eq` and prints its RFC name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +174,10 @@ impl ServiceError {
     /// the front end turns a layer's failure into an `nfsstat3`.
     pub fn nfsstat(&self) -> nfsstat3 {
         match self {
-            Self::UpstreamUnavailable { .. } | Self::Local(_) => nfsstat3::NFS3ERR_IO,
+            Self::UpstreamUnavailable { .. }
+            | Self::UpstreamRefused { .. }
+            | Self::Layer(_)
+            | Self::Local(_) => nfsstat3::NFS3ERR_IO,
             Self::UpstreamProtocol { .. } | Self::UpstreamRejected { .. } => {
                 nfsstat3::NFS3ERR_SERVERFAULT
             }
@@ -113,7 +191,10 @@ impl ServiceError {
             Self::MountRefused(s) => {
                 mount_status_from_u32(s.0).unwrap_or(mountstat3::MNT3ERR_SERVERFAULT)
             }
-            Self::UpstreamUnavailable { .. } | Self::Local(_) => mountstat3::MNT3ERR_IO,
+            Self::UpstreamUnavailable { .. }
+            | Self::UpstreamRefused { .. }
+            | Self::Layer(_)
+            | Self::Local(_) => mountstat3::MNT3ERR_IO,
             Self::UpstreamProtocol { .. } | Self::UpstreamRejected { .. } => {
                 mountstat3::MNT3ERR_SERVERFAULT
             }
@@ -209,5 +290,29 @@ impl<T: NfsService + ?Sized> NfsService for Arc<T> {
         args: &'a [u8],
     ) -> Option<BoxFuture<'a, Result<Reply, ServiceError>>> {
         (**self).forward_raw(cx, proc_, args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layer's error type, as the block cache or the file cache has one.
+    #[derive(Debug, thiserror::Error)]
+    #[error("disk on fire")]
+    struct Fire;
+
+    #[test]
+    fn a_layer_failure_names_its_typed_cause_and_is_an_io_error() {
+        let e = ServiceError::layer(Fire);
+        assert_eq!(e.to_string(), "local failure: disk on fire");
+        assert!(e.layer_cause::<Fire>().is_some());
+        assert!(e.layer_cause::<std::io::Error>().is_none());
+        let source = std::error::Error::source(&e).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("disk on fire"));
+        assert_eq!(e.nfsstat(), nfsstat3::NFS3ERR_IO);
+        assert!(matches!(e.mountstat(), mountstat3::MNT3ERR_IO));
+        assert_eq!(e.clone(), e, "a shared failure is equal to itself");
+        assert_ne!(ServiceError::layer(Fire), e, "another failure is not");
     }
 }

@@ -39,6 +39,61 @@ pub enum ControlError {
     },
 }
 
+/// Why a proxy refused a control request; its text is the `"error"` of
+/// the reply.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The request line is not JSON.
+    #[error("bad request: {0}")]
+    BadRequest(serde_json::Error),
+    /// The request names no command.
+    #[error("request has no \"cmd\"")]
+    NoCommand,
+    /// The request names a command this proxy does not know.
+    #[error("unknown command {0:?}; this proxy knows: status, stats, writeback, flush")]
+    UnknownCommand(String),
+    /// A write-back or flush asked of a proxy with no block cache.
+    #[error("this proxy has no block cache (start it with --cache-dir)")]
+    NoBlockCache,
+}
+
+/// Why [`request`] got no result from a proxy.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// Nothing accepts connections on the control socket.
+    #[error("cannot reach a proxy at {}: {cause} (is gvfs-proxy running?)", path.display())]
+    Unreachable {
+        /// The control socket.
+        path: PathBuf,
+        /// The cause (part of the message, so not also a `source`).
+        cause: io::Error,
+    },
+    /// The connection failed while the request or its reply went over it.
+    #[error("talking to the proxy at {}: {cause}", path.display())]
+    Io {
+        /// The control socket.
+        path: PathBuf,
+        /// The cause (part of the message, so not also a `source`).
+        cause: io::Error,
+    },
+    /// The reply is not JSON.
+    #[error("bad reply from proxy: {0}")]
+    BadReply(serde_json::Error),
+    /// No reply came in time.
+    #[error("proxy at {} did not answer in {after:?}", path.display())]
+    Timeout {
+        /// The control socket.
+        path: PathBuf,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The proxy refused the request; its words.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Binds `path`, replacing a stale socket left by a proxy that died, but
 /// never one a live proxy still answers on.
 pub async fn bind(path: &Path) -> Result<UnixListener, ControlError> {
@@ -69,7 +124,7 @@ pub async fn serve<F>(
     handler: F,
     shutdown: CancellationToken,
 ) where
-    F: Fn(&Value) -> Result<Value, String> + Send + Sync + 'static,
+    F: Fn(&Value) -> Result<Value, CommandError> + Send + Sync + 'static,
 {
     let handler = std::sync::Arc::new(handler);
     while let Some((stream, _)) =
@@ -85,19 +140,19 @@ pub async fn serve<F>(
 
 async fn answer<F>(stream: UnixStream, handler: &F) -> io::Result<()>
 where
-    F: Fn(&Value) -> Result<Value, String>,
+    F: Fn(&Value) -> Result<Value, CommandError>,
 {
     let (rd, mut wr) = stream.into_split();
     let mut line = String::new();
     BufReader::new(rd.take(MAX_REQUEST))
         .read_line(&mut line)
         .await?;
-    let reply = match serde_json::from_str::<Value>(&line) {
-        Ok(req) => match handler(&req) {
-            Ok(v) => json!({"ok": true, "result": v}),
-            Err(e) => json!({"ok": false, "error": e}),
-        },
-        Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+    let result = serde_json::from_str::<Value>(&line)
+        .map_err(CommandError::BadRequest)
+        .and_then(|req| handler(&req));
+    let reply = match result {
+        Ok(v) => json!({"ok": true, "result": v}),
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
     };
     let mut out = reply.to_string();
     out.push('\n');
@@ -106,40 +161,46 @@ where
 }
 
 /// Sends one request to the proxy at `path` and returns its result.
-pub async fn request(path: &Path, req: &Value) -> Result<Value, String> {
+pub async fn request(path: &Path, req: &Value) -> Result<Value, RequestError> {
+    let io_error = |cause| RequestError::Io {
+        path: path.to_path_buf(),
+        cause,
+    };
     let io = async {
-        let stream = UnixStream::connect(path).await.map_err(|e| {
-            format!(
-                "cannot reach a proxy at {}: {e} (is gvfs-proxy running?)",
-                path.display()
-            )
-        })?;
+        let stream =
+            UnixStream::connect(path)
+                .await
+                .map_err(|cause| RequestError::Unreachable {
+                    path: path.to_path_buf(),
+                    cause,
+                })?;
         let (rd, mut wr) = stream.into_split();
         let mut out = req.to_string();
         out.push('\n');
-        wr.write_all(out.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        wr.write_all(out.as_bytes()).await.map_err(io_error)?;
         let mut line = String::new();
         BufReader::new(rd.take(MAX_REPLY))
             .read_line(&mut line)
             .await
-            .map_err(|e| e.to_string())?;
-        serde_json::from_str::<Value>(&line).map_err(|e| format!("bad reply from proxy: {e}"))
+            .map_err(io_error)?;
+        serde_json::from_str::<Value>(&line).map_err(RequestError::BadReply)
     };
-    let reply = tokio::time::timeout(IO_TIMEOUT, io).await.map_err(|_| {
-        format!(
-            "proxy at {} did not answer in {IO_TIMEOUT:?}",
-            path.display()
-        )
-    })??;
+    let reply =
+        tokio::time::timeout(IO_TIMEOUT, io)
+            .await
+            .map_err(|_| RequestError::Timeout {
+                path: path.to_path_buf(),
+                after: IO_TIMEOUT,
+            })??;
     if reply["ok"].as_bool() == Some(true) {
         Ok(reply["result"].clone())
     } else {
-        Err(reply["error"]
-            .as_str()
-            .unwrap_or("proxy reported an unknown error")
-            .to_string())
+        Err(RequestError::Refused(
+            reply["error"]
+                .as_str()
+                .unwrap_or("proxy reported an unknown error")
+                .to_string(),
+        ))
     }
 }
 

@@ -12,6 +12,7 @@ pub mod alloc;
 pub mod config;
 pub mod control;
 pub mod drc;
+pub mod exit;
 pub mod front;
 pub mod metrics;
 pub mod server;
@@ -80,6 +81,29 @@ pub enum ProxyError {
     /// The TLS certificate, key or CA could not be used.
     #[error(transparent)]
     Tls(#[from] gvfs_tunnel::TunnelError),
+    /// A gvfs:// upstream was configured without the TLS files it needs.
+    #[error("a gvfs:// upstream needs --cert, --key and --ca")]
+    GvfsWithoutTls,
+}
+
+impl ProxyError {
+    /// The code `gvfs-proxy` exits with for this error.
+    pub fn exit_code(&self) -> exit::ExitCode {
+        use exit::ExitCode;
+        match self {
+            Self::GvfsWithoutTls => ExitCode::Config,
+            Self::Dir(_) => ExitCode::Upstream,
+            Self::Upstream(ServiceError::UpstreamRefused { .. }) | Self::Tls(_) => ExitCode::Tls,
+            Self::Upstream(ServiceError::Layer(_) | ServiceError::Local(_)) => {
+                ExitCode::LocalResource
+            }
+            Self::Upstream(_) => ExitCode::Upstream,
+            Self::Bind { .. } | Self::Sample { .. } | Self::Control(_) | Self::Cache { .. } => {
+                ExitCode::LocalResource
+            }
+            Self::Signals(_) => ExitCode::Failure,
+        }
+    }
 }
 
 fn bind_hint(e: &std::io::Error) -> &'static str {

@@ -23,7 +23,7 @@ use gvfs_meta::{
     ChunkSource, CopyPath, ExtClient, ExtServer, FileCache, MetaFiles, MetaIndex, MetaLayer,
 };
 use gvfs_nfs::client::RpcClient;
-use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
+use gvfs_nfs::{CallContext, Credentials, NfsService};
 
 use crate::ProxyError;
 use crate::config::{CacheSettings, Config, UpstreamChoice};
@@ -139,11 +139,7 @@ async fn open_upstream(cfg: &Config, tls: Option<&TlsSide>) -> Result<Upstream, 
             NfsUpstream::tls(u, &tls.identity, timeouts, tls.handshake_timeout)?
         }
         (UpstreamUrl::Nfs(u), _) => NfsUpstream::new(u.clone(), timeouts),
-        _ => {
-            return Err(ProxyError::Upstream(ServiceError::Local(
-                "a gvfs:// upstream needs --cert, --key and --ca".into(),
-            )));
-        }
+        _ => return Err(ProxyError::GvfsWithoutTls),
     };
     // Fail fast with a clear error rather than serve a dead upstream.
     let cx = CallContext::with_cred(Credentials::unix(0, 0));

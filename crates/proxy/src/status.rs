@@ -9,6 +9,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::control::CommandError;
 use crate::front::{self, FrontEnd};
 use crate::server::{MemoryBudget, ServerStats};
 use crate::stack::Stack;
@@ -160,21 +161,15 @@ pub(crate) struct StatusSource {
 }
 
 impl StatusSource {
-    pub(crate) fn handle(&self, req: &Value) -> Result<Value, String> {
-        let cache = || {
-            self.stack.cache.as_ref().ok_or_else(|| {
-                "this proxy has no block cache (start it with --cache-dir)".to_string()
-            })
-        };
+    pub(crate) fn handle(&self, req: &Value) -> Result<Value, CommandError> {
+        let cache = || self.stack.cache.as_ref().ok_or(CommandError::NoBlockCache);
         match req["cmd"].as_str() {
             Some("status") => Ok(json!(self.status())),
             Some("stats") => Ok(json!(self.stats())),
             Some("writeback") => Ok(self.jobs.start(cache()?, writeback::JobKind::WriteBack)),
             Some("flush") => Ok(self.jobs.start(cache()?, writeback::JobKind::Flush)),
-            Some(other) => Err(format!(
-                "unknown command {other:?}; this proxy knows: status, stats, writeback, flush"
-            )),
-            None => Err("request has no \"cmd\"".into()),
+            Some(other) => Err(CommandError::UnknownCommand(other.to_string())),
+            None => Err(CommandError::NoCommand),
         }
     }
 

@@ -151,3 +151,60 @@ pub enum TunnelError {
         detail: String,
     },
 }
+
+/// The forms a peer mapping takes, for messages.
+const MAPPING_FORMS: &str = "fixed:UID:GID, range:FIRST-LAST, pass or squash";
+
+/// Why a peer mapping (`fixed:UID:GID`, `range:FIRST-LAST`, `pass`,
+/// `squash`) or a peer rule (`NAME=MAPPING`) was refused. Every message
+/// starts with the text refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MappingError {
+    /// Not one of the mapping kinds.
+    #[error("{text:?}: unknown mapping; expected {MAPPING_FORMS}")]
+    UnknownKind {
+        /// The mapping.
+        text: String,
+    },
+    /// A known kind that lacks its parts.
+    #[error("{text:?}: expected {expected}")]
+    Malformed {
+        /// The mapping.
+        text: String,
+        /// The form it should have.
+        expected: &'static str,
+    },
+    /// A uid, gid or range end that is not a 32-bit unsigned number.
+    #[error("{text:?}: {what} {value:?} is not a number from 0 to 4294967295")]
+    BadId {
+        /// The mapping.
+        text: String,
+        /// Which id ("uid", "gid", "first id", "last id").
+        what: &'static str,
+        /// What stands there.
+        value: String,
+    },
+    /// A range whose first id is above its last.
+    #[error("{text:?}: the range is empty ({first} > {last})")]
+    EmptyRange {
+        /// The mapping.
+        text: String,
+        /// Its first id.
+        first: u32,
+        /// Its last id.
+        last: u32,
+    },
+    /// A rule with no `=` between the peer's name and its mapping.
+    #[error("{text:?}: expected NAME=MAPPING (expected {MAPPING_FORMS})")]
+    NotARule {
+        /// The rule.
+        text: String,
+    },
+    /// A rule with no peer name before the `=`.
+    #[error("{text:?}: the peer name is empty")]
+    EmptyName {
+        /// The rule.
+        text: String,
+    },
+}

@@ -8,6 +8,8 @@ use std::str::FromStr;
 
 use gvfs_nfs::rpc::{AuthUnix, Credentials};
 
+use crate::error::MappingError;
+
 /// What to do with the credentials of calls from one peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mapping {
@@ -45,16 +47,21 @@ impl fmt::Display for Mapping {
     }
 }
 
-const MAPPING_FORMS: &str = "expected fixed:UID:GID, range:FIRST-LAST, pass or squash";
-
 impl FromStr for Mapping {
-    type Err = String;
+    type Err = MappingError;
 
     /// Parses `fixed:UID:GID`, `range:FIRST-LAST`, `pass` or `squash`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let id = |what: &str, v: &str| {
-            v.parse::<u32>()
-                .map_err(|_| format!("{s:?}: {what} {v:?} is not a number from 0 to 4294967295"))
+    fn from_str(s: &str) -> Result<Self, MappingError> {
+        let id = |what: &'static str, v: &str| {
+            v.parse::<u32>().map_err(|_| MappingError::BadId {
+                text: s.to_owned(),
+                what,
+                value: v.to_owned(),
+            })
+        };
+        let malformed = |expected| MappingError::Malformed {
+            text: s.to_owned(),
+            expected,
         };
         let (kind, rest) = match s.split_once(':') {
             Some((kind, rest)) => (kind, Some(rest)),
@@ -66,7 +73,7 @@ impl FromStr for Mapping {
             ("fixed", Some(rest)) => {
                 let (uid, gid) = rest
                     .split_once(':')
-                    .ok_or_else(|| format!("{s:?}: expected fixed:UID:GID"))?;
+                    .ok_or_else(|| malformed("fixed:UID:GID"))?;
                 Ok(Mapping::Fixed {
                     uid: id("uid", uid)?,
                     gid: id("gid", gid)?,
@@ -75,14 +82,18 @@ impl FromStr for Mapping {
             ("range", Some(rest)) => {
                 let (first, last) = rest
                     .split_once('-')
-                    .ok_or_else(|| format!("{s:?}: expected range:FIRST-LAST"))?;
+                    .ok_or_else(|| malformed("range:FIRST-LAST"))?;
                 let (first, last) = (id("first id", first)?, id("last id", last)?);
                 if first > last {
-                    return Err(format!("{s:?}: the range is empty ({first} > {last})"));
+                    return Err(MappingError::EmptyRange {
+                        text: s.to_owned(),
+                        first,
+                        last,
+                    });
                 }
                 Ok(Mapping::Range { first, last })
             }
-            _ => Err(format!("{s:?}: unknown mapping; {MAPPING_FORMS}")),
+            _ => Err(MappingError::UnknownKind { text: s.to_owned() }),
         }
     }
 }
@@ -160,13 +171,13 @@ impl IdentityMap {
     }
 
     /// Parses `NAME=MAPPING`, the command-line form of one peer rule.
-    pub fn parse_rule(s: &str) -> Result<(String, Mapping), String> {
+    pub fn parse_rule(s: &str) -> Result<(String, Mapping), MappingError> {
         let (name, mapping) = s
             .split_once('=')
-            .ok_or_else(|| format!("{s:?}: expected NAME=MAPPING ({MAPPING_FORMS})"))?;
+            .ok_or_else(|| MappingError::NotARule { text: s.to_owned() })?;
         let name = name.trim();
         if name.is_empty() {
-            return Err(format!("{s:?}: the peer name is empty"));
+            return Err(MappingError::EmptyName { text: s.to_owned() });
         }
         Ok((name.to_owned(), mapping.trim().parse()?))
     }
@@ -329,7 +340,7 @@ mod tests {
 
     #[test]
     fn parse_errors_say_what_is_wrong() {
-        let err = |s: &str| s.parse::<Mapping>().unwrap_err();
+        let err = |s: &str| s.parse::<Mapping>().unwrap_err().to_string();
         assert!(err("root").contains("unknown mapping"), "{}", err("root"));
         assert!(err("fixed:1000").contains("fixed:UID:GID"));
         assert!(err("fixed:a:1").contains("uid \"a\""));
@@ -351,20 +362,20 @@ mod tests {
             IdentityMap::parse_rule(" a = pass "),
             Ok(("a".to_owned(), Mapping::PassThrough))
         );
-        assert!(
-            IdentityMap::parse_rule("lan")
-                .unwrap_err()
-                .contains("NAME=MAPPING")
+        let err = |s: &str| IdentityMap::parse_rule(s).unwrap_err();
+        assert!(err("lan").to_string().contains("NAME=MAPPING"));
+        assert_eq!(
+            err("=pass"),
+            MappingError::EmptyName {
+                text: "=pass".into()
+            }
         );
-        assert!(
-            IdentityMap::parse_rule("=pass")
-                .unwrap_err()
-                .contains("empty")
+        assert_eq!(
+            err("a=bogus"),
+            MappingError::UnknownKind {
+                text: "bogus".into()
+            }
         );
-        assert!(
-            IdentityMap::parse_rule("a=bogus")
-                .unwrap_err()
-                .contains("unknown mapping")
-        );
+        assert!(err("a=bogus").to_string().contains("unknown mapping"));
     }
 }

@@ -21,6 +21,6 @@ mod read;
 pub mod refusal;
 pub mod tls;
 
-pub use error::TunnelError;
+pub use error::{MappingError, TunnelError};
 pub use identity::{IdentityMap, Mapping};
 pub use tls::{AcceptError, TlsConnector, TlsFiles, TlsIdentity, accept, peer_name};

@@ -24,7 +24,7 @@ impl CacheLayer {
             .await
         {
             Ok(reply) => Ok(reply),
-            Err(e @ ServiceError::Local(_)) if !dirty_file => {
+            Err(e @ (ServiceError::Layer(_) | ServiceError::Local(_))) if !dirty_file => {
                 tracing::warn!("block cache read failed ({e}); forwarding the READ");
                 self.below.call(cx, NfsRequest::Read(args)).await
             }
@@ -82,9 +82,7 @@ impl CacheLayer {
         let hit = missing.is_empty();
         let mut readahead_hit = self.take_prefetched(fh, &spans, &hits);
         if !missing.is_empty() {
-            let me = self
-                .me()
-                .ok_or_else(|| ServiceError::Local("block cache layer dropped".into()))?;
+            let me = self.me().ok_or(LayerError::Dropped)?;
             let mut set = tokio::task::JoinSet::new();
             for &i in &missing {
                 let (me, cred, key, block) = (me.clone(), cx.cred.clone(), fh.to_vec(), spans[i].0);
@@ -92,8 +90,10 @@ impl CacheLayer {
             }
             let mut fetched: Vec<(usize, Arc<Fetched>)> = Vec::new();
             while let Some(joined) = set.join_next().await {
-                let (i, r) = joined
-                    .map_err(|e| ServiceError::Local(format!("block cache fetch task: {e}")))?;
+                let (i, r) = joined.map_err(|source| LayerError::Task {
+                    task: "fetch",
+                    source,
+                })?;
                 match r {
                     Ok(f) => {
                         readahead_hit |= f.readahead;

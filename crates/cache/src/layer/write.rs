@@ -133,9 +133,7 @@ impl CacheLayer {
                         .await?;
                 }
                 Err(Error::PartialSubBlockWrite { .. }) => {
-                    let me = self
-                        .me()
-                        .ok_or_else(|| ServiceError::Local("block cache layer dropped".into()))?;
+                    let me = self.me().ok_or(LayerError::Dropped)?;
                     match me
                         .fetch_block(cx.cred.clone(), fh.to_vec(), block, false)
                         .await
@@ -143,18 +141,19 @@ impl CacheLayer {
                         Ok(f) => self.fill_making_room(fh, block, &f).await?,
                         Err(FetchError::Service(e)) => return Err(e),
                         Err(FetchError::Nfs(st)) => {
-                            return Err(ServiceError::Local(format!(
-                                "block cache: reading block {block} to complete a partial write failed: {st}"
-                            )));
+                            let call = UpstreamCall::FillForPartialWrite { block };
+                            return Err(upstream_failed(call, st));
                         }
                     }
                 }
                 Err(e) => return Err(local(e)),
             }
         }
-        Err(ServiceError::Local(format!(
-            "block cache: could not store block {block} after {MAX_STORE_ATTEMPTS} attempts"
-        )))
+        Err(LayerError::NoRoom {
+            block,
+            attempts: MAX_STORE_ATTEMPTS,
+        }
+        .into())
     }
 
     /// Fills a fetched block clean, writing a dirty victim back first if

@@ -23,7 +23,8 @@ use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 
 use super::attrs::Seen;
-use super::{CacheLayer, fh3};
+use super::{CacheLayer, fh3, upstream_failed};
+use crate::error::{LayerError, UpstreamCall};
 use crate::store::DirtyData;
 
 /// How often one file's data is resent because upstream's verifier changed
@@ -180,9 +181,7 @@ impl CacheLayer {
                 self.file_gone(fh).await?;
                 Ok(None)
             }
-            Nfs3Result::Err((st, _)) => Err(ServiceError::Local(format!(
-                "block cache: GETATTR before write-back failed: {st}"
-            ))),
+            Nfs3Result::Err((st, _)) => Err(upstream_failed(UpstreamCall::WriteBackGetattr, st)),
         }
     }
 
@@ -230,9 +229,8 @@ impl CacheLayer {
                 Ok(verfs) => verfs,
                 Err((_, nfsstat3::NFS3ERR_STALE)) => return self.file_gone(fh).await,
                 Err((off, st)) => {
-                    return Err(ServiceError::Local(format!(
-                        "block cache: write-back WRITE at {off} failed upstream: {st}"
-                    )));
+                    let call = UpstreamCall::WriteBackWrite { offset: off };
+                    return Err(upstream_failed(call, st));
                 }
             };
             report.bytes += bytes;
@@ -245,17 +243,13 @@ impl CacheLayer {
                         rewrites += 1;
                         tracing::warn!(fh = ?fh, "upstream write verifier changed; resending");
                         if rewrites > MAX_REWRITES {
-                            return Err(ServiceError::Local(
-                                "block cache: upstream write verifier keeps changing".into(),
-                            ));
+                            return Err(LayerError::VerifierKeepsChanging.into());
                         }
                         continue;
                     }
                     Err(nfsstat3::NFS3ERR_STALE) => return self.file_gone(fh).await,
                     Err(st) => {
-                        return Err(ServiceError::Local(format!(
-                            "block cache: write-back COMMIT failed upstream: {st}"
-                        )));
+                        return Err(upstream_failed(UpstreamCall::WriteBackCommit, st));
                     }
                 }
             }
@@ -310,9 +304,7 @@ impl CacheLayer {
                 Ok(sent) => verfs.extend(sent.unstable),
                 Err(nfsstat3::NFS3ERR_STALE) => return self.file_gone(fh).await,
                 Err(st) => {
-                    return Err(ServiceError::Local(format!(
-                        "block cache: writing an evicted block upstream failed: {st}"
-                    )));
+                    return Err(upstream_failed(UpstreamCall::EvictionWrite, st));
                 }
             }
             self.counters.write_back_bytes.add(buf.len() as u64);
@@ -321,15 +313,10 @@ impl CacheLayer {
             match self.up_commit(&cx, fh).await? {
                 Ok(v) if verfs.iter().all(|w| *w == v) => {}
                 Ok(_) => {
-                    return Err(ServiceError::Local(
-                        "block cache: upstream restarted while an evicted block was written; retry"
-                            .into(),
-                    ));
+                    return Err(LayerError::RestartedDuringEviction.into());
                 }
                 Err(st) => {
-                    return Err(ServiceError::Local(format!(
-                        "block cache: COMMIT of an evicted block failed upstream: {st}"
-                    )));
+                    return Err(upstream_failed(UpstreamCall::EvictionCommit, st));
                 }
             }
         }
@@ -350,9 +337,7 @@ impl CacheLayer {
         runs: Vec<(u64, Vec<u8>)>,
         on_bytes: &mut (dyn FnMut(u64) + Send),
     ) -> Result<Result<Vec<writeverf3>, (u64, nfsstat3)>, ServiceError> {
-        let me = self
-            .me()
-            .ok_or_else(|| ServiceError::Local("block cache layer dropped".into()))?;
+        let me = self.me().ok_or(LayerError::Dropped)?;
         let mut verfs = Vec::new();
         let mut set = tokio::task::JoinSet::new();
         let mut runs = runs.into_iter();
@@ -369,8 +354,10 @@ impl CacheLayer {
             let Some(joined) = set.join_next().await else {
                 break;
             };
-            let (off, len, r) = joined
-                .map_err(|e| ServiceError::Local(format!("block cache write-back task: {e}")))?;
+            let (off, len, r) = joined.map_err(|source| LayerError::Task {
+                task: "write-back",
+                source,
+            })?;
             match r? {
                 Ok(sent) => verfs.extend(sent.unstable),
                 Err(st) => return Ok(Err((off, st))),

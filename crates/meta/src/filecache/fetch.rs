@@ -29,7 +29,7 @@ impl CachedFile {
         source: &dyn ChunkSource,
         cred: &Credentials,
         idx: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), FileCacheError> {
         let (offset, count) = self.chunk_range(idx);
         let writes = self.writes.load(Ordering::Acquire);
         let args = FetchArgs {
@@ -38,18 +38,16 @@ impl CachedFile {
             count,
         };
         let result = async {
-            let ok = source.fetch(cred, &args).await.map_err(|e| match e {
-                FetchError::Nfs(st) => format!("upstream answered {st:?}"),
-                FetchError::Transport(t) => t,
-            })?;
+            let ok = source.fetch(cred, &args).await?;
             if !same_version(&ok.attrs, &self.attrs()) {
-                return Err("the file changed upstream during the fetch".to_string());
+                return Err(FileCacheError::ChangedUpstream);
             }
             if ok.raw_len != count {
-                return Err(format!(
-                    "chunk at {offset} holds {} bytes, expected {count}",
-                    ok.raw_len
-                ));
+                return Err(FileCacheError::ShortChunk {
+                    offset,
+                    got: ok.raw_len,
+                    expected: count,
+                });
             }
             let wire = ok.data.len() as u64;
             ok.check_repeats(offset)?;
@@ -78,14 +76,14 @@ impl CachedFile {
                 me.fill_repeats(&mut raw, offset, &repeats)?;
                 me.file
                     .write_all_at(&raw, offset)
-                    .map_err(|e| format!("writing {}: {e}", me.path.display()))?;
+                    .map_err(|e| FileCacheError::io("writing", &me.path, e))?;
                 if let Some(frame) = frame {
                     me.keep_frame(idx, &frame, writes);
                 }
-                Ok::<_, String>(spent)
+                Ok::<_, FileCacheError>(spent)
             })
             .await
-            .map_err(|e| e.to_string())??;
+            .map_err(|e| FileCacheError::task("decompressing a chunk", e))??;
             bump(&cache.counters.decompress_micros, spent);
             bump(&cache.counters.repeat_bytes, repeated);
             bump(&cache.counters.chunks_fetched, 1);
@@ -110,7 +108,7 @@ impl CachedFile {
     /// Waits until the data chunks under `from..end` have arrived (someone
     /// else fetches them: they come before the chunk that waits). A chunk
     /// of zeros there contradicts the repeat that points at it.
-    pub(super) async fn wait_for(&self, from: u64, end: u64) -> Result<(), String> {
+    pub(super) async fn wait_for(&self, from: u64, end: u64) -> Result<(), FileCacheError> {
         if end <= from {
             return Ok(());
         }
@@ -124,20 +122,16 @@ impl CachedFile {
                 let chunks = lock(&self.chunks);
                 let span = chunks
                     .get(first..=last)
-                    .ok_or("a repeat points past the file")?;
+                    .ok_or(FileCacheError::RepeatPastEnd)?;
                 if span.contains(&Chunk::Zero) {
-                    return Err(format!(
-                        "a repeat's source at {from} lies in a chunk of zeros"
-                    ));
+                    return Err(FileCacheError::RepeatFromZeros { from });
                 }
                 span.iter().all(|c| *c == Chunk::Present)
             };
             if here {
                 return Ok(());
             }
-            rx.changed()
-                .await
-                .map_err(|_| "the fetch went away".to_string())?;
+            rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
         }
     }
 
@@ -148,7 +142,7 @@ impl CachedFile {
         raw: &mut [u8],
         offset: u64,
         repeats: &[ByteRepeat],
-    ) -> Result<(), String> {
+    ) -> Result<(), FileCacheError> {
         for r in repeats {
             let to = (r.to - offset) as usize;
             let len = r.len as usize;
@@ -156,7 +150,7 @@ impl CachedFile {
             if before > 0 {
                 self.file
                     .read_exact_at(&mut raw[to..to + before], r.from)
-                    .map_err(|e| format!("reading {}: {e}", self.path.display()))?;
+                    .map_err(|e| FileCacheError::io("reading", &self.path, e))?;
             }
             if before < len {
                 let from = (r.from + before as u64 - offset) as usize;
@@ -175,7 +169,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         len: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), FileCacheError> {
         if len == 0 {
             return Ok(());
         }
@@ -213,12 +207,10 @@ impl CachedFile {
                         me.fetch_chunk(&cache, source.as_ref(), &cred, idx).await
                     })
                     .await
-                    .map_err(|e| format!("a chunk's fetch stopped: {e}"))??;
+                    .map_err(|e| FileCacheError::task("a chunk's fetch", e))??;
                 }
                 None if waiting => {
-                    rx.changed()
-                        .await
-                        .map_err(|_| "the fetch went away".to_string())?;
+                    rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
                 }
                 None => return Ok(()),
             }
@@ -238,7 +230,7 @@ impl FileCache {
         zero: Option<&MetaFile>,
         source: Arc<dyn ChunkSource>,
         cred: &Credentials,
-    ) -> Result<Arc<CachedFile>, String> {
+    ) -> Result<Arc<CachedFile>, FileCacheError> {
         let mut files = lock(&self.files);
         if let Some(f) = files.get(fh) {
             if f.busy() || (f.failure().is_none() && same_version(&f.attrs(), attrs)) {
@@ -260,7 +252,10 @@ impl FileCache {
             index
                 .remove(&index_key(fh))
                 .and_then(|()| index.flush())
-                .map_err(|e| format!("clearing the record of a file: {e}"))?;
+                .map_err(|source| FileCacheError::Index {
+                    op: "clearing the record of a file",
+                    source,
+                })?;
         }
         let path = self.dir.join(file_name(fh));
         let file = std::fs::OpenOptions::new()
@@ -270,7 +265,7 @@ impl FileCache {
             .truncate(true)
             .open(&path)
             .and_then(|f| f.set_len(attrs.size).map(|()| f))
-            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+            .map_err(|e| FileCacheError::io("creating", &path, e))?;
         let n = CachedFile::chunk_count(attrs.size);
         let mut chunks = vec![Chunk::Missing; n];
         let mut zeros = 0;
@@ -311,12 +306,12 @@ impl FileCache {
         &self,
         files: &mut HashMap<Vec<u8>, Arc<CachedFile>>,
         size: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), FileCacheError> {
         if size > self.max_bytes {
-            return Err(format!(
-                "the file ({size} bytes) is larger than the file cache ({} bytes)",
-                self.max_bytes
-            ));
+            return Err(FileCacheError::TooLarge {
+                size,
+                max: self.max_bytes,
+            });
         }
         loop {
             let held: u64 = files.values().map(|f| f.size() + f.frames.bytes()).sum();
@@ -329,7 +324,7 @@ impl FileCache {
                 .min_by_key(|f| f.last_used.load(Ordering::Relaxed))
                 .map(|f| f.fh.clone());
             let Some(fh) = victim else {
-                return Err("the file cache is full of fetches under way".into());
+                return Err(FileCacheError::Full);
             };
             if let Some(f) = files.remove(&fh) {
                 self.discard(&f);
@@ -383,9 +378,12 @@ impl FileCache {
             return;
         }
         let e = entry.clone();
-        let synced = tokio::task::spawn_blocking(move || e.file.sync_all()).await;
-        if !matches!(synced, Ok(Ok(()))) {
-            entry.fail("cannot sync the fetched file".into());
+        let synced = match tokio::task::spawn_blocking(move || e.file.sync_all()).await {
+            Ok(r) => r.map_err(|e| FileCacheError::io("syncing the fetched file", &entry.path, e)),
+            Err(e) => Err(FileCacheError::task("syncing the fetched file", e)),
+        };
+        if let Err(why) = synced {
+            entry.fail(why);
             return;
         }
         // Only if still the entry: one let go meanwhile must leave no

@@ -6,22 +6,7 @@ use super::*;
 impl CachedFile {
     /// A client's WRITE into a file held whole: written here, marked dirty
     /// (written back by `gvfsctl writeback`), synced when `sync`. Returns
-    /// the attributes clients saw before and see after. See
-    /// [`try_write`](Self::try_write), which tells why a write failed.
-    pub async fn write(
-        self: &Arc<Self>,
-        cache: &FileCache,
-        cred: &Credentials,
-        offset: u64,
-        data: Vec<u8>,
-        sync: bool,
-    ) -> Result<(fattr3, fattr3), String> {
-        self.try_write(cache, cred, offset, data, sync)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    /// [`write`](Self::write), failing with why.
+    /// the attributes clients saw before and see after.
     ///
     /// Crash safety: the chunks a write touches are marked dirty before
     /// its bytes land (so nothing lets the entry go meanwhile), and unless
@@ -29,7 +14,7 @@ impl CachedFile {
     /// durable first: a crash never leaves changed bytes under a record
     /// that calls them upstream's. A `sync` write is acknowledged only once
     /// the file is synced and its record (size, times) is durable.
-    pub async fn try_write(
+    pub async fn write(
         self: &Arc<Self>,
         cache: &FileCache,
         cred: &Credentials,
@@ -84,8 +69,8 @@ impl CachedFile {
             if sync { me.file.sync_data() } else { Ok(()) }
         })
         .await
-        .map_err(|e| HeldWriteError::Local(e.to_string()))?
-        .map_err(|e| local_failure(format!("writing {}", self.path.display()), &e))?;
+        .map_err(|e| FileCacheError::task("a held write", e))?
+        .map_err(|e| FileCacheError::io("writing", &self.path, e))?;
         self.frames.forget(first, last);
         let (before, after, recorded) = {
             let mut v = lock(&self.versions);
@@ -156,8 +141,8 @@ impl CachedFile {
         let me = self.clone();
         tokio::task::spawn_blocking(move || me.file.sync_all())
             .await
-            .map_err(|e| HeldWriteError::Local(e.to_string()))?
-            .map_err(|e| local_failure(format!("syncing {}", self.path.display()), &e))?;
+            .map_err(|e| FileCacheError::task("a sync", e))?
+            .map_err(|e| FileCacheError::io("syncing", &self.path, e))?;
         // An entry let go held no writes any more: they were written back,
         // durably, upstream.
         cache.record_durably(self).await?;

@@ -15,7 +15,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-    ) -> Result<(Cow<'static, [u8]>, bool), String> {
+    ) -> Result<(Cow<'static, [u8]>, bool), FileCacheError> {
         let size = self.size();
         let end = offset.saturating_add(u64::from(count)).min(size);
         let len = end.saturating_sub(offset);
@@ -34,12 +34,12 @@ impl CachedFile {
                     let at = (from - offset) as usize..(to - offset) as usize;
                     me.file
                         .read_exact_at(&mut buf[at], from)
-                        .map_err(|e| format!("reading {}: {e}", me.path.display()))?;
+                        .map_err(|e| FileCacheError::io("reading", &me.path, e))?;
                 }
-                Ok::<_, String>(Cow::Owned(buf))
+                Ok::<_, FileCacheError>(Cow::Owned(buf))
             })
             .await
-            .map_err(|e| e.to_string())??
+            .map_err(|e| FileCacheError::task("a read of the file", e))??
         };
         bump(&cache.counters.hits, 1);
         bump(&cache.counters.hit_bytes, len);
@@ -101,15 +101,14 @@ impl CachedFile {
         offset: u64,
         count: u32,
         repeats: bool,
-    ) -> Result<(Frame, u32, bool, fattr3), String> {
-        const RACED: &str = "the file was written during the FETCH";
-        let (seen, attrs) = self.stamp().ok_or(RACED)?;
+    ) -> Result<(Frame, u32, bool, fattr3), FileCacheError> {
+        let (seen, attrs) = self.stamp().ok_or(FileCacheError::WrittenDuringFetch)?;
         let (frame, len, eof) = self
             .frame_of(cache, source, cred, offset, count, repeats)
             .await?;
         match self.stamp() {
             Some((now, _)) if now == seen => Ok((frame, len, eof, attrs)),
-            _ => Err(RACED.into()),
+            _ => Err(FileCacheError::WrittenDuringFetch),
         }
     }
 
@@ -121,7 +120,7 @@ impl CachedFile {
         offset: u64,
         count: u32,
         repeats: bool,
-    ) -> Result<(Frame, u32, bool), String> {
+    ) -> Result<(Frame, u32, bool), FileCacheError> {
         let idx = usize::try_from(offset / u64::from(CHUNK)).unwrap_or(usize::MAX);
         let (start, len) = self.chunk_range(idx);
         let whole = len > 0 && offset == start && count >= len;
@@ -136,7 +135,7 @@ impl CachedFile {
                 let me = self.clone();
                 let kept = tokio::task::spawn_blocking(move || me.frames.read(slot))
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| FileCacheError::task("a read of a frame", e))?;
                 match kept {
                     Ok(frame) => {
                         self.last_used.store(now_secs(), Ordering::Relaxed);
@@ -169,7 +168,7 @@ impl CachedFile {
             (frame, kept)
         })
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| FileCacheError::task("compressing a chunk", e))?;
         if kept {
             bump(&cache.counters.frames_made, 1);
         }

@@ -10,7 +10,7 @@ impl FileCache {
     /// bytes written back. A file that fails (a conflict, upstream down)
     /// stays dirty and the others are still written back; the error then
     /// names the first failure and how many there were.
-    pub async fn write_back(&self, source: &dyn ChunkSource) -> Result<u64, String> {
+    pub async fn write_back(&self, source: &dyn ChunkSource) -> Result<u64, FileCacheError> {
         let mut total = 0;
         let mut failed = Vec::new();
         for f in self.dirty() {
@@ -22,11 +22,10 @@ impl FileCache {
         match failed.len() {
             0 => Ok(total),
             1 => Err(failed.swap_remove(0)),
-            n => Err(format!(
-                "{} (and {} more files)",
-                failed.swap_remove(0),
-                n - 1
-            )),
+            n => Err(FileCacheError::Several {
+                first: Box::new(failed.swap_remove(0)),
+                more: n - 1,
+            }),
         }
     }
 
@@ -42,7 +41,7 @@ impl FileCache {
         &self,
         source: &dyn ChunkSource,
         f: &Arc<CachedFile>,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, FileCacheError> {
         let (snapshot, cred, mut expected) = {
             let v = lock(&f.versions);
             let cred = v
@@ -63,8 +62,8 @@ impl FileCache {
                 Ok::<_, std::io::Error>(StoreArgs::new(me.fh.clone(), offset, &raw, LEVEL))
             })
             .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| format!("reading {}: {e}", f.path.display())));
+            .map_err(|e| FileCacheError::task("a read for write-back", e))
+            .and_then(|r| r.map_err(|e| FileCacheError::io("reading", &f.path, e)));
             let mut args = match read {
                 Ok(a) => a,
                 Err(e) => {
@@ -97,20 +96,18 @@ impl FileCache {
                          not written over the origin's (see the README: \"write-back \
                          conflicts\")"
                     );
-                    stored = Err(format!(
-                        "write-back conflict: {} changed at the origin since it was fetched; \
-                         the local writes are kept in {}",
-                        file_name(&f.fh),
-                        f.path.display()
-                    ));
+                    stored = Err(FileCacheError::WriteBackConflict {
+                        name: file_name(&f.fh),
+                        path: f.path.clone(),
+                    });
                     break;
                 }
                 Err(FetchError::Nfs(st)) => {
-                    stored = Err(format!("upstream refused the write-back: {st:?}"));
+                    stored = Err(FileCacheError::StoreRefused(st));
                     break;
                 }
-                Err(FetchError::Transport(t)) => {
-                    stored = Err(t);
+                Err(e) => {
+                    stored = Err(e.into());
                     break;
                 }
             }
@@ -155,7 +152,7 @@ impl FileCache {
         &self,
         source: &dyn ChunkSource,
         f: &Arc<CachedFile>,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, FileCacheError> {
         lock(&f.versions).closing = true;
         let mut total = 0;
         loop {

@@ -3,6 +3,7 @@
 //! write-back, and the attributes clients see of a file with local writes.
 
 use super::*;
+use crate::error::FileCacheError;
 
 impl MetaLayer {
     /// A READ of a compress-and-copy file, from the file cache (fetching
@@ -54,7 +55,7 @@ impl MetaLayer {
         copy: &CopyPath,
         f: &Arc<CachedFile>,
         args: &READ3args,
-    ) -> Result<NfsReply, String> {
+    ) -> Result<NfsReply, FileCacheError> {
         let count = args.count.min(MAX_READ);
         let (data, eof) = f
             .read(&copy.files, &copy.source, &cx.cred, args.offset, count)
@@ -98,10 +99,7 @@ impl MetaLayer {
         f: &Arc<CachedFile>,
         args: WRITE3args<'_>,
     ) -> Result<NfsReply, ServiceError> {
-        let copy = self
-            .copy
-            .as_ref()
-            .ok_or_else(|| ServiceError::Local("no file cache".into()))?;
+        let copy = self.copy.as_ref().ok_or(FileCacheError::NoFileCache)?;
         let sync = !matches!(args.stable, stable_how::UNSTABLE);
         let count = args.count.min(args.data.len() as u32);
         let mut data = args.data.into_owned();
@@ -125,7 +123,7 @@ impl MetaLayer {
         {
             return Ok(refused(st));
         }
-        let (before, after) = match f.try_write(&copy.files, &cx.cred, offset, data, sync).await {
+        let (before, after) = match f.write(&copy.files, &cx.cred, offset, data, sync).await {
             Ok(attrs) => attrs,
             Err(e) => {
                 tracing::warn!(error = %e, "write to a file held whole not kept");
@@ -175,10 +173,7 @@ impl MetaLayer {
 
     /// A COMMIT of a file holding local writes: synced in the file cache.
     pub(super) async fn commit_held(&self, f: &Arc<CachedFile>) -> Result<NfsReply, ServiceError> {
-        let copy = self
-            .copy
-            .as_ref()
-            .ok_or_else(|| ServiceError::Local("no file cache".into()))?;
+        let copy = self.copy.as_ref().ok_or(FileCacheError::NoFileCache)?;
         let before = f.local_attrs();
         let after = match f.commit(&copy.files).await {
             Ok(a) => a,
@@ -229,7 +224,7 @@ impl MetaLayer {
             }
         }
         drop(files);
-        written.map_err(ServiceError::Local)
+        written.map_err(ServiceError::from)
     }
 
     /// File bytes the file cache has written back since start.

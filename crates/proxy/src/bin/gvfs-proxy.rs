@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use gvfs_proxy::config::{Config, FileConfig, UpstreamChoice};
+use gvfs_proxy::ProxyError;
+use gvfs_proxy::config::{Config, ConfigError, FileConfig, UpstreamChoice};
+use gvfs_proxy::exit::ExitCode as ProxyExit;
 use tokio_util::sync::CancellationToken;
 
 const ABOUT: &str = "A user-level NFSv3 caching proxy: serves a local directory (dir:PATH) or \
@@ -46,7 +48,12 @@ TLS BETWEEN PROXIES:
       --cert /etc/gvfs/ca/node1.pem --key /etc/gvfs/ca/node1-key.pem --ca /etc/gvfs/ca/ca.pem";
 
 #[derive(Debug, Parser)]
-#[command(name = "gvfs-proxy", version, about = ABOUT, after_help = AFTER_HELP)]
+#[command(
+    name = "gvfs-proxy",
+    version,
+    about = ABOUT,
+    after_help = format!("{AFTER_HELP}\n\n{}", ProxyExit::help())
+)]
 struct Cli {
     /// Address to listen on [default: 127.0.0.1:2049]. Plain NFS binds only
     /// loopback addresses unless --allow-remote is given.
@@ -230,9 +237,9 @@ impl Cli {
     fn file_config(&self) -> anyhow::Result<FileConfig> {
         let mut peers = std::collections::BTreeMap::new();
         for rule in &self.map_peer {
-            let (name, mapping) = rule
-                .split_once('=')
-                .with_context(|| format!("bad --map-peer {rule:?}: expected NAME=MAPPING"))?;
+            let (name, mapping) = rule.split_once('=').ok_or_else(|| {
+                ConfigError::Invalid(format!("bad --map-peer {rule:?}: expected NAME=MAPPING"))
+            })?;
             peers.insert(name.to_string(), mapping.to_string());
         }
         Ok(FileConfig {
@@ -294,8 +301,19 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gvfs-proxy: error: {e:#}");
-            ExitCode::FAILURE
+            exit_code(&e).into()
         }
+    }
+}
+
+/// The code to exit with after `e` (see `gvfs_proxy::exit`).
+fn exit_code(e: &anyhow::Error) -> ProxyExit {
+    if let Some(e) = e.downcast_ref::<ProxyError>() {
+        e.exit_code()
+    } else if e.downcast_ref::<ConfigError>().is_some() {
+        ProxyExit::Config
+    } else {
+        ProxyExit::Failure
     }
 }
 
@@ -312,8 +330,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
-        gvfs_proxy::shutdown::cancel_on_signals(shutdown.clone())
-            .map_err(gvfs_proxy::ProxyError::Signals)?;
+        gvfs_proxy::shutdown::cancel_on_signals(shutdown.clone()).map_err(ProxyError::Signals)?;
         gvfs_proxy::run(cfg, shutdown, |r| print_ready(r, sample)).await?;
         Ok(())
     })
