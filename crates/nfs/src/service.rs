@@ -91,11 +91,6 @@ pub enum ServiceError {
     /// made with [`ServiceError::layer`].
     #[error("local failure: {0}")]
     Layer(#[source] LayerFailure),
-    /// A local failure told in words only. Only the `dir:` upstream still
-    /// reports one (an I/O task that stopped), until it passes a typed
-    /// cause to [`ServiceError::layer`] too; then this variant goes.
-    #[error("local failure: {0}")]
-    Local(String),
 }
 
 impl ServiceError {
@@ -174,10 +169,9 @@ impl ServiceError {
     /// the front end turns a layer's failure into an `nfsstat3`.
     pub fn nfsstat(&self) -> nfsstat3 {
         match self {
-            Self::UpstreamUnavailable { .. }
-            | Self::UpstreamRefused { .. }
-            | Self::Layer(_)
-            | Self::Local(_) => nfsstat3::NFS3ERR_IO,
+            Self::UpstreamUnavailable { .. } | Self::UpstreamRefused { .. } | Self::Layer(_) => {
+                nfsstat3::NFS3ERR_IO
+            }
             Self::UpstreamProtocol { .. } | Self::UpstreamRejected { .. } => {
                 nfsstat3::NFS3ERR_SERVERFAULT
             }
@@ -191,10 +185,9 @@ impl ServiceError {
             Self::MountRefused(s) => {
                 mount_status_from_u32(s.0).unwrap_or(mountstat3::MNT3ERR_SERVERFAULT)
             }
-            Self::UpstreamUnavailable { .. }
-            | Self::UpstreamRefused { .. }
-            | Self::Layer(_)
-            | Self::Local(_) => mountstat3::MNT3ERR_IO,
+            Self::UpstreamUnavailable { .. } | Self::UpstreamRefused { .. } | Self::Layer(_) => {
+                mountstat3::MNT3ERR_IO
+            }
             Self::UpstreamProtocol { .. } | Self::UpstreamRejected { .. } => {
                 mountstat3::MNT3ERR_SERVERFAULT
             }

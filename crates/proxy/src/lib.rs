@@ -94,9 +94,7 @@ impl ProxyError {
             Self::GvfsWithoutTls => ExitCode::Config,
             Self::Dir(_) => ExitCode::Upstream,
             Self::Upstream(ServiceError::UpstreamRefused { .. }) | Self::Tls(_) => ExitCode::Tls,
-            Self::Upstream(ServiceError::Layer(_) | ServiceError::Local(_)) => {
-                ExitCode::LocalResource
-            }
+            Self::Upstream(ServiceError::Layer(_)) => ExitCode::LocalResource,
             Self::Upstream(_) => ExitCode::Upstream,
             Self::Bind { .. } | Self::Sample { .. } | Self::Control(_) | Self::Cache { .. } => {
                 ExitCode::LocalResource

@@ -24,7 +24,7 @@ impl CacheLayer {
             .await
         {
             Ok(reply) => Ok(reply),
-            Err(e @ (ServiceError::Layer(_) | ServiceError::Local(_))) if !dirty_file => {
+            Err(e @ ServiceError::Layer(_)) if !dirty_file => {
                 tracing::warn!("block cache read failed ({e}); forwarding the READ");
                 self.below.call(cx, NfsRequest::Read(args)).await
             }

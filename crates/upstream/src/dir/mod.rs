@@ -86,6 +86,16 @@ pub enum DirError {
         /// Why.
         cause: std::io::Error,
     },
+    /// The blocking task running a call stopped before it answered (it
+    /// panicked, or the runtime is shutting down).
+    #[error("dir: upstream {proc} call stopped before it answered: {cause}")]
+    Stopped {
+        /// The procedure.
+        proc: &'static str,
+        /// The task's end.
+        #[source]
+        cause: tokio::task::JoinError,
+    },
 }
 
 /// Serves a local directory as an NFSv3 export: the embedded origin.
@@ -142,7 +152,12 @@ impl NfsService for DirUpstream {
             let p = req.proc_();
             tokio::task::spawn_blocking(move || export.dispatch(&caller, req))
                 .await
-                .map_err(|e| ServiceError::Local(format!("dir upstream {}: {e}", p.name())))
+                .map_err(|cause| {
+                    ServiceError::layer(DirError::Stopped {
+                        proc: p.name(),
+                        cause,
+                    })
+                })
         })
     }
 
