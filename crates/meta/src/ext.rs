@@ -84,7 +84,7 @@ use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gvfs_nfs::client::{ClientError, RpcClient};
+use gvfs_nfs::net::client::{ClientError, RpcClient};
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3, nfstime3};
 use gvfs_nfs::nfs3_types::xdr_codec::Unpack;
 use gvfs_nfs::rpc::{ReplyError, ReplyStatus};

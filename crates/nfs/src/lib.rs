@@ -6,22 +6,25 @@
 //! - [`service`]: [`NfsService`], the interface every proxy layer implements.
 //! - [`layer`]: the kit layers are built with ([`layer::Layer`], typed calls
 //!   below, the write check, counters).
-//! - [`client`]: an async RPC client that keeps many calls in flight on one
-//!   connection and survives reconnects.
 //! - [`portmap`]: the PORTMAP v2 messages gvfs speaks and asks.
+//! - [`net`] (feature `net`, on by default): the tokio side, records on
+//!   sockets and an async RPC client that keeps many calls in flight on one
+//!   connection and survives reconnects.
 //!
-//! Everything but [`client`] is sans-IO: plain functions over bytes.
+//! Everything but [`net`] is sans-IO: plain functions and types over bytes
+//! (`cargo check -p gvfs-nfs --no-default-features` builds it without
+//! tokio).
 
 #![warn(missing_docs)]
 
-pub mod client;
 pub mod layer;
+#[cfg(feature = "net")]
+pub mod net;
 pub mod portmap;
 pub mod proc;
 pub mod record;
 pub mod rpc;
 pub mod service;
-pub mod stream;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod xdr;

@@ -509,7 +509,7 @@ pub struct Reply {
 
 impl Reply {
     /// The results at `results_at..` of the received `record`.
-    pub(crate) fn new(record: Vec<u8>, results_at: usize) -> Reply {
+    pub fn new(record: Vec<u8>, results_at: usize) -> Reply {
         Reply { record, results_at }
     }
 

@@ -57,7 +57,7 @@ pub enum ServiceError {
     },
     /// The upstream refused us for good, or we refused it: a TLS handshake
     /// that failed on a certificate (either side's) or on a TLS alert.
-    /// Retrying cannot help (see `client::ClientError::Refused`).
+    /// Retrying cannot help (see `net::client::ClientError::Refused`).
     #[error("upstream {upstream} refused the connection: {reason}")]
     UpstreamRefused {
         /// Which upstream.

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gvfs_nfs::client::{ClientConfig, ClientError, RpcClient, TcpConnector};
+use gvfs_nfs::net::client::{ClientConfig, ClientError, RpcClient, TcpConnector};
 use gvfs_nfs::record::RecordLimits;
 use gvfs_nfs::rpc::{self, Credentials, ReplyStatus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

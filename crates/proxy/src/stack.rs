@@ -22,7 +22,7 @@ use gvfs_cache::{CacheLayer, ZeroHint};
 use gvfs_meta::{
     ChunkSource, CopyPath, ExtClient, ExtServer, FileCache, MetaFiles, MetaIndex, MetaLayer,
 };
-use gvfs_nfs::client::RpcClient;
+use gvfs_nfs::net::client::RpcClient;
 use gvfs_nfs::{CallContext, Credentials, NfsService};
 
 use crate::ProxyError;

@@ -6,7 +6,7 @@
 //! because a middle proxy is both. [`tls`] turns the PEM files into rustls
 //! configurations (TLS 1.3 only, the ring provider, client certificates
 //! required between proxies), runs the server handshake with a timeout and
-//! implements `gvfs_nfs::client::Connector` for `gvfs://` upstreams, telling
+//! implements `gvfs_nfs::net::client::Connector` for `gvfs://` upstreams, telling
 //! a refusal (a certificate rejected on either side: [`refusal`]) from a
 //! fault worth retrying.
 //! [`identity`] maps the name in a verified peer certificate to the

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gvfs_nfs::BoxFuture;
-use gvfs_nfs::client::{BoxStream, Connector, Refusal, refusal_of};
+use gvfs_nfs::net::client::{BoxStream, Connector, Refusal, refusal_of};
 use rustls::client::Resumption;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};

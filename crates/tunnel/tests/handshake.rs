@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Site, both_cas};
-use gvfs_nfs::client::Connector;
+use gvfs_nfs::net::client::Connector;
 use gvfs_tunnel::{AcceptError, TlsConnector, TlsFiles, TlsIdentity, accept};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};

@@ -3,7 +3,7 @@
 //!
 //! Calls are forwarded with the caller's own credentials, and file handles
 //! pass through unchanged, so chains of proxies work with any handle size.
-//! One connection carries many calls at once (see `gvfs_nfs::client`); ports
+//! One connection carries many calls at once (see `gvfs_nfs::net::client`); ports
 //! not given in the URL are asked of the server's portmapper at HOST:111 on
 //! every (re)connect, so a server that restarts on a new port is found again.
 //!
@@ -15,7 +15,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gvfs_nfs::client::{BoxStream, ClientConfig, ClientError, Connector, RpcClient, TcpConnector};
+use gvfs_nfs::net::client::{
+    BoxStream, ClientConfig, ClientError, Connector, RpcClient, TcpConnector,
+};
 use gvfs_nfs::nfs3_types::nfs3::nfs_fh3;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::portmap::{self, IPPROTO_TCP, Mapping};

@@ -207,12 +207,12 @@ async fn answering_server(
 }
 
 fn client_of(addr: std::net::SocketAddr, probe_timeout: Duration) -> ExtClient {
-    let cfg = gvfs_nfs::client::ClientConfig {
+    let cfg = gvfs_nfs::net::client::ClientConfig {
         // A hard mount: the call itself never gives up.
         give_up_after: None,
         ..Default::default()
     };
-    let rpc = RpcClient::new(gvfs_nfs::client::TcpConnector { addr }, cfg);
+    let rpc = RpcClient::new(gvfs_nfs::net::client::TcpConnector { addr }, cfg);
     ExtClient {
         client: rpc,
         speaks: tokio::sync::OnceCell::new(),

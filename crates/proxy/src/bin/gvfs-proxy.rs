@@ -122,7 +122,7 @@ struct Cli {
     max_in_flight: Option<usize>,
 
     /// Log filter, e.g. info, debug, gvfs_proxy=trace; gvfs_proxy::front=trace
-    /// logs every client call and gvfs_nfs::client=trace every upstream
+    /// logs every client call and gvfs_nfs::net::client=trace every upstream
     /// call, with latencies [default: info, or RUST_LOG].
     #[arg(long, value_name = "FILTER")]
     log: Option<String>,

@@ -33,9 +33,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use gvfs_nfs::net::stream::{RecordStream, StreamError};
 use gvfs_nfs::record::RecordLimits;
 use gvfs_nfs::rpc::ReplyRecord;
-use gvfs_nfs::stream::{RecordStream, StreamError};
 use gvfs_tunnel::{IdentityMap, TlsIdentity};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};

@@ -33,11 +33,11 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::net::stream::{RecordStream, StreamError};
 use crate::proc::CallName;
 use crate::record::RecordLimits;
 use crate::rpc::{self, Credentials, Reply, ReplyError};
 use crate::service::BoxFuture;
-use crate::stream::{RecordStream, StreamError};
 
 /// A bidirectional byte stream the client can run over (TCP, TLS, ...).
 pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
