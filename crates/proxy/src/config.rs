@@ -2,209 +2,70 @@
 //!
 //! The command line and the file carry the same settings; a value on the
 //! command line wins. Validation turns every bad value into one clear line.
+//!
+//! The settings as written in a TOML file ([`FileConfig`]; every key optional):
+//!
+//! ```toml
+//! listen = "127.0.0.1:2049"
+//! upstream = "nfs://filer/srv/images"   # or "dir:/srv/images", "gvfs://peer:20049/export"
+//! export = "/export"
+//! control = "/run/gvfs/proxy.sock"
+//! allow_remote = false
+//! upstream_timeout_secs = 0            # 0 (default) = wait forever, like a hard mount
+//! connect_timeout_secs = 5
+//! max_connections = 256
+//! max_pending_connections = 64       # not yet through a first call or TLS handshake
+//! max_in_flight = 64
+//! idle_timeout_secs = 600              # close a client connection idle this long
+//! buffer_memory = "256M"               # call records and replies held, all clients
+//! drain_timeout_secs = 10
+//! metrics = "127.0.0.1:9100"           # Prometheus text endpoint
+//! attr_timeout_secs = 0                # attribute cache (0, default = off)
+//!
+//! # block cache (off unless cache_dir is set)
+//! cache_dir = "/var/cache/gvfs/proxy1"
+//! cache_size = "4G"
+//! cache_banks = 16
+//! cache_ways = 16
+//! block_size = "64K"
+//! write_policy = "write-back"          # or "write-through"
+//! readahead_blocks = 32
+//! writeback_on_exit = true
+//! exit_writeback_timeout_secs = 60
+//! meta = true                          # metadata actions (default: on with a cache or listen_tls)
+//! file_cache_size = "16G"              # whole files fetched by compress-and-copy
+//!
+//! # TLS between proxies (certificates from `gvfsctl ca init` / `ca issue`)
+//! listen_tls = "0.0.0.0:20049"         # accept gvfs:// peers here
+//! cert = "/etc/gvfs/node1.pem"
+//! key = "/etc/gvfs/node1-key.pem"
+//! ca = "/etc/gvfs/ca.pem"
+//! handshake_timeout_secs = 10
+//! unknown_peers = "squash"             # peers with no rule below
+//! nobody = [65534, 65534]              # uid, gid of squashed calls
+//! [peers]                              # certificate name = mapping
+//! site-a = "fixed:1000:1000"           # every call as uid 1000, gid 1000
+//! site-b = "range:20000-29999"         # caller's uid/gid if inside, else nobody
+//! lan-proxy = "pass"                   # caller's credentials unchanged
+//! ```
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gvfs_upstream::{DEFAULT_EXPORT, UpstreamUrl, UrlError};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::server::ServerLimits;
+
+mod file;
+pub use file::FileConfig;
 
 /// The default listening address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:2049";
 /// The directory served when no upstream is configured (created with sample
 /// files on first use).
 pub const SAMPLE_DIR: &str = "gvfs-sample";
-
-/// The settings as written in a TOML file (every key optional).
-///
-/// ```toml
-/// listen = "127.0.0.1:2049"
-/// upstream = "nfs://filer/srv/images"   # or "dir:/srv/images", "gvfs://peer:20049/export"
-/// export = "/export"
-/// control = "/run/gvfs/proxy.sock"
-/// allow_remote = false
-/// upstream_timeout_secs = 0            # 0 (default) = wait forever, like a hard mount
-/// connect_timeout_secs = 5
-/// max_connections = 256
-/// max_pending_connections = 64       # not yet through a first call or TLS handshake
-/// max_in_flight = 64
-/// idle_timeout_secs = 600              # close a client connection idle this long
-/// buffer_memory = "256M"               # call records and replies held, all clients
-/// drain_timeout_secs = 10
-/// metrics = "127.0.0.1:9100"           # Prometheus text endpoint
-/// attr_timeout_secs = 0                # attribute cache (0, default = off)
-///
-/// # block cache (off unless cache_dir is set)
-/// cache_dir = "/var/cache/gvfs/proxy1"
-/// cache_size = "4G"
-/// cache_banks = 16
-/// cache_ways = 16
-/// block_size = "64K"
-/// write_policy = "write-back"          # or "write-through"
-/// readahead_blocks = 32
-/// writeback_on_exit = true
-/// exit_writeback_timeout_secs = 60
-/// meta = true                          # metadata actions (default: on with a cache or listen_tls)
-/// file_cache_size = "16G"              # whole files fetched by compress-and-copy
-///
-/// # TLS between proxies (certificates from `gvfsctl ca init` / `ca issue`)
-/// listen_tls = "0.0.0.0:20049"         # accept gvfs:// peers here
-/// cert = "/etc/gvfs/node1.pem"
-/// key = "/etc/gvfs/node1-key.pem"
-/// ca = "/etc/gvfs/ca.pem"
-/// handshake_timeout_secs = 10
-/// unknown_peers = "squash"             # peers with no rule below
-/// nobody = [65534, 65534]              # uid, gid of squashed calls
-/// [peers]                              # certificate name = mapping
-/// site-a = "fixed:1000:1000"           # every call as uid 1000, gid 1000
-/// site-b = "range:20000-29999"         # caller's uid/gid if inside, else nobody
-/// lan-proxy = "pass"                   # caller's credentials unchanged
-/// ```
-#[derive(Debug, Default, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    /// Address to listen on.
-    pub listen: Option<String>,
-    /// `dir:PATH`, `nfs://HOST[:PORT]/EXPORT[?mountport=N]` or
-    /// `gvfs://HOST:PORT[/EXPORT][?name=NAME]`.
-    pub upstream: Option<String>,
-    /// The export path clients mount.
-    pub export: Option<String>,
-    /// Control socket path.
-    pub control: Option<PathBuf>,
-    /// Allow a plain listener on a non-loopback address.
-    pub allow_remote: Option<bool>,
-    /// Give up on an upstream call after this many seconds (0 = never).
-    pub upstream_timeout_secs: Option<u64>,
-    /// One upstream connection attempt, in seconds.
-    pub connect_timeout_secs: Option<u64>,
-    /// Client connections served at once.
-    pub max_connections: Option<usize>,
-    /// Client connections not yet through their first call or TLS
-    /// handshake.
-    pub max_pending_connections: Option<usize>,
-    /// Close a client connection with nothing running and no call for
-    /// this many seconds.
-    pub idle_timeout_secs: Option<u64>,
-    /// Most memory for call records and replies held at once, all client
-    /// connections together, e.g. "256M".
-    pub buffer_memory: Option<String>,
-    /// Calls in flight per client connection.
-    pub max_in_flight: Option<usize>,
-    /// On SIGTERM, wait this long for calls in flight.
-    pub drain_timeout_secs: Option<u64>,
-    /// Address of the Prometheus text endpoint (`GET /metrics`).
-    pub metrics: Option<String>,
-    /// Directory of the block cache's bank files; no cache when unset.
-    pub cache_dir: Option<PathBuf>,
-    /// Cache capacity, e.g. "4G", "512M" or bytes.
-    pub cache_size: Option<String>,
-    /// Cache banks (files).
-    pub cache_banks: Option<u32>,
-    /// Cache associativity (frames per set).
-    pub cache_ways: Option<u32>,
-    /// Cache block size, 4K..1M, a power of two.
-    pub block_size: Option<String>,
-    /// "write-back" or "write-through".
-    pub write_policy: Option<String>,
-    /// Blocks read ahead on sequential access (0 = off).
-    pub readahead_blocks: Option<u32>,
-    /// Write dirty data back on SIGTERM/SIGINT.
-    pub writeback_on_exit: Option<bool>,
-    /// Longest write-back on exit; what is left stays dirty for next start.
-    pub exit_writeback_timeout_secs: Option<u64>,
-    /// Address of the TLS listener for gvfs:// peers.
-    pub listen_tls: Option<String>,
-    /// This node's certificate (PEM).
-    pub cert: Option<PathBuf>,
-    /// This node's private key (PEM).
-    pub key: Option<PathBuf>,
-    /// The site CA's certificate (PEM).
-    pub ca: Option<PathBuf>,
-    /// Longest TLS handshake, in seconds.
-    pub handshake_timeout_secs: Option<u64>,
-    /// Identity mapping per peer certificate name.
-    pub peers: Option<std::collections::BTreeMap<String, String>>,
-    /// Mapping of peers with no rule.
-    pub unknown_peers: Option<String>,
-    /// Use `.NAME.gvfsmeta` files (zero-block maps) found upstream.
-    pub meta: Option<bool>,
-    /// Budget of the file cache (whole files fetched by compress-and-copy).
-    pub file_cache_size: Option<String>,
-    /// Answer GETATTR, LOOKUP, ACCESS, FSINFO, PATHCONF and MNT from replies
-    /// at most this many seconds old (0 = off, the default).
-    pub attr_timeout_secs: Option<u64>,
-    /// uid and gid of squashed calls.
-    pub nobody: Option<(u32, u32)>,
-}
-
-impl FileConfig {
-    /// Reads and parses a TOML file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-        // The error's Display names the line and column and shows the line.
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            reason: e.to_string().trim_end().to_string(),
-        })
-    }
-
-    /// `other`'s values where set, ours elsewhere.
-    pub fn overridden_by(self, other: FileConfig) -> FileConfig {
-        FileConfig {
-            listen: other.listen.or(self.listen),
-            upstream: other.upstream.or(self.upstream),
-            export: other.export.or(self.export),
-            control: other.control.or(self.control),
-            allow_remote: other.allow_remote.or(self.allow_remote),
-            upstream_timeout_secs: other.upstream_timeout_secs.or(self.upstream_timeout_secs),
-            connect_timeout_secs: other.connect_timeout_secs.or(self.connect_timeout_secs),
-            max_connections: other.max_connections.or(self.max_connections),
-            max_pending_connections: other
-                .max_pending_connections
-                .or(self.max_pending_connections),
-            idle_timeout_secs: other.idle_timeout_secs.or(self.idle_timeout_secs),
-            buffer_memory: other.buffer_memory.or(self.buffer_memory),
-            max_in_flight: other.max_in_flight.or(self.max_in_flight),
-            drain_timeout_secs: other.drain_timeout_secs.or(self.drain_timeout_secs),
-            metrics: other.metrics.or(self.metrics),
-            cache_dir: other.cache_dir.or(self.cache_dir),
-            cache_size: other.cache_size.or(self.cache_size),
-            cache_banks: other.cache_banks.or(self.cache_banks),
-            cache_ways: other.cache_ways.or(self.cache_ways),
-            block_size: other.block_size.or(self.block_size),
-            write_policy: other.write_policy.or(self.write_policy),
-            readahead_blocks: other.readahead_blocks.or(self.readahead_blocks),
-            writeback_on_exit: other.writeback_on_exit.or(self.writeback_on_exit),
-            exit_writeback_timeout_secs: other
-                .exit_writeback_timeout_secs
-                .or(self.exit_writeback_timeout_secs),
-            listen_tls: other.listen_tls.or(self.listen_tls),
-            cert: other.cert.or(self.cert),
-            key: other.key.or(self.key),
-            ca: other.ca.or(self.ca),
-            handshake_timeout_secs: other.handshake_timeout_secs.or(self.handshake_timeout_secs),
-            peers: match (self.peers, other.peers) {
-                (Some(mut a), Some(b)) => {
-                    a.extend(b);
-                    Some(a)
-                }
-                (a, b) => b.or(a),
-            },
-            unknown_peers: other.unknown_peers.or(self.unknown_peers),
-            meta: other.meta.or(self.meta),
-            file_cache_size: other.file_cache_size.or(self.file_cache_size),
-            attr_timeout_secs: other.attr_timeout_secs.or(self.attr_timeout_secs),
-            nobody: other.nobody.or(self.nobody),
-        }
-    }
-}
 
 /// A bad configuration value, described in one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -652,260 +513,4 @@ pub fn runtime_dir() -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_serve_the_sample_on_loopback() {
-        let c = Config::from_file_config(FileConfig::default()).unwrap();
-        assert_eq!(c.listen, DEFAULT_LISTEN.parse().unwrap());
-        assert_eq!(
-            c.upstream,
-            UpstreamChoice::Sample(PathBuf::from(SAMPLE_DIR))
-        );
-        assert_eq!(c.export, "/export");
-    }
-
-    #[test]
-    fn plain_listener_stays_on_loopback_unless_allowed() {
-        let f = FileConfig {
-            listen: Some("0.0.0.0:2049".into()),
-            ..FileConfig::default()
-        };
-        let err = Config::from_file_config(f.clone()).unwrap_err().to_string();
-        assert!(err.contains("--allow-remote"), "{err}");
-        let ok = FileConfig {
-            allow_remote: Some(true),
-            ..f
-        };
-        assert!(Config::from_file_config(ok).is_ok());
-    }
-
-    #[test]
-    fn toml_round_trip_and_unknown_keys() {
-        let f: FileConfig = toml::from_str(
-            "listen = \"127.0.0.2:111\"\nupstream = \"dir:/srv\"\nupstream_timeout_secs = 0\n",
-        )
-        .unwrap();
-        let c = Config::from_file_config(f).unwrap();
-        assert_eq!(c.listen.port(), 111);
-        assert_eq!(c.upstream_timeout, None);
-        assert!(toml::from_str::<FileConfig>("lisen = \"x\"").is_err());
-        let f: FileConfig = toml::from_str(
-            "max_connections = 8\nmax_pending_connections = 3\nidle_timeout_secs = 42\n",
-        )
-        .unwrap();
-        let limits = Config::from_file_config(f).unwrap().limits;
-        assert_eq!(
-            (
-                limits.max_connections,
-                limits.max_pending,
-                limits.idle_timeout
-            ),
-            (8, 3, Duration::from_secs(42))
-        );
-    }
-
-    #[test]
-    fn bad_values_are_one_line_errors() {
-        for f in [
-            FileConfig {
-                listen: Some("nope".into()),
-                ..FileConfig::default()
-            },
-            FileConfig {
-                upstream: Some("ftp://x".into()),
-                ..FileConfig::default()
-            },
-            FileConfig {
-                upstream: Some("dir:".into()),
-                ..FileConfig::default()
-            },
-            FileConfig {
-                export: Some("export".into()),
-                ..FileConfig::default()
-            },
-            FileConfig {
-                max_in_flight: Some(0),
-                ..FileConfig::default()
-            },
-            FileConfig {
-                max_pending_connections: Some(0),
-                ..FileConfig::default()
-            },
-            FileConfig {
-                idle_timeout_secs: Some(0),
-                ..FileConfig::default()
-            },
-            FileConfig {
-                buffer_memory: Some("1M".into()),
-                ..FileConfig::default()
-            },
-        ] {
-            let e = Config::from_file_config(f).unwrap_err().to_string();
-            assert!(!e.contains('\n') && !e.is_empty());
-        }
-    }
-
-    #[test]
-    fn sizes_and_cache_settings() {
-        assert_eq!(parse_size("4G").unwrap(), 4 << 30);
-        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
-        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
-        assert!(parse_size("4X").is_err() && parse_size("").is_err() && parse_size("G").is_err());
-        let c = Config::from_file_config(FileConfig {
-            cache_dir: Some("/tmp/c".into()),
-            cache_size: Some("64M".into()),
-            block_size: Some("128K".into()),
-            write_policy: Some("write-through".into()),
-            ..FileConfig::default()
-        })
-        .unwrap();
-        let cache = c.cache.unwrap();
-        assert_eq!(cache.geometry.block_size(), 128 << 10);
-        assert_eq!(cache.layer.policy, gvfs_cache::WritePolicy::WriteThrough);
-        let orphan = FileConfig {
-            cache_size: Some("1G".into()),
-            ..FileConfig::default()
-        };
-        assert!(
-            Config::from_file_config(orphan)
-                .unwrap_err()
-                .to_string()
-                .contains("--cache-dir")
-        );
-        let bad = FileConfig {
-            cache_dir: Some("/tmp/c".into()),
-            block_size: Some("3K".into()),
-            ..FileConfig::default()
-        };
-        assert!(Config::from_file_config(bad).is_err());
-    }
-
-    #[test]
-    fn cache_options_without_a_cache_are_refused() {
-        let cases = [
-            (
-                FileConfig {
-                    readahead_blocks: Some(8),
-                    ..FileConfig::default()
-                },
-                "--readahead (readahead_blocks in the file)",
-            ),
-            (
-                FileConfig {
-                    writeback_on_exit: Some(false),
-                    ..FileConfig::default()
-                },
-                "--no-writeback-on-exit (writeback_on_exit in the file)",
-            ),
-            (
-                FileConfig {
-                    exit_writeback_timeout_secs: Some(5),
-                    ..FileConfig::default()
-                },
-                "--exit-writeback-timeout (exit_writeback_timeout_secs in the file)",
-            ),
-        ];
-        for (f, what) in cases {
-            let e = Config::from_file_config(f).unwrap_err().to_string();
-            assert!(e.starts_with(what), "{e}");
-            assert!(e.contains("add --cache-dir DIR"), "{e}");
-        }
-        for line in [
-            "readahead_blocks = 8",
-            "writeback_on_exit = false",
-            "exit_writeback_timeout_secs = 5",
-        ] {
-            let f: FileConfig = toml::from_str(line).unwrap();
-            let e = Config::from_file_config(f).unwrap_err().to_string();
-            assert!(e.contains("there is no cache"), "{line}: {e}");
-        }
-        let with_cache = FileConfig {
-            cache_dir: Some("/tmp/c".into()),
-            readahead_blocks: Some(8),
-            writeback_on_exit: Some(false),
-            exit_writeback_timeout_secs: Some(5),
-            ..FileConfig::default()
-        };
-        assert!(Config::from_file_config(with_cache).is_ok());
-    }
-
-    #[test]
-    fn tls_options_without_tls_are_refused() {
-        let cases = [
-            (
-                FileConfig {
-                    peers: Some([("node1".into(), "pass".into())].into()),
-                    ..FileConfig::default()
-                },
-                "--map-peer ([peers] in the file)",
-            ),
-            (
-                FileConfig {
-                    unknown_peers: Some("squash".into()),
-                    ..FileConfig::default()
-                },
-                "--unknown-peers (unknown_peers in the file)",
-            ),
-            (
-                FileConfig {
-                    handshake_timeout_secs: Some(3),
-                    ..FileConfig::default()
-                },
-                "--handshake-timeout (handshake_timeout_secs in the file)",
-            ),
-            (
-                FileConfig {
-                    nobody: Some((65534, 65534)),
-                    ..FileConfig::default()
-                },
-                "nobody in the file",
-            ),
-        ];
-        for (f, what) in cases {
-            let e = Config::from_file_config(f).unwrap_err().to_string();
-            assert!(e.starts_with(what), "{e}");
-            assert!(e.contains("add --cert, --key and --ca"), "{e}");
-        }
-        for text in [
-            "[peers]\nnode1 = \"pass\"",
-            "unknown_peers = \"squash\"",
-            "handshake_timeout_secs = 3",
-        ] {
-            let f: FileConfig = toml::from_str(text).unwrap();
-            let e = Config::from_file_config(f).unwrap_err().to_string();
-            assert!(e.contains("there is no TLS"), "{text}: {e}");
-        }
-    }
-
-    #[test]
-    fn config_file_errors_give_line_and_column() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("proxy.toml");
-        std::fs::write(&path, "listen = \"127.0.0.1:2049\"\nexport = /images\n").unwrap();
-        let e = FileConfig::load(&path).unwrap_err().to_string();
-        assert!(e.starts_with("bad config file "), "{e}");
-        assert!(e.contains("line 2, column 10"), "{e}");
-        std::fs::write(&path, "listen = \"127.0.0.1:2049\"\nlisen = \"x\"\n").unwrap();
-        let e = FileConfig::load(&path).unwrap_err().to_string();
-        assert!(e.contains("line 2, column 1"), "{e}");
-        assert!(e.contains("unknown field `lisen`"), "{e}");
-    }
-
-    #[test]
-    fn command_line_wins() {
-        let file = FileConfig {
-            listen: Some("127.0.0.1:1".into()),
-            export: Some("/a".into()),
-            ..FileConfig::default()
-        };
-        let cli = FileConfig {
-            listen: Some("127.0.0.1:2".into()),
-            ..FileConfig::default()
-        };
-        let m = file.overridden_by(cli);
-        assert_eq!(m.listen.as_deref(), Some("127.0.0.1:2"));
-        assert_eq!(m.export.as_deref(), Some("/a"));
-    }
-}
+mod tests;

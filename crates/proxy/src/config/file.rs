@@ -1,0 +1,240 @@
+//! The settings as a TOML file and the command line both spell them
+//! ([`FileConfig`]), read and merged.
+
+use super::*;
+
+// Every setting, spelled once: a TOML key is the field's name, a flag its
+// `#[arg(long)]` (the field's name with dashes, unless it says otherwise),
+// its help the field's doc. (A doc comment here would become the help's
+// header; the file's format is in the module doc.)
+#[allow(missing_docs)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address to listen on [default: 127.0.0.1:2049]. Plain NFS binds only
+    /// loopback addresses unless --allow-remote is given.
+    #[arg(long, value_name = "IP:PORT")]
+    pub listen: Option<String>,
+
+    /// What to serve: dir:PATH, nfs://HOST[:PORT]/EXPORT[?mountport=N] or
+    /// gvfs://HOST:PORT[/EXPORT][?name=NAME] (see UPSTREAM URLS below).
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+
+    /// The export path clients mount [default: /export].
+    #[arg(long, value_name = "/NAME")]
+    pub export: Option<String>,
+
+    /// Control socket for gvfsctl [default: $XDG_RUNTIME_DIR or /tmp,
+    /// gvfs-proxy-IP-PORT.sock].
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+
+    /// Allow a plain (unencrypted) listener on a non-loopback address.
+    #[arg(long, num_args = 0, default_missing_value = "true")]
+    pub allow_remote: Option<bool>,
+
+    /// Give up on an upstream call after SECS and report an I/O error to the
+    /// client; 0 waits forever like a hard mount, so an upstream outage only
+    /// delays clients [default: 0].
+    #[arg(long = "upstream-timeout", value_name = "SECS")]
+    pub upstream_timeout_secs: Option<u64>,
+
+    /// Timeout of one upstream connection attempt [default: 5].
+    #[arg(long = "connect-timeout", value_name = "SECS")]
+    pub connect_timeout_secs: Option<u64>,
+
+    /// Client connections served at once [default: 256]. When all are
+    /// taken, a new client is served by closing the connection idle
+    /// longest (one with no call running); if every one is busy, it waits.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+
+    /// Connections not yet through their first call (or TLS handshake) at
+    /// once, besides --max-connections; one more closes the oldest, so
+    /// sockets that send nothing cannot keep clients out [default: 64].
+    #[arg(long, value_name = "N")]
+    pub max_pending_connections: Option<usize>,
+
+    /// Close a client connection that has nothing running and sends no
+    /// call for SECS [default: 600]. A new connection must send its first
+    /// call within 10 s, and a call once begun must be complete within 30 s.
+    #[arg(long = "idle-timeout", value_name = "SECS")]
+    pub idle_timeout_secs: Option<u64>,
+
+    /// Most memory for call records and replies held at once, all client
+    /// connections together, e.g. 256M [default: 256M]. A connection whose
+    /// client does not read its replies stops being read once it holds a
+    /// quarter of it; every client may still send one call at a time.
+    #[arg(long, value_name = "SIZE")]
+    pub buffer_memory: Option<String>,
+
+    /// Calls in flight per client connection [default: 64].
+    #[arg(long, value_name = "N")]
+    pub max_in_flight: Option<usize>,
+
+    /// On SIGTERM/SIGINT, wait this long for calls in flight [default: 10].
+    #[arg(long = "drain-timeout", value_name = "SECS")]
+    pub drain_timeout_secs: Option<u64>,
+
+    /// Serve Prometheus metrics (the counters of `gvfsctl status` and
+    /// `gvfsctl stats`) at http://ADDR/metrics; loopback only unless
+    /// --allow-remote.
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics: Option<String>,
+
+    /// Answer GETATTR, LOOKUP, ACCESS, FSINFO, PATHCONF, MNT and NULL
+    /// locally from replies at most SECS old, like a client's actimeo: saves
+    /// the round trips every client session starts with. A directory's
+    /// first LOOKUP also reads it (READDIRPLUS) to answer the names after
+    /// it. For read-only images; changes made upstream by others show
+    /// within SECS. Calls that change anything through this proxy empty it
+    /// [default: 0, off].
+    #[arg(long = "attr-timeout", value_name = "SECS")]
+    pub attr_timeout_secs: Option<u64>,
+
+    /// Keep a block cache in DIR (bank files); without it the proxy only
+    /// forwards. The cache stays warm across restarts.
+    #[arg(long, value_name = "DIR", help_heading = "Block cache")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// Cache capacity, e.g. 4G, 512M [default: 1G].
+    #[arg(long, value_name = "SIZE", help_heading = "Block cache")]
+    pub cache_size: Option<String>,
+
+    /// Cache banks (files) [default: 16].
+    #[arg(long, value_name = "N", help_heading = "Block cache")]
+    pub cache_banks: Option<u32>,
+
+    /// Cache associativity, frames per set [default: 16].
+    #[arg(long, value_name = "N", help_heading = "Block cache")]
+    pub cache_ways: Option<u32>,
+
+    /// Cache block size, a power of two from 4K to 1M [default: 64K].
+    #[arg(long, value_name = "SIZE", help_heading = "Block cache")]
+    pub block_size: Option<String>,
+
+    /// write-back (writes stay in the cache until `gvfsctl writeback`,
+    /// `flush`, SIGUSR1/SIGUSR2 or exit) or write-through [default: write-back].
+    #[arg(long, value_name = "POLICY", help_heading = "Block cache")]
+    pub write_policy: Option<String>,
+
+    /// Most blocks to read ahead on sequential access (as many as the
+    /// sequential run has read so far, up to N); 0 turns it off [default: 32].
+    #[arg(long = "readahead", value_name = "N", help_heading = "Block cache")]
+    pub readahead_blocks: Option<u32>,
+
+    /// Leave dirty data in the cache on SIGTERM/SIGINT, for the next start
+    /// (a file's `writeback_on_exit = false`; by default it is written
+    /// back).
+    #[arg(
+        long = "no-writeback-on-exit",
+        num_args = 0,
+        default_missing_value = "false",
+        help_heading = "Block cache"
+    )]
+    pub writeback_on_exit: Option<bool>,
+
+    /// Longest write-back on exit [default: 60].
+    #[arg(
+        long = "exit-writeback-timeout",
+        value_name = "SECS",
+        help_heading = "Block cache"
+    )]
+    pub exit_writeback_timeout_secs: Option<u64>,
+
+    /// Accept gvfs:// peers (other proxies) over TLS 1.3 here; they must
+    /// present a certificate signed by --ca.
+    #[arg(long, value_name = "IP:PORT", help_heading = "TLS")]
+    pub listen_tls: Option<String>,
+
+    /// This node's certificate (PEM), from `gvfsctl ca issue`.
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    pub cert: Option<PathBuf>,
+
+    /// This node's private key (PEM).
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    pub key: Option<PathBuf>,
+
+    /// The site CA certificate (PEM) that peers' certificates must chain to.
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    pub ca: Option<PathBuf>,
+
+    /// Longest TLS handshake [default: 10].
+    #[arg(long = "handshake-timeout", value_name = "SECS", help_heading = "TLS")]
+    pub handshake_timeout_secs: Option<u64>,
+
+    /// Identity mapping per peer certificate name (the `[peers]` table;
+    /// `--map-peer NAME=MAPPING` on the command line).
+    #[arg(skip)]
+    pub peers: Option<std::collections::BTreeMap<String, String>>,
+
+    /// Mapping of peers with no --map-peer rule [default: squash].
+    #[arg(long, value_name = "MAPPING", help_heading = "TLS")]
+    pub unknown_peers: Option<String>,
+
+    /// uid and gid of squashed calls [default: 65534, 65534] (TOML only).
+    #[arg(skip)]
+    pub nobody: Option<(u32, u32)>,
+
+    /// Use metadata files found upstream (`.NAME.gvfsmeta`, made with
+    /// `gvfsctl meta gen`): reads of zero blocks are answered locally,
+    /// files marked for compress-and-copy are fetched whole, compressed,
+    /// into a file cache, and other proxies fetching them whole are sent
+    /// each repeated block once [default: on when there is a block cache or
+    /// a --listen-tls port]; --no-meta turns it off.
+    #[arg(
+        long,
+        num_args = 0,
+        default_missing_value = "true",
+        overrides_with = "meta",
+        help_heading = "Metadata actions"
+    )]
+    pub meta: Option<bool>,
+
+    /// Most bytes of whole files kept by compress-and-copy (in
+    /// CACHE_DIR/files), e.g. 16G [default: 16G].
+    #[arg(long, value_name = "SIZE", help_heading = "Metadata actions")]
+    pub file_cache_size: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads and parses a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        // The error's Display names the line and column and shows the line.
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            reason: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// `other`'s values where set, ours elsewhere; `[peers]` rules from
+    /// both (`other`'s for a name in both).
+    pub fn overridden_by(self, other: FileConfig) -> Result<FileConfig, ConfigError> {
+        let peers = match (self.peers.clone(), other.peers.clone()) {
+            (Some(mut a), Some(b)) => {
+                a.extend(b);
+                Some(a)
+            }
+            (a, b) => b.or(a),
+        };
+        let as_json = |c: &FileConfig| {
+            serde_json::to_value(c)
+                .map_err(|e| ConfigError::Invalid(format!("cannot merge settings: {e}")))
+        };
+        let mut merged = as_json(&self)?;
+        if let (Some(into), serde_json::Value::Object(from)) =
+            (merged.as_object_mut(), as_json(&other)?)
+        {
+            into.extend(from.into_iter().filter(|(_, v)| !v.is_null()));
+        }
+        let mut merged: FileConfig = serde_json::from_value(merged)
+            .map_err(|e| ConfigError::Invalid(format!("cannot merge settings: {e}")))?;
+        merged.peers = peers;
+        Ok(merged)
+    }
+}
