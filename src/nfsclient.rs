@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use gvfs_nfs::client::{ClientConfig, RpcClient, TcpConnector};
+use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
 use gvfs_nfs::nfs3_types::nfs3::{
     COMMIT3args, CREATE3args, CREATE3resok, LOOKUP3args, Nfs3Option, Nfs3Result, WRITE3args,
     createhow3, diropargs3, filename3, nfs_fh3, sattr3, stable_how, writeverf3,

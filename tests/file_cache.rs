@@ -155,7 +155,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() -> Result
 async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() -> Result<()> {
     use gvfs_meta::ext::{CHUNK, ChunkSource, ExtClient, FetchArgs, decompress};
     use gvfs_nfs::Credentials;
-    use gvfs_nfs::client::{ClientConfig, RpcClient, TcpConnector};
+    use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
     let g = Ganesha::start()?;
     let src = image(&g, "kept.raw", 31)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;

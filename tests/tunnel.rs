@@ -15,9 +15,9 @@ use anyhow::{Context, Result, bail, ensure};
 use gvfs::data::{compare_files, write_random_file, write_sparse_file};
 use gvfs::libnfs::{nfs_cat, nfs_cp, qemu_img};
 use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_nfs::net::stream::RecordStream;
 use gvfs_nfs::record::RecordLimits;
 use gvfs_nfs::rpc::{self, Credentials};
-use gvfs_nfs::stream::RecordStream;
 use gvfs_nfs::xdr::{self, XdrReader};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
