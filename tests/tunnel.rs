@@ -323,13 +323,14 @@ fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
 }
 
 /// Runs `gvfs-proxy` with `args` until it exits (it must, at start-up);
-/// returns whether it succeeded and its error output.
+/// returns whether it exited with the TLS code (5), and its error output.
 fn start_up_failure(args: ProxyArgs) -> Result<(bool, String)> {
     let control = tempfile::tempdir()?;
     let mut cmd = std::process::Command::new(gvfs::proxy::proxy_binary()?);
     cmd.args(args.control(control.path().join("c.sock")).to_args());
     let out = gvfs::process::run(&mut cmd, Duration::from_secs(60))?;
-    Ok((out.status.success(), out.stderr_text()))
+    let tls = i32::from(gvfs_proxy::exit::ExitCode::Tls.code());
+    Ok((out.status.code() == Some(tls), out.stderr_text()))
 }
 
 #[test]
@@ -366,13 +367,19 @@ fn a_client_proxy_refused_by_tls_exits_at_once_with_the_reason() -> Result<()> {
             ca: both,
             ..other.files("intruder")
         };
-        let (ok, err) = start_up_failure(with_files(intruder, ProxyArgs::new(gvfs_url(tls))))?;
-        ensure!(!ok, "started with a certificate the server rejects: {err}");
+        let (refused, err) = start_up_failure(with_files(intruder, ProxyArgs::new(gvfs_url(tls))))?;
+        ensure!(
+            refused,
+            "not exit code 5 with a certificate the server rejects: {err}"
+        );
         ensure!(err.contains(reason), "not the reason ({reason}): {err}");
     }
     // The other way round: the client does not trust the server's CA.
-    let (ok, err) = start_up_failure(rogue.args("intruder", ProxyArgs::new(gvfs_url(tls))))?;
-    ensure!(!ok, "started against a server it cannot trust: {err}");
+    let (refused, err) = start_up_failure(rogue.args("intruder", ProxyArgs::new(gvfs_url(tls))))?;
+    ensure!(
+        refused,
+        "not exit code 5 against a server it cannot trust: {err}"
+    );
     ensure!(
         err.contains("we rejected the server's certificate: not signed by our CA"),
         "not the reason: {err}"

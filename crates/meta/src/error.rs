@@ -294,3 +294,50 @@ impl HeldWriteError {
         }
     }
 }
+
+/// Why the record of a file-cache entry (see `filecache::record`) was not
+/// loaded. The file it describes is then deleted, as one with no record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// Neither the magic `GVFC` nor the unnumbered layout before it.
+    #[error("file-cache record: bad magic (not a record this build knows)")]
+    BadMagic,
+    /// A record version this build does not read: a newer build's.
+    #[error(
+        "file-cache record version {0} is not one this build reads \
+         (version 1, or the unnumbered layout before it)"
+    )]
+    Version(u32),
+    /// The CRC32 does not match the bytes.
+    #[error("file-cache record: checksum mismatch")]
+    Checksum,
+    /// The bytes end before the record does.
+    #[error("file-cache record: truncated")]
+    Truncated,
+    /// Bytes follow the record's end.
+    #[error("file-cache record: {0} bytes past its end")]
+    Trailing(usize),
+    /// Flags this build does not know.
+    #[error("file-cache record: unknown flags {0:#x}")]
+    UnknownFlags(u32),
+    /// A file type NFSv3 does not have.
+    #[error("file-cache record: file type {0} is not an NFSv3 file type")]
+    FileType(u32),
+    /// More dirty chunks than the file has.
+    #[error("file-cache record: {count} dirty chunks in a file of {chunks}")]
+    TooManyChunks {
+        /// Dirty chunks listed.
+        count: u32,
+        /// Chunks of the file.
+        chunks: usize,
+    },
+    /// A dirty chunk past the end of the file.
+    #[error("file-cache record: dirty chunk {chunk} lies past the file's {chunks} chunks")]
+    ChunkPastEnd {
+        /// The chunk's index.
+        chunk: u32,
+        /// Chunks of the file.
+        chunks: usize,
+    },
+}

@@ -30,8 +30,10 @@
 //! WRITE with [`HeldWriteError::NoSpace`] (NFS3ERR_NOSPC).
 //!
 //! Crash safety: a finished file is synced, then recorded in the
-//! [`MetaIndex`] with its attributes; files without such a record (a fetch
-//! cut short) are deleted when the cache is opened. Entries are evicted,
+//! [`MetaIndex`] with its attributes (the record's bytes are specified in
+//! `filecache/record.rs`: magic, version, CRC); files without such a
+//! record (a fetch cut short), or whose record does not load, are deleted
+//! when the cache is opened. Entries are evicted,
 //! least recently used first, to keep the total under a byte budget.
 
 use std::borrow::Cow;
@@ -45,8 +47,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use gvfs_nfs::Credentials;
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3, writeverf3};
-use gvfs_nfs::nfs3_types::xdr_codec::Unpack;
-use gvfs_nfs::xdr::{XdrReader, encode_into, put_u32, zeros};
+use gvfs_nfs::xdr::zeros;
 use tokio::sync::watch;
 
 use crate::MetaIndex;
@@ -62,7 +63,10 @@ use crate::scan::data_extent;
 mod fetch;
 mod held;
 mod read;
+mod record;
 mod writeback;
+
+use record::{decode_record, encode_record};
 
 /// Chunks one file's background fetch keeps in flight.
 pub const WINDOW: usize = 8;
@@ -511,54 +515,6 @@ fn now_time() -> gvfs_nfs::nfs3_types::nfs3::nfstime3 {
     }
 }
 
-/// What the index keeps for a finished file: upstream's attributes, and
-/// when it holds writes, the attributes clients see and the dirty chunks.
-/// The size recorded covers the writes under way, whose chunks are listed
-/// before their bytes land.
-fn encode_record(v: &Versions) -> Vec<u8> {
-    let mut out = Vec::with_capacity(172 + 4 * v.dirty.len());
-    encode_into(&mut out, &v.upstream);
-    if !v.dirty.is_empty() {
-        let mut local = v.local.clone();
-        local.size = local.size.max(v.reserved);
-        encode_into(&mut out, &local);
-        put_u32(&mut out, v.dirty.len() as u32);
-        for c in v.dirty.keys() {
-            put_u32(&mut out, *c as u32);
-        }
-    }
-    out
-}
-
-fn decode_record(bytes: &[u8]) -> Option<Versions> {
-    let mut cur = std::io::Cursor::new(bytes);
-    let (upstream, _) = fattr3::unpack(&mut cur).ok()?;
-    let mut v = Versions::new(upstream);
-    if cur.position() as usize == bytes.len() {
-        return Some(v);
-    }
-    let (local, _) = fattr3::unpack(&mut cur).ok()?;
-    let mut r = XdrReader::new(bytes.get(cur.position() as usize..)?);
-    let n = r.u32().ok()? as usize;
-    let most = CachedFile::chunk_count(local.size);
-    if n > most {
-        return None;
-    }
-    for _ in 0..n {
-        let c = r.u32().ok()? as usize;
-        if c >= most {
-            return None;
-        }
-        v.dirty.insert(c, 0);
-    }
-    if !r.rest().is_empty() {
-        return None;
-    }
-    v.durable = v.dirty.keys().copied().collect();
-    v.local = local;
-    Some(v)
-}
-
 /// The file cache of one proxy.
 pub struct FileCache {
     dir: PathBuf,
@@ -657,7 +613,13 @@ impl FileCache {
 
     fn restore(&self, fh: &[u8], path: &Path) -> Option<Arc<CachedFile>> {
         let v = self.index.as_ref()?.get(&index_key(fh)).ok()??;
-        let versions = decode_record(&v)?;
+        let versions = match decode_record(&v) {
+            Ok(versions) => versions,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "file cache: a file's record does not load");
+                return None;
+            }
+        };
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

@@ -21,7 +21,7 @@ mod scan;
 pub mod server;
 pub mod trust;
 
-pub use error::{ChunkError, FileCacheError, IndexError, MetaError};
+pub use error::{ChunkError, FileCacheError, IndexError, MetaError, RecordError};
 pub use ext::{ChunkSource, ExtClient};
 pub use filecache::{FileCache, FileCacheStats, HeldWriteError};
 pub use format::{

@@ -58,7 +58,7 @@ pub enum ServiceError {
     /// The upstream refused us for good, or we refused it: a TLS handshake
     /// that failed on a certificate (either side's) or on a TLS alert.
     /// Retrying cannot help (see `net::client::ClientError::Refused`).
-    #[error("upstream {upstream} refused the connection: {reason}")]
+    #[error("TLS with upstream {upstream} failed for good: {reason}")]
     UpstreamRefused {
         /// Which upstream.
         upstream: String,

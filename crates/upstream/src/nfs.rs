@@ -488,12 +488,14 @@ impl NfsUpstream {
     fn service_error(&self, e: ClientError) -> ServiceError {
         let upstream = self.describe();
         match e {
-            ClientError::Unavailable { .. } | ClientError::Refused { .. } => {
-                ServiceError::UpstreamUnavailable {
-                    upstream,
-                    reason: e.to_string(),
-                }
-            }
+            ClientError::Unavailable { .. } => ServiceError::UpstreamUnavailable {
+                upstream,
+                reason: e.to_string(),
+            },
+            ClientError::Refused { .. } => ServiceError::UpstreamRefused {
+                upstream,
+                reason: e.to_string(),
+            },
             ClientError::Rpc { error, .. } => match error {
                 gvfs_nfs::rpc::ReplyError::Accepted(status)
                 | gvfs_nfs::rpc::ReplyError::Denied(status) => {
