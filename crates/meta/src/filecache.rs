@@ -42,10 +42,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use gvfs_nfs::Credentials;
+use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3, writeverf3};
 use gvfs_nfs::xdr::zeros;
 use tokio::sync::watch;
@@ -231,91 +232,68 @@ impl FrameStore {
     }
 }
 
+gvfs_nfs::counters! {
+    /// What the file cache counts.
+    pub struct Counters => FileCacheCounts {
+        /// Whole-file fetches started.
+        files_fetched,
+        /// Fetches that finished (every chunk arrived).
+        files_complete,
+        /// Fetches abandoned (upstream error, file changed, local I/O).
+        files_failed,
+        /// Users that joined a fetch already under way instead of starting one.
+        coalesced_fetches,
+        /// FETCH calls sent upstream.
+        chunks_fetched,
+        /// Chunks never fetched because the zero map says they are zeros.
+        zero_chunks,
+        /// Bytes received on the wire (compressed).
+        wire_bytes,
+        /// File bytes those chunks held (decompressed).
+        raw_bytes,
+        /// Reads served from the file cache.
+        hits,
+        /// Bytes served from the file cache.
+        hit_bytes,
+        /// Chunks sent to other proxies in a kept frame, compressed by nobody.
+        frames_reused,
+        /// Chunks compressed here for other proxies (then kept).
+        frames_made,
+        /// Wall time of the whole-file fetches that finished, summed, from the
+        /// start to the last chunk (microseconds).
+        fetch_micros,
+        /// Time spent decompressing arrived chunks (microseconds).
+        decompress_micros,
+        /// File bytes sent as zeros because they repeat earlier bytes, and
+        /// copied from those here.
+        repeat_bytes,
+        /// Files evicted to stay under the budget.
+        evicted,
+        /// Files written back (compressed, uploaded with STORE).
+        written_back_files,
+        /// File bytes written back.
+        written_back_bytes,
+        /// Bytes sent for them (compressed).
+        written_back_wire_bytes,
+        /// Write-backs stopped because the file had changed at the origin
+        /// since it was fetched: the local writes are kept, not stored over it.
+        write_back_conflicts,
+    }
+}
+
 /// Counters, for `gvfsctl stats` and the metrics endpoint.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct FileCacheStats {
-    /// Whole-file fetches started.
-    pub files_fetched: u64,
-    /// Fetches that finished (every chunk arrived).
-    pub files_complete: u64,
-    /// Fetches abandoned (upstream error, file changed, local I/O).
-    pub files_failed: u64,
-    /// Users that joined a fetch already under way instead of starting one.
-    pub coalesced_fetches: u64,
-    /// FETCH calls sent upstream.
-    pub chunks_fetched: u64,
-    /// Chunks never fetched because the zero map says they are zeros.
-    pub zero_chunks: u64,
-    /// Bytes received on the wire (compressed).
-    pub wire_bytes: u64,
-    /// File bytes those chunks held (decompressed).
-    pub raw_bytes: u64,
-    /// Reads served from the file cache.
-    pub hits: u64,
-    /// Bytes served from the file cache.
-    pub hit_bytes: u64,
-    /// Chunks sent to other proxies in a kept frame, compressed by nobody.
-    pub frames_reused: u64,
-    /// Chunks compressed here for other proxies (then kept).
-    pub frames_made: u64,
+    /// What the file cache counted.
+    #[serde(flatten)]
+    pub counts: FileCacheCounts,
     /// Bytes of frame files held now (counted in the budget).
     pub frame_bytes: u64,
-    /// Wall time of the whole-file fetches that finished, summed, from the
-    /// start to the last chunk (microseconds).
-    pub fetch_micros: u64,
-    /// Time spent decompressing arrived chunks (microseconds).
-    pub decompress_micros: u64,
-    /// File bytes sent as zeros because they repeat earlier bytes, and
-    /// copied from those here.
-    pub repeat_bytes: u64,
-    /// Files evicted to stay under the budget.
-    pub evicted: u64,
     /// Bytes of files held now.
     pub cached_bytes: u64,
     /// Files holding writes not yet written back.
     pub dirty_files: u64,
-    /// Files written back (compressed, uploaded with STORE).
-    pub written_back_files: u64,
-    /// File bytes written back.
-    pub written_back_bytes: u64,
-    /// Bytes sent for them (compressed).
-    pub written_back_wire_bytes: u64,
-    /// Write-backs stopped because the file had changed at the origin
-    /// since it was fetched: the local writes are kept, not stored over it.
-    pub write_back_conflicts: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    files_fetched: AtomicU64,
-    files_complete: AtomicU64,
-    files_failed: AtomicU64,
-    coalesced_fetches: AtomicU64,
-    chunks_fetched: AtomicU64,
-    zero_chunks: AtomicU64,
-    wire_bytes: AtomicU64,
-    raw_bytes: AtomicU64,
-    hits: AtomicU64,
-    hit_bytes: AtomicU64,
-    frames_reused: AtomicU64,
-    frames_made: AtomicU64,
-    fetch_micros: AtomicU64,
-    decompress_micros: AtomicU64,
-    repeat_bytes: AtomicU64,
-    evicted: AtomicU64,
-    written_back_files: AtomicU64,
-    written_back_bytes: AtomicU64,
-    written_back_wire_bytes: AtomicU64,
-    write_back_conflicts: AtomicU64,
-}
-
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn now_secs() -> u64 {
@@ -675,8 +653,6 @@ impl FileCache {
 
     /// The counters.
     pub fn stats(&self) -> FileCacheStats {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let c = &self.counters;
         let (cached_bytes, frame_bytes, dirty_files) = {
             let files = lock(&self.files);
             (
@@ -686,29 +662,10 @@ impl FileCache {
             )
         };
         FileCacheStats {
-            files_fetched: g(&c.files_fetched),
-            files_complete: g(&c.files_complete),
-            files_failed: g(&c.files_failed),
-            coalesced_fetches: g(&c.coalesced_fetches),
-            chunks_fetched: g(&c.chunks_fetched),
-            zero_chunks: g(&c.zero_chunks),
-            wire_bytes: g(&c.wire_bytes),
-            raw_bytes: g(&c.raw_bytes),
-            hits: g(&c.hits),
-            hit_bytes: g(&c.hit_bytes),
-            frames_reused: g(&c.frames_reused),
-            frames_made: g(&c.frames_made),
+            counts: self.counters.snapshot(),
             frame_bytes,
-            fetch_micros: g(&c.fetch_micros),
-            decompress_micros: g(&c.decompress_micros),
-            repeat_bytes: g(&c.repeat_bytes),
-            evicted: g(&c.evicted),
             cached_bytes,
             dirty_files,
-            written_back_files: g(&c.written_back_files),
-            written_back_bytes: g(&c.written_back_bytes),
-            written_back_wire_bytes: g(&c.written_back_wire_bytes),
-            write_back_conflicts: g(&c.write_back_conflicts),
         }
     }
 

@@ -84,11 +84,11 @@ impl CachedFile {
             })
             .await
             .map_err(|e| FileCacheError::task("decompressing a chunk", e))??;
-            bump(&cache.counters.decompress_micros, spent);
-            bump(&cache.counters.repeat_bytes, repeated);
-            bump(&cache.counters.chunks_fetched, 1);
-            bump(&cache.counters.wire_bytes, wire);
-            bump(&cache.counters.raw_bytes, u64::from(count));
+            cache.counters.decompress_micros.add(spent);
+            cache.counters.repeat_bytes.add(repeated);
+            cache.counters.chunks_fetched.add(1);
+            cache.counters.wire_bytes.add(wire);
+            cache.counters.raw_bytes.add(u64::from(count));
             Ok(())
         }
         .await;
@@ -235,7 +235,7 @@ impl FileCache {
         if let Some(f) = files.get(fh) {
             if f.busy() || (f.failure().is_none() && same_version(&f.attrs(), attrs)) {
                 if !f.complete() {
-                    bump(&self.counters.coalesced_fetches, 1);
+                    self.counters.coalesced_fetches.add(1);
                 }
                 return Ok(f.clone());
             }
@@ -279,8 +279,8 @@ impl FileCache {
                 }
             }
         }
-        bump(&self.counters.zero_chunks, zeros);
-        bump(&self.counters.files_fetched, 1);
+        self.counters.zero_chunks.add(zeros);
+        self.counters.files_fetched.add(1);
         let entry = Arc::new(CachedFile {
             fh: fh.to_vec(),
             versions: Mutex::new(Versions::new(attrs.clone())),
@@ -328,7 +328,7 @@ impl FileCache {
             };
             if let Some(f) = files.remove(&fh) {
                 self.discard(&f);
-                bump(&self.counters.evicted, 1);
+                self.counters.evicted.add(1);
             }
         }
     }
@@ -368,7 +368,7 @@ impl FileCache {
             }
         }
         if let Some(why) = entry.failure() {
-            bump(&self.counters.files_failed, 1);
+            self.counters.files_failed.add(1);
             tracing::debug!(%why, "file fetch failed");
             let mut files = lock(&self.files);
             if files.get(&entry.fh).is_some_and(|f| Arc::ptr_eq(f, &entry)) {
@@ -389,11 +389,10 @@ impl FileCache {
         // Only if still the entry: one let go meanwhile must leave no
         // record to describe the file a newer entry makes at its path.
         self.record_lazily(&entry);
-        bump(&self.counters.files_complete, 1);
-        bump(
-            &self.counters.fetch_micros,
-            started.elapsed().as_micros() as u64,
-        );
+        self.counters.files_complete.add(1);
+        self.counters
+            .fetch_micros
+            .add(started.elapsed().as_micros() as u64);
         tracing::info!(
             file = %entry.path.display(),
             bytes = entry.size(),

@@ -41,8 +41,8 @@ impl CachedFile {
             .await
             .map_err(|e| FileCacheError::task("a read of the file", e))??
         };
-        bump(&cache.counters.hits, 1);
-        bump(&cache.counters.hit_bytes, len);
+        cache.counters.hits.add(1);
+        cache.counters.hit_bytes.add(len);
         Ok((data, end >= size))
     }
 
@@ -139,9 +139,9 @@ impl CachedFile {
                 match kept {
                     Ok(frame) => {
                         self.last_used.store(now_secs(), Ordering::Relaxed);
-                        bump(&cache.counters.frames_reused, 1);
-                        bump(&cache.counters.hits, 1);
-                        bump(&cache.counters.hit_bytes, u64::from(len));
+                        cache.counters.frames_reused.add(1);
+                        cache.counters.hits.add(1);
+                        cache.counters.hit_bytes.add(u64::from(len));
                         let eof = start + u64::from(len) >= self.size();
                         return Ok((frame, len, eof));
                     }
@@ -170,7 +170,7 @@ impl CachedFile {
         .await
         .map_err(|e| FileCacheError::task("compressing a chunk", e))?;
         if kept {
-            bump(&cache.counters.frames_made, 1);
+            cache.counters.frames_made.add(1);
         }
         Ok((frame, raw_len, eof))
     }

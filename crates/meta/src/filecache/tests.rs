@@ -219,8 +219,8 @@ async fn fetches_whole_file_and_skips_zero_chunks() {
         "3 of 11 chunks are zeros"
     );
     let s = c.stats();
-    assert_eq!((s.zero_chunks, s.chunks_fetched), (3, 8));
-    assert!(s.wire_bytes < s.raw_bytes);
+    assert_eq!((s.counts.zero_chunks, s.counts.chunks_fetched), (3, 8));
+    assert!(s.counts.wire_bytes < s.counts.raw_bytes);
 }
 
 /// `data` with `(to, from, len)` made repeats of earlier bytes, and
@@ -274,7 +274,10 @@ async fn repeated_bytes_are_copied_from_earlier_ones_in_any_order() {
             all == data,
             "file cache bytes differ (last first: {read_last_first})"
         );
-        assert_eq!(cache.stats().repeat_bytes, 3 * 4096 + 4096 + 8192 + 4096);
+        assert_eq!(
+            cache.stats().counts.repeat_bytes,
+            3 * 4096 + 4096 + 8192 + 4096
+        );
     }
 }
 
@@ -308,7 +311,11 @@ async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() 
     assert!(frame.repeats.is_empty());
     assert!(unframe(&frame, n) == data[2 * c as usize..]);
     let s = cache.stats();
-    assert_eq!((s.frames_reused, s.frames_made), (1, 0), "{s:?}");
+    assert_eq!(
+        (s.counts.frames_reused, s.counts.frames_made),
+        (1, 0),
+        "{s:?}"
+    );
 }
 
 #[tokio::test]
@@ -577,7 +584,7 @@ async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
         assert!(raw[..] == want[*o as usize..*o as usize + raw.len()]);
     }
     assert!(c.get(b"fh5").is_none(), "a written-back file is let go");
-    assert!(c.stats().written_back_wire_bytes < bytes);
+    assert!(c.stats().counts.written_back_wire_bytes < bytes);
 }
 
 /// Item 6a of issue 20: a file changed at the origin after it was
@@ -598,7 +605,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
         .start(b"fhB", &other.attrs, None, other.clone(), &cred)
         .unwrap_or_else(|e| panic!("{e}"));
     for _ in 0..500 {
-        if c.stats().files_complete == 2 {
+        if c.stats().counts.files_complete == 2 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -634,7 +641,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
         f.is_dirty() && c.get(b"fhA").is_some(),
         "the local writes were dropped"
     );
-    assert_eq!(c.stats().write_back_conflicts, 1);
+    assert_eq!(c.stats().counts.write_back_conflicts, 1);
     let (got, _) = f
         .read(&c, &src(&fake), &cred, 10, 5)
         .await
@@ -724,7 +731,7 @@ fn zero_meta(len: usize, zero_chunks: &[u64]) -> MetaFile {
 
 async fn whole(c: &FileCache) {
     for _ in 0..500 {
-        if c.stats().files_complete == 1 {
+        if c.stats().counts.files_complete == 1 {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -799,7 +806,10 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
     let cred = Credentials::default();
     whole(&c).await;
     let s = c.stats();
-    assert!(s.fetch_micros > 0 && s.decompress_micros > 0, "{s:?}");
+    assert!(
+        s.counts.fetch_micros > 0 && s.counts.decompress_micros > 0,
+        "{s:?}"
+    );
     let mut served = Vec::new();
     for i in 0..4u64 {
         let (frame, n, eof, _) = f
@@ -811,7 +821,11 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
     }
     assert!(served == fake.data);
     let s = c.stats();
-    assert_eq!((s.frames_reused, s.frames_made), (4, 0), "{s:?}");
+    assert_eq!(
+        (s.counts.frames_reused, s.counts.frames_made),
+        (4, 0),
+        "{s:?}"
+    );
     assert!(s.frame_bytes > 0 && s.frame_bytes < len as u64);
     // A write drops the chunk's frame: the next FETCH sees the write.
     f.write(&c, &cred, 10, b"new".to_vec(), false)
@@ -822,7 +836,7 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&unframe(&frame, n)[10..13], b"new");
-    assert_eq!(c.stats().frames_made, 1);
+    assert_eq!(c.stats().counts.frames_made, 1);
     // A piece of a chunk is compressed for the caller, not kept.
     let (frame, n, _, _) = f
         .read_frame(&c, &src(&fake), &cred, u64::from(CHUNK) + 7, 100, true)
@@ -831,7 +845,7 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
     let at = CHUNK as usize + 7;
     assert!(unframe(&frame, n)[..] == fake.data[at..at + 100]);
     let s = c.stats();
-    assert_eq!((s.frames_reused, s.frames_made), (4, 1));
+    assert_eq!((s.counts.frames_reused, s.counts.frames_made), (4, 1));
 }
 
 #[tokio::test]
@@ -866,7 +880,7 @@ async fn frames_live_beside_their_file_and_go_with_it() {
     }
     let s = c.stats();
     assert!(s.frame_bytes <= len as u64 + u64::from(CHUNK), "{s:?}");
-    assert_eq!(s.frames_made, 1, "{s:?}");
+    assert_eq!(s.counts.frames_made, 1, "{s:?}");
     // A restart drops them; so does letting the file go.
     c.write_back(fake.as_ref())
         .await

@@ -88,7 +88,7 @@ impl FileCache {
                     expected = attrs;
                 }
                 Err(FetchError::Nfs(nfsstat3::NFS3ERR_NOT_SYNC)) => {
-                    bump(&self.counters.write_back_conflicts, 1);
+                    self.counters.write_back_conflicts.add(1);
                     tracing::error!(
                         file = %f.path.display(),
                         "file cache: write-back conflict: the file changed at the origin \
@@ -112,8 +112,8 @@ impl FileCache {
                 }
             }
         }
-        bump(&self.counters.written_back_bytes, bytes);
-        bump(&self.counters.written_back_wire_bytes, wire);
+        self.counters.written_back_bytes.add(bytes);
+        self.counters.written_back_wire_bytes.add(wire);
         if let Err(e) = stored {
             // What was stored is clean; the record says so.
             self.record_lazily(f);
@@ -121,7 +121,7 @@ impl FileCache {
         }
         let clean = !f.is_dirty();
         if clean {
-            bump(&self.counters.written_back_files, 1);
+            self.counters.written_back_files.add(1);
         }
         // Let go unless written again meanwhile (or being written now),
         // under the lock a WRITE checks it is still the entry with.

@@ -231,7 +231,7 @@ impl MetaLayer {
     pub fn written_back_bytes(&self) -> u64 {
         self.copy
             .as_ref()
-            .map_or(0, |c| c.files.stats().written_back_bytes)
+            .map_or(0, |c| c.files.stats().counts.written_back_bytes)
     }
 
     /// Gives the attributes of files holding local writes (their size and

@@ -83,26 +83,33 @@ pub(super) fn print_stats(s: &Stats) {
         println!("file cache (compress-and-copy)");
         println!(
             "  files       {} fetched ({} whole, {} failed), {} joined a fetch under way",
-            f.files_fetched, f.files_complete, f.files_failed, f.coalesced_fetches
+            f.counts.files_fetched,
+            f.counts.files_complete,
+            f.counts.files_failed,
+            f.counts.coalesced_fetches
         );
         println!(
             "  wire        {} chunks, {} bytes for {} bytes of file; {} zero chunks never fetched; \
              {} bytes copied from earlier ones (repeats)",
-            f.chunks_fetched, f.wire_bytes, f.raw_bytes, f.zero_chunks, f.repeat_bytes
+            f.counts.chunks_fetched,
+            f.counts.wire_bytes,
+            f.counts.raw_bytes,
+            f.counts.zero_chunks,
+            f.counts.repeat_bytes
         );
         println!(
             "  time        {:.2} s fetching whole files (start to last chunk, summed), {:.2} s decompressing",
-            f.fetch_micros as f64 / 1e6,
-            f.decompress_micros as f64 / 1e6
+            f.counts.fetch_micros as f64 / 1e6,
+            f.counts.decompress_micros as f64 / 1e6
         );
         println!(
             "  held        {} bytes; {} files with writes; {} files ({} bytes) written back",
-            f.cached_bytes, f.dirty_files, f.written_back_files, f.written_back_bytes
+            f.cached_bytes, f.dirty_files, f.counts.written_back_files, f.counts.written_back_bytes
         );
-        if f.frames_reused + f.frames_made > 0 {
+        if f.counts.frames_reused + f.counts.frames_made > 0 {
             println!(
                 "  frames      {} chunks sent to other proxies as they came, {} compressed here; {} bytes kept",
-                f.frames_reused, f.frames_made, f.frame_bytes
+                f.counts.frames_reused, f.counts.frames_made, f.frame_bytes
             );
         }
     }
