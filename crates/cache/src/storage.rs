@@ -120,11 +120,9 @@ impl Storage for FileStorage {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave the bytes half-updated in
-    // a way later calls could misread, so poisoning is ignored.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+// `lock` ignores poisoning: a panic while holding the lock cannot leave the
+// bytes half-updated in a way later calls could misread.
+use gvfs_nfs::layer::lock;
 
 /// A bank in memory; `sync` does nothing. Clones share the same bytes.
 #[derive(Debug, Clone, Default)]

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::sync::{Arc, Mutex};
 
 use super::handle::FileKey;
-use super::index::lock;
+use gvfs_nfs::layer::lock;
 
 /// A bounded map from file to open descriptor, evicting the least recently
 /// used. Descriptors are shared (`Arc`), so one evicted while a call uses

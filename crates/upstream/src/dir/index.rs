@@ -9,7 +9,9 @@
 //! inode and generation (see `resolve.rs`).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
+
+use gvfs_nfs::layer::lock;
 
 use super::handle::FileKey;
 
@@ -37,10 +39,6 @@ pub(super) struct Index {
     /// Inodes known to have been removed (inode -> generation): their
     /// handles are stale without walking the export to be sure.
     gone: Mutex<HashMap<u64, u64>>,
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Index {

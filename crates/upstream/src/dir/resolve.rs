@@ -17,9 +17,10 @@ use rustix::fs::{Dir, FileType, Mode, OFlags, openat};
 
 use super::attr::{Attr, stat_at, stat_fd};
 use super::handle::{self, FileKey};
-use super::index::{MAX_DEPTH, lock};
+use super::index::MAX_DEPTH;
 use super::status::Fail;
 use super::{DirFd, DirNode, Export, Node};
+use gvfs_nfs::layer::lock;
 
 /// Most directory entries one walk of the export looks at.
 const MAX_WALK_ENTRIES: usize = 1 << 21;
