@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 use crate::server::ServerLimits;
 
 mod file;
-pub use file::FileConfig;
+pub use file::{CacheSection, FileConfig, MetaSection, ServerSection, TlsSection};
 
 /// The default listening address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:2049";
@@ -149,16 +149,17 @@ pub struct TlsSettings {
 }
 
 fn tls_settings(f: &FileConfig) -> Result<Option<TlsSettings>, ConfigError> {
-    let files = match (&f.cert, &f.key, &f.ca) {
+    let files = match (&f.tls.cert, &f.tls.key, &f.tls.ca) {
         (Some(cert), Some(key), Some(ca)) => gvfs_tunnel::TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
             ca: ca.clone(),
         },
         (None, None, None) => {
-            let needs = if f.listen_tls.is_some() {
+            let needs = if f.tls.listen_tls.is_some() {
                 Some("--listen-tls")
             } else if f
+                .server
                 .upstream
                 .as_deref()
                 .is_some_and(|u| u.starts_with("gvfs://"))
@@ -174,18 +175,18 @@ fn tls_settings(f: &FileConfig) -> Result<Option<TlsSettings>, ConfigError> {
             }
             refuse_orphans(
                 &[
-                    ("--map-peer", "[peers]", f.peers.is_some()),
+                    ("--map-peer", "[peers]", f.tls.peers.is_some()),
                     (
                         "--unknown-peers",
                         "unknown_peers",
-                        f.unknown_peers.is_some(),
+                        f.tls.unknown_peers.is_some(),
                     ),
                     (
                         "--handshake-timeout",
                         "handshake_timeout_secs",
-                        f.handshake_timeout_secs.is_some(),
+                        f.tls.handshake_timeout_secs.is_some(),
                     ),
-                    ("", "nobody", f.nobody.is_some()),
+                    ("", "nobody", f.tls.nobody.is_some()),
                 ],
                 "there is no TLS: add --cert, --key and --ca (cert, key and ca in the file)",
             )?;
@@ -197,7 +198,7 @@ fn tls_settings(f: &FileConfig) -> Result<Option<TlsSettings>, ConfigError> {
             ));
         }
     };
-    let listen = match &f.listen_tls {
+    let listen = match &f.tls.listen_tls {
         Some(l) => Some(l.parse::<SocketAddr>().map_err(|_| {
             ConfigError::Invalid(format!(
                 "bad TLS listen address {l:?}: expected IP:PORT, e.g. 0.0.0.0:20049"
@@ -206,21 +207,21 @@ fn tls_settings(f: &FileConfig) -> Result<Option<TlsSettings>, ConfigError> {
         None => None,
     };
     let mut map = gvfs_tunnel::IdentityMap::default();
-    for (name, m) in f.peers.iter().flatten() {
+    for (name, m) in f.tls.peers.iter().flatten() {
         let mapping = m
             .parse()
             .map_err(|e| ConfigError::Invalid(format!("bad mapping for peer {name:?}: {e}")))?;
         map.peers.insert(name.clone(), mapping);
     }
-    if let Some(u) = &f.unknown_peers {
+    if let Some(u) = &f.tls.unknown_peers {
         map.unknown = u
             .parse()
             .map_err(|e| ConfigError::Invalid(format!("bad unknown_peers mapping: {e}")))?;
     }
-    if let Some(n) = f.nobody {
+    if let Some(n) = f.tls.nobody {
         map.nobody = n;
     }
-    let handshake_timeout = match f.handshake_timeout_secs {
+    let handshake_timeout = match f.tls.handshake_timeout_secs {
         Some(0) => {
             return Err(ConfigError::Invalid(
                 "handshake_timeout_secs must be at least 1".into(),
@@ -301,33 +302,41 @@ fn refuse_orphans(settings: &[(&str, &str, bool)], off: &str) -> Result<(), Conf
 }
 
 fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> {
-    let Some(dir) = f.cache_dir.clone() else {
+    let Some(dir) = f.cache.cache_dir.clone() else {
         refuse_orphans(
             &[
-                ("--cache-size", "cache_size", f.cache_size.is_some()),
-                ("--cache-banks", "cache_banks", f.cache_banks.is_some()),
-                ("--cache-ways", "cache_ways", f.cache_ways.is_some()),
-                ("--block-size", "block_size", f.block_size.is_some()),
-                ("--write-policy", "write_policy", f.write_policy.is_some()),
+                ("--cache-size", "cache_size", f.cache.cache_size.is_some()),
+                (
+                    "--cache-banks",
+                    "cache_banks",
+                    f.cache.cache_banks.is_some(),
+                ),
+                ("--cache-ways", "cache_ways", f.cache.cache_ways.is_some()),
+                ("--block-size", "block_size", f.cache.block_size.is_some()),
+                (
+                    "--write-policy",
+                    "write_policy",
+                    f.cache.write_policy.is_some(),
+                ),
                 (
                     "--file-cache-size",
                     "file_cache_size",
-                    f.file_cache_size.is_some(),
+                    f.meta.file_cache_size.is_some(),
                 ),
                 (
                     "--readahead",
                     "readahead_blocks",
-                    f.readahead_blocks.is_some(),
+                    f.cache.readahead_blocks.is_some(),
                 ),
                 (
                     "--no-writeback-on-exit",
                     "writeback_on_exit",
-                    f.writeback_on_exit.is_some(),
+                    f.cache.writeback_on_exit.is_some(),
                 ),
                 (
                     "--exit-writeback-timeout",
                     "exit_writeback_timeout_secs",
-                    f.exit_writeback_timeout_secs.is_some(),
+                    f.cache.exit_writeback_timeout_secs.is_some(),
                 ),
             ],
             "there is no cache: add --cache-dir DIR (cache_dir in the file)",
@@ -335,24 +344,24 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
         return Ok(None);
     };
     let defaults = gvfs_cache::GeometryConfig::default();
-    let block = match &f.block_size {
+    let block = match &f.cache.block_size {
         Some(b) => u32::try_from(parse_size(b)?)
             .map_err(|_| ConfigError::Invalid(format!("block size {b} is too large")))?,
         None => defaults.block_size,
     };
     let geometry = gvfs_cache::GeometryConfig {
-        capacity: match &f.cache_size {
+        capacity: match &f.cache.cache_size {
             Some(c) => parse_size(c)?,
             None => defaults.capacity,
         },
-        banks: f.cache_banks.unwrap_or(defaults.banks),
-        ways: f.cache_ways.unwrap_or(defaults.ways),
+        banks: f.cache.cache_banks.unwrap_or(defaults.banks),
+        ways: f.cache.cache_ways.unwrap_or(defaults.ways),
         block_size: block,
         sub_block_size: defaults.sub_block_size.min(block),
     };
     let geometry = gvfs_cache::Geometry::new(geometry)
         .map_err(|e| ConfigError::Invalid(format!("bad cache geometry: {e}")))?;
-    let policy = match &f.write_policy {
+    let policy = match &f.cache.write_policy {
         Some(p) => p.parse().map_err(|_| {
             ConfigError::Invalid(format!(
                 "bad write policy {p:?}: expected write-back or write-through"
@@ -366,12 +375,15 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
         layer: gvfs_cache::CacheConfig {
             policy,
             readahead_blocks: f
+                .cache
                 .readahead_blocks
                 .unwrap_or(gvfs_cache::CacheConfig::default().readahead_blocks),
         },
-        writeback_on_exit: f.writeback_on_exit.unwrap_or(true),
-        exit_writeback_timeout: Duration::from_secs(f.exit_writeback_timeout_secs.unwrap_or(60)),
-        file_cache_size: match &f.file_cache_size {
+        writeback_on_exit: f.cache.writeback_on_exit.unwrap_or(true),
+        exit_writeback_timeout: Duration::from_secs(
+            f.cache.exit_writeback_timeout_secs.unwrap_or(60),
+        ),
+        file_cache_size: match &f.meta.file_cache_size {
             Some(s) => parse_size(s)?,
             None => DEFAULT_FILE_CACHE_SIZE,
         },
@@ -383,12 +395,12 @@ impl Config {
     pub fn from_file_config(f: FileConfig) -> Result<Self, ConfigError> {
         let cache = cache_settings(&f)?;
         let tls = tls_settings(&f)?;
-        let metrics = match &f.metrics {
+        let metrics = match &f.server.metrics {
             Some(m) => {
                 let addr: SocketAddr = m.parse().map_err(|_| {
                     ConfigError::Invalid(format!("bad metrics address {m:?}: expected IP:PORT"))
                 })?;
-                if !addr.ip().is_loopback() && !f.allow_remote.unwrap_or(false) {
+                if !addr.ip().is_loopback() && !f.server.allow_remote.unwrap_or(false) {
                     return Err(ConfigError::Invalid(format!(
                         "refusing to serve metrics on {addr}: only loopback unless you pass --allow-remote"
                     )));
@@ -397,23 +409,29 @@ impl Config {
             }
             None => None,
         };
-        let listen_s = f.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen_s = f
+            .server
+            .listen
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let listen: SocketAddr = listen_s.parse().map_err(|_| {
             ConfigError::Invalid(format!(
                 "bad listen address {listen_s:?}: expected IP:PORT, e.g. 127.0.0.1:2049"
             ))
         })?;
-        if !listen.ip().is_loopback() && !f.allow_remote.unwrap_or(false) {
+        if !listen.ip().is_loopback() && !f.server.allow_remote.unwrap_or(false) {
             return Err(ConfigError::Invalid(format!(
                 "refusing to listen on {listen}: plain NFS is unencrypted and unauthenticated, so \
                  it binds only loopback addresses unless you pass --allow-remote"
             )));
         }
-        let upstream = match f.upstream {
+        let upstream = match f.server.upstream {
             Some(u) => UpstreamChoice::Url(u.parse()?),
             None => UpstreamChoice::Sample(PathBuf::from(SAMPLE_DIR)),
         };
-        let export = f.export.unwrap_or_else(|| DEFAULT_EXPORT.to_string());
+        let export = f
+            .server
+            .export
+            .unwrap_or_else(|| DEFAULT_EXPORT.to_string());
         if !export.starts_with('/') || export.len() > 1024 || export.contains('\0') {
             return Err(ConfigError::Invalid(format!(
                 "bad export {export:?}: must start with / (e.g. /export) and be at most 1024 bytes"
@@ -427,17 +445,21 @@ impl Config {
         let defaults = ServerLimits::default();
         let limits = ServerLimits {
             max_connections: positive(
-                f.max_connections,
+                f.server.max_connections,
                 defaults.max_connections,
                 "max_connections",
             )?,
             max_pending: positive(
-                f.max_pending_connections,
+                f.server.max_pending_connections,
                 defaults.max_pending,
                 "max_pending_connections",
             )?,
-            max_in_flight: positive(f.max_in_flight, defaults.max_in_flight, "max_in_flight")?,
-            idle_timeout: match f.idle_timeout_secs {
+            max_in_flight: positive(
+                f.server.max_in_flight,
+                defaults.max_in_flight,
+                "max_in_flight",
+            )?,
+            idle_timeout: match f.server.idle_timeout_secs {
                 Some(0) => {
                     return Err(ConfigError::Invalid(
                         "idle_timeout_secs must be at least 1".into(),
@@ -446,7 +468,7 @@ impl Config {
                 Some(s) => Duration::from_secs(s),
                 None => defaults.idle_timeout,
             },
-            buffer_memory: match &f.buffer_memory {
+            buffer_memory: match &f.server.buffer_memory {
                 Some(m) => match parse_size(m)? {
                     n if n < MIN_BUFFER_MEMORY => {
                         return Err(ConfigError::Invalid(format!(
@@ -459,7 +481,7 @@ impl Config {
             },
             ..defaults
         };
-        let connect_timeout = match f.connect_timeout_secs {
+        let connect_timeout = match f.server.connect_timeout_secs {
             Some(0) => {
                 return Err(ConfigError::Invalid(
                     "connect_timeout_secs must be at least 1".into(),
@@ -472,22 +494,23 @@ impl Config {
             listen,
             upstream,
             export,
-            control: f.control,
+            control: f.server.control,
             // Like a hard mount unless told otherwise: an outage delays
             // clients instead of failing their calls.
-            upstream_timeout: match f.upstream_timeout_secs {
+            upstream_timeout: match f.server.upstream_timeout_secs {
                 Some(0) | None => None,
                 Some(s) => Some(Duration::from_secs(s)),
             },
             connect_timeout,
             limits,
-            drain_timeout: Duration::from_secs(f.drain_timeout_secs.unwrap_or(10)),
+            drain_timeout: Duration::from_secs(f.server.drain_timeout_secs.unwrap_or(10)),
             // A proxy that serves other proxies (--listen-tls) reads the
             // metadata for their whole-file fetches (repeated blocks).
             meta: f
                 .meta
+                .meta
                 .unwrap_or(cache.is_some() || tls.as_ref().is_some_and(|t| t.listen.is_some())),
-            attr_timeout: match f.attr_timeout_secs {
+            attr_timeout: match f.server.attr_timeout_secs {
                 Some(0) | None => None,
                 Some(s) => Some(Duration::from_secs(s)),
             },

@@ -403,10 +403,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (nfs, mount) = (closed_port().await, closed_port().await);
         let cfg = Config::from_file_config(config::FileConfig {
-            listen: Some("127.0.0.1:0".into()),
-            upstream: Some(format!("nfs://127.0.0.1:{nfs}/export?mountport={mount}")),
-            control: Some(dir.path().join("c.sock")),
-            connect_timeout_secs: Some(1),
+            server: config::ServerSection {
+                listen: Some("127.0.0.1:0".into()),
+                upstream: Some(format!("nfs://127.0.0.1:{nfs}/export?mountport={mount}")),
+                control: Some(dir.path().join("c.sock")),
+                connect_timeout_secs: Some(1),
+                ..config::ServerSection::default()
+            },
             ..config::FileConfig::default()
         })
         .unwrap();

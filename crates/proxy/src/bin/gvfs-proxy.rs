@@ -93,10 +93,10 @@ impl Cli {
                 })?;
                 peers.insert(name.to_string(), mapping.to_string());
             }
-            settings.peers = Some(peers);
+            settings.tls.peers = Some(peers);
         }
         if self.no_meta {
-            settings.meta = Some(false);
+            settings.meta.meta = Some(false);
         }
         Ok(settings)
     }

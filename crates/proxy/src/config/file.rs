@@ -1,16 +1,37 @@
 //! The settings as a TOML file and the command line both spell them
 //! ([`FileConfig`]), read and merged.
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 // Every setting, spelled once: a TOML key is the field's name, a flag its
 // `#[arg(long)]` (the field's name with dashes, unless it says otherwise),
-// its help the field's doc. (A doc comment here would become the help's
-// header; the file's format is in the module doc.)
+// its help the field's doc. One struct per section of the help; in the file
+// the keys of every section sit side by side at the top level. (A doc
+// comment on these structs would become the help's header; the file's
+// format is in the module doc.)
 #[allow(missing_docs)]
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
-#[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub server: ServerSection,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cache: CacheSection,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsSection,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub meta: MetaSection,
+}
+
+// What is served, where, and the limits and timeouts of serving it.
+#[allow(missing_docs)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
+pub struct ServerSection {
     /// Address to listen on [default: 127.0.0.1:2049]. Plain NFS binds only
     /// loopback addresses unless --allow-remote is given.
     #[arg(long, value_name = "IP:PORT")]
@@ -92,7 +113,12 @@ pub struct FileConfig {
     /// [default: 0, off].
     #[arg(long = "attr-timeout", value_name = "SECS")]
     pub attr_timeout_secs: Option<u64>,
+}
 
+// The block cache (off unless `cache_dir` is set).
+#[allow(missing_docs)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
+pub struct CacheSection {
     /// Keep a block cache in DIR (bank files); without it the proxy only
     /// forwards. The cache stays warm across restarts.
     #[arg(long, value_name = "DIR", help_heading = "Block cache")]
@@ -142,7 +168,12 @@ pub struct FileConfig {
         help_heading = "Block cache"
     )]
     pub exit_writeback_timeout_secs: Option<u64>,
+}
 
+// TLS between proxies: this node's certificate and how peers are mapped.
+#[allow(missing_docs)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
+pub struct TlsSection {
     /// Accept gvfs:// peers (other proxies) over TLS 1.3 here; they must
     /// present a certificate signed by --ca.
     #[arg(long, value_name = "IP:PORT", help_heading = "TLS")]
@@ -176,7 +207,12 @@ pub struct FileConfig {
     /// uid and gid of squashed calls [default: 65534, 65534] (TOML only).
     #[arg(skip)]
     pub nobody: Option<(u32, u32)>,
+}
 
+// Metadata actions: zero maps and compress-and-copy.
+#[allow(missing_docs)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
+pub struct MetaSection {
     /// Use metadata files found upstream (`.NAME.gvfsmeta`, made with
     /// `gvfsctl meta gen`): reads of zero blocks are answered locally,
     /// files marked for compress-and-copy are fetched whole, compressed,
@@ -205,17 +241,40 @@ impl FileConfig {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-        // The error's Display names the line and column and shows the line.
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        Self::parse(&text).map_err(|reason| ConfigError::Parse {
             path: path.to_path_buf(),
-            reason: e.to_string().trim_end().to_string(),
+            reason,
         })
+    }
+
+    /// Parses a TOML text; the error names the line and column (and toml's
+    /// shows the line).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let parse_error = |e: toml::de::Error| e.to_string().trim_end().to_string();
+        // The sections are flattened into one level of keys, which serde
+        // cannot check for strangers: look for them first.
+        let table: toml::Table = toml::from_str(text).map_err(parse_error)?;
+        let known = Self::keys();
+        if let Some(key) = table.keys().find(|k| !known.contains(k.as_str())) {
+            return Err(unknown_key(text, key));
+        }
+        toml::from_str(text).map_err(parse_error)
+    }
+
+    /// Every key a file may hold: the flags' names, and the two settings
+    /// with no flag.
+    pub fn keys() -> BTreeSet<String> {
+        let cmd = <FileConfig as clap::Args>::augment_args(clap::Command::new("gvfs-proxy"));
+        cmd.get_arguments()
+            .map(|a| a.get_id().to_string())
+            .chain(["peers".to_string(), "nobody".to_string()])
+            .collect()
     }
 
     /// `other`'s values where set, ours elsewhere; `[peers]` rules from
     /// both (`other`'s for a name in both).
     pub fn overridden_by(self, other: FileConfig) -> Result<FileConfig, ConfigError> {
-        let peers = match (self.peers.clone(), other.peers.clone()) {
+        let peers = match (self.tls.peers.clone(), other.tls.peers.clone()) {
             (Some(mut a), Some(b)) => {
                 a.extend(b);
                 Some(a)
@@ -234,7 +293,29 @@ impl FileConfig {
         }
         let mut merged: FileConfig = serde_json::from_value(merged)
             .map_err(|e| ConfigError::Invalid(format!("cannot merge settings: {e}")))?;
-        merged.peers = peers;
+        merged.tls.peers = peers;
         Ok(merged)
+    }
+}
+
+/// Where `key` is set in `text` (line and column, from 1), for the error.
+fn unknown_key(text: &str, key: &str) -> String {
+    let at = text.lines().enumerate().find_map(|(n, line)| {
+        let start = line.len() - line.trim_start().len();
+        let rest = line[start..]
+            .trim_start_matches(['"', '\''])
+            .strip_prefix(key)?;
+        rest.trim_start_matches(['"', '\''])
+            .trim_start()
+            .starts_with('=')
+            .then_some((n + 1, start + 1))
+    });
+    let what = format!(
+        "unknown field `{key}` (the keys are the long options without --, with _ for -; \
+         see gvfs-proxy --help)"
+    );
+    match at {
+        Some((line, column)) => format!("line {line}, column {column}: {what}"),
+        None => what,
     }
 }

@@ -14,13 +14,19 @@ fn defaults_serve_the_sample_on_loopback() {
 #[test]
 fn plain_listener_stays_on_loopback_unless_allowed() {
     let f = FileConfig {
-        listen: Some("0.0.0.0:2049".into()),
+        server: ServerSection {
+            listen: Some("0.0.0.0:2049".into()),
+            ..ServerSection::default()
+        },
         ..FileConfig::default()
     };
     let err = Config::from_file_config(f.clone()).unwrap_err().to_string();
     assert!(err.contains("--allow-remote"), "{err}");
     let ok = FileConfig {
-        allow_remote: Some(true),
+        server: ServerSection {
+            allow_remote: Some(true),
+            ..f.server.clone()
+        },
         ..f
     };
     assert!(Config::from_file_config(ok).is_ok());
@@ -35,7 +41,7 @@ fn toml_round_trip_and_unknown_keys() {
     let c = Config::from_file_config(f).unwrap();
     assert_eq!(c.listen.port(), 111);
     assert_eq!(c.upstream_timeout, None);
-    assert!(toml::from_str::<FileConfig>("lisen = \"x\"").is_err());
+    assert!(FileConfig::parse("lisen = \"x\"").is_err());
     let f: FileConfig = toml::from_str(
         "max_connections = 8\nmax_pending_connections = 3\nidle_timeout_secs = 42\n",
     )
@@ -55,35 +61,59 @@ fn toml_round_trip_and_unknown_keys() {
 fn bad_values_are_one_line_errors() {
     for f in [
         FileConfig {
-            listen: Some("nope".into()),
+            server: ServerSection {
+                listen: Some("nope".into()),
+                ..ServerSection::default()
+            },
             ..FileConfig::default()
         },
         FileConfig {
-            upstream: Some("ftp://x".into()),
+            server: ServerSection {
+                upstream: Some("ftp://x".into()),
+                ..ServerSection::default()
+            },
             ..FileConfig::default()
         },
         FileConfig {
-            upstream: Some("dir:".into()),
+            server: ServerSection {
+                upstream: Some("dir:".into()),
+                ..ServerSection::default()
+            },
             ..FileConfig::default()
         },
         FileConfig {
-            export: Some("export".into()),
+            server: ServerSection {
+                export: Some("export".into()),
+                ..ServerSection::default()
+            },
             ..FileConfig::default()
         },
         FileConfig {
-            max_in_flight: Some(0),
+            server: ServerSection {
+                max_in_flight: Some(0),
+                ..ServerSection::default()
+            },
             ..FileConfig::default()
         },
         FileConfig {
-            max_pending_connections: Some(0),
+            server: ServerSection {
+                max_pending_connections: Some(0),
+                ..ServerSection::default()
+            },
             ..FileConfig::default()
         },
         FileConfig {
-            idle_timeout_secs: Some(0),
+            server: ServerSection {
+                idle_timeout_secs: Some(0),
+                ..ServerSection::default()
+            },
             ..FileConfig::default()
         },
         FileConfig {
-            buffer_memory: Some("1M".into()),
+            server: ServerSection {
+                buffer_memory: Some("1M".into()),
+                ..ServerSection::default()
+            },
             ..FileConfig::default()
         },
     ] {
@@ -99,10 +129,13 @@ fn sizes_and_cache_settings() {
     assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
     assert!(parse_size("4X").is_err() && parse_size("").is_err() && parse_size("G").is_err());
     let c = Config::from_file_config(FileConfig {
-        cache_dir: Some("/tmp/c".into()),
-        cache_size: Some("64M".into()),
-        block_size: Some("128K".into()),
-        write_policy: Some("write-through".into()),
+        cache: CacheSection {
+            cache_dir: Some("/tmp/c".into()),
+            cache_size: Some("64M".into()),
+            block_size: Some("128K".into()),
+            write_policy: Some("write-through".into()),
+            ..CacheSection::default()
+        },
         ..FileConfig::default()
     })
     .unwrap();
@@ -110,7 +143,10 @@ fn sizes_and_cache_settings() {
     assert_eq!(cache.geometry.block_size(), 128 << 10);
     assert_eq!(cache.layer.policy, gvfs_cache::WritePolicy::WriteThrough);
     let orphan = FileConfig {
-        cache_size: Some("1G".into()),
+        cache: CacheSection {
+            cache_size: Some("1G".into()),
+            ..CacheSection::default()
+        },
         ..FileConfig::default()
     };
     assert!(
@@ -120,8 +156,11 @@ fn sizes_and_cache_settings() {
             .contains("--cache-dir")
     );
     let bad = FileConfig {
-        cache_dir: Some("/tmp/c".into()),
-        block_size: Some("3K".into()),
+        cache: CacheSection {
+            cache_dir: Some("/tmp/c".into()),
+            block_size: Some("3K".into()),
+            ..CacheSection::default()
+        },
         ..FileConfig::default()
     };
     assert!(Config::from_file_config(bad).is_err());
@@ -132,21 +171,30 @@ fn cache_options_without_a_cache_are_refused() {
     let cases = [
         (
             FileConfig {
-                readahead_blocks: Some(8),
+                cache: CacheSection {
+                    readahead_blocks: Some(8),
+                    ..CacheSection::default()
+                },
                 ..FileConfig::default()
             },
             "--readahead (readahead_blocks in the file)",
         ),
         (
             FileConfig {
-                writeback_on_exit: Some(false),
+                cache: CacheSection {
+                    writeback_on_exit: Some(false),
+                    ..CacheSection::default()
+                },
                 ..FileConfig::default()
             },
             "--no-writeback-on-exit (writeback_on_exit in the file)",
         ),
         (
             FileConfig {
-                exit_writeback_timeout_secs: Some(5),
+                cache: CacheSection {
+                    exit_writeback_timeout_secs: Some(5),
+                    ..CacheSection::default()
+                },
                 ..FileConfig::default()
             },
             "--exit-writeback-timeout (exit_writeback_timeout_secs in the file)",
@@ -167,10 +215,13 @@ fn cache_options_without_a_cache_are_refused() {
         assert!(e.contains("there is no cache"), "{line}: {e}");
     }
     let with_cache = FileConfig {
-        cache_dir: Some("/tmp/c".into()),
-        readahead_blocks: Some(8),
-        writeback_on_exit: Some(false),
-        exit_writeback_timeout_secs: Some(5),
+        cache: CacheSection {
+            cache_dir: Some("/tmp/c".into()),
+            readahead_blocks: Some(8),
+            writeback_on_exit: Some(false),
+            exit_writeback_timeout_secs: Some(5),
+            ..CacheSection::default()
+        },
         ..FileConfig::default()
     };
     assert!(Config::from_file_config(with_cache).is_ok());
@@ -181,28 +232,40 @@ fn tls_options_without_tls_are_refused() {
     let cases = [
         (
             FileConfig {
-                peers: Some([("node1".into(), "pass".into())].into()),
+                tls: TlsSection {
+                    peers: Some([("node1".into(), "pass".into())].into()),
+                    ..TlsSection::default()
+                },
                 ..FileConfig::default()
             },
             "--map-peer ([peers] in the file)",
         ),
         (
             FileConfig {
-                unknown_peers: Some("squash".into()),
+                tls: TlsSection {
+                    unknown_peers: Some("squash".into()),
+                    ..TlsSection::default()
+                },
                 ..FileConfig::default()
             },
             "--unknown-peers (unknown_peers in the file)",
         ),
         (
             FileConfig {
-                handshake_timeout_secs: Some(3),
+                tls: TlsSection {
+                    handshake_timeout_secs: Some(3),
+                    ..TlsSection::default()
+                },
                 ..FileConfig::default()
             },
             "--handshake-timeout (handshake_timeout_secs in the file)",
         ),
         (
             FileConfig {
-                nobody: Some((65534, 65534)),
+                tls: TlsSection {
+                    nobody: Some((65534, 65534)),
+                    ..TlsSection::default()
+                },
                 ..FileConfig::default()
             },
             "nobody in the file",
@@ -241,17 +304,23 @@ fn config_file_errors_give_line_and_column() {
 #[test]
 fn command_line_wins() {
     let file = FileConfig {
-        listen: Some("127.0.0.1:1".into()),
-        export: Some("/a".into()),
+        server: ServerSection {
+            listen: Some("127.0.0.1:1".into()),
+            export: Some("/a".into()),
+            ..ServerSection::default()
+        },
         ..FileConfig::default()
     };
     let cli = FileConfig {
-        listen: Some("127.0.0.1:2".into()),
+        server: ServerSection {
+            listen: Some("127.0.0.1:2".into()),
+            ..ServerSection::default()
+        },
         ..FileConfig::default()
     };
     let m = file.overridden_by(cli).unwrap();
-    assert_eq!(m.listen.as_deref(), Some("127.0.0.1:2"));
-    assert_eq!(m.export.as_deref(), Some("/a"));
+    assert_eq!(m.server.listen.as_deref(), Some("127.0.0.1:2"));
+    assert_eq!(m.server.export.as_deref(), Some("/a"));
 }
 
 /// The settings as flags, as the binary takes them.
@@ -289,4 +358,36 @@ fn a_flag_and_a_file_key_are_one_setting() {
     let none = Flags::try_parse_from(["gvfs-proxy"]).unwrap().settings;
     assert_eq!(none, FileConfig::default());
     assert_eq!(file.clone().overridden_by(none).unwrap(), file);
+}
+
+#[test]
+fn every_key_of_every_section_parses() {
+    let f = FileConfig::parse(
+        "listen = \"127.0.0.1:2049\"\nupstream = \"dir:/srv\"\nexport = \"/export\"\n\
+         allow_remote = false\nupstream_timeout_secs = 0\nconnect_timeout_secs = 5\n\
+         max_connections = 256\nmax_pending_connections = 64\nmax_in_flight = 64\n\
+         idle_timeout_secs = 600\nbuffer_memory = \"256M\"\ndrain_timeout_secs = 10\n\
+         attr_timeout_secs = 3\ncache_dir = \"/var/cache/gvfs\"\ncache_size = \"4G\"\n\
+         cache_banks = 16\ncache_ways = 16\nblock_size = \"64K\"\n\
+         write_policy = \"write-back\"\nreadahead_blocks = 32\nwriteback_on_exit = true\n\
+         exit_writeback_timeout_secs = 60\nmeta = true\nfile_cache_size = \"16G\"\n\
+         listen_tls = \"127.0.0.1:20049\"\ncert = \"n.pem\"\nkey = \"k.pem\"\nca = \"ca.pem\"\n\
+         handshake_timeout_secs = 10\nunknown_peers = \"squash\"\nnobody = [65534, 65534]\n\
+         [peers]\nsite-a = \"fixed:1000:1000\"\n",
+    )
+    .unwrap();
+    assert_eq!(f.server.attr_timeout_secs, Some(3));
+    assert_eq!(f.cache.cache_ways, Some(16));
+    assert_eq!(f.tls.nobody, Some((65534, 65534)));
+    assert_eq!(
+        f.tls
+            .peers
+            .as_ref()
+            .and_then(|p| p.get("site-a"))
+            .map(String::as_str),
+        Some("fixed:1000:1000")
+    );
+    assert_eq!(f.meta.meta, Some(true));
+    // Every key the help names is a key of the file, and nothing else.
+    assert_eq!(FileConfig::keys().len(), 34);
 }
