@@ -67,13 +67,15 @@ pub enum ProxyError {
     /// The control socket could not be set up.
     #[error(transparent)]
     Control(#[from] control::ControlError),
-    /// The block cache could not be opened.
-    #[error("cannot open the block cache in {dir}: {reason}")]
+    /// The block cache, or its file cache, could not be opened.
+    #[error("cannot open the {what} in {dir}: {cause}")]
     Cache {
-        /// The cache directory.
+        /// "block cache" or "file cache".
+        what: &'static str,
+        /// Its directory.
         dir: PathBuf,
-        /// Why.
-        reason: String,
+        /// Why (part of the message, so not also a `source`).
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Signal handlers could not be installed.
     #[error("cannot install signal handlers: {0}")]

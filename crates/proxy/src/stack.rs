@@ -183,13 +183,14 @@ async fn open_cache(
         gvfs_cache::BlockStore::open_dir(&dir, geometry, gvfs_cache::OpenOptions::default())
     })
     .await;
-    let cache_error = |reason: String| ProxyError::Cache {
+    let cache_error = |cause: Box<dyn std::error::Error + Send + Sync>| ProxyError::Cache {
+        what: "block cache",
         dir: settings.dir.clone(),
-        reason,
+        cause,
     };
     let (store, report) = opened
-        .map_err(|e| cache_error(e.to_string()))?
-        .map_err(|e| cache_error(e.to_string()))?;
+        .map_err(|e| cache_error(e.into()))?
+        .map_err(|e| cache_error(e.into()))?;
     if report.dirty_sub_blocks_lost > 0 || report.banks_lost > 0 || report.banks_truncated > 0 {
         tracing::error!(
             ?report,
@@ -235,8 +236,9 @@ fn open_file_cache(
 ) -> Result<Arc<FileCache>, ProxyError> {
     let dir = settings.dir.join("files");
     FileCache::open(&dir, Some(index), settings.file_cache_size).map_err(|e| ProxyError::Cache {
+        what: "file cache",
         dir: dir.clone(),
-        reason: format!("cannot open the file cache: {e}"),
+        cause: e.into(),
     })
 }
 
