@@ -309,11 +309,6 @@ impl WriteCheck {
             Err(nfsstat3::NFS3ERR_ACCES)
         })
     }
-
-    /// Forgets every answer (a file's owner or mode may have changed).
-    pub fn forget(&self) {
-        lock(&self.granted).clear();
-    }
 }
 
 /// A mutex's guard even when a holder panicked.
@@ -387,4 +382,137 @@ macro_rules! counters {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use nfs3_types::nfs3::{ACCESS3resok, Nfs3Option, Nfs3Result};
+    use nfs3_types::xdr_codec::Void;
+
+    use super::*;
+    use crate::Credentials;
+
+    /// Answers ACCESS with `grant` (or `status`), counting the calls, and
+    /// NULL to anything else (a reply of the wrong kind).
+    struct Below {
+        grant: u32,
+        status: Option<nfsstat3>,
+        calls: AtomicU32,
+    }
+
+    impl NfsService for Below {
+        fn call<'a>(
+            &'a self,
+            _cx: &'a CallContext,
+            req: NfsRequest,
+        ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let reply = match (req, self.status) {
+                (NfsRequest::Access(_), Some(st)) => NfsReply::error(NfsProc::Access, st),
+                (NfsRequest::Access(_), None) => NfsReply::Access(Nfs3Result::Ok(ACCESS3resok {
+                    obj_attributes: Nfs3Option::None,
+                    access: self.grant,
+                })),
+                _ => NfsReply::Null(Void),
+            };
+            Box::pin(async move { Ok(reply) })
+        }
+
+        fn root<'a>(
+            &'a self,
+            _cx: &'a CallContext,
+        ) -> BoxFuture<'a, Result<nfs_fh3, ServiceError>> {
+            Box::pin(async { Ok(fh3(b"root")) })
+        }
+
+        fn describe(&self) -> String {
+            "below".into()
+        }
+    }
+
+    fn below(grant: u32, status: Option<nfsstat3>) -> Below {
+        Below {
+            grant,
+            status,
+            calls: AtomicU32::new(0),
+        }
+    }
+
+    /// A file of uid 1, gid 1, mode 0644.
+    fn file(extends: bool) -> WriteTarget<'static> {
+        WriteTarget {
+            fh: b"f",
+            uid: 1,
+            gid: 1,
+            mode: 0o644,
+            extends,
+        }
+    }
+
+    fn run<T>(f: impl Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn the_owner_writes_by_mode_without_asking() {
+        let (b, check) = (below(0, None), WriteCheck::default());
+        let owner = CallContext::with_cred(Credentials::unix(1, 1));
+        assert_eq!(run(check.may_write(&b, &owner, file(true))), Ok(Ok(())));
+        assert_eq!(b.calls.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_stranger_is_asked_about_once_and_extending_needs_extend() {
+        let (b, check) = (below(ACCESS3_MODIFY, None), WriteCheck::default());
+        let stranger = CallContext::with_cred(Credentials::unix(7, 7));
+        // The mode says no; ACCESS (an ACL) says MODIFY but not EXTEND.
+        assert_eq!(run(check.may_write(&b, &stranger, file(false))), Ok(Ok(())));
+        assert_eq!(
+            run(check.may_write(&b, &stranger, file(true))),
+            Ok(Err(nfsstat3::NFS3ERR_ACCES))
+        );
+        // The answer is remembered: one ACCESS for both.
+        assert_eq!(b.calls.load(Ordering::Relaxed), 1);
+        // Another caller is asked about on its own.
+        let other = CallContext::with_cred(Credentials::unix(8, 8));
+        let _ = run(check.may_write(&b, &other, file(false)));
+        assert_eq!(b.calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn an_access_failure_is_the_answer_and_not_remembered() {
+        let (b, check) = (
+            below(0, Some(nfsstat3::NFS3ERR_STALE)),
+            WriteCheck::default(),
+        );
+        let stranger = CallContext::with_cred(Credentials::unix(7, 7));
+        for _ in 0..2 {
+            assert_eq!(
+                run(check.may_write(&b, &stranger, file(false))),
+                Ok(Err(nfsstat3::NFS3ERR_STALE))
+            );
+        }
+        assert_eq!(b.calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_reply_of_another_kind_is_the_layer_belows_protocol_error() {
+        let b = below(0, None);
+        let cx = CallContext::with_cred(Credentials::unix(0, 0));
+        match run(b.getattr(&cx, b"f")) {
+            Err(ServiceError::UpstreamProtocol { upstream, reason }) => {
+                assert_eq!(upstream, "below");
+                assert!(
+                    reason.contains("GETATTR") && reason.contains("NULL"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
