@@ -133,6 +133,8 @@ pub struct Config {
     pub meta: bool,
     /// The attribute cache's timeout; `None` leaves it off.
     pub attr_timeout: Option<Duration>,
+    /// Where to mount the export through FUSE, if anywhere.
+    pub mount: Option<PathBuf>,
 }
 
 /// Validated TLS settings.
@@ -514,6 +516,7 @@ impl Config {
                 Some(0) | None => None,
                 Some(s) => Some(Duration::from_secs(s)),
             },
+            mount: f.server.mount.clone(),
             cache,
             metrics,
             tls,

@@ -83,6 +83,9 @@ pub enum ProxyError {
     /// The TLS certificate, key or CA could not be used.
     #[error(transparent)]
     Tls(#[from] gvfs_tunnel::TunnelError),
+    /// The FUSE mount could not be made (`--mount`).
+    #[error(transparent)]
+    Mount(#[from] gvfs_fuse::FuseError),
     /// A gvfs:// upstream was configured without the TLS files it needs.
     #[error("a gvfs:// upstream needs --cert, --key and --ca")]
     GvfsWithoutTls,
@@ -98,9 +101,11 @@ impl ProxyError {
             Self::Upstream(ServiceError::UpstreamRefused { .. }) | Self::Tls(_) => ExitCode::Tls,
             Self::Upstream(ServiceError::Layer(_)) => ExitCode::LocalResource,
             Self::Upstream(_) => ExitCode::Upstream,
-            Self::Bind { .. } | Self::Sample { .. } | Self::Control(_) | Self::Cache { .. } => {
-                ExitCode::LocalResource
-            }
+            Self::Bind { .. }
+            | Self::Sample { .. }
+            | Self::Control(_)
+            | Self::Cache { .. }
+            | Self::Mount(_) => ExitCode::LocalResource,
             Self::Signals(_) => ExitCode::Failure,
         }
     }
@@ -134,7 +139,14 @@ pub struct Ready {
     pub tls_addr: Option<SocketAddr>,
     /// This node's certificate name, when TLS is configured.
     pub tls_name: Option<String>,
+    /// The FUSE mount, when there is one.
+    pub mount: Option<PathBuf>,
 }
+
+/// How long the kernel keeps a FUSE mount's names and attributes when the
+/// proxy has no attribute cache (`--attr-timeout`): about what an NFS
+/// mount's shortest attribute cache is.
+const KERNEL_ATTR_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs a proxy until `shutdown` is cancelled: builds the stack, binds the
 /// listeners, serves. `on_ready` is called once the upstream answered and
@@ -242,6 +254,21 @@ pub async fn serve(
         cache: cfg.cache.as_ref().map(|c| c.dir.display().to_string()),
         tls_addr: tls_listener.as_ref().map(|(_, a)| *a),
         tls_name: tls.as_ref().map(|t| t.identity.name().to_string()),
+        mount: cfg.mount.clone(),
+    };
+    // The FUSE front end: live before the proxy says it is ready.
+    let mount = match &cfg.mount {
+        Some(dir) => {
+            let opts = gvfs_fuse::MountOptions {
+                dir: dir.clone(),
+                attr_timeout: cfg.attr_timeout.unwrap_or(KERNEL_ATTR_TIMEOUT),
+                source: format!("gvfs:{}", stack.top.describe()),
+            };
+            Some(Arc::new(
+                gvfs_fuse::Mount::start(stack.top.clone(), &opts).await?,
+            ))
+        }
+        None => None,
     };
     let jobs = Arc::new(writeback::Jobs::default());
     if let (Some(m), Some(_)) = (&stack.meta, &stack.files) {
@@ -260,6 +287,7 @@ pub async fn serve(
         budget: budget.clone(),
         stack: stack.clone(),
         jobs: jobs.clone(),
+        mount: mount.clone(),
         started: Instant::now(),
     });
     if let Some((listener, at)) = metrics {
@@ -302,6 +330,9 @@ pub async fn serve(
         let _ = t.await;
     }
     shutdown::drain(&tasks, cfg.drain_timeout).await;
+    if let Some(m) = &mount {
+        m.stop(cfg.drain_timeout).await;
+    }
     if let (Some(layer), Some(settings)) = (&stack.cache, &cfg.cache) {
         let files_dirty = stack
             .files

@@ -83,6 +83,8 @@ pub struct Status {
     pub upstream_client: Option<UpstreamClient>,
     /// The block cache's dirty bytes, when there is one.
     pub cache: Option<DirtyBytes>,
+    /// The FUSE mount, when there is one (`--mount`).
+    pub mount: Option<gvfs_fuse::FuseStats>,
 }
 
 /// Connection counters (see [`ServerStats`]).
@@ -157,6 +159,7 @@ pub(crate) struct StatusSource {
     pub(crate) budget: Arc<MemoryBudget>,
     pub(crate) stack: Arc<Stack>,
     pub(crate) jobs: Arc<writeback::Jobs>,
+    pub(crate) mount: Option<Arc<gvfs_fuse::Mount>>,
     pub(crate) started: Instant,
 }
 
@@ -245,6 +248,7 @@ impl StatusSource {
             cache: self.stack.cache.as_ref().map(|c| DirtyBytes {
                 dirty_bytes: c.dirty_bytes(),
             }),
+            mount: self.mount.as_ref().map(|m| m.stats()),
         }
     }
 }

@@ -184,6 +184,9 @@ fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
             None => println!("  TLS as {name}: RFC 9289 STARTTLS on {}", r.addr),
         }
     }
+    if let Some(dir) = &r.mount {
+        println!("  mounted at {} through FUSE", dir.display());
+    }
     if sample {
         println!("  (no --upstream given: this is the sample directory; see gvfs-proxy --help)");
     }
@@ -196,6 +199,9 @@ fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
     );
     if port == 111 {
         println!("  QEMU:   qemu-img info nfs://{host}{export}/FILE");
+    }
+    if let Some(dir) = &r.mount {
+        println!("  files:  ls {}", dir.display());
     }
     println!("  status: gvfsctl --control {} status", r.control.display());
     println!("Stop with Ctrl-C (or SIGTERM).");

@@ -113,6 +113,13 @@ pub struct ServerSection {
     /// [default: 0, off].
     #[arg(long = "attr-timeout", value_name = "SECS")]
     pub attr_timeout_secs: Option<u64>,
+
+    /// Also mount the export at DIR through FUSE, in this process, through
+    /// the same layers (no NFS client or root needed; non-root needs
+    /// fusermount3). DIR must exist and be empty. Names and attributes are
+    /// kept by the kernel for --attr-timeout (1 s when that is off).
+    #[arg(long, value_name = "DIR", help_heading = "FUSE")]
+    pub mount: Option<PathBuf>,
 }
 
 // The block cache (off unless `cache_dir` is set).

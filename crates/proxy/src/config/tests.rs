@@ -367,7 +367,7 @@ fn every_key_of_every_section_parses() {
          allow_remote = false\nupstream_timeout_secs = 0\nconnect_timeout_secs = 5\n\
          max_connections = 256\nmax_pending_connections = 64\nmax_in_flight = 64\n\
          idle_timeout_secs = 600\nbuffer_memory = \"256M\"\ndrain_timeout_secs = 10\n\
-         attr_timeout_secs = 3\ncache_dir = \"/var/cache/gvfs\"\ncache_size = \"4G\"\n\
+         attr_timeout_secs = 3\nmount = \"/mnt/gvfs\"\ncache_dir = \"/var/cache/gvfs\"\ncache_size = \"4G\"\n\
          cache_banks = 16\ncache_ways = 16\nblock_size = \"64K\"\n\
          write_policy = \"write-back\"\nreadahead_blocks = 32\nwriteback_on_exit = true\n\
          exit_writeback_timeout_secs = 60\nmeta = true\nfile_cache_size = \"16G\"\n\
@@ -388,6 +388,7 @@ fn every_key_of_every_section_parses() {
         Some("fixed:1000:1000")
     );
     assert_eq!(f.meta.meta, Some(true));
+    assert_eq!(f.server.mount, Some(PathBuf::from("/mnt/gvfs")));
     // Every key the help names is a key of the file, and nothing else.
-    assert_eq!(FileConfig::keys().len(), 34);
+    assert_eq!(FileConfig::keys().len(), 35);
 }

@@ -237,4 +237,19 @@ pub(super) fn print_status(s: &Status) {
             u.server, u.calls, u.retransmits, u.connects
         );
     }
+    if let Some(m) = &s.mount {
+        println!("  FUSE mount  {}", m.path);
+        println!(
+            "    {} bytes read, {} bytes written ({} not yet committed), {} commits, {} writes sent again",
+            m.counts.read_bytes,
+            m.counts.write_bytes,
+            m.uncommitted_bytes,
+            m.counts.commits,
+            m.counts.writes_resent
+        );
+        println!(
+            "    {} calls down the stack ({} failed), {} running; {} inodes and {} open files held by the kernel",
+            m.counts.calls, m.counts.failed, m.in_flight, m.inodes, m.open
+        );
+    }
 }

@@ -1,0 +1,385 @@
+//! gvfs-fuse: a proxy's layer stack mounted as a local file system.
+//!
+//! Hosts without a kernel NFS client, or without root to mount one
+//! (containers, microVMs, locked-down cluster nodes), have FUSE. This
+//! front end mounts what a proxy serves at a directory, through the same
+//! stack as its NFS listener (the top of `Stack`), in the same process:
+//! each FUSE request becomes the NFSv3 calls a Linux NFS client would make
+//! for it, with the calling process's uid, gid and groups, and no RPC hop.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`fs`](crate::fs) | fuser's `Filesystem`: each request a task on the runtime |
+//! | `core` | the operations, as NFSv3 calls on the stack |
+//! | `inodes` | node ids for the kernel, NFS handles for the stack (bounded, FORGET honoured) |
+//! | `writes` | UNSTABLE writes kept until a COMMIT covers them (sent again if the verifier changed) |
+//! | `attr` | NFS attributes as FUSE's, FUSE's changes as `sattr3` |
+//! | `creds` | the caller's credentials (groups from `/proc`) |
+//! | `errno` | NFS status to errno, in one place |
+//! | `mountpoint` | checks of the directory mounted on (missing, not empty, stale) |
+//!
+//! Kernel-side caching follows the proxy's settings: names and attributes
+//! are kept for the attribute timeout, a file's cached pages are kept
+//! across opens while its size, mtime and ctime stay the same (as an NFS
+//! client's close-to-open), and reads, writes and read-ahead go up to
+//! 1 MiB, the largest NFS READ and WRITE of the stack.
+
+#![warn(missing_docs)]
+
+mod attr;
+mod core;
+mod creds;
+mod errno;
+mod fs;
+mod inodes;
+mod mountpoint;
+mod writes;
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{BackgroundSession, MountOption, SessionACL};
+use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+use crate::core::Core;
+use crate::fs::{Fs, MAX_IN_FLIGHT};
+
+gvfs_nfs::counters! {
+    /// What the FUSE front end counts.
+    pub struct Counters => FuseCounts {
+        /// NFS calls made down the stack.
+        calls,
+        /// Calls the stack could not answer (upstream gone past its
+        /// timeout, a layer's own failure): an I/O error to the caller.
+        failed,
+        /// Bytes read by processes (from the stack; the kernel's page
+        /// cache answers the rest).
+        read_bytes,
+        /// Bytes written by processes.
+        write_bytes,
+        /// COMMITs (fsync, close, budget, exit).
+        commits,
+        /// Writes sent again because the write verifier changed before
+        /// their COMMIT.
+        writes_resent,
+    }
+}
+
+/// What `gvfsctl status` shows of a mount.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FuseStats {
+    /// The directory mounted on.
+    pub path: String,
+    /// Counters.
+    #[serde(flatten)]
+    pub counts: FuseCounts,
+    /// Files and directories the kernel holds (node table entries).
+    pub inodes: u64,
+    /// Open files and directories.
+    pub open: u64,
+    /// Bytes written and not yet committed (kept to be sent again).
+    pub uncommitted_bytes: u64,
+    /// Requests running now.
+    pub in_flight: u64,
+}
+
+/// Why a mount could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FuseError {
+    /// The directory does not exist.
+    #[error("cannot mount on {}: it does not exist (create it with mkdir)", .path.display())]
+    Missing {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Not a directory.
+    #[error("cannot mount on {}: not a directory", .path.display())]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Not empty.
+    #[error("cannot mount on {}: the directory is not empty (mount on an empty one)", .path.display())]
+    NotEmpty {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A FUSE mount whose server is gone.
+    #[error(
+        "cannot mount on {p}: it is a stale FUSE mount left by a proxy that was killed \
+         (\"Transport endpoint is not connected\"); clear it with: fusermount3 -u {p} \
+         (or, as root: umount -l {p})",
+        p = .path.display()
+    )]
+    Stale {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Something is mounted there.
+    #[error(
+        "cannot mount on {}: a {fstype} file system is mounted there (another gvfs-proxy?)",
+        .path.display()
+    )]
+    AlreadyMounted {
+        /// The directory.
+        path: PathBuf,
+        /// What is mounted.
+        fstype: String,
+    },
+    /// The directory could not be examined.
+    #[error("cannot mount on {}: {cause}", .path.display())]
+    MountPoint {
+        /// The directory.
+        path: PathBuf,
+        /// Why (part of the message, so not also a `source`).
+        cause: std::io::Error,
+    },
+    /// The stack did not give its root.
+    #[error("cannot mount: the stack's root: {0}")]
+    Root(ServiceError),
+    /// The kernel or fusermount3 refused the mount.
+    #[error(
+        "cannot mount on {}: {cause} (FUSE needs /dev/fuse; as a user other than root, \
+         fusermount3 from the fuse3 package)",
+        .path.display()
+    )]
+    Mount {
+        /// The directory.
+        path: PathBuf,
+        /// Why (part of the message, so not also a `source`).
+        cause: std::io::Error,
+    },
+}
+
+/// How to mount.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// The directory.
+    pub dir: PathBuf,
+    /// How long the kernel keeps names and attributes.
+    pub attr_timeout: Duration,
+    /// The file system's name in the mount table (what it serves).
+    pub source: String,
+}
+
+/// A live mount. [`Mount::stop`] unmounts it.
+pub struct Mount {
+    path: PathBuf,
+    core: Arc<Core>,
+    slots: Arc<Semaphore>,
+    session: std::sync::Mutex<Option<BackgroundSession>>,
+}
+
+impl Mount {
+    /// Mounts `top` at `opts.dir`. Must run on a multi-threaded tokio
+    /// runtime: requests run on it. Returns once the kernel has the
+    /// mount (its INIT answered).
+    pub async fn start(top: Arc<dyn NfsService>, opts: &MountOptions) -> Result<Self, FuseError> {
+        mountpoint::check(&opts.dir)?;
+        let cx = CallContext::with_cred(Credentials::unix(0, 0));
+        let root = top.root(&cx).await.map_err(FuseError::Root)?;
+        let root_attr = match gvfs_nfs::layer::Calls::getattr(&*top, &cx, root.data.as_ref())
+            .await
+            .map_err(FuseError::Root)?
+        {
+            nfs3_types::nfs3::Nfs3Result::Ok(r) => r.obj_attributes,
+            nfs3_types::nfs3::Nfs3Result::Err((status, _)) => {
+                return Err(FuseError::Root(ServiceError::UpstreamProtocol {
+                    upstream: top.describe(),
+                    reason: format!("GETATTR of the root answered {status}"),
+                }));
+            }
+        };
+        let core = Arc::new(Core::new(
+            top,
+            root.data.as_ref(),
+            &root_attr,
+            opts.attr_timeout,
+        ));
+        let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        let fs = Fs::new(
+            core.clone(),
+            tokio::runtime::Handle::current(),
+            slots.clone(),
+        );
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            MountOption::FSName(opts.source.clone()),
+            MountOption::Subtype("gvfs".into()),
+            MountOption::NoDev,
+            MountOption::NoSuid,
+        ];
+        // Root mounts for every user (the server checks each caller's
+        // credentials, as it does for an NFS mount); a user's mount is its
+        // own, as FUSE allows without user_allow_other.
+        config.acl = if effective_uid() == 0 {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        config.n_threads = Some(4);
+        let dir = opts.dir.clone();
+        let session = tokio::task::spawn_blocking(move || {
+            fuser::Session::new(fs, &dir, &config).and_then(fuser::Session::spawn)
+        })
+        .await
+        .map_err(|e| FuseError::Mount {
+            path: opts.dir.clone(),
+            cause: std::io::Error::other(e.to_string()),
+        })?
+        .map_err(|cause| FuseError::Mount {
+            path: opts.dir.clone(),
+            cause,
+        })?;
+        set_read_ahead(&opts.dir);
+        tracing::info!(dir = %opts.dir.display(), "mounted through FUSE");
+        Ok(Self {
+            path: opts.dir.clone(),
+            core,
+            slots,
+            session: std::sync::Mutex::new(Some(session)),
+        })
+    }
+
+    /// The directory mounted on.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Counters and gauges now.
+    pub fn stats(&self) -> FuseStats {
+        let s = self.core.stats();
+        FuseStats {
+            path: self.path.display().to_string(),
+            counts: s.counts,
+            inodes: s.inodes,
+            open: s.open,
+            uncommitted_bytes: s.uncommitted_bytes,
+            in_flight: (MAX_IN_FLIGHT - self.slots.available_permits()) as u64,
+        }
+    }
+
+    /// Commits every write made through the mount (before a write-back).
+    pub async fn commit_all(&self) {
+        if let Err(e) = self.core.commit_all().await {
+            tracing::error!(error = ?e, "committing the FUSE mount's writes");
+        }
+    }
+
+    /// Unmounts: no new request gets in, those running finish (within
+    /// `drain`), and every write made through the mount is committed. A
+    /// mount still in use (an open file, a working directory) is detached
+    /// lazily: it is gone from the tree at once, and its users get errors
+    /// once this process exits.
+    pub async fn stop(&self, drain: Duration) {
+        self.commit_all().await;
+        let path = self.path.clone();
+        let clean = tokio::task::spawn_blocking(move || unmount(&path))
+            .await
+            .unwrap_or(false);
+        let all = MAX_IN_FLIGHT as u32;
+        if tokio::time::timeout(drain, self.slots.acquire_many(all))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?drain,
+                "FUSE requests still running after the drain timeout"
+            );
+        }
+        self.commit_all().await;
+        let session = gvfs_nfs::layer::lock(&self.session).take();
+        if let Some(session) = session {
+            if clean {
+                let joined = tokio::time::timeout(
+                    drain,
+                    tokio::task::spawn_blocking(move || session.umount_and_join()),
+                )
+                .await;
+                if let Ok(Ok(Err(e))) = joined {
+                    tracing::debug!(error = %e, "the FUSE session ended");
+                } else if joined.is_err() {
+                    tracing::warn!("the FUSE session did not end within the drain timeout");
+                }
+            } else {
+                // Its thread ends when the last user lets go, or with us.
+                std::mem::forget(session);
+            }
+        }
+        tracing::info!(dir = %self.path.display(), "unmounted");
+    }
+}
+
+/// Read-ahead of the mount, in KiB: one 1 MiB READ ahead of a
+/// sequential reader or a page fault of a mapped file.
+const READ_AHEAD_KB: u32 = 1024;
+
+/// Sets the mount's read-ahead to [`READ_AHEAD_KB`]. The FUSE INIT reply
+/// can only lower the kernel's default (128 KiB), so it is raised where
+/// the kernel keeps it, `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`; only
+/// root may, and elsewhere the default stays.
+fn set_read_ahead(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return;
+    };
+    let dev = meta.dev();
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    if let Err(e) = std::fs::write(&path, READ_AHEAD_KB.to_string()) {
+        tracing::debug!(%path, error = %e, "cannot raise the mount's read-ahead (not root?)");
+    }
+}
+
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Unmounts `dir`: plainly if nothing uses it, else detached. Whether
+/// it was a plain unmount.
+fn unmount(dir: &Path) -> bool {
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return true;
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EBUSY) {
+        tracing::warn!(dir = %dir.display(), "the mount is in use: detaching it (its users get errors once the proxy exits)");
+        // SAFETY: as above.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return false;
+        }
+    }
+    // Not root: fusermount3 unmounts a user's own mount.
+    let plain = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if plain {
+        return true;
+    }
+    let lazy = std::process::Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !lazy {
+        tracing::error!(dir = %dir.display(), error = %err, "cannot unmount");
+    }
+    false
+}
