@@ -63,6 +63,13 @@ pub use file::{CacheSection, FileConfig, MetaSection, ServerSection, TlsSection}
 
 /// The default listening address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:2049";
+/// [`DEFAULT_LISTEN`] as an address.
+pub const DEFAULT_LISTEN_ADDR: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    2049,
+));
+/// `--listen none`: no NFS listener (a FUSE mount, or TLS peers, only).
+pub const NO_LISTENER: &str = "none";
 /// The directory served when no upstream is configured (created with sample
 /// files on first use).
 pub const SAMPLE_DIR: &str = "gvfs-sample";
@@ -107,8 +114,9 @@ pub enum UpstreamChoice {
 /// A validated proxy configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Address to listen on.
-    pub listen: SocketAddr,
+    /// Address to listen on for NFS clients; `None` (`--listen none`) for
+    /// none.
+    pub listen: Option<SocketAddr>,
     /// What to serve.
     pub upstream: UpstreamChoice,
     /// The export path clients mount (starts with `/`).
@@ -415,12 +423,26 @@ impl Config {
             .server
             .listen
             .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-        let listen: SocketAddr = listen_s.parse().map_err(|_| {
-            ConfigError::Invalid(format!(
-                "bad listen address {listen_s:?}: expected IP:PORT, e.g. 127.0.0.1:2049"
-            ))
-        })?;
-        if !listen.ip().is_loopback() && !f.server.allow_remote.unwrap_or(false) {
+        let listen = if listen_s == NO_LISTENER {
+            if f.server.mount.is_none() && f.tls.listen_tls.is_none() {
+                return Err(ConfigError::Invalid(
+                    "--listen none leaves nothing to serve: give --mount DIR (or --listen-tls)"
+                        .into(),
+                ));
+            }
+            None
+        } else {
+            Some(listen_s.parse::<SocketAddr>().map_err(|_| {
+                ConfigError::Invalid(format!(
+                    "bad listen address {listen_s:?}: expected IP:PORT, e.g. 127.0.0.1:2049, \
+                     or none"
+                ))
+            })?)
+        };
+        if let Some(listen) = listen
+            && !listen.ip().is_loopback()
+            && !f.server.allow_remote.unwrap_or(false)
+        {
             return Err(ConfigError::Invalid(format!(
                 "refusing to listen on {listen}: plain NFS is unencrypted and unauthenticated, so \
                  it binds only loopback addresses unless you pass --allow-remote"
@@ -528,6 +550,24 @@ impl Config {
 /// address, in `$XDG_RUNTIME_DIR` (or `/tmp`), so `gvfsctl` can find it.
 pub fn default_control_path(listen: SocketAddr) -> PathBuf {
     runtime_dir().join(format!("gvfs-proxy-{}-{}.sock", listen.ip(), listen.port()))
+}
+
+/// The control socket path of a proxy with no NFS listener: one per mount
+/// point (`/mnt/vm` gives `gvfs-proxy-mnt-vm.sock`), beside the others.
+pub fn default_control_path_for_mount(dir: &Path) -> PathBuf {
+    let name: String = dir
+        .to_string_lossy()
+        .trim_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    runtime_dir().join(format!("gvfs-proxy-{name}.sock"))
 }
 
 /// Where default control sockets live.

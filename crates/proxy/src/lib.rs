@@ -125,8 +125,8 @@ fn bind_hint(e: &std::io::Error) -> &'static str {
 /// What a started proxy tells its caller.
 #[derive(Debug, Clone)]
 pub struct Ready {
-    /// The bound address.
-    pub addr: SocketAddr,
+    /// The NFS listener's address, unless `--listen none`.
+    pub addr: Option<SocketAddr>,
     /// The export clients mount.
     pub export: String,
     /// The control socket.
@@ -171,8 +171,8 @@ pub async fn run(
 
 /// The sockets a proxy answers on.
 pub struct Listeners {
-    nfs: TcpListener,
-    addr: SocketAddr,
+    /// NFS clients, unless `--listen none`.
+    nfs: Option<(TcpListener, SocketAddr)>,
     /// NFS from gvfs:// peers over TLS, and this node's TLS side (also
     /// for STARTTLS on the plain listener).
     tls: Option<Arc<TlsSide>>,
@@ -185,15 +185,23 @@ pub struct Listeners {
 impl Listeners {
     /// Binds what `cfg` asks for.
     pub async fn bind(cfg: &Config, tls: Option<Arc<TlsSide>>) -> Result<Self, ProxyError> {
-        let (nfs, addr) = bind_tcp(cfg.listen).await?;
+        let nfs = match cfg.listen {
+            Some(at) => Some(bind_tcp(at).await?),
+            None => None,
+        };
         let tls_listener = match (&tls, cfg.tls.as_ref().and_then(|t| t.listen)) {
             (Some(_), Some(at)) => Some(bind_tcp(at).await?),
             _ => None,
         };
-        let control_path = cfg
-            .control
-            .clone()
-            .unwrap_or_else(|| config::default_control_path(addr));
+        let control_path = match (&cfg.control, &nfs, &cfg.mount) {
+            (Some(path), _, _) => path.clone(),
+            (None, Some((_, addr)), _) => config::default_control_path(*addr),
+            (None, None, Some(dir)) => config::default_control_path_for_mount(dir),
+            (None, None, None) => {
+                let tls_at = tls_listener.as_ref().map(|(_, a)| *a);
+                config::default_control_path(tls_at.unwrap_or(config::DEFAULT_LISTEN_ADDR))
+            }
+        };
         let control = control::bind(&control_path).await?;
         let metrics = match cfg.metrics {
             Some(at) => Some(bind_tcp(at).await?),
@@ -201,7 +209,6 @@ impl Listeners {
         };
         Ok(Self {
             nfs,
-            addr,
             tls,
             tls_listener,
             control,
@@ -229,7 +236,6 @@ pub async fn serve(
 ) -> Result<(), ProxyError> {
     let Listeners {
         nfs,
-        addr,
         tls,
         tls_listener,
         control: control_listener,
@@ -237,9 +243,14 @@ pub async fn serve(
         metrics,
     } = listeners;
     let stack = Arc::new(stack);
+    let addr = nfs.as_ref().map(|(_, a)| *a);
     let front = Arc::new(
-        FrontEnd::new(stack.top.clone(), cfg.export.clone(), addr.port())
-            .with_ext(stack.ext.clone()),
+        FrontEnd::new(
+            stack.top.clone(),
+            cfg.export.clone(),
+            addr.map_or(0, |a| a.port()),
+        )
+        .with_ext(stack.ext.clone()),
     );
     let stats = Arc::new(ServerStats::default());
     let budget = Arc::new(MemoryBudget::new(
@@ -302,7 +313,7 @@ pub async fn serve(
         move |req: &Value| status.handle(req),
         shutdown.clone(),
     ));
-    tracing::info!(%addr, upstream = %ready.upstream, export = %ready.export, "serving");
+    tracing::info!(addr = ?addr, upstream = %ready.upstream, export = %ready.export, "serving");
     on_ready(&ready);
 
     let tasks = TaskTracker::new();
@@ -325,7 +336,12 @@ pub async fn serve(
         }
         _ => None,
     };
-    server::serve(nfs, Security::Plain { starttls: tls }, cfg.limits, shared).await;
+    match nfs {
+        Some((nfs, _)) => {
+            server::serve(nfs, Security::Plain { starttls: tls }, cfg.limits, shared).await;
+        }
+        None => shutdown.cancelled().await,
+    }
     if let Some(t) = tls_task {
         let _ = t.await;
     }

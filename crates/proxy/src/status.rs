@@ -13,7 +13,7 @@ use crate::control::CommandError;
 use crate::front::{self, FrontEnd};
 use crate::server::{MemoryBudget, ServerStats};
 use crate::stack::Stack;
-use crate::{Ready, writeback};
+use crate::{Ready, config, writeback};
 
 /// What `stats` answers: the status and every layer's counters (a layer
 /// the proxy does not run is `null`). `gvfsctl` reads it back with this
@@ -196,7 +196,10 @@ impl StatusSource {
         Status {
             version: env!("CARGO_PKG_VERSION").to_string(),
             pid: std::process::id(),
-            listen: self.ready.addr.to_string(),
+            listen: self
+                .ready
+                .addr
+                .map_or_else(|| config::NO_LISTENER.to_string(), |a| a.to_string()),
             listen_tls: self.ready.tls_addr.map(|a| a.to_string()),
             tls_name: self.ready.tls_name.clone(),
             export: self.ready.export.clone(),

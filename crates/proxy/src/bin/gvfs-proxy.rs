@@ -154,34 +154,27 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
-    let (ip, port) = (r.addr.ip(), r.addr.port());
-    let host = if r.addr.is_ipv6() {
-        format!("[{ip}]")
-    } else {
-        ip.to_string()
-    };
-    let export = &r.export;
-    let libnfs_export = if export == "/" {
-        "/".to_string()
-    } else {
-        export.clone()
-    };
-    println!("listening on {}", r.addr);
+    match r.addr {
+        Some(addr) => println!("listening on {addr}"),
+        None => println!("no NFS listener (--listen none)"),
+    }
     println!(
-        "gvfs-proxy {}: serving {} as {export}",
+        "gvfs-proxy {}: serving {} as {}",
         env!("CARGO_PKG_VERSION"),
-        r.upstream
+        r.upstream,
+        r.export
     );
     if let Some(cache) = &r.cache {
         println!("  block cache in {cache}");
     }
     if let Some(name) = &r.tls_name {
+        let starttls = r
+            .addr
+            .map(|a| format!("RFC 9289 STARTTLS on {a}"))
+            .unwrap_or_default();
         match r.tls_addr {
-            Some(a) => println!(
-                "  TLS as {name}: gvfs:// peers connect to {a}; RFC 9289 STARTTLS on {}",
-                r.addr
-            ),
-            None => println!("  TLS as {name}: RFC 9289 STARTTLS on {}", r.addr),
+            Some(a) => println!("  TLS as {name}: gvfs:// peers connect to {a}; {starttls}"),
+            None => println!("  TLS as {name}: {starttls}"),
         }
     }
     if let Some(dir) = &r.mount {
@@ -191,14 +184,8 @@ fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
         println!("  (no --upstream given: this is the sample directory; see gvfs-proxy --help)");
     }
     println!("Use it:");
-    println!(
-        "  Linux:  sudo mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},nolock {host}:{export} /mnt"
-    );
-    println!(
-        "  libnfs: nfs-ls 'nfs://{host}{libnfs_export}?version=3&nfsport={port}&mountport={port}'"
-    );
-    if port == 111 {
-        println!("  QEMU:   qemu-img info nfs://{host}{export}/FILE");
+    if let Some(addr) = r.addr {
+        print_nfs_use(addr, &r.export);
     }
     if let Some(dir) = &r.mount {
         println!("  files:  ls {}", dir.display());
@@ -207,4 +194,21 @@ fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
     println!("Stop with Ctrl-C (or SIGTERM).");
     use std::io::Write;
     let _ = std::io::stdout().flush();
+}
+
+/// How to reach the NFS listener at `addr`.
+fn print_nfs_use(addr: std::net::SocketAddr, export: &str) {
+    let (ip, port) = (addr.ip(), addr.port());
+    let host = if addr.is_ipv6() {
+        format!("[{ip}]")
+    } else {
+        ip.to_string()
+    };
+    println!(
+        "  Linux:  sudo mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},nolock {host}:{export} /mnt"
+    );
+    println!("  libnfs: nfs-ls 'nfs://{host}{export}?version=3&nfsport={port}&mountport={port}'");
+    if port == 111 {
+        println!("  QEMU:   qemu-img info nfs://{host}{export}/FILE");
+    }
 }

@@ -33,7 +33,8 @@ pub struct FileConfig {
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
 pub struct ServerSection {
     /// Address to listen on [default: 127.0.0.1:2049]. Plain NFS binds only
-    /// loopback addresses unless --allow-remote is given.
+    /// loopback addresses unless --allow-remote is given; `none` serves no
+    /// NFS clients (with --mount: the FUSE mount only).
     #[arg(long, value_name = "IP:PORT")]
     pub listen: Option<String>,
 

@@ -3,7 +3,8 @@ use super::*;
 #[test]
 fn defaults_serve_the_sample_on_loopback() {
     let c = Config::from_file_config(FileConfig::default()).unwrap();
-    assert_eq!(c.listen, DEFAULT_LISTEN.parse().unwrap());
+    assert_eq!(c.listen, Some(DEFAULT_LISTEN_ADDR));
+    assert_eq!(DEFAULT_LISTEN_ADDR.to_string(), DEFAULT_LISTEN);
     assert_eq!(
         c.upstream,
         UpstreamChoice::Sample(PathBuf::from(SAMPLE_DIR))
@@ -39,7 +40,7 @@ fn toml_round_trip_and_unknown_keys() {
     )
     .unwrap();
     let c = Config::from_file_config(f).unwrap();
-    assert_eq!(c.listen.port(), 111);
+    assert_eq!(c.listen.map(|a| a.port()), Some(111));
     assert_eq!(c.upstream_timeout, None);
     assert!(FileConfig::parse("lisen = \"x\"").is_err());
     let f: FileConfig = toml::from_str(
@@ -391,4 +392,26 @@ fn every_key_of_every_section_parses() {
     assert_eq!(f.server.mount, Some(PathBuf::from("/mnt/gvfs")));
     // Every key the help names is a key of the file, and nothing else.
     assert_eq!(FileConfig::keys().len(), 35);
+}
+
+#[test]
+fn listen_none_serves_a_mount_only() {
+    let parse = |args: &[&str]| {
+        let mut all = vec!["gvfs-proxy"];
+        all.extend(args);
+        Config::from_file_config(
+            <Flags as clap::Parser>::try_parse_from(all)
+                .unwrap()
+                .settings,
+        )
+    };
+    let c = parse(&["--listen", "none", "--mount", "/mnt/vm"]).unwrap();
+    assert_eq!(c.listen, None);
+    assert_eq!(c.mount.as_deref(), Some(Path::new("/mnt/vm")));
+    let e = parse(&["--listen", "none"]).unwrap_err().to_string();
+    assert!(e.contains("nothing to serve"), "{e}");
+    assert!(
+        default_control_path_for_mount(Path::new("/mnt/my vm/"))
+            .ends_with("gvfs-proxy-mnt-my-vm.sock")
+    );
 }
