@@ -30,6 +30,7 @@ pub mod bench;
 pub mod clone;
 pub mod data;
 pub mod debian_kernel;
+pub mod fuse;
 pub mod ganesha;
 pub mod kernel;
 pub mod libnfs;

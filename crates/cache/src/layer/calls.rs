@@ -171,8 +171,26 @@ impl CacheLayer {
         cx: &CallContext,
         req: NfsRequest,
     ) -> Result<NfsReply, ServiceError> {
+        // A LINK's reply carries the linked file's attributes: upstream's,
+        // which do not know the writes this cache still holds.
+        let linked = match &req {
+            NfsRequest::Link(a) => Some(a.file.data.to_vec()),
+            _ => None,
+        };
         let mut reply = self.below.call(cx, req).await?;
         match &mut reply {
+            NfsReply::Link(r) => {
+                let attrs = match r {
+                    Nfs3Result::Ok(ok) => &mut ok.file_attributes,
+                    Nfs3Result::Err((_, fail)) => &mut fail.file_attributes,
+                };
+                if let Some(fh) = &linked {
+                    // Our own change (the link count and ctime): not a
+                    // reason to drop the file's cached blocks.
+                    self.note_post_op(fh, attrs, Seen::Own(None)).await;
+                    self.overlay_attrs(fh, attrs);
+                }
+            }
             NfsReply::Lookup(Nfs3Result::Ok(ok)) => {
                 let fh = ok.object.data.to_vec();
                 self.note_post_op(&fh, &ok.obj_attributes, Seen::Foreign)

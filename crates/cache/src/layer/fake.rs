@@ -314,6 +314,20 @@ impl Fake {
                     None => NfsReply::error(NfsProc::Remove, nfsstat3::NFS3ERR_NOENT),
                 }
             }
+            NfsRequest::Link(a) => {
+                let fh = a.file.data.to_vec();
+                match st.files.get(&fh) {
+                    Some(f) => {
+                        let file_attributes = Nfs3Option::Some(attrs(f));
+                        st.names.insert(a.link.name.as_ref().to_vec(), fh);
+                        NfsReply::Link(Nfs3Result::Ok(LINK3resok {
+                            file_attributes,
+                            linkdir_wcc: wcc_data::default(),
+                        }))
+                    }
+                    None => stale(NfsProc::Link),
+                }
+            }
             other => NfsReply::error(other.proc_(), nfsstat3::NFS3ERR_NOTSUPP),
         }
     }

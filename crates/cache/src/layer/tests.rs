@@ -343,6 +343,28 @@ async fn write_back_policy_caches_writes_until_write_back() {
 }
 
 #[tokio::test]
+async fn a_link_reply_shows_the_writes_the_cache_holds() {
+    let s = setup(WritePolicy::WriteBack, 0);
+    let fh = s.fake.create("a", b"");
+    write(&s.layer, &fh, 0, &pattern(5000, 1), stable_how::UNSTABLE).await;
+    let req = NfsRequest::Link(LINK3args {
+        file: fh3(&fh),
+        link: diropargs3 {
+            dir: fh3(b"root"),
+            name: b"b".to_vec().into(),
+        },
+    });
+    let reply = s.layer.call(&cx(), req).await.expect("link");
+    let NfsReply::Link(Nfs3Result::Ok(ok)) = reply else {
+        panic!("{reply:?}");
+    };
+    assert_eq!(ok.file_attributes.unwrap().size, 5000, "not upstream's 0");
+    assert!(s.fake.data(&fh).is_empty(), "still only in the cache");
+    let (d, _, _) = read(&s.layer, &fh, 0, 8192).await;
+    assert_eq!(d, pattern(5000, 1), "the link kept the cached blocks");
+}
+
+#[tokio::test]
 async fn write_back_keeps_several_writes_in_flight() {
     let s = setup(WritePolicy::WriteBack, 0);
     let fh = s.fake.create("a", &vec![0; 40 * BS]);

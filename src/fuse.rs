@@ -1,0 +1,344 @@
+//! The FUSE front end (`gvfs-proxy --mount DIR`) in tests: mount points
+//! that clean up after themselves, mount-table checks, and child processes
+//! that call the file system as another user.
+//!
+//! A proxy started with `--mount DIR` mounts its export at DIR (through
+//! `/dev/fuse`, as root directly or through `fusermount3`) before it prints
+//! `listening on ADDR`, so [`Proxy::spawn`](crate::Proxy::spawn) returning
+//! means the mount is live; SIGTERM unmounts it. A proxy killed with
+//! SIGKILL leaves a dead mount behind (every call on it fails with
+//! `ENOTCONN`) until `fusermount3 -u DIR` clears it: [`MountPoint`]'s
+//! `Drop` does that, so a failed test leaves no mount behind.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::process;
+
+/// `f_type` of a FUSE file system in `statfs(2)` (`FUSE_SUPER_MAGIC`).
+pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+/// How long `fusermount3` or `umount` may take.
+const TOOL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why FUSE cannot be used on this machine (`/dev/fuse` or `fusermount3`
+/// missing), or `None` when it can. Tests skip only for these reasons.
+pub fn unavailable() -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse does not exist (no FUSE in this kernel or container)".into());
+    }
+    if which("fusermount3").is_none() {
+        return Some("fusermount3 is not installed (apt-get install fuse3)".into());
+    }
+    None
+}
+
+/// The first `name` on `PATH`.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// An empty directory to mount on, inside a temporary directory of its
+/// own. Dropping it unmounts whatever is still mounted there (lazily,
+/// `fusermount3 -u -z`, then `umount -l`), then removes the directories.
+#[derive(Debug)]
+pub struct MountPoint {
+    path: PathBuf,
+    // Removed after the unmount in `Drop::drop`.
+    _parent: tempfile::TempDir,
+}
+
+impl MountPoint {
+    /// A new empty directory `mnt` in a new temporary directory.
+    pub fn new() -> Result<Self> {
+        let parent = tempfile::Builder::new()
+            .prefix("gvfs-fuse-")
+            .tempdir()
+            .context("creating a temporary directory for a mount point")?;
+        // The path as the kernel will write it in the mount table.
+        let base = parent
+            .path()
+            .canonicalize()
+            .context("resolving the temporary directory")?;
+        // Other users (the credential tests' children) must reach it.
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755))
+            .context("opening the temporary directory to other users")?;
+        let path = base.join("mnt");
+        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Self {
+            path,
+            _parent: parent,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether something is mounted on it now.
+    pub fn is_mounted(&self) -> Result<bool> {
+        is_mounted(&self.path)
+    }
+
+    /// Unmounts it with `fusermount3 -u` (not lazily); fails if that fails.
+    pub fn unmount(&self) -> Result<()> {
+        process::run_ok(
+            Command::new("fusermount3").arg("-u").arg(&self.path),
+            TOOL_TIMEOUT,
+        )?;
+        Ok(())
+    }
+}
+
+impl Drop for MountPoint {
+    fn drop(&mut self) {
+        if !is_mounted(&self.path).unwrap_or(true) {
+            return;
+        }
+        let _ = process::run(
+            Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.path),
+            TOOL_TIMEOUT,
+        );
+        if is_mounted(&self.path).unwrap_or(true) {
+            let _ = process::run(
+                Command::new("umount").arg("-l").arg(&self.path),
+                TOOL_TIMEOUT,
+            );
+        }
+    }
+}
+
+/// Whether `path` (absolute, symbolic links resolved) is a mount point in
+/// this process's mount table (`/proc/self/mountinfo`).
+pub fn is_mounted(path: &Path) -> Result<bool> {
+    let table =
+        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let want = path.as_os_str().as_bytes();
+    Ok(table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|point| unescape_mount_path(point) == want))
+}
+
+/// A mount table path with its octal escapes (`\040` for a space, `\011`,
+/// `\012`, `\134`) decoded.
+fn unescape_mount_path(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 4 <= b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+            out.push(u8::try_from(v).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// `statfs(2)` of `path`: its `f_type`.
+pub fn fs_type(path: &Path) -> Result<i64> {
+    let c = cstring(path)?;
+    // SAFETY: a zeroed statfs is a valid value of this plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable
+    // statfs the call fills.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statfs {}", path.display()));
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.f_type as i64)
+}
+
+/// `statvfs(3)` of `path`.
+pub fn statvfs(path: &Path) -> Result<libc::statvfs> {
+    let c = cstring(path)?;
+    // SAFETY: a zeroed statvfs is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable
+    // statvfs the call fills.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("statvfs {}", path.display()));
+    }
+    Ok(st)
+}
+
+/// `path` as a C string.
+pub fn cstring(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .with_context(|| format!("{} has a NUL byte", path.display()))
+}
+
+/// `sync`, then `echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries
+/// and inodes), so the next reads go to the file system. Failures (not
+/// permitted in a container) are ignored.
+pub fn drop_caches() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+}
+
+/// The calling thread's `errno`.
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location returns the thread's errno slot, always
+    // valid; reading it is async-signal-safe.
+    unsafe { *libc::__errno_location() }
+}
+
+/// This process's umask (the `Umask:` line of `/proc/self/status`).
+pub fn umask() -> Result<u32> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .context("no Umask: line in /proc/self/status")?;
+    u32::from_str_radix(line.trim(), 8).context("parsing the umask")
+}
+
+/// Runs `child` in a forked copy of this process and returns the code it
+/// returned (its exit status); the child is killed after `timeout`.
+///
+/// The test process has many threads: between `fork` and `_exit` the
+/// child may only make raw system calls (through `libc`): no allocation,
+/// no locks, no panics, no printing. Prepare paths and buffers before.
+pub fn in_child(timeout: Duration, child: impl FnOnce() -> i32) -> Result<i32> {
+    // SAFETY: fork(2); the child runs only `child`, which by this
+    // function's contract makes only async-signal-safe calls, then _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error()).context("fork");
+    }
+    if pid == 0 {
+        let code = child();
+        // SAFETY: leaves the child at once, without running destructors
+        // or atexit handlers of the parent's copy.
+        unsafe { libc::_exit(code) };
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child, without blocking.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if rc == pid {
+            if libc::WIFEXITED(status) {
+                return Ok(libc::WEXITSTATUS(status));
+            }
+            bail!("the child process ended by signal (status {status:#x})");
+        }
+        if rc < 0 && errno() != libc::EINTR {
+            return Err(std::io::Error::last_os_error()).context("waitpid");
+        }
+        if Instant::now() >= deadline {
+            // SAFETY: our own child, not reaped yet.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            bail!("the child process did not finish within {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// In a child of [`in_child`]: drops every supplementary group and makes
+/// `uid`/`gid` the real, effective and saved ids. Returns 0, or the errno.
+pub fn become_user(uid: u32, gid: u32) -> i32 {
+    become_user_in(uid, gid, &[])
+}
+
+/// [`become_user`] with `groups` as the supplementary groups.
+pub fn become_user_in(uid: u32, gid: u32, groups: &[u32]) -> i32 {
+    // SAFETY: plain system calls; the group list is `groups`, valid for
+    // its length.
+    unsafe {
+        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+            || libc::setresgid(gid, gid, gid) != 0
+            || libc::setresuid(uid, uid, uid) != 0
+        {
+            return errno();
+        }
+    }
+    0
+}
+
+/// In a child of [`in_child`] running as root: drops every supplementary
+/// group and makes `uid`/`gid` the ids used for file system access only
+/// (`setfsgid`, `setfsuid`), so that it can switch to another user later.
+pub fn access_as(uid: u32, gid: u32) -> i32 {
+    // SAFETY: plain system calls with no pointers but a null group list
+    // of length 0.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            return errno();
+        }
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+        // Both return the previous id: ask again to see the change took.
+        if libc::setfsuid(uid) != uid as i32 || libc::setfsgid(gid) != gid as i32 {
+            return libc::EPERM;
+        }
+    }
+    0
+}
+
+/// Waits until `done` holds, polling, for at most `timeout`; returns
+/// whether it did.
+pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_table_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path("/tmp/a\\040b"), b"/tmp/a b");
+        assert_eq!(unescape_mount_path("/x\\134y\\011"), b"/x\\y\t");
+        assert_eq!(unescape_mount_path("/plain\\"), b"/plain\\");
+        assert!(is_mounted(Path::new("/")).expect("a mount table"));
+        assert!(!is_mounted(Path::new("/proc/self")).expect("a mount table"));
+    }
+
+    #[test]
+    fn a_child_reports_its_code() {
+        assert_eq!(in_child(Duration::from_secs(10), || 7).expect("fork"), 7);
+    }
+}
