@@ -1,6 +1,6 @@
 //! The FUSE front end against the NFS front end of the same proxy, in one
 //! run: one `gvfs-proxy` with a warm write-back block cache over a `dir:`
-//! origin, listening on 127.0.0.16:111 (QEMU asks the portmapper at
+//! origin (both on tmpfs), listening on 127.0.0.16:111 (QEMU asks the portmapper at
 //! HOST:111, so the bench runs as root) and mounted at a directory with
 //! `--mount`. Every client reaches the same layers; only the front end
 //! differs.
@@ -35,7 +35,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use gvfs::bench::{env_u64, loadavg, proc_usage};
+use gvfs::bench::{env_u64, loadavg, proc_usage, shm_tempdir};
 use gvfs::data::{compare_files, write_random_file};
 use gvfs::fuse::MountPoint;
 use gvfs::libnfs::nfs_url;
@@ -95,9 +95,9 @@ fn median(v: &[f64]) -> f64 {
 }
 
 fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
-    let work = tempfile::Builder::new()
-        .prefix("gvfs-bench-fuse-")
-        .tempdir()?;
+    // The origin and the cache in memory (tmpfs), so the figures are the
+    // front ends', not the disk's flushing.
+    let work = shm_tempdir()?;
     let origin = work.path().join("origin");
     let cache = work.path().join("cache");
     std::fs::create_dir_all(&origin)?;
@@ -113,6 +113,7 @@ fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
             .arg(cache.display().to_string())
             .arg("--cache-size")
             .arg(cache_size)
+            .arg("--no-writeback-on-exit")
             .arg("--mount")
             .arg(mnt.path().display().to_string()),
     )?;
