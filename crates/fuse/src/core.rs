@@ -27,6 +27,9 @@ const DIR_COUNT: u32 = 32 << 10;
 const DIR_MAX: u32 = 128 << 10;
 /// Most open files and directories at once.
 pub(crate) const MAX_OPEN: usize = 65_536;
+/// Most bytes of listings kept for the kernel's next READDIRs, all
+/// directories together.
+const MAX_LISTINGS: u64 = 32 << 20;
 /// How often, and how long at most between, a call the server answered
 /// JUKEBOX (try again later) is sent again.
 const JUKEBOX_TRIES: u32 = 20;
@@ -45,6 +48,24 @@ struct Open {
     cx: CallContext,
     /// A directory's cookie verifier, from its last READDIRPLUS.
     verf: [u8; 8],
+    /// The part of a directory's last READDIRPLUS the kernel did not take
+    /// yet (its reply buffer was full): the next page, without a call.
+    listing: Option<Listing>,
+}
+
+/// One directory entry as the kernel gets it: inode number, the offset of
+/// the entry after it (the server's cookie), type, name.
+pub(crate) type Listed = (u64, u64, FileType, Vec<u8>);
+
+/// Entries of a listing kept for the kernel's next READDIR.
+#[derive(Debug)]
+pub(crate) struct Listing {
+    /// The offset they continue from.
+    from: u64,
+    entries: Vec<Listed>,
+    /// The server said these end the directory.
+    eof: bool,
+    bytes: u64,
 }
 
 /// A file removed while it was open: renamed to a hidden name instead,
@@ -65,8 +86,11 @@ pub(crate) struct Core {
     hidden: Mutex<HashMap<u64, Hidden>>,
     next_fh: AtomicU64,
     pub(crate) uncommitted: Uncommitted,
-    /// Commits one at a time, so that writes sent again go in order.
-    commit_lock: tokio::sync::Mutex<()>,
+    /// Bytes of listings kept (see [`Listing`]).
+    listing_bytes: AtomicU64,
+    /// One commit of a file at a time, so that writes sent again go in
+    /// order; files are committed side by side.
+    commit_locks: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     /// How long the kernel may keep names and attributes.
     pub(crate) ttl: Duration,
     pub(crate) counters: Counters,
@@ -119,7 +143,8 @@ impl Core {
             hidden: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             uncommitted: Uncommitted::new(Uncommitted::BUDGET),
-            commit_lock: tokio::sync::Mutex::new(()),
+            listing_bytes: AtomicU64::new(0),
+            commit_locks: Mutex::new(HashMap::new()),
             ttl,
             counters: Counters::default(),
         }
@@ -467,14 +492,10 @@ impl Core {
             Ok(fh) => fh,
             Err(_) => return Ok(false),
         };
-        let ino = {
-            let inodes = lock(&self.inodes);
-            inodes.listed_ino(0, Some(&fh))
+        let Some(ino) = lock(&self.inodes).ino_of(&fh) else {
+            return Ok(false);
         };
-        if ino == 0
-            || !lock(&self.open_count).contains_key(&ino)
-            || lock(&self.hidden).contains_key(&ino)
-        {
+        if !lock(&self.open_count).contains_key(&ino) || lock(&self.hidden).contains_key(&ino) {
             return Ok(false);
         }
         let hidden = format!(
@@ -590,6 +611,7 @@ impl Core {
                 ino,
                 cx: cx.clone(),
                 verf: [0; 8],
+                listing: None,
             },
         );
         *lock(&self.open_count).entry(ino).or_insert(0) += 1;
@@ -610,6 +632,9 @@ impl Core {
         let Some(open) = lock(&self.opens).remove(&h) else {
             return Ok(());
         };
+        if let Some(l) = &open.listing {
+            self.listing_bytes.fetch_sub(l.bytes, Ordering::Relaxed);
+        }
         let last = {
             let mut counts = lock(&self.open_count);
             match counts.get_mut(&open.ino) {
@@ -781,7 +806,23 @@ impl Core {
     /// Makes `ino`'s writes durable below: COMMIT, and if its verifier is
     /// not the one every write got, the writes again, FILE_SYNC.
     pub(crate) async fn commit(&self, ino: u64) -> Res<()> {
-        let _one = self.commit_lock.lock().await;
+        if !self.uncommitted.has(ino) {
+            return Ok(());
+        }
+        let file_lock = lock(&self.commit_locks).entry(ino).or_default().clone();
+        let done = {
+            let _one = file_lock.lock().await;
+            self.commit_now(ino).await
+        };
+        let mut locks = lock(&self.commit_locks);
+        // The last one out takes the lock away (the map holds one, we one).
+        if Arc::strong_count(&file_lock) <= 2 {
+            locks.remove(&ino);
+        }
+        done
+    }
+
+    async fn commit_now(&self, ino: u64) -> Res<()> {
         let Some(f) = self.uncommitted.take(ino) else {
             return Ok(());
         };
@@ -861,21 +902,28 @@ impl Core {
         first
     }
 
-    /// A page of directory `ino` from `offset` (a cookie): entries as
-    /// (inode number, next offset, type, name).
+    /// Directory `ino`'s entries from `offset` (a cookie), and whether
+    /// they end it: what is left of the last READDIRPLUS if it continues
+    /// from there, else a new READDIRPLUS.
     pub(crate) async fn readdir(
         &self,
         cx: &CallContext,
         ino: u64,
         h: u64,
         offset: u64,
-    ) -> Res<Vec<(u64, u64, FileType, Vec<u8>)>> {
+    ) -> Res<(Vec<Listed>, bool)> {
         let dir = self.handle(ino)?;
-        let verf = if offset == 0 {
-            [0; 8]
-        } else {
-            lock(&self.opens).get(&h).map_or([0; 8], |o| o.verf)
+        let (verf, kept) = match lock(&self.opens).get_mut(&h) {
+            Some(o) => (o.verf, o.listing.take()),
+            None => ([0; 8], None),
         };
+        if let Some(l) = kept {
+            self.listing_bytes.fetch_sub(l.bytes, Ordering::Relaxed);
+            if l.from == offset && offset != 0 {
+                return Ok((l.entries, l.eof));
+            }
+        }
+        let verf = if offset == 0 { [0; 8] } else { verf };
         let r = reply!(
             self.call(cx, || Ok(NfsRequest::Readdirplus(READDIRPLUS3args {
                 dir: fh3(&dir),
@@ -890,6 +938,7 @@ impl Core {
         if let Some(o) = lock(&self.opens).get_mut(&h) {
             o.verf = r.cookieverf.0;
         }
+        let eof = r.reply.eof;
         let mut out = Vec::with_capacity(r.reply.entries.0.len());
         for e in r.reply.entries.0 {
             let fh = match &e.name_handle {
@@ -906,7 +955,33 @@ impl Core {
             let n = lock(&self.inodes).listed_ino(e.fileid, fh);
             out.push((n, e.cookie, t, e.name.0.into_owned()));
         }
-        Ok(out)
+        Ok((out, eof))
+    }
+
+    /// Keeps the entries the kernel had no room for (they continue from
+    /// `from`), for its next READDIR of `h`; within [`MAX_LISTINGS`] for
+    /// all directories.
+    pub(crate) fn keep_listing(&self, h: u64, from: u64, entries: Vec<Listed>, eof: bool) {
+        let bytes = entries.iter().map(|e| 32 + e.3.len() as u64).sum::<u64>() + 32;
+        if self.listing_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_LISTINGS {
+            self.listing_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            return;
+        }
+        match lock(&self.opens).get_mut(&h) {
+            Some(o) => {
+                if let Some(old) = o.listing.replace(Listing {
+                    from,
+                    entries,
+                    eof,
+                    bytes,
+                }) {
+                    self.listing_bytes.fetch_sub(old.bytes, Ordering::Relaxed);
+                }
+            }
+            None => {
+                self.listing_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            }
+        }
     }
 
     pub(crate) async fn statfs(&self, cx: &CallContext, ino: u64) -> Res<FSSTAT3resok> {
@@ -918,6 +993,25 @@ impl Core {
             .await?,
             Fsstat
         )
+    }
+
+    /// Removes the files hidden because they were removed while open
+    /// and are still open (at unmount: nobody can close them now).
+    pub(crate) async fn remove_hidden(&self) {
+        let hidden: Vec<Hidden> = lock(&self.hidden).drain().map(|(_, h)| h).collect();
+        for h in hidden {
+            let done = self
+                .call(&h.cx, || {
+                    Ok(NfsRequest::Remove(REMOVE3args {
+                        object: dirop(&h.dir, &h.name)?,
+                    }))
+                })
+                .await
+                .and_then(|r| reply!(r, Remove));
+            if let Err(e) = done {
+                tracing::warn!(name = %String::from_utf8_lossy(&h.name), error = ?e, "cannot remove a hidden file");
+            }
+        }
     }
 
     pub(crate) fn forget(&self, ino: u64, n: u64) {

@@ -386,13 +386,21 @@ impl Filesystem for Fs {
         let cx = self.cx(req);
         self.spawn(move |core| async move {
             match core.readdir(&cx, ino.0, fh.0, offset).await {
-                Ok(entries) => {
-                    for (n, next, kind, name) in entries {
-                        if reply.add(INodeNo(n), next, kind, OsStr::from_bytes(&name)) {
+                Ok((entries, eof)) => {
+                    let mut from = offset;
+                    let mut taken = 0;
+                    for (n, next, kind, name) in &entries {
+                        if reply.add(INodeNo(*n), *next, *kind, OsStr::from_bytes(name)) {
                             break;
                         }
+                        from = *next;
+                        taken += 1;
                     }
                     reply.ok();
+                    let rest: Vec<_> = entries.into_iter().skip(taken).collect();
+                    if !rest.is_empty() || eof {
+                        core.keep_listing(fh.0, from, rest, eof);
+                    }
                 }
                 Err(e) => reply.error(e),
             }

@@ -147,6 +147,11 @@ impl Inodes {
         }
     }
 
+    /// The node id of `fh`, if the kernel holds it.
+    pub(crate) fn ino_of(&self, fh: &[u8]) -> Option<u64> {
+        self.by_fh.get(fh).copied()
+    }
+
     /// The inode number a directory listing shows for an entry with
     /// `fileid` and, when the server sent it, handle `fh`: the one `stat`
     /// will show.

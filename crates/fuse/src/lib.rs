@@ -295,6 +295,7 @@ impl Mount {
             );
         }
         self.commit_all().await;
+        self.core.remove_hidden().await;
         let session = gvfs_nfs::layer::lock(&self.session).take();
         if let Some(session) = session {
             if clean {
