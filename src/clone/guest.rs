@@ -624,13 +624,15 @@ impl Drop for Qemu {
 }
 
 /// A QMP connection: one JSON command per line, events skipped.
-struct Qmp {
+pub struct Qmp {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
 }
 
 impl Qmp {
-    fn handshake(stream: UnixStream) -> Result<Self> {
+    /// Reads QEMU's greeting on `stream` (a connected QMP socket) and
+    /// enters command mode (`qmp_capabilities`).
+    pub fn handshake(stream: UnixStream) -> Result<Self> {
         stream.set_read_timeout(Some(QMP_TIMEOUT))?;
         stream.set_write_timeout(Some(QMP_TIMEOUT))?;
         let writer = stream.try_clone()?;
@@ -659,7 +661,7 @@ impl Qmp {
     }
 
     /// Runs `command`; returns its `return` value.
-    fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value> {
+    pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value> {
         let mut msg = json!({ "execute": command });
         if let Some(a) = arguments {
             msg["arguments"] = a;
