@@ -844,6 +844,7 @@ impl Core {
             }
         };
         if f.covered_by(verf) {
+            self.uncommitted.recycle(f.writes);
             return Ok(());
         }
         // The writes may be lost below: send them again, and the ones
@@ -1012,6 +1013,12 @@ impl Core {
                 tracing::warn!(name = %String::from_utf8_lossy(&h.name), error = ?e, "cannot remove a hidden file");
             }
         }
+    }
+
+    /// A copy of a write's bytes (taken before the request's buffer is
+    /// reused), in a buffer of an earlier write when one is free.
+    pub(crate) fn write_buffer(&self, data: &[u8]) -> Vec<u8> {
+        self.uncommitted.buffer(data)
     }
 
     pub(crate) fn forget(&self, ino: u64, n: u64) {

@@ -322,7 +322,7 @@ impl Filesystem for Fs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let (cx, data) = (self.cx(req), data.to_vec());
+        let (cx, data) = (self.cx(req), self.core.write_buffer(data));
         self.spawn(move |core| async move {
             match core.write(&cx, ino.0, fh.0, offset, data).await {
                 Ok(n) => reply.written(n),
