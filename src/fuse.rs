@@ -9,18 +9,27 @@
 //! SIGKILL leaves a dead mount behind (every call on it fails with
 //! `ENOTCONN`) until `fusermount3 -u DIR` clears it: [`MountPoint`]'s
 //! `Drop` does that, so a failed test leaves no mount behind.
+//!
+//! For the mount's upstream going away, [`WanLinkProcess`] runs the
+//! `gvfs-wanlink` binary and cuts and restores it through its stdin;
+//! [`listening_tcp_ports`] tells which TCP ports a process listens on.
 
+use std::collections::BTreeSet;
 use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
 use crate::process;
+use crate::proxy::proxy_binary;
 
 /// `f_type` of a FUSE file system in `statfs(2)` (`FUSE_SUPER_MAGIC`).
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
@@ -321,6 +330,180 @@ pub fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
             return false;
         }
         thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// TCP ports `pid` listens on: its sockets (`/proc/PID/fd`) that
+/// `/proc/net/tcp` or `/proc/net/tcp6` list in state LISTEN.
+pub fn listening_tcp_ports(pid: u32) -> Result<BTreeSet<u16>> {
+    let mut inodes = BTreeSet::new();
+    let fds = format!("/proc/{pid}/fd");
+    for e in std::fs::read_dir(&fds).with_context(|| format!("listing {fds}"))? {
+        // A descriptor closed while we list is no socket of interest.
+        let Ok(target) = std::fs::read_link(e?.path()) else {
+            continue;
+        };
+        if let Some(inode) = target
+            .to_str()
+            .and_then(|t| t.strip_prefix("socket:["))
+            .and_then(|t| t.strip_suffix(']'))
+        {
+            inodes.insert(inode.to_owned());
+        }
+    }
+    let mut ports = BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).with_context(|| format!("reading {table}"))?;
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(&"0A"), Some(inode)) = (cols.get(1), cols.get(3), cols.get(9))
+            else {
+                continue;
+            };
+            if !inodes.contains(*inode) {
+                continue;
+            }
+            let port = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok())
+                .with_context(|| format!("a local address {local:?} in {table}"))?;
+            ports.insert(port);
+        }
+    }
+    Ok(ports)
+}
+
+/// How long `gvfs-wanlink` may take to start or to answer a command.
+const LINK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `gvfs-wanlink` process (the binary beside `gvfs-proxy`) relaying a
+/// free port of 127.0.0.1 to `target` with no delay, cut and restored
+/// through its stdin as a script would (`cut reset`, `cut blackhole`,
+/// `restore`, `stats`). Killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct WanLinkProcess {
+    child: Child,
+    stdin: ChildStdin,
+    replies: mpsc::Receiver<String>,
+    addr: SocketAddr,
+}
+
+impl WanLinkProcess {
+    /// Starts it and waits for its `listening on ADDR` line.
+    pub fn start(target: SocketAddr) -> Result<Self> {
+        let bin = proxy_binary()?.with_file_name("gvfs-wanlink");
+        ensure!(
+            bin.is_file(),
+            "{} does not exist: run `cargo build --workspace --bins` first",
+            bin.display()
+        );
+        let mut child = Command::new(&bin)
+            .args(["--listen", "127.0.0.1:0", "--target"])
+            .arg(target.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("gvfs-wanlink has no stdin or stdout pipe");
+        };
+        let (tx, replies) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut link = Self {
+            child,
+            stdin,
+            replies,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let first = link.reply()?;
+        link.addr = first
+            .strip_prefix("listening on ")
+            .and_then(|a| a.trim().parse().ok())
+            .with_context(|| format!("gvfs-wanlink's first line is {first:?}"))?;
+        Ok(link)
+    }
+
+    /// Where clients connect to go through the link.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Pid of the process.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one command line and returns the line it answered.
+    pub fn command(&mut self, line: &str) -> Result<String> {
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .with_context(|| format!("sending `{line}` to gvfs-wanlink"))?;
+        self.reply()
+            .with_context(|| format!("the answer to `{line}`"))
+    }
+
+    /// `cut MODE` (`reset` or `blackhole`).
+    pub fn cut(&mut self, mode: &str) -> Result<()> {
+        let said = self.command(&format!("cut {mode}"))?;
+        ensure!(
+            said == "cut",
+            "gvfs-wanlink answered `cut {mode}` with {said:?}"
+        );
+        Ok(())
+    }
+
+    /// `restore`.
+    pub fn restore(&mut self) -> Result<()> {
+        let said = self.command("restore")?;
+        ensure!(
+            said == "restored",
+            "gvfs-wanlink answered `restore` with {said:?}"
+        );
+        Ok(())
+    }
+
+    /// `stats`: `stats up=N down=N accepted=N active=N reset=N` as a map.
+    pub fn stats(&mut self) -> Result<std::collections::BTreeMap<String, u64>> {
+        let said = self.command("stats")?;
+        let rest = said
+            .strip_prefix("stats ")
+            .with_context(|| format!("gvfs-wanlink answered `stats` with {said:?}"))?;
+        rest.split_whitespace()
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').context("no = in a stats field")?;
+                Ok((k.to_owned(), v.parse().context("a stats value")?))
+            })
+            .collect::<Result<_>>()
+            .with_context(|| format!("parsing {said:?}"))
+    }
+
+    fn reply(&mut self) -> Result<String> {
+        match self.replies.recv_timeout(LINK_TIMEOUT) {
+            Ok(line) => Ok(line),
+            Err(_) => {
+                let status = self.child.try_wait().ok().flatten();
+                bail!("gvfs-wanlink said nothing within {LINK_TIMEOUT:?} (exit status {status:?})")
+            }
+        }
+    }
+}
+
+impl Drop for WanLinkProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

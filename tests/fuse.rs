@@ -19,7 +19,11 @@
 //!   past the largest file size, a full origin, failing calls (the errno
 //!   of a local directory), a file removed behind the mount (ESTALE);
 //! - the mount's life: refused directories, a dead mount left by SIGKILL,
-//!   SIGTERM's unmount after write-back, `gvfsctl status`, the TOML key;
+//!   SIGTERM's unmount after write-back, `gvfsctl status`, the TOML key,
+//!   `--listen none` (the mount and no NFS listener);
+//! - an upstream outage (nfs-ganesha behind `gvfs-wanlink`, cut and
+//!   restored): a read waits like a hard mount by default, and fails with
+//!   EIO after `--upstream-timeout`;
 //! - credentials per call (uid, gid, supplementary groups) and per open
 //!   file (uid 1000 vs 1001).
 //!
@@ -29,21 +33,23 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, mpsc};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use gvfs::data::{compare_bytes, compare_file_with, compare_files, random_bytes, random_bytes_at};
 use gvfs::fuse::{self, MountPoint, drop_caches, in_child};
 use gvfs::libnfs::{nfs_cat, nfs_cp, qemu_img};
 use gvfs::process::{self, run_ok};
-use gvfs::proxy::proxy_binary;
+use gvfs::proxy::{gvfsctl, proxy_binary};
 use gvfs::tmpfs::Tmpfs;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_proxy::exit::ExitCode;
@@ -1718,6 +1724,508 @@ fn the_config_file_key_mounts_too() -> Result<()> {
     let exit = p.terminate()?;
     ensure!(exit.success(), "exit {exit} on SIGTERM");
     ensure!(!mnt.is_mounted()?, "still mounted after SIGTERM");
+    Ok(())
+}
+
+/// A `gvfs-proxy` started by hand (not through [`Proxy::spawn`], which
+/// waits for `listening on`); killed when dropped.
+struct Spawned(Option<std::process::Child>);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The line a proxy without an NFS listener prints instead of
+/// `listening on ADDR`.
+const NO_LISTENER_LINE: &str = "no NFS listener (--listen none)";
+/// The last line of the proxy's start-up banner.
+const BANNER_END: &str = "Stop with Ctrl-C";
+
+/// `--listen none --mount DIR`: the banner says there is no NFS listener
+/// (and never `listening on`), the mount serves (a file written through it
+/// reads back and is at the origin), `gvfsctl status --json` shows
+/// `"listen": "none"` and the mount, the process listens on no TCP port,
+/// and SIGTERM exits 0 and unmounts. Without --mount, `--listen none` is a
+/// configuration error (exit 2, "nothing to serve").
+#[test]
+fn listen_none_serves_the_mount_only() -> Result<()> {
+    require_fuse!();
+    let origin = tempfile::tempdir()?;
+    let ctl = tempfile::tempdir()?;
+    let control = ctl.path().join("ctl.sock");
+    let mnt = MountPoint::new()?;
+    let mut cmd = Command::new(proxy_binary()?);
+    cmd.args(["--listen", "none", "--upstream"])
+        .arg(format!("dir:{}", origin.path().display()))
+        .arg("--mount")
+        .arg(mnt.path())
+        .arg("--control")
+        .arg(&control)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let line = process::describe(&cmd);
+    let mut child = cmd.spawn().with_context(|| format!("spawning `{line}`"))?;
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let mut proxy = Spawned(Some(child));
+    let (tx, lines) = mpsc::channel::<String>();
+    if let Some(out) = stdout {
+        thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let stderr = stderr.map(|mut err| {
+        thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        })
+    });
+    // The whole banner, up to its last line (or the end of stdout).
+    let mut banner = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !banner.iter().any(|l: &String| l.starts_with(BANNER_END)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(l) => banner.push(l),
+            Err(_) => {
+                let child = proxy.0.as_mut().context("the proxy is gone")?;
+                let status = child.try_wait()?;
+                if status.is_some() {
+                    // Gone: its stderr says why.
+                    let said = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
+                    bail!(
+                        "`{line}` exited ({status:?}) before its banner ended; stdout:\n{}\nstderr:\n{said}",
+                        banner.join("\n")
+                    );
+                }
+                bail!(
+                    "`{line}` printed no `{BANNER_END}` line within 10 s; stdout:\n{}",
+                    banner.join("\n")
+                );
+            }
+        }
+    }
+    let shown = banner.join("\n");
+    ensure!(
+        banner.iter().any(|l| l == NO_LISTENER_LINE),
+        "no `{NO_LISTENER_LINE}` line; stdout:\n{shown}"
+    );
+    ensure!(
+        !banner.iter().any(|l| l.starts_with("listening on")),
+        "--listen none printed a `listening on` line; stdout:\n{shown}"
+    );
+    // The mount is live once the banner is out.
+    ensure!(
+        mnt.is_mounted()?,
+        "{} is not mounted after the banner; stdout:\n{shown}",
+        mnt.path().display()
+    );
+    let ty = fuse::fs_type(mnt.path())?;
+    ensure!(ty == fuse::FUSE_SUPER_MAGIC, "f_type {ty:#x}, not FUSE's");
+
+    let bytes = random_bytes(91, 300_001);
+    let mut f = File::create(mnt.path().join("only-fuse"))?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    drop(f);
+    drop_caches();
+    compare_file_with(&bytes, &mnt.path().join("only-fuse"))
+        .context("read back through the mount")?;
+    compare_file_with(&bytes, &origin.path().join("only-fuse")).context("at the origin")?;
+
+    let out = gvfsctl(&control, &["status", "--json"])?;
+    ensure!(
+        out.status.success(),
+        "gvfsctl status failed: {}",
+        out.stderr_text()
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&out.stdout_text()).context("parsing gvfsctl status --json")?;
+    ensure!(
+        status["listen"].as_str() == Some("none"),
+        "gvfsctl status --json: listen is {}, expected \"none\"",
+        status["listen"]
+    );
+    ensure!(
+        status["mount"]["path"].as_str() == Some(&*mnt.path().display().to_string()),
+        "gvfsctl status --json: mount is {}, expected path {}",
+        status["mount"],
+        mnt.path().display()
+    );
+
+    let child = proxy.0.as_mut().context("the proxy is gone")?;
+    let ports = fuse::listening_tcp_ports(child.id())?;
+    ensure!(
+        ports.is_empty(),
+        "--listen none, yet the proxy listens on TCP ports {ports:?}"
+    );
+
+    let (exit, killed) = process::terminate(child, Duration::from_secs(10))?;
+    let said = stderr.and_then(|h| h.join().ok()).unwrap_or_default();
+    ensure!(!killed, "ignored SIGTERM for 10 s; stderr:\n{said}");
+    ensure!(exit.success(), "exit {exit} on SIGTERM; stderr:\n{said}");
+    ensure!(!mnt.is_mounted()?, "still mounted after SIGTERM");
+
+    // With nothing to serve, it refuses to start.
+    let elsewhere = tempfile::tempdir()?;
+    let mut cmd = Command::new(proxy_binary()?);
+    cmd.args(["--listen", "none", "--upstream"])
+        .arg(format!("dir:{}", elsewhere.path().display()))
+        .arg("--control")
+        .arg(ctl.path().join("nothing.sock"));
+    let out = process::run(&mut cmd, Duration::from_secs(30))?;
+    let want = ExitCode::Config.code();
+    ensure!(
+        out.status.code() == Some(i32::from(want)),
+        "--listen none without --mount exited with {}, expected {want}; stderr:\n{}",
+        out.status,
+        out.stderr_text()
+    );
+    ensure!(
+        out.stderr_text().contains("nothing to serve"),
+        "stderr: {}",
+        out.stderr_text()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Upstream outages.
+
+/// How long a read must still be waiting while the link is cut.
+const STILL_BLOCKED: Duration = Duration::from_secs(3);
+/// How long the read may take to complete after the link is restored.
+const AFTER_RESTORE: Duration = Duration::from_secs(60);
+/// `--upstream-timeout` of the soft-mount case, seconds.
+const UPSTREAM_TIMEOUT: &str = "2";
+/// How long a read may be refused for before `--upstream-timeout` can
+/// have passed: it must still be waiting then.
+const BEFORE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long after the cut a read must have failed with
+/// `--upstream-timeout 2`.
+const FAILED_WITHIN: Duration = Duration::from_secs(20);
+/// The size of the files read through the outage (small: one or two READs).
+const SMALL: usize = 100_003;
+
+/// nfs-ganesha behind two `gvfs-wanlink` processes, one relaying its NFS
+/// port and one its MOUNT port, cut and restored together as one WAN link.
+struct Wan {
+    nfs: fuse::WanLinkProcess,
+    mount: fuse::WanLinkProcess,
+    g: Ganesha,
+}
+
+impl Wan {
+    fn start() -> Result<Self> {
+        let g = Ganesha::start()?;
+        let nfs = fuse::WanLinkProcess::start(g.nfs_addr())?;
+        let mount = fuse::WanLinkProcess::start(SocketAddr::new(g.ip(), g.mount_port()))?;
+        Ok(Self { nfs, mount, g })
+    }
+
+    /// The `--upstream` URL that reaches ganesha through the links.
+    fn upstream_url(&self) -> String {
+        format!(
+            "nfs://127.0.0.1:{}{}?mountport={}",
+            self.nfs.addr().port(),
+            gvfs::ganesha::EXPORT,
+            self.mount.addr().port()
+        )
+    }
+
+    /// Places `name` with `SMALL` bytes of seed `seed` at the origin.
+    fn place(&self, name: &str, seed: u64) -> Result<Vec<u8>> {
+        let bytes = random_bytes(seed, SMALL);
+        fs::write(self.g.export_dir().join(name), &bytes)?;
+        Ok(bytes)
+    }
+
+    fn cut(&mut self, mode: &str) -> Result<()> {
+        self.nfs.cut(mode)?;
+        self.mount.cut(mode)
+    }
+
+    fn restore(&mut self) -> Result<()> {
+        self.nfs.restore()?;
+        self.mount.restore()
+    }
+
+    /// Bytes ganesha has sent back through the NFS link so far.
+    fn down_bytes(&mut self) -> Result<u64> {
+        Ok(self.nfs.stats()?.get("down").copied().unwrap_or(0))
+    }
+}
+
+/// What a read on a thread came to.
+type ReadResult = std::io::Result<Vec<u8>>;
+
+/// Reads the open file `f` to its end on a thread of its own, with plain
+/// read(2) calls only (no stat, no open: every call the kernel makes is a
+/// READ); the bytes or the error arrive on the receiver.
+fn read_on_a_thread(mut f: File, len: usize) -> mpsc::Receiver<ReadResult> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut buf = vec![0u8; len + 1];
+        let mut n = 0;
+        let r = loop {
+            match f.read(&mut buf[n..]) {
+                Ok(0) => break Ok(()),
+                Ok(k) => {
+                    n += k;
+                    if n == buf.len() {
+                        break Ok(());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        buf.truncate(n);
+        let _ = tx.send(r.map(|()| buf));
+    });
+    rx
+}
+
+/// `path` read whole (open and read) on a thread, within `within`.
+fn read_within(path: &Path, within: Duration) -> Result<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    let p = path.to_path_buf();
+    thread::spawn(move || {
+        let _ = tx.send(fs::read(p));
+    });
+    match rx.recv_timeout(within) {
+        Ok(r) => r.with_context(|| format!("reading {}", path.display())),
+        Err(_) => bail!("reading {} took more than {within:?}", path.display()),
+    }
+}
+
+/// How many calls the mount's file system made that failed below it
+/// (`mount.failed` of `gvfsctl status --json`).
+fn failed_below(p: &Proxy) -> Result<u64> {
+    let status = p.status()?;
+    status["mount"]["failed"].as_u64().with_context(|| {
+        format!(
+            "no mount.failed in gvfsctl status --json: {}",
+            status["mount"]
+        )
+    })
+}
+
+fn outcome(r: &ReadResult) -> String {
+    match r {
+        Ok(b) => format!("{} bytes", b.len()),
+        Err(e) => format!("{e} (errno {:?})", e.raw_os_error()),
+    }
+}
+
+/// Default (hard) behaviour: `name` (looked up and opened while the link
+/// is up, never read) is read on a thread while the link is cut in `mode`;
+/// the read must still be waiting after [`STILL_BLOCKED`] (no error, no
+/// data), then complete with the right bytes once the link is restored.
+/// Returns how long it took after the restore.
+fn hard_outage(
+    wan: &mut Wan,
+    p: &Proxy,
+    mnt: &MountPoint,
+    mode: &str,
+    name: &str,
+    bytes: &[u8],
+) -> Result<Duration> {
+    let f = File::open(mnt.path().join(name))?;
+    let down = wan.down_bytes()?;
+    let failed = failed_below(p)?;
+    wan.cut(mode)?;
+    let rx = read_on_a_thread(f, bytes.len());
+    match rx.recv_timeout(STILL_BLOCKED) {
+        Err(mpsc::RecvTimeoutError::Timeout) => {}
+        Ok(r) => {
+            wan.restore()?;
+            bail!(
+                "cut {mode}: the read of {name} finished during the outage ({}), \
+                 expected it to wait like a hard mount; proxy output:\n{}",
+                outcome(&r),
+                p.output()
+            );
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the reading thread died"),
+    }
+    let restored = Instant::now();
+    wan.restore()?;
+    let got = match rx.recv_timeout(AFTER_RESTORE) {
+        Ok(Ok(got)) => got,
+        Ok(Err(e)) => bail!(
+            "cut {mode}: the read of {name} failed after the restore: {e} (errno {:?}); \
+             proxy output:\n{}",
+            e.raw_os_error(),
+            p.output()
+        ),
+        Err(_) => bail!(
+            "cut {mode}: the read of {name} still waits {AFTER_RESTORE:?} after the restore; \
+             proxy output:\n{}",
+            p.output()
+        ),
+    };
+    let took = restored.elapsed();
+    compare_bytes(bytes, &got)
+        .with_context(|| format!("cut {mode}: {name} read after the outage"))?;
+    // No call below the mount gave up in the meantime (the kernel would
+    // have asked again and hidden it).
+    let failed_since = failed_below(p)? - failed;
+    ensure!(
+        failed_since == 0,
+        "cut {mode}: {failed_since} calls failed below the mount during the outage, \
+         expected them to wait; proxy output:\n{}",
+        p.output()
+    );
+    let crossed = wan.down_bytes()? - down;
+    ensure!(
+        crossed >= bytes.len() as u64,
+        "cut {mode}: only {crossed} bytes came back through the link for a {}-byte read",
+        bytes.len()
+    );
+    Ok(took)
+}
+
+/// With `--upstream-timeout 2`: `name` (looked up and opened while the
+/// link is up) is read on a thread while the link is cut in `mode`; the
+/// read must still be waiting after [`BEFORE_TIMEOUT`], then fail with EIO
+/// within [`FAILED_WITHIN`] of the cut. After the restore the same file
+/// and `fresh` (never read) read back whole. Returns how long the failure
+/// took after the cut.
+fn soft_outage(
+    wan: &mut Wan,
+    p: &Proxy,
+    mnt: &MountPoint,
+    mode: &str,
+    (name, bytes): (&str, &[u8]),
+    (fresh, fresh_bytes): (&str, &[u8]),
+) -> Result<Duration> {
+    let f = File::open(mnt.path().join(name))?;
+    wan.cut(mode)?;
+    let cut = Instant::now();
+    let rx = read_on_a_thread(f, bytes.len());
+    let early = rx.recv_timeout(BEFORE_TIMEOUT);
+    let ended_early = early.is_ok();
+    let failed = match early {
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            rx.recv_timeout(FAILED_WITHIN.saturating_sub(cut.elapsed()))
+        }
+        other => other,
+    };
+    let took = cut.elapsed();
+    wan.restore()?;
+    match (ended_early, failed) {
+        (false, Ok(Err(e))) if e.raw_os_error() == Some(libc::EIO) => {}
+        (true, Ok(r)) => bail!(
+            "cut {mode}, --upstream-timeout {UPSTREAM_TIMEOUT}: the read of {name} ended \
+             after {took:?}, before the timeout could pass ({}); proxy output:\n{}",
+            outcome(&r),
+            p.output()
+        ),
+        (_, Ok(r)) => bail!(
+            "cut {mode}, --upstream-timeout {UPSTREAM_TIMEOUT}: the read of {name} gave {} \
+             after {took:?}, expected EIO; proxy output:\n{}",
+            outcome(&r),
+            p.output()
+        ),
+        (_, Err(_)) => bail!(
+            "cut {mode}, --upstream-timeout {UPSTREAM_TIMEOUT}: the read of {name} still \
+             waits {took:?} after the cut, expected EIO; proxy output:\n{}",
+            p.output()
+        ),
+    }
+    let again = read_within(&mnt.path().join(name), AFTER_RESTORE)
+        .with_context(|| format!("cut {mode}: {name} again after the restore"))?;
+    compare_bytes(bytes, &again)
+        .with_context(|| format!("cut {mode}: {name} after the restore"))?;
+    let got = read_within(&mnt.path().join(fresh), AFTER_RESTORE)
+        .with_context(|| format!("cut {mode}: {fresh} after the restore"))?;
+    compare_bytes(fresh_bytes, &got)
+        .with_context(|| format!("cut {mode}: {fresh} after the restore"))?;
+    Ok(took)
+}
+
+/// A mount whose upstream (nfs-ganesha, over gvfs-wanlink relays, no block
+/// cache: every read goes upstream) goes away. By default the proxy waits
+/// like a hard NFS mount: a read during the outage is still waiting after
+/// 3 s, and completes with the right bytes once the link is back, for a
+/// blackhole cut (bytes held, then delivered) and a reset cut (connections
+/// reset, the proxy reconnects). With `--upstream-timeout 2` the same read
+/// fails with EIO (not at once, and within 20 s), and the proxy serves
+/// again after the restore.
+#[test]
+fn an_upstream_outage_blocks_like_a_hard_mount_then_fails_with_eio_after_the_timeout() -> Result<()>
+{
+    require_fuse!();
+    let mut wan = Wan::start()?;
+    let modes = ["blackhole", "reset"];
+    let mut files = BTreeMap::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let seed = 120 + 10 * i as u64;
+        for (j, kind) in ["hard", "soft", "fresh"].iter().enumerate() {
+            let name = format!("{kind}-{mode}");
+            let bytes = wan.place(&name, seed + j as u64)?;
+            files.insert(name, bytes);
+        }
+    }
+    let mut timings = Vec::new();
+
+    // Hard (the default).
+    let mnt = MountPoint::new()?;
+    let mut p = mounted(ProxyArgs::new(wan.upstream_url()), &mnt)?;
+    let listed = fs::read_dir(mnt.path())?.count();
+    ensure!(
+        listed == files.len(),
+        "{listed} entries listed, expected {}",
+        files.len()
+    );
+    for mode in modes {
+        let name = format!("hard-{mode}");
+        let took = hard_outage(&mut wan, &p, &mnt, mode, &name, &files[&name])?;
+        timings.push(format!("hard, cut {mode}: done {took:?} after the restore"));
+    }
+    let exit = p.terminate()?;
+    ensure!(
+        exit.success(),
+        "exit {exit} on SIGTERM; output:\n{}",
+        p.output()
+    );
+    drop(mnt);
+
+    // Soft: --upstream-timeout 2.
+    let mnt = MountPoint::new()?;
+    let p = mounted(
+        ProxyArgs::new(wan.upstream_url())
+            .arg("--upstream-timeout")
+            .arg(UPSTREAM_TIMEOUT),
+        &mnt,
+    )?;
+    for mode in modes {
+        let (soft, fresh) = (format!("soft-{mode}"), format!("fresh-{mode}"));
+        let took = soft_outage(
+            &mut wan,
+            &p,
+            &mnt,
+            mode,
+            (&soft, &files[&soft]),
+            (&fresh, &files[&fresh]),
+        )?;
+        timings.push(format!(
+            "--upstream-timeout {UPSTREAM_TIMEOUT}, cut {mode}: EIO {took:?} after the cut"
+        ));
+    }
+    eprintln!("{}", timings.join("\n"));
     Ok(())
 }
 
