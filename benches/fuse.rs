@@ -105,7 +105,10 @@ fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
     let bytes = mib << 20;
     write_random_file(&src, SEED, bytes)?;
     let mnt = MountPoint::new()?;
-    let cache_size = format!("{}M", (mib * 4).max(256));
+    // Room for every file the run writes (2 per repetition, removed in
+    // the next) and the one it reads, so that writes never wait for the
+    // write-back of a victim.
+    let cache_size = format!("{}M", (mib * 6).max(256));
     let mut proxy = Proxy::spawn(
         ProxyArgs::dir(&origin)
             .listen(SocketAddr::from((ADDR, 111)))
@@ -124,6 +127,7 @@ fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
 
     // Untimed warm-up, and the file every read measures, through both.
     timed_nfs_write(&src, &url("warm"))?;
+    std::fs::remove_file(m.join("warm"))?;
     timed_fuse_write(&src, &m.join("read-me"))?;
     compare_files(&src, &m.join("read-me"))?;
     nfs_read(&url("read-me"))?;

@@ -68,6 +68,16 @@ pub(crate) struct Listing {
     bytes: u64,
 }
 
+/// How the kernel caches an open file's pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Paging {
+    /// It may keep the pages it has (the file's size, mtime and ctime are
+    /// those of its last open).
+    pub(crate) keep: bool,
+    /// It keeps none: reads and writes go to the stack as they come.
+    pub(crate) direct: bool,
+}
+
 /// A file removed while it was open: renamed to a hidden name instead,
 /// and removed at its last close (the NFS client's "silly rename").
 #[derive(Debug)]
@@ -327,7 +337,7 @@ impl Core {
             _ => Err(Errno::EINVAL),
         };
         if mode & libc::S_IFMT == libc::S_IFREG {
-            let (h, attr) = self.create(cx, parent, name, mode, true).await?;
+            let (h, attr, _) = self.create(cx, parent, name, mode, libc::O_EXCL).await?;
             self.release(h).await?;
             return Ok(attr);
         }
@@ -579,9 +589,8 @@ impl Core {
 
     /// Opens `ino` for the access `flags` ask, checked by the server (the
     /// kernel NFS client's ACCESS at open). Returns the file handle and
-    /// whether the kernel may keep its cached pages (the file's size,
-    /// mtime and ctime are those of its last open).
-    pub(crate) async fn open(&self, cx: &CallContext, ino: u64, flags: i32) -> Res<(u64, bool)> {
+    /// how the kernel caches its pages.
+    pub(crate) async fn open(&self, cx: &CallContext, ino: u64, flags: i32) -> Res<(u64, Paging)> {
         let fh = self.handle(ino)?;
         let want = match flags & libc::O_ACCMODE {
             libc::O_WRONLY => ACCESS3_MODIFY,
@@ -591,7 +600,24 @@ impl Core {
         let a = self.check_access(cx, &fh, want).await?;
         let a = self.attrs_or_get(cx, &fh, a).await?;
         let keep = lock(&self.inodes).opened(ino, stamp(&a));
-        Ok((self.add_open(ino, cx)?, keep))
+        let h = self.add_open(ino, cx)?;
+        Ok((
+            h,
+            Paging {
+                keep,
+                direct: self.writes_only(ino, flags),
+            },
+        ))
+    }
+
+    /// Whether an open of `ino` with `flags` is its only one and writes
+    /// only: its writes then go to the stack without the kernel copying
+    /// them into cached pages first, which nobody would read (a file
+    /// opened for writing only cannot be mapped), and which slow every
+    /// later copy once the page cache is full of them.
+    fn writes_only(&self, ino: u64, flags: i32) -> bool {
+        flags & libc::O_ACCMODE == libc::O_WRONLY
+            && lock(&self.open_count).get(&ino).copied() == Some(1)
     }
 
     pub(crate) fn opendir(&self, cx: &CallContext, ino: u64) -> Res<u64> {
@@ -673,8 +699,9 @@ impl Core {
         parent: u64,
         name: &[u8],
         mode: u32,
-        exclusive: bool,
-    ) -> Res<(u64, FileAttr)> {
+        flags: i32,
+    ) -> Res<(u64, FileAttr, Paging)> {
+        let exclusive = flags & libc::O_EXCL != 0;
         let dir = self.handle(parent)?;
         let attrs = Changes::mode(mode).sattr().map_err(|_| Errno::EINVAL)?;
         let how = || {
@@ -701,7 +728,11 @@ impl Core {
                 return Err(e);
             }
         };
-        Ok((h, attr))
+        let paging = Paging {
+            keep: false,
+            direct: self.writes_only(ino, flags),
+        };
+        Ok((h, attr, paging))
     }
 
     /// Reads `size` bytes at `offset` through open file `h`: as many

@@ -25,7 +25,7 @@ use tokio::runtime::Handle as Runtime;
 use tokio::sync::Semaphore;
 
 use crate::attr::Changes;
-use crate::core::{Core, NAME_MAX};
+use crate::core::{Core, NAME_MAX, Paging};
 use crate::creds::Groups;
 
 /// Requests running at once.
@@ -284,7 +284,7 @@ impl Filesystem for Fs {
         let cx = self.cx(req);
         self.spawn(move |core| async move {
             match core.open(&cx, ino.0, flags.0).await {
-                Ok((h, keep)) => reply.opened(FileHandle(h), keep_cache(keep)),
+                Ok((h, paging)) => reply.opened(FileHandle(h), open_flags(paging)),
                 Err(e) => reply.error(e),
             }
         });
@@ -560,18 +560,17 @@ impl Filesystem for Fs {
         reply: ReplyCreate,
     ) {
         let (cx, name) = (self.cx(req), bytes(name));
-        let exclusive = flags & libc::O_EXCL != 0;
         self.spawn(move |core| async move {
             match core
-                .create(&cx, parent.0, &name, mode & !umask, exclusive)
+                .create(&cx, parent.0, &name, mode & !umask, flags)
                 .await
             {
-                Ok((h, a)) => reply.created(
+                Ok((h, a, paging)) => reply.created(
                     &core.ttl,
                     &a,
                     Generation(0),
                     FileHandle(h),
-                    FopenFlags::empty(),
+                    open_flags(paging),
                 ),
                 Err(e) => reply.error(e),
             }
@@ -591,12 +590,15 @@ impl Fs {
     }
 }
 
-fn keep_cache(keep: bool) -> FopenFlags {
-    if keep {
-        FopenFlags::FOPEN_KEEP_CACHE
-    } else {
-        FopenFlags::empty()
+fn open_flags(p: Paging) -> FopenFlags {
+    let mut f = FopenFlags::empty();
+    if p.keep {
+        f |= FopenFlags::FOPEN_KEEP_CACHE;
     }
+    if p.direct {
+        f |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    f
 }
 
 fn answer(reply: ReplyEmpty, done: Result<(), Errno>) {
