@@ -2355,6 +2355,25 @@ fn child_open_then_switch(
     0
 }
 
+/// Reads `path` in a child running as `uid`/`gid` with `groups` (see
+/// [`child_read`]): 0, or the errno that stopped it.
+fn read_as(
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+    path: &std::ffi::CStr,
+    buf: &mut [u8],
+    want: &[u8],
+) -> Result<i32> {
+    in_child(CHILD_TIMEOUT, || {
+        let e = fuse::become_user_in(uid, gid, groups);
+        if e != 0 {
+            return e;
+        }
+        child_read(path, buf, want)
+    })
+}
+
 fn child_outcome(code: i32) -> String {
     match code {
         0 => "success".into(),
@@ -2408,25 +2427,13 @@ fn credentials(p: &Proxy, mnt: &MountPoint, origin: &Path) -> Result<()> {
     compare_file_with(&bytes, &origin.join("home/mine"))?;
     drop_caches();
     let mut buf = vec![0u8; bytes.len() + 1];
-    let code = in_child(CHILD_TIMEOUT, || {
-        let e = fuse::become_user(USER, USER);
-        if e != 0 {
-            return e;
-        }
-        child_read(&c, &mut buf, &bytes)
-    })?;
+    let code = read_as(USER, USER, &[], &c, &mut buf, &bytes)?;
     ensure!(
         code == 0,
         "uid {USER} reading its file: {}",
         child_outcome(code)
     );
-    let code = in_child(CHILD_TIMEOUT, || {
-        let e = fuse::become_user(STRANGER, STRANGER);
-        if e != 0 {
-            return e;
-        }
-        child_read(&c, &mut buf, &bytes)
-    })?;
+    let code = read_as(STRANGER, STRANGER, &[], &c, &mut buf, &bytes)?;
     ensure!(
         code == libc::EACCES,
         "uid {STRANGER} reading uid {USER}'s 0600 file: {}, expected EACCES",
@@ -2462,25 +2469,13 @@ fn credentials(p: &Proxy, mnt: &MountPoint, origin: &Path) -> Result<()> {
     fs::set_permissions(&shared, fs::Permissions::from_mode(0o640))?;
     drop_caches();
     let mut small = vec![0u8; group_bytes.len() + 1];
-    let code = in_child(CHILD_TIMEOUT, || {
-        let e = fuse::become_user_in(STRANGER, STRANGER, &[GROUP]);
-        if e != 0 {
-            return e;
-        }
-        child_read(&cs, &mut small, &group_bytes)
-    })?;
+    let code = read_as(STRANGER, STRANGER, &[GROUP], &cs, &mut small, &group_bytes)?;
     ensure!(
         code == 0,
         "uid {STRANGER} in group {GROUP} reading a 0640 file of group {GROUP}: {}",
         child_outcome(code)
     );
-    let code = in_child(CHILD_TIMEOUT, || {
-        let e = fuse::become_user(STRANGER, STRANGER);
-        if e != 0 {
-            return e;
-        }
-        child_read(&cs, &mut small, &group_bytes)
-    })?;
+    let code = read_as(STRANGER, STRANGER, &[], &cs, &mut small, &group_bytes)?;
     ensure!(
         code == libc::EACCES,
         "uid {STRANGER} outside group {GROUP} reading a 0640 file of group {GROUP}: {}, \

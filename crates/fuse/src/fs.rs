@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem,
+    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle as Runtime;
 use tokio::sync::Semaphore;
@@ -108,10 +108,8 @@ impl Filesystem for Fs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (cx, name) = (self.cx(req), bytes(name));
         self.spawn(move |core| async move {
-            match core.lookup(&cx, parent.0, &name).await {
-                Ok(a) => reply.entry(&core.ttl, &a, Generation(0)),
-                Err(e) => reply.error(e),
-            }
+            let done = core.lookup(&cx, parent.0, &name).await;
+            entry(reply, &core.ttl, done)
         });
     }
 
@@ -122,10 +120,8 @@ impl Filesystem for Fs {
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let cx = self.cx(req);
         self.spawn(move |core| async move {
-            match core.getattr(&cx, ino.0).await {
-                Ok(a) => reply.attr(&core.ttl, &a),
-                Err(e) => reply.error(e),
-            }
+            let done = core.getattr(&cx, ino.0).await;
+            attr(reply, &core.ttl, done)
         });
     }
 
@@ -157,10 +153,8 @@ impl Filesystem for Fs {
             mtime,
         };
         self.spawn(move |core| async move {
-            match core.setattr(&cx, ino.0, fh.map(|h| h.0), changes).await {
-                Ok(a) => reply.attr(&core.ttl, &a),
-                Err(e) => reply.error(e),
-            }
+            let done = core.setattr(&cx, ino.0, fh.map(|h| h.0), changes).await;
+            attr(reply, &core.ttl, done)
         });
     }
 
@@ -186,10 +180,8 @@ impl Filesystem for Fs {
     ) {
         let (cx, name) = (self.cx(req), bytes(name));
         self.spawn(move |core| async move {
-            match core.mknod(&cx, parent.0, &name, mode & !umask, rdev).await {
-                Ok(a) => reply.entry(&core.ttl, &a, Generation(0)),
-                Err(e) => reply.error(e),
-            }
+            let done = core.mknod(&cx, parent.0, &name, mode & !umask, rdev).await;
+            entry(reply, &core.ttl, done)
         });
     }
 
@@ -204,10 +196,8 @@ impl Filesystem for Fs {
     ) {
         let (cx, name) = (self.cx(req), bytes(name));
         self.spawn(move |core| async move {
-            match core.mkdir(&cx, parent.0, &name, mode & !umask).await {
-                Ok(a) => reply.entry(&core.ttl, &a, Generation(0)),
-                Err(e) => reply.error(e),
-            }
+            let done = core.mkdir(&cx, parent.0, &name, mode & !umask).await;
+            entry(reply, &core.ttl, done)
         });
     }
 
@@ -236,10 +226,8 @@ impl Filesystem for Fs {
         let (cx, name) = (self.cx(req), bytes(link_name));
         let target = target.as_os_str().as_bytes().to_vec();
         self.spawn(move |core| async move {
-            match core.symlink(&cx, parent.0, &name, &target).await {
-                Ok(a) => reply.entry(&core.ttl, &a, Generation(0)),
-                Err(e) => reply.error(e),
-            }
+            let done = core.symlink(&cx, parent.0, &name, &target).await;
+            entry(reply, &core.ttl, done)
         });
     }
 
@@ -273,10 +261,8 @@ impl Filesystem for Fs {
     ) {
         let (cx, name) = (self.cx(req), bytes(newname));
         self.spawn(move |core| async move {
-            match core.link(&cx, ino.0, newparent.0, &name).await {
-                Ok(a) => reply.entry(&core.ttl, &a, Generation(0)),
-                Err(e) => reply.error(e),
-            }
+            let done = core.link(&cx, ino.0, newparent.0, &name).await;
+            entry(reply, &core.ttl, done)
         });
     }
 
@@ -599,6 +585,20 @@ fn open_flags(p: Paging) -> FopenFlags {
         f |= FopenFlags::FOPEN_DIRECT_IO;
     }
     f
+}
+
+fn entry(reply: ReplyEntry, ttl: &std::time::Duration, done: Result<FileAttr, Errno>) {
+    match done {
+        Ok(a) => reply.entry(ttl, &a, Generation(0)),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn attr(reply: ReplyAttr, ttl: &std::time::Duration, done: Result<FileAttr, Errno>) {
+    match done {
+        Ok(a) => reply.attr(ttl, &a),
+        Err(e) => reply.error(e),
+    }
 }
 
 fn answer(reply: ReplyEmpty, done: Result<(), Errno>) {
