@@ -750,8 +750,10 @@ impl Core {
         let size = size.min(gvfs_nfs::proc::MAX_DATA);
         let mut out: Vec<u8> = Vec::new();
         loop {
-            let at = offset + out.len() as u64;
-            let want = size - out.len() as u32;
+            let Some(at) = offset.checked_add(out.len() as u64) else {
+                break;
+            };
+            let want = size.saturating_sub(out.len() as u32);
             let r = reply!(
                 self.call(&cx, || Ok(NfsRequest::Read(READ3args {
                     file: fh3(&fh),
