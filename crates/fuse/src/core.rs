@@ -749,10 +749,7 @@ impl Core {
         let cx = self.io_context(h, caller);
         let size = size.min(gvfs_nfs::proc::MAX_DATA);
         let mut out: Vec<u8> = Vec::new();
-        loop {
-            let Some(at) = offset.checked_add(out.len() as u64) else {
-                break;
-            };
+        while let Some(at) = offset.checked_add(out.len() as u64) {
             let want = size.saturating_sub(out.len() as u32);
             let r = reply!(
                 self.call(&cx, || Ok(NfsRequest::Read(READ3args {
