@@ -32,6 +32,28 @@ pub(crate) fn file_attr(ino: u64, a: &fattr3) -> FileAttr {
     }
 }
 
+/// Attributes of node `ino` of `kind` with nothing else known, for a
+/// listed entry the server sent no attributes for.
+pub(crate) fn bare_attr(ino: u64, kind: FileType) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind,
+        perm: 0,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: BLKSIZE,
+        flags: 0,
+    }
+}
+
 /// The FUSE file type of an NFS one.
 pub(crate) fn kind(t: ftype3) -> FileType {
     match t {

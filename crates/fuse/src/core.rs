@@ -13,7 +13,7 @@ use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 
-use crate::attr::{Changes, file_attr, kind, stamp};
+use crate::attr::{Changes, bare_attr, file_attr, kind, stamp};
 use crate::errno::{errno, service_errno};
 use crate::inodes::{Handle, Inodes};
 use crate::writes::{Uncommitted, Write};
@@ -53,9 +53,25 @@ struct Open {
     listing: Option<Listing>,
 }
 
-/// One directory entry as the kernel gets it: inode number, the offset of
-/// the entry after it (the server's cookie), type, name.
-pub(crate) type Listed = (u64, u64, FileType, Vec<u8>);
+/// One directory entry as the kernel gets it.
+#[derive(Debug)]
+pub(crate) struct Listed {
+    /// The inode number listed (what `stat` shows for it).
+    pub(crate) ino: u64,
+    /// The offset of the entry after it (the server's cookie).
+    pub(crate) next: u64,
+    pub(crate) kind: FileType,
+    pub(crate) name: Vec<u8>,
+    /// Its handle and attributes, for READDIRPLUS.
+    pub(crate) plus: Option<(Handle, fattr3)>,
+}
+
+impl Listed {
+    /// `.` or `..`: listed, never handed to the kernel as an entry.
+    pub(crate) fn is_dot(&self) -> bool {
+        self.name == b"." || self.name == b".."
+    }
+}
 
 /// Entries of a listing kept for the kernel's next READDIR.
 #[derive(Debug)]
@@ -972,28 +988,87 @@ impl Core {
         let eof = r.reply.eof;
         let mut out = Vec::with_capacity(r.reply.entries.0.len());
         for e in r.reply.entries.0 {
-            let fh = match &e.name_handle {
-                Nfs3Option::Some(fh) => Some(fh.data.as_ref()),
+            let name = e.name.0.into_owned();
+            let dot = name == b"." || name == b"..";
+            let fh: Option<Handle> = match &e.name_handle {
+                Nfs3Option::Some(fh) => Some(fh.data.as_ref().into()),
                 Nfs3Option::None => None,
             };
-            let t = match &e.name_attributes {
-                Nfs3Option::Some(a) => kind(a.type_),
-                Nfs3Option::None => match fh {
-                    Some(fh) => kind(self.getattr_fh(cx, &Handle::from(fh)).await?.type_),
-                    None => FileType::RegularFile,
-                },
+            let attrs = match (e.name_attributes, &fh) {
+                (Nfs3Option::Some(a), _) => Some(a),
+                (Nfs3Option::None, Some(fh)) => Some(self.getattr_fh(cx, fh).await?),
+                (Nfs3Option::None, None) => None,
             };
-            let n = lock(&self.inodes).listed_ino(e.fileid, fh);
-            out.push((n, e.cookie, t, e.name.0.into_owned()));
+            // A server that left out the handle: the name's own LOOKUP.
+            let (fh, attrs) = match (fh, attrs) {
+                (None, _) if !dot => match self.lookup_entry(cx, &dir, &name).await {
+                    Ok((fh, a)) => (Some(fh), Some(a)),
+                    Err(_) => (None, None),
+                },
+                other => other,
+            };
+            let n = lock(&self.inodes).listed_ino(e.fileid, fh.as_deref());
+            out.push(Listed {
+                ino: n,
+                next: e.cookie,
+                kind: attrs
+                    .as_ref()
+                    .map_or(FileType::RegularFile, |a| kind(a.type_)),
+                name,
+                plus: fh.zip(attrs),
+            });
         }
         Ok((out, eof))
+    }
+
+    async fn lookup_entry(
+        &self,
+        cx: &CallContext,
+        dir: &Handle,
+        name: &[u8],
+    ) -> Res<(Handle, fattr3)> {
+        let r = reply!(
+            self.call(cx, || Ok(NfsRequest::Lookup(LOOKUP3args {
+                what: dirop(dir, name)?
+            })))
+            .await?,
+            Lookup
+        )?;
+        let fh: Handle = r.object.data.as_ref().into();
+        let a = self.attrs_or_get(cx, &fh, r.obj_attributes).await?;
+        Ok((fh, a))
+    }
+
+    /// The attributes a READDIRPLUS entry hands the kernel, and whether
+    /// they hand it a node (counted as a lookup, as the kernel counts it):
+    /// a node for a file with a handle, while the table has room; none
+    /// (node id 0, which the kernel does not keep) for `.`, `..` and the
+    /// rest.
+    pub(crate) fn listed_entry(&self, e: &Listed) -> (FileAttr, bool) {
+        if let (false, Some((fh, a))) = (e.is_dot(), &e.plus)
+            && let Ok(ino) = lock(&self.inodes).remember(fh, a.fileid)
+        {
+            return (file_attr(ino, a), true);
+        }
+        let ino = if e.is_dot() { e.ino } else { 0 };
+        match &e.plus {
+            Some((_, a)) => (file_attr(ino, a), false),
+            None => (bare_attr(ino, e.kind), false),
+        }
     }
 
     /// Keeps the entries the kernel had no room for (they continue from
     /// `from`), for its next READDIR of `h`; within [`MAX_LISTINGS`] for
     /// all directories.
     pub(crate) fn keep_listing(&self, h: u64, from: u64, entries: Vec<Listed>, eof: bool) {
-        let bytes = entries.iter().map(|e| 32 + e.3.len() as u64).sum::<u64>() + 32;
+        let bytes = entries
+            .iter()
+            .map(|e| {
+                32 + e.name.len() as u64
+                    + e.plus.as_ref().map_or(0, |(fh, _)| 100 + fh.len() as u64)
+            })
+            .sum::<u64>()
+            + 32;
         if self.listing_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_LISTINGS {
             self.listing_bytes.fetch_sub(bytes, Ordering::Relaxed);
             return;

@@ -17,9 +17,9 @@ use std::time::SystemTime;
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, Filesystem,
     FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle as Runtime;
 use tokio::sync::Semaphore;
@@ -96,9 +96,15 @@ impl Filesystem for Fs {
         // The kernel drops its cached pages of a file whose mtime or size
         // changed when it next sees its attributes, as an NFS client does;
         // lookups and readdirs of one directory may run at once.
+        // Listings always carry attributes and nodes (READDIRPLUS): the
+        // stack is asked READDIRPLUS anyway (for the entries' types), and
+        // `ls -l` or a VM monitor's scan then needs no LOOKUP per name. The
+        // kernel's adaptive mode would use it for a directory's first page
+        // only when the names are looked up after the whole listing.
         for flag in [
             InitFlags::FUSE_AUTO_INVAL_DATA,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DO_READDIRPLUS,
         ] {
             let _ = config.add_capabilities(flag);
         }
@@ -375,11 +381,54 @@ impl Filesystem for Fs {
                 Ok((entries, eof)) => {
                     let mut from = offset;
                     let mut taken = 0;
-                    for (n, next, kind, name) in &entries {
-                        if reply.add(INodeNo(*n), *next, *kind, OsStr::from_bytes(name)) {
+                    for e in &entries {
+                        if reply.add(INodeNo(e.ino), e.next, e.kind, OsStr::from_bytes(&e.name)) {
                             break;
                         }
-                        from = *next;
+                        from = e.next;
+                        taken += 1;
+                    }
+                    reply.ok();
+                    let rest: Vec<_> = entries.into_iter().skip(taken).collect();
+                    if !rest.is_empty() || eof {
+                        core.keep_listing(fh.0, from, rest, eof);
+                    }
+                }
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    /// READDIR with each entry's attributes and node (the kernel asks for
+    /// it on a directory's first page, and while its names are looked up
+    /// after listing: `ls -l`, `find`), so a listing saves a LOOKUP per
+    /// name. Every entry added is a lookup the kernel counts (`.` and `..`
+    /// aside); one that did not fit is not counted and is kept for the
+    /// next call.
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let cx = self.cx(req);
+        self.spawn(move |core| async move {
+            match core.readdir(&cx, ino.0, fh.0, offset).await {
+                Ok((entries, eof)) => {
+                    let mut from = offset;
+                    let mut taken = 0;
+                    for e in &entries {
+                        let (attr, counted) = core.listed_entry(e);
+                        let name = OsStr::from_bytes(&e.name);
+                        if reply.add(attr.ino, e.next, name, &core.ttl, &attr, Generation(0)) {
+                            if counted {
+                                core.forget(attr.ino.0, 1);
+                            }
+                            break;
+                        }
+                        from = e.next;
                         taken += 1;
                     }
                     reply.ok();
