@@ -273,13 +273,28 @@ impl Mount {
         }
     }
 
+    /// [`commit_all`](Self::commit_all), for at most `limit`: an upstream
+    /// that does not answer must not hold up the exit (what is not
+    /// committed is in the layers below, as after a close without fsync).
+    async fn commit_within(&self, limit: Duration) {
+        if tokio::time::timeout(limit, self.commit_all())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?limit,
+                "committing the FUSE mount's writes did not finish; going on"
+            );
+        }
+    }
+
     /// Unmounts: no new request gets in, those running finish (within
     /// `drain`), and every write made through the mount is committed. A
     /// mount still in use (an open file, a working directory) is detached
     /// lazily: it is gone from the tree at once, and its users get errors
     /// once this process exits.
     pub async fn stop(&self, drain: Duration) {
-        self.commit_all().await;
+        self.commit_within(drain).await;
         let path = self.path.clone();
         let clean = tokio::task::spawn_blocking(move || unmount(&path))
             .await
@@ -294,8 +309,13 @@ impl Mount {
                 "FUSE requests still running after the drain timeout"
             );
         }
-        self.commit_all().await;
-        self.core.remove_hidden().await;
+        self.commit_within(drain).await;
+        if tokio::time::timeout(drain, self.core.remove_hidden())
+            .await
+            .is_err()
+        {
+            tracing::warn!("files hidden while open are left (the upstream did not answer)");
+        }
         let session = gvfs_nfs::layer::lock(&self.session).take();
         if let Some(session) = session {
             if clean {
