@@ -379,20 +379,10 @@ impl Filesystem for Fs {
         self.spawn(move |core| async move {
             match core.readdir(&cx, ino.0, fh.0, offset).await {
                 Ok((entries, eof)) => {
-                    let mut from = offset;
-                    let mut taken = 0;
-                    for e in &entries {
-                        if reply.add(INodeNo(e.ino), e.next, e.kind, OsStr::from_bytes(&e.name)) {
-                            break;
-                        }
-                        from = e.next;
-                        taken += 1;
-                    }
+                    core.fill_listing(fh.0, offset, entries, eof, |e| {
+                        reply.add(INodeNo(e.ino), e.next, e.kind, OsStr::from_bytes(&e.name))
+                    });
                     reply.ok();
-                    let rest: Vec<_> = entries.into_iter().skip(taken).collect();
-                    if !rest.is_empty() || eof {
-                        core.keep_listing(fh.0, from, rest, eof);
-                    }
                 }
                 Err(e) => reply.error(e),
             }
@@ -417,25 +407,17 @@ impl Filesystem for Fs {
         self.spawn(move |core| async move {
             match core.readdir(&cx, ino.0, fh.0, offset).await {
                 Ok((entries, eof)) => {
-                    let mut from = offset;
-                    let mut taken = 0;
-                    for e in &entries {
+                    core.fill_listing(fh.0, offset, entries, eof, |e| {
                         let (attr, counted) = core.listed_entry(e);
                         let name = OsStr::from_bytes(&e.name);
-                        if reply.add(attr.ino, e.next, name, &core.ttl, &attr, Generation(0)) {
-                            if counted {
-                                core.forget(attr.ino.0, 1);
-                            }
-                            break;
+                        let full =
+                            reply.add(attr.ino, e.next, name, &core.ttl, &attr, Generation(0));
+                        if full && counted {
+                            core.forget(attr.ino.0, 1);
                         }
-                        from = e.next;
-                        taken += 1;
-                    }
+                        full
+                    });
                     reply.ok();
-                    let rest: Vec<_> = entries.into_iter().skip(taken).collect();
-                    if !rest.is_empty() || eof {
-                        core.keep_listing(fh.0, from, rest, eof);
-                    }
                 }
                 Err(e) => reply.error(e),
             }

@@ -10,7 +10,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`fs`](crate::fs) | fuser's `Filesystem`: each request a task on the runtime |
-//! | `core` | the operations, as NFSv3 calls on the stack |
+//! | `core` | the operations, as NFSv3 calls on the stack (`core/io.rs`: reads, writes, COMMIT; `core/dir.rs`: listings) |
 //! | `inodes` | node ids for the kernel, NFS handles for the stack (bounded, FORGET honoured) |
 //! | `writes` | UNSTABLE writes kept until a COMMIT covers them (sent again if the verifier changed) |
 //! | `attr` | NFS attributes as FUSE's, FUSE's changes as `sattr3` |
