@@ -2,7 +2,7 @@
 //! cannot, on the same connection as NFS (so inside the TLS tunnel when
 //! there is one).
 //!
-//! Version 1 has three procedures besides NULL:
+//! Version 1 has seven procedures besides NULL:
 //!
 //! ```text
 //! program GVFS_EXT  0x20475646  ("user-defined" range, RFC 5531 section 8.3)
@@ -12,6 +12,9 @@
 //!   2  STORE  (store_args) -> store_res
 //!   3  FETCH_REPEATS (fetch_args) -> fetch_repeats_res
 //!   4  STORE_GUARDED (store_guarded_args) -> store_res
+//!   5  FETCH_DEMAND  (fetch_args) -> fetch_repeats_res
+//!   6  PROFILE_PUT   (profile_put_args) -> nfsstat3
+//!   7  PROFILE_GET   (opaque fh<64>) -> profile_get_res
 //!
 //! struct fetch_args {
 //!     opaque   fh<64>;     /* the file's NFSv3 handle, as upstream gave it */
@@ -73,6 +76,20 @@
 //! caller whose upstream answers it with PROC_UNAVAIL (an older proxy)
 //! uses FETCH from then on.
 //!
+//! FETCH_DEMAND is FETCH_REPEATS for a chunk a reader waits for now (a
+//! lazy clone's guest faulting on its memory), not one a background stream
+//! fetches ahead: a proxy that fetches the chunk from its own upstream in
+//! turn asks with FETCH_DEMAND too, and holds back its background stream
+//! while demand fetches come (`filecache/fetch.rs`), so that at every depth
+//! of a cascade demand goes first. A caller whose upstream answers it with
+//! PROC_UNAVAIL (an older proxy) uses FETCH_REPEATS from then on.
+//!
+//! PROFILE_PUT and PROFILE_GET carry a file's working-set profile (the
+//! chunks a guest touched first, `profile.rs`): PUT keeps it at every proxy
+//! up to the image server's (NFS3_OK, or an error status), GET answers it
+//! from the first that has it (`profile_get_res`: NFS3_OK and the profile,
+//! or NFS3ERR_NOENT). An older proxy answers PROC_UNAVAIL: no profiles.
+//!
 //! A whole file is fetched as a stream of FETCH calls, several in flight at
 //! once, each answered with one compressed chunk: the server side reads and
 //! compresses chunks in parallel, the client side decompresses them into its
@@ -93,6 +110,7 @@ use gvfs_nfs::{BoxFuture, Credentials};
 
 use crate::error::ChunkError;
 use crate::format::ByteRepeat;
+use crate::profile::Profile;
 
 /// The program number.
 pub const PROGRAM: u32 = 0x2047_5646;
@@ -108,6 +126,12 @@ pub const PROC_STORE: u32 = 2;
 pub const PROC_FETCH_REPEATS: u32 = 3;
 /// STORE_GUARDED: STORE only if the file still has the guard's attributes.
 pub const PROC_STORE_GUARDED: u32 = 4;
+/// FETCH_REPEATS for a chunk a reader waits for.
+pub const PROC_FETCH_DEMAND: u32 = 5;
+/// Keep a working-set profile.
+pub const PROC_PROFILE_PUT: u32 = 6;
+/// Ask for a working-set profile.
+pub const PROC_PROFILE_GET: u32 = 7;
 /// Most repeats one FETCH_REPEATS answer lists (one per 4 KiB block).
 pub const MAX_REPEATS: usize = (CHUNK / 4096) as usize;
 /// Bytes of file data per chunk (and the most one FETCH may ask for).
@@ -117,10 +141,22 @@ pub const MAX_FRAME_SLACK: u32 = 4096;
 /// Bytes of a STORE_GUARDED guard (a `wcc_attr`: size and two `nfstime3`).
 const GUARD_LEN: usize = 24;
 /// Largest NFSv3 file handle (RFC 1813, NFS3_FHSIZE).
-const FHSIZE: usize = 64;
+pub(crate) const FHSIZE: usize = 64;
 /// Longest wait for the upstream's answer to the extension's NULL; with
 /// none by then, the next whole-file fetch asks again.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a chunk is fetched, which decides what goes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Urgency {
+    /// Ahead of any reader, in file order.
+    Background,
+    /// Named by the file's working-set profile: fetched first, ahead of
+    /// the readers that will want it.
+    Profile,
+    /// A reader waits for it now.
+    Demand,
+}
 
 /// The arguments of FETCH.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -492,16 +528,16 @@ fn unpack(codec: Codec, data: Vec<u8>, raw_len: u32) -> Result<Vec<u8>, ChunkErr
     Ok(raw)
 }
 
-fn put_u64(out: &mut Vec<u8>, v: u64) {
+pub(crate) fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_be_bytes());
 }
 
-fn get_u64(r: &mut XdrReader<'_>) -> Result<u64, XdrError> {
+pub(crate) fn get_u64(r: &mut XdrReader<'_>) -> Result<u64, XdrError> {
     let hi = u64::from(r.u32()?);
     Ok(hi << 32 | u64::from(r.u32()?))
 }
 
-fn end(r: &XdrReader<'_>) -> Result<(), XdrError> {
+pub(crate) fn end(r: &XdrReader<'_>) -> Result<(), XdrError> {
     match r.rest().len() {
         0 => Ok(()),
         n => Err(XdrError::Trailing(n)),
@@ -552,12 +588,33 @@ pub enum FetchError {
 /// Where chunks of whole files come from: an upstream that speaks this
 /// program (or, in tests, anything else).
 pub trait ChunkSource: Send + Sync + 'static {
-    /// One FETCH.
+    /// One FETCH, asked with FETCH_DEMAND when a reader waits for it.
     fn fetch<'a>(
         &'a self,
         cred: &'a Credentials,
         args: &'a FetchArgs,
+        urgency: Urgency,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>>;
+
+    /// Keeps a file's working-set profile upstream (PROFILE_PUT). A source
+    /// that keeps none does nothing.
+    fn put_profile<'a>(
+        &'a self,
+        _cred: &'a Credentials,
+        _fh: &'a [u8],
+        _profile: &'a Profile,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The working-set profile upstream knows for a file (PROFILE_GET).
+    fn get_profile<'a>(
+        &'a self,
+        _cred: &'a Credentials,
+        _fh: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<Profile>, FetchError>> {
+        Box::pin(async { Ok(None) })
+    }
 
     /// One STORE: a chunk written back; the file's attributes after it.
     /// With `args.guard`, only if the file still has those attributes
@@ -593,6 +650,10 @@ pub struct ExtClient {
     repeats: std::sync::atomic::AtomicBool,
     /// Whether to store with STORE_GUARDED (until the upstream refuses it).
     guards: std::sync::atomic::AtomicBool,
+    /// Whether to ask demand with FETCH_DEMAND (until the upstream refuses it).
+    demand: std::sync::atomic::AtomicBool,
+    /// Whether the upstream keeps profiles (until it refuses PROFILE_*).
+    profiles: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ExtClient {
@@ -612,7 +673,40 @@ impl ExtClient {
             probe_timeout: PROBE_TIMEOUT,
             repeats: std::sync::atomic::AtomicBool::new(true),
             guards: std::sync::atomic::AtomicBool::new(true),
+            demand: std::sync::atomic::AtomicBool::new(true),
+            profiles: std::sync::atomic::AtomicBool::new(true),
         })
+    }
+
+    /// Calls `proc_` unless the upstream refused it before (`flag`); on
+    /// PROC_UNAVAIL notes that in `flag` and answers `Ok(None)`.
+    async fn call_new(
+        &self,
+        flag: &std::sync::atomic::AtomicBool,
+        proc_: u32,
+        cred: &Credentials,
+        args: &[u8],
+    ) -> Result<Option<Vec<u8>>, FetchError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !flag.load(Relaxed) {
+            return Ok(None);
+        }
+        match self.client.call(PROGRAM, VERSION, proc_, cred, args).await {
+            Ok(reply) => Ok(Some(reply.to_vec())),
+            Err(ClientError::Rpc {
+                error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
+                ..
+            }) => {
+                tracing::info!(
+                    server = %self.client.server(),
+                    proc_,
+                    "upstream does not know this extension procedure (an older gvfs-proxy)"
+                );
+                flag.store(false, Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(FetchError::Transport(e)),
+        }
     }
 
     async fn call(
@@ -659,12 +753,21 @@ impl ChunkSource for ExtClient {
         &'a self,
         cred: &'a Credentials,
         args: &'a FetchArgs,
+        urgency: Urgency,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
         Box::pin(async move {
             let mut buf = Vec::with_capacity(args.fh.len() + 24);
             args.encode(&mut buf);
             let with_repeats = self.repeats.load(std::sync::atomic::Ordering::Relaxed);
-            let (bytes, with_repeats) = if with_repeats {
+            let demand = if urgency == Urgency::Demand && with_repeats {
+                self.call_new(&self.demand, PROC_FETCH_DEMAND, cred, &buf)
+                    .await?
+            } else {
+                None
+            };
+            let (bytes, with_repeats) = if let Some(bytes) = demand {
+                (bytes, true)
+            } else if with_repeats {
                 let call = self
                     .client
                     .call(PROGRAM, VERSION, PROC_FETCH_REPEATS, cred, &buf)
@@ -764,6 +867,55 @@ impl ChunkSource for ExtClient {
         })
     }
 
+    fn put_profile<'a>(
+        &'a self,
+        cred: &'a Credentials,
+        fh: &'a [u8],
+        profile: &'a Profile,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        Box::pin(async move {
+            let mut buf = Vec::new();
+            crate::profile::encode_put(&mut buf, fh, profile);
+            let Some(bytes) = self
+                .call_new(&self.profiles, PROC_PROFILE_PUT, cred, &buf)
+                .await?
+            else {
+                return Ok(());
+            };
+            match gvfs_nfs::xdr::decode_exact::<nfsstat3>(&bytes) {
+                Ok(nfsstat3::NFS3_OK) => Ok(()),
+                Ok(st) => Err(FetchError::Nfs(st)),
+                Err(source) => Err(FetchError::BadReply {
+                    server: self.client.server(),
+                    call: "PROFILE_PUT",
+                    source,
+                }),
+            }
+        })
+    }
+
+    fn get_profile<'a>(
+        &'a self,
+        cred: &'a Credentials,
+        fh: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<Profile>, FetchError>> {
+        Box::pin(async move {
+            let mut buf = Vec::new();
+            put_opaque(&mut buf, fh);
+            let Some(bytes) = self
+                .call_new(&self.profiles, PROC_PROFILE_GET, cred, &buf)
+                .await?
+            else {
+                return Ok(None);
+            };
+            crate::profile::decode_get_res(&bytes).map_err(|source| FetchError::BadReply {
+                server: self.client.server(),
+                call: "PROFILE_GET",
+                source,
+            })
+        })
+    }
+
     fn forward<'a>(
         &'a self,
         cred: &'a Credentials,
@@ -781,7 +933,7 @@ pub fn rpc_refusal(vers: u32, proc_: u32) -> Option<ReplyStatus> {
             high: VERSION,
         });
     }
-    (proc_ > PROC_STORE_GUARDED).then_some(ReplyStatus::ProcUnavail)
+    (proc_ > PROC_PROFILE_GET).then_some(ReplyStatus::ProcUnavail)
 }
 
 #[cfg(test)]

@@ -41,28 +41,30 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use gvfs_nfs::Credentials;
 use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3, writeverf3};
 use gvfs_nfs::xdr::zeros;
+use gvfs_nfs::{BoxFuture, Credentials};
 use tokio::sync::watch;
 
 use crate::MetaIndex;
 pub use crate::error::HeldWriteError;
 use crate::error::{FileCacheError, IndexError};
 use crate::ext::{
-    CHUNK, ChunkSource, Codec, FetchArgs, FetchError, LEVEL, StoreArgs, StoreGuard, compress,
-    decompress,
+    CHUNK, ChunkSource, Codec, FetchArgs, FetchError, LEVEL, StoreArgs, StoreGuard, Urgency,
+    compress, decompress,
 };
 use crate::format::{ByteRepeat, MetaFile};
+use crate::profile::Profiles;
 use crate::scan::data_extent;
 
 mod fetch;
 mod held;
+mod learn;
 mod read;
 mod record;
 mod writeback;
@@ -71,6 +73,20 @@ use record::{decode_record, encode_record};
 
 /// Chunks one file's background fetch keeps in flight.
 pub const WINDOW: usize = 8;
+/// ... while readers fetch chunks of their own (and for
+/// [`DEMAND_HOLD_MS`] after): about a bandwidth-delay product of
+/// compressed chunks on a WAN, so the link stays busy while a chunk a
+/// reader waits for is queued behind no more than these.
+pub const UNDER_DEMAND: usize = 2;
+/// ... while fetching the chunks a working-set profile names first.
+pub const PROFILE_WINDOW: usize = 4;
+/// How long after a reader's own fetch the background stream stays at
+/// [`UNDER_DEMAND`].
+const DEMAND_HOLD_MS: u64 = 300;
+
+use learn::Learning;
+pub use learn::{LEARN_QUIET, PROFILE_WAIT};
+pub use read::Asked;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chunk {
@@ -278,6 +294,26 @@ gvfs_nfs::counters! {
         /// Write-backs stopped because the file had changed at the origin
         /// since it was fetched: the local writes are kept, not stored over it.
         write_back_conflicts,
+        /// Wire bytes of chunks fetched because a reader waited for them.
+        demand_wire_bytes,
+        /// Wire bytes of chunks fetched because a working-set profile
+        /// named them.
+        profile_wire_bytes,
+        /// Wire bytes of chunks fetched by the background stream.
+        background_wire_bytes,
+        /// Reads that waited for a chunk not here yet (faults).
+        faults_waited,
+        /// Time those reads waited, summed (microseconds).
+        fault_wait_micros,
+        /// Whole-file fetches that started with a working-set profile.
+        profile_hits,
+        /// Chunks fetched first because a profile named them.
+        profile_chunks,
+        /// Working-set profiles learned here and sent upstream.
+        profiles_sent,
+        /// Learned read orders not kept as profiles: they covered nearly
+        /// the whole file (a copy, not a working set).
+        profiles_discarded,
     }
 }
 
@@ -383,6 +419,15 @@ pub struct CachedFile {
     last_used: AtomicU64,
     /// Told whenever a WRITE under way ends.
     unpinned: tokio::sync::Notify,
+    /// When the entry was made: the clock of `last_demand_ms`.
+    born: Instant,
+    /// When a reader's own fetch last ended (ms since `born`, plus 1; 0:
+    /// never).
+    last_demand_ms: AtomicU64,
+    /// Readers' own fetches under way.
+    demand_in_flight: AtomicUsize,
+    /// The order readers first touch chunks in, while it is learned.
+    learning: Mutex<Option<Learning>>,
 }
 
 impl std::fmt::Debug for CachedFile {
@@ -504,6 +549,8 @@ pub struct FileCache {
     max_bytes: u64,
     /// Set once this proxy answers another proxy's FETCH from here.
     keep_frames: AtomicBool,
+    /// Where working-set profiles are kept (set by the proxy with an index).
+    profiles: std::sync::OnceLock<Arc<Profiles>>,
     counters: Counters,
 }
 
@@ -566,6 +613,7 @@ impl FileCache {
             files: Mutex::new(HashMap::new()),
             max_bytes,
             keep_frames: AtomicBool::new(false),
+            profiles: std::sync::OnceLock::new(),
             counters: Counters::default(),
         });
         for entry in std::fs::read_dir(dir)? {
@@ -637,7 +685,17 @@ impl FileCache {
             failed: Mutex::new(None),
             last_used: AtomicU64::new(now_secs()),
             unpinned: tokio::sync::Notify::new(),
+            born: Instant::now(),
+            last_demand_ms: AtomicU64::new(0),
+            demand_in_flight: AtomicUsize::new(0),
+            learning: Mutex::new(None),
         }))
+    }
+
+    /// Keeps the working-set profiles learned or fetched here in
+    /// `profiles` (without, they are only passed on).
+    pub fn keep_profiles(&self, profiles: Arc<Profiles>) {
+        let _ = self.profiles.set(profiles);
     }
 
     /// Keeps chunks' frames from now on, for answering other proxies'

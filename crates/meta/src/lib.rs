@@ -17,6 +17,7 @@ pub mod filecache;
 pub mod format;
 mod index;
 pub mod layer;
+pub mod profile;
 mod scan;
 pub mod server;
 pub mod trust;
@@ -30,5 +31,6 @@ pub use format::{
 };
 pub use index::{MemIndex, MetaIndex, SledIndex};
 pub use layer::{CopyPath, MetaFiles, MetaLayer, MetaStats};
+pub use profile::{Profile, Profiles};
 pub use scan::{scan, scan_work, write_beside};
 pub use server::{ExtRefusal, ExtServer, ExtStats};

@@ -29,11 +29,12 @@ use gvfs_nfs::rpc::ReplyStatus;
 use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
 
 use crate::ext::{
-    self, CHUNK, ChunkSource, FetchArgs, FetchOk, LEVEL, StoreArgs, compress,
+    self, CHUNK, ChunkSource, FetchArgs, FetchOk, LEVEL, StoreArgs, Urgency, compress,
     encode_fetch_repeats_res, encode_fetch_res, encode_store_res,
 };
-use crate::filecache::{FileCache, same_version};
+use crate::filecache::{Asked, FileCache, same_version};
 use crate::layer::MetaLayer;
+use crate::profile::{self, Profiles};
 
 /// How long a file-cache entry is trusted without asking upstream for the
 /// file's attributes again, for FETCHes that do not start a file.
@@ -67,6 +68,12 @@ gvfs_nfs::counters! {
         stored_raw_bytes,
         /// FETCH and STORE calls that failed.
         errors,
+        /// FETCH_DEMAND calls answered (a reader downstream waited).
+        demand_calls,
+        /// Working-set profiles kept (PROFILE_PUT).
+        profiles_stored,
+        /// Working-set profiles answered (PROFILE_GET).
+        profiles_served,
     }
 }
 
@@ -77,6 +84,8 @@ pub struct ExtServer {
     upstream: Option<Arc<dyn ChunkSource>>,
     /// This proxy's metadata layer: the zero maps of files it fetches whole.
     meta: Option<Arc<MetaLayer>>,
+    /// Where working-set profiles are kept.
+    profiles: Option<Arc<Profiles>>,
     /// Callers whose right to read a file was checked (FETCH at offset 0
     /// asks upstream), by (file, caller): their next chunks within
     /// [`RECHECK`] are not asked again.
@@ -108,12 +117,14 @@ impl ExtServer {
         files: Option<Arc<FileCache>>,
         upstream: Option<Arc<dyn ChunkSource>>,
         meta: Option<Arc<MetaLayer>>,
+        profiles: Option<Arc<Profiles>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             inner,
             files,
             upstream,
             meta,
+            profiles,
             checked: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         })
@@ -138,6 +149,9 @@ impl ExtServer {
         if proc_ == ext::PROC_NULL {
             return Ok(Vec::new());
         }
+        if proc_ == ext::PROC_PROFILE_PUT || proc_ == ext::PROC_PROFILE_GET {
+            return self.profile_call(cx, proc_, args).await;
+        }
         if proc_ == ext::PROC_STORE || proc_ == ext::PROC_STORE_GUARDED {
             let decoded = if proc_ == ext::PROC_STORE {
                 StoreArgs::decode(args)
@@ -160,7 +174,13 @@ impl ExtServer {
         let Ok(fetch) = FetchArgs::decode(args) else {
             return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
         };
-        let repeats = proc_ == ext::PROC_FETCH_REPEATS;
+        let repeats = proc_ == ext::PROC_FETCH_REPEATS || proc_ == ext::PROC_FETCH_DEMAND;
+        let urgency = if proc_ == ext::PROC_FETCH_DEMAND {
+            self.counters.demand_calls.add(1);
+            Urgency::Demand
+        } else {
+            Urgency::Background
+        };
         self.counters.fetch_calls.add(1);
         let upstream_speaks = match &self.upstream {
             Some(u) => u.supported().await,
@@ -169,14 +189,14 @@ impl ExtServer {
         let res = match (&self.files, &self.upstream) {
             (Some(files), Some(up)) if upstream_speaks => {
                 self.counters.from_file_cache.add(1);
-                self.via_file_cache(cx, files, up.clone(), &fetch, repeats)
+                self.via_file_cache(cx, files, up.clone(), &fetch, repeats, urgency)
                     .await
             }
             (None, Some(up)) if upstream_speaks && repeats => {
                 // Asked of the upstream with FETCH_REPEATS, or FETCH if it
                 // does not know it; answered as it came.
                 self.counters.forwarded.add(1);
-                up.fetch(&cx.cred, &fetch).await.map_err(|e| {
+                up.fetch(&cx.cred, &fetch, urgency).await.map_err(|e| {
                     tracing::warn!(error = %e, "forwarding FETCH_REPEATS failed");
                     match e {
                         ext::FetchError::Nfs(st) => st,
@@ -206,6 +226,84 @@ impl ExtServer {
             }
         };
         Ok(self.encode(&res, repeats))
+    }
+
+    /// PROFILE_PUT or PROFILE_GET, from a caller that may read the file:
+    /// kept or answered here for the file's current version, and passed
+    /// on to (or asked of) the upstream's extension when it has one.
+    async fn profile_call(
+        &self,
+        cx: &CallContext,
+        proc_: u32,
+        args: &[u8],
+    ) -> Result<Vec<u8>, ExtRefusal> {
+        let mut out = Vec::new();
+        if proc_ == ext::PROC_PROFILE_PUT {
+            let Ok((fh, p)) = profile::decode_put(args) else {
+                return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+            };
+            let status = self.profile_put(cx, &fh, &p).await;
+            gvfs_nfs::xdr::encode_into(&mut out, &status);
+        } else {
+            let Ok(fh) = profile::decode_get(args) else {
+                return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+            };
+            let p = self.profile_get(cx, &fh).await;
+            if p.is_some() {
+                self.counters.profiles_served.add(1);
+            }
+            profile::encode_get_res(&mut out, p.as_ref());
+        }
+        Ok(out)
+    }
+
+    async fn upstream_speaks(&self) -> Option<&Arc<dyn ChunkSource>> {
+        let up = self.upstream.as_ref()?;
+        up.supported().await.then_some(up)
+    }
+
+    async fn profile_put(&self, cx: &CallContext, fh: &[u8], p: &profile::Profile) -> nfsstat3 {
+        let attrs = match self.may_read(cx, fh).await {
+            Ok(a) => a,
+            Err(st) => return st,
+        };
+        if !p.describes(&attrs) {
+            return nfsstat3::NFS3ERR_STALE;
+        }
+        if let Some(profiles) = &self.profiles {
+            profiles.put(fh, p);
+        }
+        self.counters.profiles_stored.add(1);
+        if let Some(up) = self.upstream_speaks().await {
+            let sent = tokio::time::timeout(
+                crate::filecache::PROFILE_WAIT,
+                up.put_profile(&cx.cred, fh, p),
+            )
+            .await;
+            if !matches!(sent, Ok(Ok(()))) {
+                tracing::debug!("a working-set profile was not passed upstream");
+            }
+        }
+        nfsstat3::NFS3_OK
+    }
+
+    async fn profile_get(&self, cx: &CallContext, fh: &[u8]) -> Option<profile::Profile> {
+        let attrs = self.may_read(cx, fh).await.ok()?;
+        if let Some(p) = self.profiles.as_ref().and_then(|ps| ps.get(fh, &attrs)) {
+            return Some(p);
+        }
+        let up = self.upstream_speaks().await?;
+        let asked =
+            tokio::time::timeout(crate::filecache::PROFILE_WAIT, up.get_profile(&cx.cred, fh))
+                .await;
+        let p = asked.ok()?.ok()??;
+        if !p.describes(&attrs) {
+            return None;
+        }
+        if let Some(profiles) = &self.profiles {
+            profiles.put(fh, &p);
+        }
+        Some(p)
     }
 
     fn count(&self, ok: &FetchOk) {
@@ -270,6 +368,7 @@ impl ExtServer {
         up: Arc<dyn ChunkSource>,
         args: &FetchArgs,
         repeats: bool,
+        urgency: Urgency,
     ) -> Result<FetchOk, nfsstat3> {
         files.keep_frames();
         let cached = files.get(&args.fh);
@@ -293,7 +392,14 @@ impl ExtServer {
                     None => None,
                 };
                 let f = files
-                    .start(&args.fh, &attrs, zero.as_deref(), up.clone(), &cx.cred)
+                    .start(
+                        &args.fh,
+                        &attrs,
+                        zero.as_deref(),
+                        up.clone(),
+                        &cx.cred,
+                        false,
+                    )
                     .map_err(|why| {
                         tracing::warn!(%why, "cannot hold a file for FETCH");
                         nfsstat3::NFS3ERR_IO
@@ -314,7 +420,14 @@ impl ExtServer {
         // proxy holding chunks of upstream's version sees a new version
         // and does not mix them (a FETCH that ran into a WRITE fails).
         let (frame, raw_len, eof, attrs) = entry
-            .read_frame(files, &up, &cx.cred, args.offset, args.count, repeats)
+            .read_frame(
+                files,
+                &up,
+                &cx.cred,
+                args.offset,
+                args.count,
+                Asked::new(repeats, urgency),
+            )
             .await
             .map_err(|why| {
                 tracing::warn!(%why, "FETCH from the file cache failed");

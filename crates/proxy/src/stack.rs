@@ -21,6 +21,7 @@ use gvfs_attrcache::AttrCache;
 use gvfs_cache::{CacheLayer, ZeroHint};
 use gvfs_meta::{
     ChunkSource, CopyPath, ExtClient, ExtServer, FileCache, MetaFiles, MetaIndex, MetaLayer,
+    Profiles,
 };
 use gvfs_nfs::net::client::RpcClient;
 use gvfs_nfs::{CallContext, Credentials, NfsService};
@@ -78,12 +79,24 @@ impl Stack {
             (Some(c), Some(index)) => Some(open_file_cache(c, index.clone())?),
             _ => None,
         };
+        // Working-set profiles live in the same index, beside the records
+        // of the files they order.
+        let profiles = index.clone().map(Profiles::new);
+        if let (Some(files), Some(profiles)) = (&files, &profiles) {
+            files.keep_profiles(profiles.clone());
+        }
         let meta = meta_files.map(|table| {
             let copy = copy_path(files.as_ref(), ext_client.as_ref());
             MetaLayer::new(top.clone(), table, index, copy)
         });
         let meta = stack_on(&mut top, meta);
-        let ext = ExtServer::new(top.clone(), files.clone(), ext_client, meta.clone());
+        let ext = ExtServer::new(
+            top.clone(),
+            files.clone(),
+            ext_client,
+            meta.clone(),
+            profiles,
+        );
         Ok(Self {
             top,
             client: upstream.client,

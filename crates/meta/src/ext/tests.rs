@@ -219,6 +219,8 @@ fn client_of(addr: std::net::SocketAddr, probe_timeout: Duration) -> ExtClient {
         probe_timeout,
         repeats: std::sync::atomic::AtomicBool::new(true),
         guards: std::sync::atomic::AtomicBool::new(true),
+        demand: std::sync::atomic::AtomicBool::new(true),
+        profiles: std::sync::atomic::AtomicBool::new(true),
     }
 }
 
@@ -267,7 +269,7 @@ async fn an_upstream_without_fetch_repeats_is_asked_with_fetch_from_then_on() {
     let cred = Credentials::default();
     for (i, want_calls) in [(0, 2), (1, 3)] {
         let got = ext
-            .fetch(&cred, &args)
+            .fetch(&cred, &args, Urgency::Background)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(decompress(got).ok(), Some(raw.clone()), "fetch {i}");

@@ -17,6 +17,30 @@ impl CachedFile {
         Some(idx)
     }
 
+    /// Claims chunk `idx` if nobody fetches it yet.
+    pub(super) fn claim(&self, idx: usize) -> bool {
+        let mut chunks = lock(&self.chunks);
+        match chunks.get_mut(idx) {
+            Some(c) if *c == Chunk::Missing => {
+                *c = Chunk::InFlight;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether readers fetched chunks of their own lately: the background
+    /// stream then keeps only [`UNDER_DEMAND`] chunks in flight, so that
+    /// what the readers wait for is not queued behind it on the link.
+    pub(super) fn demand_active(&self) -> bool {
+        if self.demand_in_flight.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        let last = self.last_demand_ms.load(Ordering::Acquire);
+        last != 0
+            && (self.born.elapsed().as_millis() as u64 + 1).saturating_sub(last) < DEMAND_HOLD_MS
+    }
+
     pub(super) fn set(&self, idx: usize, state: Chunk) {
         lock(&self.chunks)[idx] = state;
         self.changed.send_modify(|v| *v += 1);
@@ -25,10 +49,11 @@ impl CachedFile {
     /// Fetches chunk `idx` (already claimed) and writes it into the file.
     pub(super) async fn fetch_chunk(
         self: &Arc<Self>,
-        cache: &FileCache,
-        source: &dyn ChunkSource,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         idx: usize,
+        urgency: Urgency,
     ) -> Result<(), FileCacheError> {
         let (offset, count) = self.chunk_range(idx);
         let writes = self.writes.load(Ordering::Acquire);
@@ -38,7 +63,7 @@ impl CachedFile {
             count,
         };
         let result = async {
-            let ok = source.fetch(cred, &args).await?;
+            let ok = source.fetch(cred, &args, urgency).await?;
             if !same_version(&ok.attrs, &self.attrs()) {
                 return Err(FileCacheError::ChangedUpstream);
             }
@@ -54,10 +79,12 @@ impl CachedFile {
             let mut ok = ok;
             let repeats = std::mem::take(&mut ok.repeats);
             // Their sources before this chunk must be here first: earlier
-            // chunks, which never wait for later ones.
+            // chunks, which never wait for later ones (fetched now if
+            // nobody fetches them yet, as urgently as this one).
             for r in repeats.iter().filter(|r| r.from < offset) {
                 let end = (r.from + u64::from(r.len)).min(offset);
-                self.wait_for(r.from, end).await?;
+                self.wait_for(cache, source, cred, r.from, end, urgency)
+                    .await?;
             }
             let repeated: u64 = repeats.iter().map(|r| u64::from(r.len)).sum();
             let keep = cache.keep_frames.load(Ordering::Relaxed);
@@ -88,6 +115,11 @@ impl CachedFile {
             cache.counters.repeat_bytes.add(repeated);
             cache.counters.chunks_fetched.add(1);
             cache.counters.wire_bytes.add(wire);
+            match urgency {
+                Urgency::Demand => cache.counters.demand_wire_bytes.add(wire),
+                Urgency::Profile => cache.counters.profile_wire_bytes.add(wire),
+                Urgency::Background => cache.counters.background_wire_bytes.add(wire),
+            }
             cache.counters.raw_bytes.add(u64::from(count));
             Ok(())
         }
@@ -105,20 +137,25 @@ impl CachedFile {
         }
     }
 
-    /// Waits until the data chunks under `from..end` have arrived (someone
-    /// else fetches them: they come before the chunk that waits). A chunk
-    /// of zeros there contradicts the repeat that points at it.
-    pub(super) async fn wait_for(&self, from: u64, end: u64) -> Result<(), FileCacheError> {
-        if end <= from {
-            return Ok(());
-        }
-        let (first, last) = chunks_of(from, end);
-        let mut rx = self.changed.subscribe();
-        loop {
-            if let Some(why) = self.failure() {
-                return Err(why);
+    /// Waits until the data chunks under `from..end` (the source of a
+    /// repeat, before the chunk that waits) have arrived, fetching those
+    /// nobody fetches yet. A chunk of zeros there contradicts the repeat
+    /// that points at it.
+    pub(super) fn wait_for<'a>(
+        self: &'a Arc<Self>,
+        cache: &'a Arc<FileCache>,
+        source: &'a Arc<dyn ChunkSource>,
+        cred: &'a Credentials,
+        from: u64,
+        end: u64,
+        urgency: Urgency,
+    ) -> BoxFuture<'a, Result<(), FileCacheError>> {
+        Box::pin(async move {
+            if end <= from {
+                return Ok(());
             }
-            let here = {
+            let (first, last) = chunks_of(from, end);
+            {
                 let chunks = lock(&self.chunks);
                 let span = chunks
                     .get(first..=last)
@@ -126,13 +163,10 @@ impl CachedFile {
                 if span.contains(&Chunk::Zero) {
                     return Err(FileCacheError::RepeatFromZeros { from });
                 }
-                span.iter().all(|c| *c == Chunk::Present)
-            };
-            if here {
-                return Ok(());
             }
-            rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
-        }
+            self.ensure(cache, source, cred, from, end - from, urgency)
+                .await
+        })
     }
 
     /// Copies each repeat's source into `raw`, the chunk at `offset` (blocking
@@ -161,7 +195,8 @@ impl CachedFile {
     }
 
     /// Waits until `offset..offset + len` has arrived, fetching chunks that
-    /// nobody fetches yet.
+    /// nobody fetches yet (with `urgency`). A reader's wait (`Demand`)
+    /// counts as a fault when a chunk was not here.
     pub(super) async fn ensure(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -169,12 +204,40 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         len: u64,
+        urgency: Urgency,
     ) -> Result<(), FileCacheError> {
         if len == 0 {
             return Ok(());
         }
         let first = (offset / u64::from(CHUNK)) as usize;
         let last = ((offset + len - 1) / u64::from(CHUNK)) as usize;
+        let waited = Instant::now();
+        let fault = urgency == Urgency::Demand
+            && lock(&self.chunks)
+                .get(first..=last)
+                .is_some_and(|span| !span.iter().all(|c| c.here()));
+        let result = self
+            .ensure_chunks(cache, source, cred, first, last, urgency)
+            .await;
+        if fault {
+            cache.counters.faults_waited.add(1);
+            cache
+                .counters
+                .fault_wait_micros
+                .add(waited.elapsed().as_micros() as u64);
+        }
+        result
+    }
+
+    async fn ensure_chunks(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        first: usize,
+        last: usize,
+        urgency: Urgency,
+    ) -> Result<(), FileCacheError> {
         let mut rx = self.changed.subscribe();
         loop {
             if let Some(why) = self.failure() {
@@ -203,11 +266,21 @@ impl CachedFile {
                 Some(idx) => {
                     let (me, cache, source, cred) =
                         (self.clone(), cache.clone(), source.clone(), cred.clone());
-                    tokio::spawn(async move {
-                        me.fetch_chunk(&cache, source.as_ref(), &cred, idx).await
+                    let demand = urgency == Urgency::Demand;
+                    if demand {
+                        self.demand_in_flight.fetch_add(1, Ordering::AcqRel);
+                    }
+                    let fetched = tokio::spawn(async move {
+                        let r = me.fetch_chunk(&cache, &source, &cred, idx, urgency).await;
+                        if demand {
+                            me.last_demand_ms
+                                .store(me.born.elapsed().as_millis() as u64 + 1, Ordering::Release);
+                            me.demand_in_flight.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        r
                     })
-                    .await
-                    .map_err(|e| FileCacheError::task("a chunk's fetch", e))??;
+                    .await;
+                    fetched.map_err(|e| FileCacheError::task("a chunk's fetch", e))??;
                 }
                 None if waiting => {
                     rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
@@ -223,6 +296,10 @@ impl FileCache {
     /// `source` when there is none. `zero` (the file's valid metadata)
     /// spares fetching chunks of zeros. Fails when the file cannot be held
     /// (over the budget, local I/O).
+    ///
+    /// With `learn` (the file's own clients read it here, rather than
+    /// other proxies fetching it) the order in which readers first touch
+    /// its chunks is learned as its working-set profile (`learn.rs`).
     pub fn start(
         self: &Arc<Self>,
         fh: &[u8],
@@ -230,6 +307,7 @@ impl FileCache {
         zero: Option<&MetaFile>,
         source: Arc<dyn ChunkSource>,
         cred: &Credentials,
+        learn: bool,
     ) -> Result<Arc<CachedFile>, FileCacheError> {
         let mut files = lock(&self.files);
         if let Some(f) = files.get(fh) {
@@ -293,9 +371,19 @@ impl FileCache {
             failed: Mutex::new(None),
             last_used: AtomicU64::new(now_secs()),
             unpinned: tokio::sync::Notify::new(),
+            born: Instant::now(),
+            last_demand_ms: AtomicU64::new(0),
+            demand_in_flight: AtomicUsize::new(0),
+            learning: Mutex::new(learn.then(|| Learning::new(n))),
         });
         files.insert(fh.to_vec(), entry.clone());
         drop(files);
+        if learn {
+            tokio::spawn(
+                self.clone()
+                    .learn(entry.clone(), source.clone(), cred.clone()),
+            );
+        }
         tokio::spawn(self.clone().fetch_all(entry.clone(), source, cred.clone()));
         Ok(entry)
     }
@@ -333,8 +421,11 @@ impl FileCache {
         }
     }
 
-    /// The background fetch of a whole file: [`WINDOW`] chunks in flight,
-    /// in file order; then sync and record it.
+    /// The background fetch of a whole file: first the chunks of its
+    /// working-set profile, if one is known ([`PROFILE_WINDOW`] in
+    /// flight), then the rest in file order ([`WINDOW`] in flight, or
+    /// [`UNDER_DEMAND`] while readers fetch chunks of their own); then
+    /// sync and record it.
     pub(super) async fn fetch_all(
         self: Arc<Self>,
         entry: Arc<CachedFile>,
@@ -342,19 +433,41 @@ impl FileCache {
         cred: Credentials,
     ) {
         let started = Instant::now();
+        let plan = self.profile_plan(&entry, &source, &cred).await;
         let mut set = tokio::task::JoinSet::new();
-        let mut next = 0;
+        let (mut planned, mut next) = (0, 0);
         loop {
-            while set.len() < WINDOW
-                && entry.failure().is_none()
-                && let Some(idx) = entry.claim_next(next)
-            {
-                next = idx + 1;
+            loop {
+                let window = if planned < plan.len() {
+                    PROFILE_WINDOW
+                } else if entry.demand_active() {
+                    UNDER_DEMAND
+                } else {
+                    WINDOW
+                };
+                if set.len() >= window || entry.failure().is_some() {
+                    break;
+                }
+                while planned < plan.len() && !entry.claim(plan[planned]) {
+                    planned += 1;
+                }
+                let (idx, urgency) = if planned < plan.len() {
+                    planned += 1;
+                    self.counters.profile_chunks.add(1);
+                    (plan[planned - 1], Urgency::Profile)
+                } else if let Some(idx) = entry.claim_next(next) {
+                    next = idx + 1;
+                    (idx, Urgency::Background)
+                } else {
+                    break;
+                };
                 let (cache, entry, source, cred) =
                     (self.clone(), entry.clone(), source.clone(), cred.clone());
-                set.spawn(
-                    async move { entry.fetch_chunk(&cache, source.as_ref(), &cred, idx).await },
-                );
+                set.spawn(async move {
+                    entry
+                        .fetch_chunk(&cache, &source, &cred, idx, urgency)
+                        .await
+                });
             }
             if set.join_next().await.is_none() {
                 break;

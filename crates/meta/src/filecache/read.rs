@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// How another proxy asked for a chunk.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked {
+    /// It fills repeats itself (FETCH_REPEATS, FETCH_DEMAND).
+    pub repeats: bool,
+    /// Fetch it here with this urgency if it has not arrived.
+    pub urgency: Urgency,
+}
+
+impl Asked {
+    /// A FETCH asked this way.
+    pub fn new(repeats: bool, urgency: Urgency) -> Self {
+        Self { repeats, urgency }
+    }
+}
+
 impl CachedFile {
     /// Reads `offset..offset + count` (clipped to the file), waiting for
     /// (or fetching) the chunks it needs. Returns the bytes and whether they
@@ -15,11 +31,13 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
+        urgency: Urgency,
     ) -> Result<(Cow<'static, [u8]>, bool), FileCacheError> {
         let size = self.size();
         let end = offset.saturating_add(u64::from(count)).min(size);
         let len = end.saturating_sub(offset);
-        self.ensure(cache, source, cred, offset, len).await?;
+        self.ensure(cache, source, cred, offset, len, urgency)
+            .await?;
         self.last_used.store(now_secs(), Ordering::Relaxed);
         let pieces = self.data_pieces(offset, end);
         let data = if pieces.is_empty() {
@@ -84,7 +102,8 @@ impl CachedFile {
         }
     }
 
-    /// `offset..offset + count` for another proxy's FETCH, as a frame: the
+    /// `offset..offset + count` for another proxy's FETCH (fetched here
+    /// with `urgency` if it has not arrived), as a frame: the
     /// one kept for that chunk (one with repeats only when the caller fills
     /// them, `repeats`), or compressed now (and kept, when it is a whole
     /// chunk and none is). Returns the frame, the file bytes it holds,
@@ -100,11 +119,11 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-        repeats: bool,
+        asked: Asked,
     ) -> Result<(Frame, u32, bool, fattr3), FileCacheError> {
         let (seen, attrs) = self.stamp().ok_or(FileCacheError::WrittenDuringFetch)?;
         let (frame, len, eof) = self
-            .frame_of(cache, source, cred, offset, count, repeats)
+            .frame_of(cache, source, cred, offset, count, asked)
             .await?;
         match self.stamp() {
             Some((now, _)) if now == seen => Ok((frame, len, eof, attrs)),
@@ -119,13 +138,14 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-        repeats: bool,
+        asked: Asked,
     ) -> Result<(Frame, u32, bool), FileCacheError> {
+        let Asked { repeats, urgency } = asked;
         let idx = usize::try_from(offset / u64::from(CHUNK)).unwrap_or(usize::MAX);
         let (start, len) = self.chunk_range(idx);
         let whole = len > 0 && offset == start && count >= len;
         if whole {
-            self.ensure(cache, source, cred, offset, u64::from(len))
+            self.ensure(cache, source, cred, offset, u64::from(len), urgency)
                 .await?;
             if let Some(slot) = self
                 .frames
@@ -153,7 +173,9 @@ impl CachedFile {
             }
         }
         let writes = self.writes.load(Ordering::Acquire);
-        let (raw, eof) = self.read(cache, source, cred, offset, count).await?;
+        let (raw, eof) = self
+            .read(cache, source, cred, offset, count, urgency)
+            .await?;
         let raw_len = raw.len() as u32;
         let keep = whole && raw_len == len && self.frames.slot(idx).is_none();
         let me = self.clone();

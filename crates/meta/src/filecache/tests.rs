@@ -1,10 +1,10 @@
 use super::*;
 use crate::ext::{FetchOk, compress};
 use crate::{MemIndex, ZeroMap};
-use gvfs_nfs::BoxFuture;
 use gvfs_nfs::nfs3_types::nfs3::nfsstat3;
 
 mod crash;
+mod lazy;
 
 pub(crate) use gvfs_nfs::testing::file_attrs as attrs;
 
@@ -27,6 +27,12 @@ pub(crate) struct Fake {
     /// closes it).
     pub stores: AtomicU64,
     pub store_gate: tokio::sync::Semaphore,
+    /// Every FETCH's offset and urgency, in the order they came.
+    pub fetched: Mutex<Vec<(u64, Urgency)>>,
+    /// The profile PROFILE_GET answers.
+    pub profile: Mutex<Option<crate::Profile>>,
+    /// Profiles PROFILE_PUT was given.
+    pub put: Mutex<Vec<crate::Profile>>,
 }
 
 impl Fake {
@@ -41,6 +47,9 @@ impl Fake {
             origin: Mutex::new(HashMap::new()),
             stores: AtomicU64::new(0),
             store_gate: tokio::sync::Semaphore::new(1 << 20),
+            fetched: Mutex::new(Vec::new()),
+            profile: Mutex::new(None),
+            put: Mutex::new(Vec::new()),
         })
     }
 }
@@ -50,9 +59,11 @@ impl ChunkSource for Fake {
         &'a self,
         _cred: &'a Credentials,
         args: &'a FetchArgs,
+        urgency: Urgency,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::Relaxed);
+            lock(&self.fetched).push((args.offset, urgency));
             // Each fetch uses up a permit: the test decides how many pass.
             if let Ok(p) = self.gate.acquire().await {
                 p.forget();
@@ -117,6 +128,24 @@ impl ChunkSource for Fake {
     }
     fn supported(&self) -> BoxFuture<'_, bool> {
         Box::pin(async { true })
+    }
+    fn put_profile<'a>(
+        &'a self,
+        _cred: &'a Credentials,
+        _fh: &'a [u8],
+        profile: &'a crate::Profile,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        Box::pin(async move {
+            lock(&self.put).push(profile.clone());
+            Ok(())
+        })
+    }
+    fn get_profile<'a>(
+        &'a self,
+        _cred: &'a Credentials,
+        _fh: &'a [u8],
+    ) -> BoxFuture<'a, Result<Option<crate::Profile>, FetchError>> {
+        Box::pin(async move { Ok(lock(&self.profile).clone()) })
     }
     fn forward<'a>(
         &'a self,
@@ -195,7 +224,14 @@ fn started(
         c.keep_frames();
     }
     let f = c
-        .start(fh, &fake.attrs, zero, fake.clone(), &Credentials::default())
+        .start(
+            fh,
+            &fake.attrs,
+            zero,
+            fake.clone(),
+            &Credentials::default(),
+            false,
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     (dir, fake, c, f)
 }
@@ -208,7 +244,7 @@ async fn fetches_whole_file_and_skips_zero_chunks() {
     let (_dir, fake, c, f) = started(b"fh1", content(len), true, Some(&meta), false);
     let cred = Credentials::default();
     let (all, eof) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32)
+        .read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(eof);
@@ -261,13 +297,13 @@ async fn repeated_bytes_are_copied_from_earlier_ones_in_any_order() {
             // A reader that needs the last chunk before the others came.
             let at = 6 * c - 4096;
             let (got, _) = f
-                .read(&cache, &src(&fake), &cred, at, 4096)
+                .read(&cache, &src(&fake), &cred, at, 4096, Urgency::Demand)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(*got, data[at as usize..]);
         }
         let (all, _) = f
-            .read(&cache, &src(&fake), &cred, 0, len as u32)
+            .read(&cache, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(
@@ -290,13 +326,20 @@ async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() 
     *lock(&fake.repeats) = list.clone();
     let cred = Credentials::default();
     let (all, _) = f
-        .read(&cache, &src(&fake), &cred, 0, len as u32)
+        .read(&cache, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(all == data);
     // As it came: zeros where the repeat is, and the list.
     let (frame, n, _, _) = f
-        .read_frame(&cache, &src(&fake), &cred, 2 * c, CHUNK, true)
+        .read_frame(
+            &cache,
+            &src(&fake),
+            &cred,
+            2 * c,
+            CHUNK,
+            Asked::new(true, Urgency::Background),
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(frame.repeats, list);
@@ -305,7 +348,14 @@ async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() 
     assert!(unframe(&frame, n) == holes);
     // A caller that does not fill repeats gets the whole chunk.
     let (frame, n, _, _) = f
-        .read_frame(&cache, &src(&fake), &cred, 2 * c, CHUNK, false)
+        .read_frame(
+            &cache,
+            &src(&fake),
+            &cred,
+            2 * c,
+            CHUNK,
+            Asked::new(false, Urgency::Background),
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(frame.repeats.is_empty());
@@ -351,7 +401,14 @@ async fn repeats_that_do_not_fit_their_chunk_fail_the_fetch() {
             started(b"fhb", content(3 * CHUNK as usize), true, None, false);
         *lock(&fake.repeats) = bad.clone();
         let err = f
-            .read(&cache, &src(&fake), &Credentials::default(), 0, 3 * CHUNK)
+            .read(
+                &cache,
+                &src(&fake),
+                &Credentials::default(),
+                0,
+                3 * CHUNK,
+                Urgency::Demand,
+            )
             .await
             .map(|_| ())
             .expect_err("a lying repeat");
@@ -379,7 +436,7 @@ async fn a_repeat_from_a_chunk_of_zeros_fails_the_fetch() {
     }];
     let cred = Credentials::default();
     let err = f
-        .read(&cache, &src(&fake), &cred, 0, len as u32)
+        .read(&cache, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
         .await
         .map(|_| ())
         .expect_err("the repeat contradicts the zero map");
@@ -399,14 +456,14 @@ async fn a_read_far_ahead_is_served_before_the_rest() {
     fake.gate.add_permits(WINDOW + 1);
     let at = 30 * u64::from(CHUNK) + 5;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 1000)
+        .read(&c, &src(&fake), &cred, at, 1000, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
     assert!(!f.complete(), "served before the end arrived");
     fake.gate.add_permits(1 << 20);
     let (all, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32)
+        .read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(all == fake.data);
@@ -422,7 +479,7 @@ async fn a_reader_that_goes_away_mid_fetch_leaves_no_chunk_stranded() {
     let at = 30 * u64::from(CHUNK);
     let gone = tokio::time::timeout(
         std::time::Duration::from_millis(50),
-        f.read(&c, &src(&fake), &cred, at, 1000),
+        f.read(&c, &src(&fake), &cred, at, 1000, Urgency::Demand),
     )
     .await;
     assert!(gone.is_err(), "the read waited for its chunk");
@@ -430,7 +487,7 @@ async fn a_reader_that_goes_away_mid_fetch_leaves_no_chunk_stranded() {
     // Its chunk still arrives: the file completes, and reads of it end.
     whole(&c).await;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 1000)
+        .read(&c, &src(&fake), &cred, at, 1000, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
@@ -450,8 +507,9 @@ async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
     for _ in 0..8 {
         let (c, fake, cred) = (c.clone(), fake.clone(), cred.clone());
         tasks.push(tokio::spawn(async move {
-            let f = c.start(b"fh3", &fake.attrs, None, fake.clone(), &cred)?;
-            f.read(&c, &src(&fake), &cred, 0, len as u32).await
+            let f = c.start(b"fh3", &fake.attrs, None, fake.clone(), &cred, false)?;
+            f.read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
+                .await
         }));
     }
     for t in tasks {
@@ -475,7 +533,7 @@ async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
         .get(b"fh3")
         .unwrap_or_else(|| panic!("kept across reopen"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32)
+        .read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(got == fake.data);
@@ -488,7 +546,7 @@ async fn zero_chunks_stay_unread_after_a_restart() {
     let meta = zero_meta(len, &[1, 4, 7]);
     let (dir, index, c, fake) = restartable(content(len));
     let cred = Credentials::default();
-    c.start(b"fh0", &fake.attrs, Some(&meta), fake.clone(), &cred)
+    c.start(b"fh0", &fake.attrs, Some(&meta), fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     drop(c);
@@ -506,7 +564,7 @@ async fn zero_chunks_stay_unread_after_a_restart() {
     assert_eq!(zero, [1, 4, 7]);
     let at = 4 * u64::from(CHUNK);
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, CHUNK)
+        .read(&c, &src(&fake), &cred, at, CHUNK, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(
@@ -514,7 +572,7 @@ async fn zero_chunks_stay_unread_after_a_restart() {
         "a zero chunk was read from the file"
     );
     let (all, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32)
+        .read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(all == fake.data);
@@ -531,10 +589,10 @@ async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
     let (dir, index, c, fake) = restartable(content(len));
     let cred = Credentials::unix(7, 8);
     let f = c
-        .start(b"fh5", &fake.attrs, None, fake.clone(), &cred)
+        .start(b"fh5", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     // A write before the file is whole is refused (the caller forwards it).
-    f.read(&c, &src(&fake), &cred, 0, 10)
+    f.read(&c, &src(&fake), &cred, 0, 10, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
@@ -564,7 +622,7 @@ async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
     let f = c.get(b"fh5").unwrap_or_else(|| panic!("dirty file kept"));
     assert!(f.is_dirty());
     let (got, eof) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32 + 100)
+        .read(&c, &src(&fake), &cred, 0, len as u32 + 100, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(eof && got == want, "reads see the writes");
@@ -598,11 +656,11 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
     let other = Fake::new(content(CHUNK as usize), true);
     let cred = Credentials::unix(7, 8);
     let f = c
-        .start(b"fhA", &fake.attrs, None, fake.clone(), &cred)
+        .start(b"fhA", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     let g = c
-        .start(b"fhB", &other.attrs, None, other.clone(), &cred)
+        .start(b"fhB", &other.attrs, None, other.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     for _ in 0..500 {
         if c.stats().counts.files_complete == 2 {
@@ -643,7 +701,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
     );
     assert_eq!(c.stats().counts.write_back_conflicts, 1);
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 10, 5)
+        .read(&c, &src(&fake), &cred, 10, 5, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&got[..], b"local");
@@ -661,7 +719,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
     let h = Fake::new(content(len), true);
     let (_dir2, _index2, c2, _) = restartable(content(len));
     let f2 = c2
-        .start(b"fhC", &h.attrs, None, h.clone(), &cred)
+        .start(b"fhC", &h.attrs, None, h.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c2).await;
     for at in [0, u64::from(CHUNK) + 5, 2 * u64::from(CHUNK) + 5] {
@@ -684,7 +742,7 @@ async fn a_write_during_a_setattrs_write_back_does_not_stay_behind() {
     let (_dir, _index, c, fake) = restartable(content(len));
     let cred = Credentials::unix(7, 8);
     let f = c
-        .start(b"fhS", &fake.attrs, None, fake.clone(), &cred)
+        .start(b"fhS", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     f.write(&c, &cred, 0, b"first".to_vec(), false)
@@ -758,7 +816,7 @@ async fn chunks_of_zeros_are_not_read_until_written() {
         .unwrap_or_else(|e| panic!("{e}"));
     let at = u64::from(CHUNK) - 100;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 2 * CHUNK)
+        .read(&c, &src(&fake), &cred, at, 2 * CHUNK, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(got[..] == fake.data[at as usize..at as usize + 2 * CHUNK as usize]);
@@ -768,7 +826,7 @@ async fn chunks_of_zeros_are_not_read_until_written() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at - 1, 7)
+        .read(&c, &src(&fake), &cred, at - 1, 7, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&*got, b"\0hello\0");
@@ -813,7 +871,14 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
     let mut served = Vec::new();
     for i in 0..4u64 {
         let (frame, n, eof, _) = f
-            .read_frame(&c, &src(&fake), &cred, i * u64::from(CHUNK), CHUNK, true)
+            .read_frame(
+                &c,
+                &src(&fake),
+                &cred,
+                i * u64::from(CHUNK),
+                CHUNK,
+                Asked::new(true, Urgency::Background),
+            )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(eof, i == 3);
@@ -832,14 +897,28 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let (frame, n, _, _) = f
-        .read_frame(&c, &src(&fake), &cred, 0, CHUNK, true)
+        .read_frame(
+            &c,
+            &src(&fake),
+            &cred,
+            0,
+            CHUNK,
+            Asked::new(true, Urgency::Background),
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&unframe(&frame, n)[10..13], b"new");
     assert_eq!(c.stats().counts.frames_made, 1);
     // A piece of a chunk is compressed for the caller, not kept.
     let (frame, n, _, _) = f
-        .read_frame(&c, &src(&fake), &cred, u64::from(CHUNK) + 7, 100, true)
+        .read_frame(
+            &c,
+            &src(&fake),
+            &cred,
+            u64::from(CHUNK) + 7,
+            100,
+            Asked::new(true, Urgency::Background),
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let at = CHUNK as usize + 7;
@@ -855,7 +934,7 @@ async fn frames_live_beside_their_file_and_go_with_it() {
     c.keep_frames();
     let cred = Credentials::default();
     let f = c
-        .start(b"fb", &fake.attrs, None, fake.clone(), &cred)
+        .start(b"fb", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     // These chunks do not compress: the frames hold the whole file.
@@ -872,7 +951,14 @@ async fn frames_live_beside_their_file_and_go_with_it() {
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             let (frame, n, _, _) = f
-                .read_frame(&c, &src(&fake), &cred, at, CHUNK, true)
+                .read_frame(
+                    &c,
+                    &src(&fake),
+                    &cred,
+                    at,
+                    CHUNK,
+                    Asked::new(true, Urgency::Background),
+                )
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(unframe(&frame, n)[..10], vec![round; 10][..]);
@@ -898,7 +984,7 @@ async fn a_write_of_no_bytes_past_the_end_changes_nothing() {
     let (dir, index, c, fake) = restartable(content(len));
     let cred = Credentials::default();
     let f = c
-        .start(b"fn", &fake.attrs, None, fake.clone(), &cred)
+        .start(b"fn", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     f.write(&c, &cred, 3, b"kept".to_vec(), true)
@@ -916,7 +1002,7 @@ async fn a_write_of_no_bytes_past_the_end_changes_nothing() {
         .get(b"fn")
         .unwrap_or_else(|| panic!("the writes were dropped"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 3, 4)
+        .read(&c, &src(&fake), &cred, 3, 4, Urgency::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&*got, b"kept");
@@ -929,7 +1015,14 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
     let cred = Credentials::default();
     whole(&c).await;
     let (_, _, _, a) = f
-        .read_frame(&c, &src(&fake), &cred, 0, CHUNK, true)
+        .read_frame(
+            &c,
+            &src(&fake),
+            &cred,
+            0,
+            CHUNK,
+            Asked::new(true, Urgency::Background),
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(same_version(&a, &fake.attrs));
@@ -937,7 +1030,14 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let (frame, n, _, a) = f
-        .read_frame(&c, &src(&fake), &cred, 0, CHUNK, true)
+        .read_frame(
+            &c,
+            &src(&fake),
+            &cred,
+            0,
+            CHUNK,
+            Asked::new(true, Urgency::Background),
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&unframe(&frame, n)[10..13], b"new");
@@ -948,7 +1048,16 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
     assert!(same_version(&a, &f.local_attrs()));
     // Nor is a FETCH answered while a write is under way.
     let pin = f.pin_write(0, 0, 10);
-    let raced = f.read_frame(&c, &src(&fake), &cred, 0, CHUNK, true).await;
+    let raced = f
+        .read_frame(
+            &c,
+            &src(&fake),
+            &cred,
+            0,
+            CHUNK,
+            Asked::new(true, Urgency::Background),
+        )
+        .await;
     assert!(raced.is_err());
     drop(pin);
 }
@@ -963,9 +1072,11 @@ async fn a_changed_file_fails_the_fetch() {
     // The proxy believes in an older version of the file.
     let old = attrs(len as u64, 6);
     let f = c
-        .start(b"fh4", &old, None, fake.clone(), &cred)
+        .start(b"fh4", &old, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
-    let r = f.read(&c, &src(&fake), &cred, 0, 100).await;
+    let r = f
+        .read(&c, &src(&fake), &cred, 0, 100, Urgency::Demand)
+        .await;
     assert!(r.is_err(), "bytes of another version were served");
     assert!(c.get(b"fh4").is_none());
 }

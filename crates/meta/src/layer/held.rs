@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::error::FileCacheError;
+use crate::ext::Urgency;
 
 impl MetaLayer {
     /// A READ of a compress-and-copy file, from the file cache (fetching
@@ -29,7 +30,7 @@ impl MetaLayer {
             .map(Ok);
         let entry = held.unwrap_or_else(|| {
             copy.files
-                .start(fh, attrs, Some(meta), copy.source.clone(), &cx.cred)
+                .start(fh, attrs, Some(meta), copy.source.clone(), &cx.cred, true)
         });
         let result = match entry {
             Ok(f) => self.read_held(cx, copy, &f, args).await,
@@ -57,8 +58,16 @@ impl MetaLayer {
         args: &READ3args,
     ) -> Result<NfsReply, FileCacheError> {
         let count = args.count.min(MAX_READ);
+        f.touch(args.offset, u64::from(count));
         let (data, eof) = f
-            .read(&copy.files, &copy.source, &cx.cred, args.offset, count)
+            .read(
+                &copy.files,
+                &copy.source,
+                &cx.cred,
+                args.offset,
+                count,
+                Urgency::Demand,
+            )
             .await?;
         self.counters.copy_reads.add(1);
         Ok(NfsReply::Read(Nfs3Result::Ok(READ3resok {

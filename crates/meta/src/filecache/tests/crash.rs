@@ -64,7 +64,14 @@ async fn after_crash(
     let f = c.get(fh).unwrap_or_else(|| panic!("the file was not kept"));
     let dirty = lock(&f.versions).dirty.keys().copied().collect();
     let (got, _) = f
-        .read(&c, &src(fake), &Credentials::default(), at, len)
+        .read(
+            &c,
+            &src(fake),
+            &Credentials::default(),
+            at,
+            len,
+            Urgency::Demand,
+        )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     (index, dirty, got.to_vec())
@@ -78,7 +85,7 @@ async fn writes_are_recorded_durably_before_they_land_or_are_acknowledged() {
     let fake = Fake::new(content(4 * CHUNK as usize), true);
     let cred = Credentials::default();
     let f = c
-        .start(b"fd", &fake.attrs, None, fake.clone(), &cred)
+        .start(b"fd", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     // Sled's own flush, half a second later: the clean record is durable.
@@ -153,11 +160,18 @@ async fn a_record_of_an_entry_let_go_does_not_describe_its_successor() {
     let cred = Credentials::default();
     // The file changes before its fetch runs: the old entry's fetch
     // finishes into its unlinked file while the new one's is held.
-    c.start(b"fs", &fake.attrs, None, fake.clone(), &cred)
+    c.start(b"fs", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     let newer = Fake::new(content(len), false);
-    c.start(b"fs", &attrs(len as u64, 9), None, newer.clone(), &cred)
-        .unwrap_or_else(|e| panic!("{e}"));
+    c.start(
+        b"fs",
+        &attrs(len as u64, 9),
+        None,
+        newer.clone(),
+        &cred,
+        false,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     drop(c);
     let c = reopen(dir.path(), &index);
@@ -167,13 +181,20 @@ async fn a_record_of_an_entry_let_go_does_not_describe_its_successor() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let index = Arc::new(CrashIndex::default());
     let c = crash_open(dir.path(), &index);
-    c.start(b"ft", &fake.attrs, None, fake.clone(), &cred)
+    c.start(b"ft", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     index.flush().unwrap_or_else(|e| panic!("{e}"));
     c.forget(b"ft");
-    c.start(b"ft", &attrs(len as u64, 9), None, newer.clone(), &cred)
-        .unwrap_or_else(|e| panic!("{e}"));
+    c.start(
+        b"ft",
+        &attrs(len as u64, 9),
+        None,
+        newer.clone(),
+        &cred,
+        false,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let c = crash_open(dir.path(), &index.crashed());
     assert!(c.get(b"ft").is_none(), "a half-fetched file was kept");
 }

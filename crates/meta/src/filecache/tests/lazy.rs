@@ -1,0 +1,194 @@
+//! Lazy clones' side of the file cache: readers' own fetches go as demand,
+//! a known profile's chunks are fetched first, and readers' first touches
+//! are learned as a profile and sent upstream.
+
+use super::*;
+use crate::Profile;
+
+const MIB: usize = CHUNK as usize;
+
+fn learning_cache(data: Vec<u8>) -> (tempfile::TempDir, Arc<FileCache>, Arc<Fake>) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = index();
+    let c = reopen(dir.path(), &index);
+    c.keep_profiles(crate::Profiles::new(index));
+    (dir, c, Fake::new(data, true))
+}
+
+async fn read_at(c: &Arc<FileCache>, f: &Arc<CachedFile>, fake: &Arc<Fake>, chunk: usize) {
+    let off = (chunk * MIB + 100) as u64;
+    f.touch(off, 4096);
+    let (got, _) = f
+        .read(
+            c,
+            &src(fake),
+            &Credentials::default(),
+            off,
+            4096,
+            Urgency::Demand,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got[..] == fake.data[chunk * MIB + 100..chunk * MIB + 4196]);
+}
+
+#[tokio::test]
+async fn a_readers_own_fetch_goes_as_demand_and_is_counted_as_a_fault() {
+    // Fetches are held: the background stream claims its window and
+    // waits; the far read must fetch its chunk itself, as demand.
+    let len = 40 * MIB;
+    let (_dir, fake, c, f) = started(b"fd", content(len), false, None, false);
+    tokio::task::yield_now().await;
+    fake.gate.add_permits(1 << 20);
+    read_at(&c, &f, &fake, 30).await;
+    let fetched = lock(&fake.fetched).clone();
+    let demand: Vec<u64> = fetched
+        .iter()
+        .filter(|(_, u)| *u == Urgency::Demand)
+        .map(|(o, _)| *o)
+        .collect();
+    assert_eq!(demand, vec![30 * MIB as u64], "{fetched:?}");
+    let s = c.stats().counts;
+    assert_eq!(s.faults_waited, 1);
+    assert!(s.demand_wire_bytes > 0 && s.demand_wire_bytes < s.wire_bytes);
+}
+
+#[tokio::test]
+async fn the_background_stream_holds_back_while_readers_fetch() {
+    let len = 64 * MIB;
+    let (_dir, fake, c, f) = started(b"fw", content(len), false, None, false);
+    // Let the background stream fill its window.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(fake.calls.load(Ordering::Relaxed), WINDOW as u64);
+    // A reader's fetch of chunk 50 is under way (held at the gate).
+    let reader = {
+        let (c, f, fake) = (c.clone(), f.clone(), fake.clone());
+        tokio::spawn(async move { read_at(&c, &f, &fake, 50).await })
+    };
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(f.demand_active());
+    // Let the background's chunks through one at a time: while the
+    // demand fetch is under way no new background chunk starts until
+    // fewer than UNDER_DEMAND are in flight.
+    let before = fake.calls.load(Ordering::Relaxed);
+    fake.gate.add_permits(WINDOW - UNDER_DEMAND);
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        fake.calls.load(Ordering::Relaxed),
+        before,
+        "the background stream started chunks while a reader waited"
+    );
+    fake.gate.add_permits(1 << 20);
+    reader.await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn a_known_profile_is_fetched_first_and_a_stale_one_is_not() {
+    let len = 24 * MIB;
+    for (mtime, used) in [(7, true), (8, false)] {
+        let (_dir, c, fake) = learning_cache(content(len));
+        let plan = vec![17u32, 3, 21];
+        *lock(&fake.profile) = Some(Profile::of(&attrs(len as u64, mtime), plan.clone()));
+        let f = c
+            .start(
+                b"fp",
+                &fake.attrs,
+                None,
+                fake.clone(),
+                &Credentials::default(),
+                false,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (all, _) = f
+            .read(
+                &c,
+                &src(&fake),
+                &Credentials::default(),
+                0,
+                len as u32,
+                Urgency::Background,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(all == fake.data);
+        let fetched = lock(&fake.fetched).clone();
+        let first: Vec<(u64, Urgency)> = fetched
+            .iter()
+            .filter(|(_, u)| *u == Urgency::Profile)
+            .copied()
+            .collect();
+        let s = c.stats().counts;
+        if used {
+            let want: Vec<(u64, Urgency)> = plan
+                .iter()
+                .map(|&i| (u64::from(i) * u64::from(CHUNK), Urgency::Profile))
+                .collect();
+            assert_eq!(first, want, "{fetched:?}");
+            assert_eq!((s.profile_hits, s.profile_chunks), (1, 3));
+            assert!(s.profile_wire_bytes > 0);
+        } else {
+            assert!(first.is_empty(), "a stale profile was used: {fetched:?}");
+            assert_eq!(s.profile_hits, 0);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn readers_first_touches_are_learned_kept_and_sent_upstream() {
+    let len = 32 * MIB;
+    let (_dir, c, fake) = learning_cache(content(len));
+    let f = c
+        .start(
+            b"fl",
+            &fake.attrs,
+            None,
+            fake.clone(),
+            &Credentials::default(),
+            true,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    for chunk in [9, 2, 9, 30, 2, 5] {
+        read_at(&c, &f, &fake, chunk).await;
+    }
+    assert!(
+        lock(&fake.put).is_empty(),
+        "sent before the readers went quiet"
+    );
+    tokio::time::sleep(LEARN_QUIET * 2).await;
+    let put = lock(&fake.put).clone();
+    assert_eq!(put.len(), 1, "{put:?}");
+    assert_eq!(put[0].chunks, vec![9, 2, 30, 5]);
+    assert!(put[0].describes(&fake.attrs));
+    assert_eq!(c.stats().counts.profiles_sent, 1);
+    // Kept here too: the next fetch of this version starts with it.
+    let kept = c.profiles.get().and_then(|p| p.get(b"fl", &fake.attrs));
+    assert_eq!(kept.map(|p| p.chunks), Some(vec![9, 2, 30, 5]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_of_the_whole_file_teaches_nothing() {
+    let len = 8 * MIB;
+    let (_dir, c, fake) = learning_cache(content(len));
+    let f = c
+        .start(
+            b"fc",
+            &fake.attrs,
+            None,
+            fake.clone(),
+            &Credentials::default(),
+            true,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    for chunk in 0..8 {
+        read_at(&c, &f, &fake, chunk).await;
+    }
+    tokio::time::sleep(LEARN_QUIET * 2).await;
+    assert!(lock(&fake.put).is_empty());
+    assert_eq!(c.stats().counts.profiles_discarded, 1);
+}
