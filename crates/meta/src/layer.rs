@@ -40,6 +40,7 @@ use crate::format::{MAX_META_LEN, MetaFile, is_meta_name, meta_name};
 use crate::trust::{self, WarnLimit};
 
 mod held;
+mod profile;
 mod zeros;
 
 /// Where compress-and-copy files go and come from: this proxy's file

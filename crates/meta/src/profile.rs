@@ -135,7 +135,9 @@ impl Profile {
         })
     }
 
-    fn record(&self) -> Vec<u8> {
+    /// The bytes of a kept profile: in the index, and in the
+    /// `.NAME.gvfsprofile` file beside the image at the origin.
+    pub fn record(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(36 + 4 * self.chunks.len());
         out.extend_from_slice(&RECORD_MAGIC);
         put_u32(&mut out, RECORD_VERSION);
@@ -145,7 +147,8 @@ impl Profile {
         out
     }
 
-    fn from_record(bytes: &[u8]) -> Option<Self> {
+    /// A kept profile's bytes, if they are whole (magic, version, CRC).
+    pub fn from_record(bytes: &[u8]) -> Option<Self> {
         let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
         if crc32fast::hash(body).to_be_bytes() != crc || !body.starts_with(&RECORD_MAGIC) {
             return None;
@@ -158,6 +161,23 @@ impl Profile {
         end(&r).ok()?;
         Some(p)
     }
+}
+
+/// The suffix of the file beside an image at the origin that keeps its
+/// profile: `.NAME.gvfsprofile`.
+pub const PROFILE_SUFFIX: &str = ".gvfsprofile";
+
+/// The largest profile file read: a record of [`MAX_PROFILE_CHUNKS`].
+pub const MAX_PROFILE_LEN: usize = 48 + 4 * MAX_PROFILE_CHUNKS;
+
+/// The name of the profile file beside `name`, if `name` can have one.
+pub fn profile_name(name: &str) -> Option<String> {
+    let meta = crate::meta_name(name)?;
+    let n = format!(".{name}{PROFILE_SUFFIX}");
+    (meta.len() < n.len()
+        && n.len() <= crate::format::MAX_NAME_LEN
+        && !name.ends_with(PROFILE_SUFFIX))
+    .then_some(n)
 }
 
 /// PROFILE_PUT's arguments: `opaque fh<64>; profile profile;`.

@@ -74,6 +74,8 @@ gvfs_nfs::counters! {
         profiles_stored,
         /// Working-set profiles answered (PROFILE_GET).
         profiles_served,
+        /// Working-set profiles written beside their image at the origin.
+        profiles_written,
     }
 }
 
@@ -283,6 +285,15 @@ impl ExtServer {
             if !matches!(sent, Ok(Ok(()))) {
                 tracing::debug!("a working-set profile was not passed upstream");
             }
+        } else if let Some(meta) = &self.meta {
+            // The last proxy before the image server: kept beside the image.
+            match meta.write_profile(cx, fh, p).await {
+                Ok(()) => self.counters.profiles_written.add(1),
+                Err(why) => tracing::info!(
+                    %why,
+                    "a working-set profile is kept in this proxy only, not at the origin"
+                ),
+            }
         }
         nfsstat3::NFS3_OK
     }
@@ -292,11 +303,17 @@ impl ExtServer {
         if let Some(p) = self.profiles.as_ref().and_then(|ps| ps.get(fh, &attrs)) {
             return Some(p);
         }
-        let up = self.upstream_speaks().await?;
-        let asked =
-            tokio::time::timeout(crate::filecache::PROFILE_WAIT, up.get_profile(&cx.cred, fh))
+        let p = match self.upstream_speaks().await {
+            Some(up) => {
+                let asked = tokio::time::timeout(
+                    crate::filecache::PROFILE_WAIT,
+                    up.get_profile(&cx.cred, fh),
+                )
                 .await;
-        let p = asked.ok()?.ok()??;
+                asked.ok()?.ok()??
+            }
+            None => self.meta.as_ref()?.read_profile(cx, fh, &attrs).await?,
+        };
         if !p.describes(&attrs) {
             return None;
         }

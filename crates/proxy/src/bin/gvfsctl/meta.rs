@@ -287,7 +287,57 @@ pub(super) fn meta_show(path: &Path) -> anyhow::Result<()> {
         Err(why) => format!("no: {why:#} (a proxy ignores this metadata)"),
     };
     println!("trusted:         {trusted}");
+    println!("working set:     {}", working_set(&file));
     Ok(())
+}
+
+/// What the `.NAME.gvfsprofile` beside `file` says: the working set lazy
+/// clones of it learned.
+fn working_set(file: &Path) -> String {
+    let name = file.file_name().and_then(|n| n.to_str());
+    let Some(pname) = name.and_then(gvfs_meta::profile::profile_name) else {
+        return "none".into();
+    };
+    let path = file.with_file_name(&pname);
+    let bytes = match std::fs::File::open(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return "none learned yet (a lazy clone through a gvfs-proxy learns it)".into();
+        }
+        Err(e) => return format!("{}: {e}", path.display()),
+        Ok(f) => {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            let limit = gvfs_meta::profile::MAX_PROFILE_LEN as u64 + 1;
+            if let Err(e) = f.take(limit).read_to_end(&mut bytes) {
+                return format!("{}: {e}", path.display());
+            }
+            bytes
+        }
+    };
+    let Some(p) = gvfs_meta::Profile::from_record(&bytes) else {
+        return format!("{pname} is damaged (ignored by proxies)");
+    };
+    let current = std::fs::metadata(file).ok().is_some_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        let t = |s: i64, ns: i64| (s as u32, ns as u32);
+        m.len() == p.size
+            && t(m.mtime(), m.mtime_nsec()) == p.mtime
+            && t(m.ctime(), m.ctime_nsec()) == p.ctime
+    });
+    let first: Vec<String> = p.chunks.iter().take(12).map(|c| c.to_string()).collect();
+    format!(
+        "{} in {} parts of {} (chunks {}{}), in {pname}; {}",
+        indicatif::HumanBytes(p.bytes()),
+        p.chunks.len(),
+        indicatif::HumanBytes(u64::from(gvfs_meta::ext::CHUNK)),
+        first.join(", "),
+        if p.chunks.len() > 12 { ", ..." } else { "" },
+        if current {
+            "learned on this version of the file"
+        } else {
+            "stale: learned on another version (proxies ignore it)"
+        }
+    )
 }
 
 #[cfg(test)]

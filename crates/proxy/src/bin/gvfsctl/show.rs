@@ -106,6 +106,22 @@ pub(super) fn print_stats(s: &Stats) {
             "  held        {} bytes; {} files with writes; {} files ({} bytes) written back",
             f.cached_bytes, f.dirty_files, f.counts.written_back_files, f.counts.written_back_bytes
         );
+        let c = &f.counts;
+        if c.faults_waited + c.demand_wire_bytes + c.profile_hits + c.profiles_sent > 0 {
+            println!(
+                "  lazy        {} bytes for readers waiting, {} for working-set profiles, {} in the background",
+                c.demand_wire_bytes, c.profile_wire_bytes, c.background_wire_bytes
+            );
+            println!(
+                "  faults      {} reads waited for a chunk, {:.1} ms each on average",
+                c.faults_waited,
+                c.fault_wait_micros as f64 / 1e3 / c.faults_waited.max(1) as f64
+            );
+            println!(
+                "  profiles    {} fetches started with one ({} chunks fetched first); {} learned and sent upstream, {} not kept (a copy)",
+                c.profile_hits, c.profile_chunks, c.profiles_sent, c.profiles_discarded
+            );
+        }
         if f.counts.frames_reused + f.counts.frames_made > 0 {
             println!(
                 "  frames      {} chunks sent to other proxies as they came, {} compressed here; {} bytes kept",
@@ -139,6 +155,10 @@ pub(super) fn print_stats(s: &Stats) {
         println!(
             "  STORE       {} calls, {} bytes received for {} bytes of file; {} errors",
             e.store_calls, e.stored_wire_bytes, e.stored_raw_bytes, e.errors
+        );
+        println!(
+            "  lazy        {} FETCHes a reader waited for; working-set profiles: {} kept, {} answered, {} written beside their image",
+            e.demand_calls, e.profiles_stored, e.profiles_served, e.profiles_written
         );
     }
 }
