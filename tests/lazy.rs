@@ -1,0 +1,336 @@
+//! Lazy clones, proxy side, through the real binaries: a node proxy with a
+//! file cache reads a compress-and-copy image through its FUSE mount (the
+//! way a lazy clone's QEMU reads guest memory) from an image-server
+//! gvfs-proxy over nfs-ganesha (or the embedded `dir:` origin).
+//! - Working-set profiles: scattered first reads are learned, kept by the
+//!   image server, and fetched first by the next node; a changed image
+//!   drops its profile; a copy of the whole file teaches nothing.
+//! - Demand: a read of a chunk the background stream has not reached is
+//!   fetched by the reader itself (FETCH_DEMAND), across an emulated WAN.
+//!
+//! Skipped (with a message) only when `/dev/fuse` or `fusermount3` is
+//! missing; the tests run as root, as the CI does.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use gvfs::data::{compare_bytes, compare_files, write_sparse_file};
+use gvfs::fuse::{self, MountPoint};
+use gvfs::nfsclient::NfsClient;
+use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_meta::ext::{ChunkSource, ExtClient};
+use gvfs_nfs::Credentials;
+use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
+use gvfs_wanlink::{LinkConfig, WanLink};
+
+const MIB: u64 = 1 << 20;
+/// The file cache's chunk.
+const CHUNK: u64 = MIB;
+/// The image's size: 48 chunks.
+const IMAGE_SIZE: u64 = 48 * MIB;
+/// Its chunks of zeros (holes); every other chunk holds data.
+const ZERO_CHUNKS: [u64; 6] = [3, 19, 20, 21, 35, 46];
+/// Bytes each scattered read asks for.
+const PAGE: usize = 4096;
+/// How long a learning may take to end and be sent: 3 s of quiet, a
+/// 250 ms tick, and room for a slow machine.
+const LEARN_WAIT: Duration = Duration::from_secs(15);
+/// How long a whole-file fetch over loopback may take.
+const FETCH_WAIT: Duration = Duration::from_secs(30);
+
+/// Returns from the test (passing) with a message when FUSE is missing.
+macro_rules! require_fuse {
+    () => {
+        if let Some(why) = gvfs::fuse::unavailable() {
+            eprintln!("skipping: {why}");
+            return Ok(());
+        }
+    };
+}
+
+/// Writes a sparse image of `size` bytes at `path`: data (for `seed`) in
+/// every chunk but `zeros`, then its metadata with `meta gen --compress`.
+fn image(path: &Path, size: u64, zeros: &[u64], seed: u64) -> Result<()> {
+    let extents: Vec<(u64, u64)> = (0..size.div_ceil(CHUNK))
+        .filter(|c| !zeros.contains(c))
+        .map(|c| (c * CHUNK, CHUNK.min(size - c * CHUNK)))
+        .collect();
+    write_sparse_file(path, size, seed, &extents)?;
+    meta_gen(path)
+}
+
+/// `gvfsctl meta gen PATH --compress`.
+fn meta_gen(path: &Path) -> Result<()> {
+    gvfsctl(&["meta", "gen", &path.display().to_string(), "--compress"])?;
+    Ok(())
+}
+
+/// An image-server proxy over nfs-ganesha's export, as the other tests
+/// start one (no options).
+fn image_server(g: &Ganesha) -> Result<Proxy> {
+    Proxy::spawn(ProxyArgs::new(g.upstream_url()))
+}
+
+/// A node: a fresh proxy with a block cache (so a file cache) in a fresh
+/// directory, whose upstream is `upstream`, with its export mounted on a
+/// fresh mount point.
+struct Node {
+    proxy: Proxy,
+    mnt: MountPoint,
+    _cache: tempfile::TempDir,
+}
+
+impl Node {
+    fn start(upstream: String) -> Result<Self> {
+        let cache = tempfile::Builder::new().prefix("gvfs-lazy-").tempdir()?;
+        let mnt = MountPoint::new()?;
+        let proxy = Proxy::spawn(
+            ProxyArgs::new(upstream)
+                .arg("--cache-dir")
+                .arg(cache.path().display().to_string())
+                .arg("--cache-size")
+                .arg("64M")
+                .arg("--mount")
+                .arg(mnt.path().display().to_string()),
+        )?;
+        ensure!(
+            mnt.is_mounted()? && fuse::fs_type(mnt.path())? == fuse::FUSE_SUPER_MAGIC,
+            "{} is not a FUSE mount once the proxy listens; output:\n{}",
+            mnt.path().display(),
+            proxy.output()
+        );
+        Ok(Self {
+            proxy,
+            mnt,
+            _cache: cache,
+        })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.mnt.path().join(name)
+    }
+
+    fn stats(&self) -> Result<serde_json::Value> {
+        self.proxy.cache_stats_all()
+    }
+}
+
+/// Reads `PAGE` bytes at `offset` of `name` through the node's mount (one
+/// open file, as QEMU keeps one) and checks them against the origin's.
+fn read_page(file: &File, origin: &Path, offset: u64) -> Result<()> {
+    let mut got = vec![0u8; PAGE];
+    file.read_exact_at(&mut got, offset)
+        .with_context(|| format!("reading {PAGE} bytes at {offset} through the mount"))?;
+    let mut want = vec![0u8; PAGE];
+    File::open(origin)?.read_exact_at(&mut want, offset)?;
+    compare_bytes(&want, &got).with_context(|| format!("the page at {offset}"))
+}
+
+/// Waits until `proxy`'s counter `key` is at least `min`; fails with the
+/// stats and the proxy's output after `timeout`.
+fn wait_stat(proxy: &Proxy, key: &str, min: u64, timeout: Duration) -> Result<serde_json::Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = proxy.cache_stats_all()?;
+        if n(&s, key) >= min {
+            return Ok(s);
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{key} did not reach {min} within {timeout:?}: {s}\noutput:\n{}",
+                proxy.output()
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The first reads of a lazy clone's guest, scattered, chunk by chunk (7
+/// twice): the profile learned is 30, 7, 41, 12.
+const SCATTERED: [u64; 5] = [30, 7, 41, 7, 12];
+
+/// Node 1 reads `SCATTERED` through its mount and goes quiet; its profile
+/// is sent to `server`, which keeps it. Returns node 1 (still running).
+fn learn_scattered(server: &Proxy, origin: &Path, name: &str) -> Result<Node> {
+    let node = Node::start(server.upstream_url())?;
+    let f = File::open(node.path(name))?;
+    for c in SCATTERED {
+        read_page(&f, origin, c * CHUNK + 512)?;
+    }
+    let s = wait_stat(&node.proxy, "file_cache.profiles_sent", 1, LEARN_WAIT)?;
+    ensure!(
+        n(&s, "file_cache.profiles_sent") == 1 && n(&s, "file_cache.profiles_discarded") == 0,
+        "node 1 after its scattered reads: {s}"
+    );
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&up, "ext.profiles_stored") == 1,
+        "the image server did not keep the profile: {up}"
+    );
+    Ok(node)
+}
+
+/// The profile `server` answers PROFILE_GET with for `name`, asked
+/// directly on its extension program.
+async fn profile_at(server: &Proxy, name: &str) -> Result<Option<Vec<u32>>> {
+    let give_up = Duration::from_secs(20);
+    let nfs = NfsClient::of_proxy(server, give_up).await?;
+    let fh = nfs.resolve(name).await?.context("resolving the image")?;
+    let ext = ExtClient::new(RpcClient::new(
+        TcpConnector {
+            addr: server.addr(),
+        },
+        ClientConfig {
+            give_up_after: Some(give_up),
+            ..ClientConfig::default()
+        },
+    ));
+    let p = ext.get_profile(&Credentials::unix(0, 0), &fh.data).await?;
+    Ok(p.map(|p| p.chunks))
+}
+
+/// A lazy clone's first reads are learned by its node and kept by the
+/// image server; the next node, reading another chunk first, fetches the
+/// learned chunks before the rest, and serves the whole file right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scattered_reads_are_learned_and_the_next_node_fetches_them_first() -> Result<()> {
+    require_fuse!();
+    let g = Ganesha::start()?;
+    let origin = g.export_dir().join("golden.mem");
+    image(&origin, IMAGE_SIZE, &ZERO_CHUNKS, 61)?;
+    let server = image_server(&g)?;
+    let node1 = learn_scattered(&server, &origin, "golden.mem")?;
+    drop(node1);
+
+    let node2 = Node::start(server.upstream_url())?;
+    let f = File::open(node2.path("golden.mem"))?;
+    read_page(&f, &origin, 100)?;
+    let s = wait_stat(&node2.proxy, "file_cache.files_complete", 1, FETCH_WAIT)?;
+    ensure!(
+        n(&s, "file_cache.profile_hits") == 1
+            && n(&s, "file_cache.profile_chunks") == 4
+            && n(&s, "file_cache.profile_wire_bytes") > 0,
+        "node 2 did not fetch the learned chunks first: {s}\noutput:\n{}",
+        node2.proxy.output()
+    );
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&up, "ext.profiles_served") == 1,
+        "the image server did not serve node 2 the profile: {up}"
+    );
+    compare_files(&origin, &node2.path("golden.mem"))
+        .context("the whole file through node 2's mount")?;
+    Ok(())
+}
+
+/// An image changed at the origin after a profile was learned on it (same
+/// file, other bytes, its metadata made again): the profile describes the
+/// old version, so a fresh node gets none, and reads the new bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_image_drops_its_profile() -> Result<()> {
+    require_fuse!();
+    let g = Ganesha::start()?;
+    let origin = g.export_dir().join("golden.mem");
+    image(&origin, IMAGE_SIZE, &ZERO_CHUNKS, 71)?;
+    let server = image_server(&g)?;
+    drop(learn_scattered(&server, &origin, "golden.mem")?);
+    let kept = profile_at(&server, "golden.mem").await?;
+    ensure!(
+        kept == Some(vec![30, 7, 41, 12]),
+        "the image server answers {kept:?} for the unchanged image"
+    );
+
+    // A new version: other bytes in two chunks of data (one the profile
+    // names), mtime and ctime move on.
+    thread::sleep(Duration::from_millis(20));
+    gvfs::data::write_at(&origin, 30 * CHUNK + 512, b"the golden image, rebuilt")?;
+    gvfs::data::write_at(&origin, 44 * CHUNK + 9, &[0xa5; 3000])?;
+    meta_gen(&origin)?;
+
+    let node = Node::start(server.upstream_url())?;
+    let f = File::open(node.path("golden.mem"))?;
+    read_page(&f, &origin, 30 * CHUNK)?;
+    let s = wait_stat(&node.proxy, "file_cache.files_complete", 1, FETCH_WAIT)?;
+    ensure!(
+        n(&s, "file_cache.profile_hits") == 0 && n(&s, "file_cache.profile_chunks") == 0,
+        "a profile of the old version ordered the new one's fetch: {s}"
+    );
+    compare_files(&origin, &node.path("golden.mem"))
+        .context("the changed file through a fresh node's mount")?;
+    let left = profile_at(&server, "golden.mem").await?;
+    ensure!(
+        left.is_none(),
+        "the image server still answers {left:?} for the changed image"
+    );
+    Ok(())
+}
+
+/// A node whose reader copies the whole file learns no working set: the
+/// read order is discarded, nothing is sent upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_teaches_nothing() -> Result<()> {
+    require_fuse!();
+    let g = Ganesha::start()?;
+    let origin = g.export_dir().join("golden.mem");
+    image(&origin, IMAGE_SIZE, &ZERO_CHUNKS, 81)?;
+    let server = image_server(&g)?;
+    let node = Node::start(server.upstream_url())?;
+    compare_files(&origin, &node.path("golden.mem")).context("the copy through the mount")?;
+    let s = wait_stat(&node.proxy, "file_cache.profiles_discarded", 1, LEARN_WAIT)?;
+    ensure!(
+        n(&s, "file_cache.profiles_sent") == 0 && n(&s, "file_cache.profiles_discarded") == 1,
+        "a copy was taken for a working set: {s}"
+    );
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&up, "ext.profiles_stored") == 0,
+        "the image server kept a profile of a copy: {up}"
+    );
+    Ok(())
+}
+
+/// Across a WAN (20 ms RTT, 20 Mbit/s), a read of a far chunk right after
+/// the first read does not wait for the background stream to get there:
+/// the reader fetches it itself, as demand (FETCH_DEMAND upstream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demand_reads_are_fetched_as_demand() -> Result<()> {
+    require_fuse!();
+    let origin_dir = tempfile::tempdir()?;
+    let origin = origin_dir.path().join("golden.mem");
+    // 24 chunks of data but for two; incompressible, so the background
+    // stream takes about 0.4 s a chunk on this link.
+    image(&origin, 24 * MIB, &[5, 17], 91)?;
+    let server = Proxy::spawn(ProxyArgs::dir(origin_dir.path()))?;
+    let link = WanLink::start(
+        "127.0.0.1:0".parse()?,
+        server.addr(),
+        LinkConfig::from_rtt(Duration::from_millis(20), Some(20_000_000)),
+    )
+    .await?;
+    let node = Node::start(server.upstream_url_at(link.local_addr()))?;
+    let f = File::open(node.path("golden.mem"))?;
+    read_page(&f, &origin, 0)?;
+    read_page(&f, &origin, 22 * CHUNK + 4096)?;
+    // Both reads waited for a chunk of their own, and fetched it (the
+    // first chunk and the far one, about 1 MiB each on the wire).
+    let s = node.stats()?;
+    ensure!(
+        n(&s, "file_cache.faults_waited") >= 2
+            && n(&s, "file_cache.fault_wait_micros") > 0
+            && n(&s, "file_cache.demand_wire_bytes") >= 2 * CHUNK - CHUNK / 4,
+        "the reads were not fetched as demand: {s}"
+    );
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&up, "ext.demand_calls") >= 2,
+        "the reads' chunks did not reach the image server as FETCH_DEMAND: {up}"
+    );
+    drop(node);
+    link.shutdown().await;
+    Ok(())
+}
