@@ -334,3 +334,55 @@ async fn demand_reads_are_fetched_as_demand() -> Result<()> {
     link.shutdown().await;
     Ok(())
 }
+
+/// With a metadata layer (`--meta`, the default with `--listen-tls` or a
+/// cache) the image server keeps a profile beside the image at the origin:
+/// `gvfsctl meta show` shows it there, and a restarted image server (whose
+/// memory is empty) still hands it to a fresh node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> Result<()> {
+    require_fuse!();
+    let g = Ganesha::start()?;
+    let origin = g.export_dir().join("golden.mem");
+    image(&origin, IMAGE_SIZE, &ZERO_CHUNKS, 83)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;
+    drop(learn_scattered(&server, &origin, "golden.mem")?);
+    let up = server.cache_stats_all()?;
+    ensure!(
+        n(&up, "ext.profiles_written") == 1,
+        "the image server did not write the profile beside the image: {up}"
+    );
+    let beside = g.export_dir().join(".golden.mem.gvfsprofile");
+    ensure!(beside.is_file(), "no {}", beside.display());
+    let shown = gvfsctl(&["meta", "show", &origin.display().to_string()])?;
+    ensure!(
+        shown.contains("in 4 parts") && shown.contains("chunks 30, 7, 41, 12"),
+        "meta show:\n{shown}"
+    );
+    ensure!(
+        shown.contains("learned on this version"),
+        "meta show:\n{shown}"
+    );
+    drop(server);
+
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;
+    let node = Node::start(server.upstream_url())?;
+    let f = File::open(node.path("golden.mem"))?;
+    read_page(&f, &origin, 100)?;
+    let s = wait_stat(&node.proxy, "file_cache.files_complete", 1, FETCH_WAIT)?;
+    ensure!(
+        n(&s, "file_cache.profile_hits") == 1 && n(&s, "file_cache.profile_chunks") == 4,
+        "the restarted image server did not hand on the kept profile: {s}"
+    );
+    compare_files(&origin, &node.path("golden.mem"))?;
+
+    // The image changes: meta show calls the kept profile stale.
+    thread::sleep(Duration::from_millis(20));
+    gvfs::data::write_at(&origin, 7 * CHUNK, b"rebuilt")?;
+    let shown = gvfsctl(&["meta", "show", &origin.display().to_string()])?;
+    ensure!(
+        shown.contains("stale: learned on another version"),
+        "meta show:\n{shown}"
+    );
+    Ok(())
+}

@@ -272,9 +272,10 @@ impl ExtServer {
         if !p.describes(&attrs) {
             return nfsstat3::NFS3ERR_STALE;
         }
-        if let Some(profiles) = &self.profiles {
-            profiles.put(fh, p);
-        }
+        let Some(profiles) = &self.profiles else {
+            return nfsstat3::NFS3ERR_NOTSUPP;
+        };
+        profiles.put(fh, p);
         self.counters.profiles_stored.add(1);
         if let Some(up) = self.upstream_speaks().await {
             let sent = tokio::time::timeout(

@@ -81,8 +81,14 @@ impl Stack {
         };
         // Working-set profiles live in the same index, beside the records
         // of the files they order.
-        let profiles = index.clone().map(Profiles::new);
-        if let (Some(files), Some(profiles)) = (&files, &profiles) {
+        // Without an index (no --meta) they are kept in memory: a proxy
+        // next to the image server answers PROFILE_PUT whatever its options.
+        let profiles = Profiles::new(
+            index
+                .clone()
+                .unwrap_or_else(|| Arc::new(gvfs_meta::MemIndex::new(MEMORY_PROFILES))),
+        );
+        if let Some(files) = &files {
             files.keep_profiles(profiles.clone());
         }
         let meta = meta_files.map(|table| {
@@ -95,7 +101,7 @@ impl Stack {
             files.clone(),
             ext_client,
             meta.clone(),
-            profiles,
+            Some(profiles),
         );
         Ok(Self {
             top,
@@ -108,6 +114,9 @@ impl Stack {
         })
     }
 }
+
+/// Working-set profiles a proxy without a metadata index keeps in memory.
+const MEMORY_PROFILES: usize = 4096;
 
 /// Puts `layer`, when there is one, on top of the stack.
 fn stack_on<L: NfsService>(top: &mut Arc<dyn NfsService>, layer: Option<Arc<L>>) -> Option<Arc<L>> {
