@@ -174,15 +174,21 @@ impl Bench<'_> {
                         }
                         CutPoint::Copy => None,
                     });
-                    guest::resume_clone(
+                    let resumed = guest::resume_clone(
                         &self.kit,
                         dir.path(),
+                        &dir.path().join(MEM),
+                        RamMapping::Shared,
                         timeout.saturating_sub(start.elapsed()),
+                        Watch::default(),
                     )?;
                     let timing = Timing {
                         copy: (copied - start).as_secs_f64(),
                         overlay: (overlaid - copied).as_secs_f64(),
-                        resume: overlaid.elapsed().as_secs_f64(),
+                        resume: resumed
+                            .running
+                            .saturating_duration_since(overlaid)
+                            .as_secs_f64(),
                     };
                     let cut = resume_cut
                         .join()

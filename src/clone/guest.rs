@@ -24,6 +24,22 @@
 //! digest of `run/(N mod R)` read from its disk. A clone is verified running
 //! when its serial line continues the golden counter with the right digest:
 //! the memory, the device state and the disk all came through intact.
+//!
+//! # Requests (time to responsiveness)
+//! The guest also answers requests on its second serial port (`ttyS1`, a
+//! unix socket `req.sock` on the host): a line `ID` gets `answer ID MD5` on
+//! the console, MD5 being the digest of the `boot/` files read again from
+//! the guest's page cache, so from the memory image ([`VmConfig::boot_sum`]).
+//! A clone answers once it is verified running ([`resume_clone`]): the
+//! answer is real work on a sizable part of the guest's memory, which a
+//! lazy clone has to bring in first.
+//!
+//! # Two ways to map a clone's memory ([`RamMapping`])
+//! A copy-first clone maps its own copy of `mem` shared (`share=on`); a
+//! lazy clone maps the golden `mem` itself privately and read-only
+//! (`share=off,readonly=on,rom=off`): pages are read when the guest first
+//! touches them, its writes stay in QEMU's private copy and the golden file
+//! is never written.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -40,7 +56,7 @@ use crate::debian_kernel::{KernelPackage, Newc, busybox};
 use crate::process::{self, run_ok};
 
 /// Changes whenever the kit's content would change (init script, modules).
-pub const KIT_STAMP: &str = "gvfs-guest-kit 1";
+pub const KIT_STAMP: &str = "gvfs-guest-kit 2";
 
 /// Modules the guest loads, in dependency order (read from each module's
 /// `depends=`; Debian's package ships no modules.dep).
@@ -71,6 +87,16 @@ while [ ! -b /dev/vda ] && [ $i -lt 200 ]; do usleep 50000; i=$((i+1)); done
 mkdir -p /mnt
 mount -t ext4 -o ro /dev/vda /mnt || echo "gvfs-guest: mount failed"
 cat /mnt/boot/* > /dev/null
+# Requests on the second serial port: each line is an id, answered on the
+# console with the MD5 of the boot/ files (from the page cache by now).
+(
+  stty -echo 2>/dev/null
+  while read -r id; do
+    set -- $(cat /mnt/boot/* | md5sum)
+    echo "answer $id $1"
+  done
+  echo "gvfs-guest: the request port closed"
+) < /dev/ttyS1 &
 runs=$(ls /mnt/run | wc -l)
 echo "gvfs-guest ready runs=$runs"
 n=0
@@ -175,6 +201,10 @@ pub struct VmConfig {
     pub last_tick: u64,
     /// MD5 digests of `run/0` .. `run/R-1`, in order.
     pub run_sums: Vec<String>,
+    /// MD5 digest of the `boot/` files one after the other, in the order
+    /// the guest's shell lists them (byte order of their names): what a
+    /// request is answered with.
+    pub boot_sum: String,
 }
 
 impl VmConfig {
@@ -186,6 +216,7 @@ impl VmConfig {
             "cmdline": self.cmdline,
             "last_tick": self.last_tick,
             "run_sums": self.run_sums,
+            "boot_sum": self.boot_sum,
         })
         .to_string()
     }
@@ -213,6 +244,7 @@ impl VmConfig {
             cmdline: str_of("cmdline")?,
             last_tick: num_of("last_tick")?,
             run_sums,
+            boot_sum: str_of("boot_sum")?,
         })
     }
 
@@ -249,7 +281,7 @@ pub fn build_golden(kit: &GuestKit, dir: &Path, seed: u64, size: GoldenSize) -> 
         .tempdir()
         .context("scratch directory")?;
     let files = scratch.path().join("files");
-    let run_sums = write_disk_files(&files, seed, size)?;
+    let (run_sums, boot_sum) = write_disk_files(&files, seed, size)?;
     let raw = scratch.path().join("disk.raw");
     // ext4 needs room for its metadata and journal beside the files.
     let fs_mib = size.disk_files_mib + size.disk_files_mib / 8 + 32;
@@ -288,11 +320,18 @@ pub fn build_golden(kit: &GuestKit, dir: &Path, seed: u64, size: GoldenSize) -> 
         ram_mib: size.ram_mib,
         cmdline: &cmdline,
         mem: &mem,
+        mapping: RamMapping::Shared,
         disk: &overlay,
         incoming: false,
     };
     let mut vm = Qemu::start(&machine, scratch.path())?;
     let ticks = vm.wait_for_tick(|n| n >= 3, BOOT_TIMEOUT)?;
+    // The request port works and answers what the clones will expect.
+    let sum = vm.request("golden", BOOT_TIMEOUT)?;
+    ensure!(
+        sum == boot_sum,
+        "{name}: the guest answered a request with MD5 {sum}, the boot/ files have {boot_sum}"
+    );
     let mut qmp = vm.qmp()?;
     qmp.execute("stop", None)?;
     set_ignore_shared(&mut qmp)?;
@@ -313,14 +352,15 @@ pub fn build_golden(kit: &GuestKit, dir: &Path, seed: u64, size: GoldenSize) -> 
         cmdline,
         last_tick,
         run_sums,
+        boot_sum,
     };
     std::fs::write(dir.join(CONFIG), config.to_json())?;
     Ok(config)
 }
 
 /// Writes the disk's files for `seed` under `root`; returns the MD5 of each
-/// `run/` file.
-fn write_disk_files(root: &Path, seed: u64, size: GoldenSize) -> Result<Vec<String>> {
+/// `run/` file, and of the `boot/` files one after the other.
+fn write_disk_files(root: &Path, seed: u64, size: GoldenSize) -> Result<(Vec<String>, String)> {
     let data_mib = size.disk_files_mib.saturating_sub(size.working_set_mib);
     for (sub, mib) in [("boot", size.working_set_mib), ("data", data_mib)] {
         let dir = root.join(sub);
@@ -342,7 +382,8 @@ fn write_disk_files(root: &Path, seed: u64, size: GoldenSize) -> Result<Vec<Stri
             .current_dir(&run),
         TOOL_TIMEOUT,
     )?;
-    out.stdout_text()
+    let run_sums = out
+        .stdout_text()
         .lines()
         .map(|l| {
             l.split_whitespace()
@@ -350,7 +391,31 @@ fn write_disk_files(root: &Path, seed: u64, size: GoldenSize) -> Result<Vec<Stri
                 .map(str::to_owned)
                 .context("md5sum output")
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((run_sums, concatenated_md5(&root.join("boot"))?))
+}
+
+/// The MD5 of the files in `dir` one after the other, in the byte order of
+/// their names (as a shell's `*` lists them in the C locale).
+fn concatenated_md5(dir: &Path) -> Result<String> {
+    let mut names = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .map(|e| Ok(e?.file_name()))
+        .collect::<Result<Vec<_>>>()?;
+    names.sort();
+    ensure!(!names.is_empty(), "{} is empty", dir.display());
+    let out = run_ok(
+        Command::new("sh")
+            .args(["-c", r#"cat -- "$@" | md5sum"#, "sh"])
+            .args(&names)
+            .current_dir(dir),
+        TOOL_TIMEOUT,
+    )?;
+    out.stdout_text()
+        .split_whitespace()
+        .next()
+        .map(str::to_owned)
+        .context("md5sum output")
 }
 
 /// A file of the guest's disk: each 4 KiB page is half pseudo-random bytes
@@ -404,27 +469,80 @@ pub fn create_overlay(backing: &str, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// How long each part of a clone's resume took.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Resume {
-    /// QEMU start to the device state loaded.
-    pub incoming_secs: f64,
-    /// `cont` to the first verified tick.
-    pub run_secs: f64,
+/// How QEMU maps guest RAM from its memory file
+/// (`memory-backend-file`'s options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RamMapping {
+    /// `share=on`: the file is the guest's RAM, its writes land there (a
+    /// golden guest being built, a copy-first clone's own copy).
+    Shared,
+    /// `share=off,readonly=on,rom=off`: the file (a golden image's) is
+    /// opened read-only and mapped private and writable: pages are read
+    /// when the guest first touches them and its writes stay in QEMU (a
+    /// lazy clone). QEMU 8.2 or later.
+    Private,
 }
 
-/// Resumes a clone whose files are in `dir` (`vm.json`, `mem`, `state`
-/// copied there, and `disk.qcow2` the overlay): starts QEMU with
-/// `-incoming defer`, loads the state, continues it, and waits until the
-/// guest prints the tick after the golden one's last with the right digest.
-pub fn resume_clone(kit: &GuestKit, dir: &Path, timeout: Duration) -> Result<Resume> {
+impl RamMapping {
+    fn options(self) -> &'static str {
+        match self {
+            RamMapping::Shared => "share=on",
+            RamMapping::Private => "share=off,readonly=on,rom=off",
+        }
+    }
+}
+
+/// What the harness watches while a clone resumes; every part optional.
+#[derive(Default, Clone, Copy)]
+pub struct Watch<'a> {
+    /// Bytes moved so far (across the WAN), read the moment the guest is
+    /// verified running and the moment it has answered its request.
+    pub bytes: Option<&'a (dyn Fn() -> u64 + Sync)>,
+    /// Called right before `cont` (the device state is loaded).
+    pub resuming: Option<&'a (dyn Fn() + Sync)>,
+}
+
+/// A clone's resume, as measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Resumed {
+    /// QEMU start to the device state loaded, seconds.
+    pub incoming_secs: f64,
+    /// `cont` to the first verified tick, seconds.
+    pub run_secs: f64,
+    /// When the guest was verified running.
+    pub running: Instant,
+    /// When it had answered its request with the right digest.
+    pub answered: Instant,
+    /// [`Watch::bytes`] at `running` (0 without it).
+    pub bytes_running: u64,
+    /// [`Watch::bytes`] at `answered` (0 without it).
+    pub bytes_answered: u64,
+}
+
+/// Resumes a clone whose files are in `dir` (`vm.json` and `state` copied
+/// there, and `disk.qcow2` the overlay) with its RAM in `ram`, mapped as
+/// `mapping` says (`dir/mem` copied there, shared; or a golden `mem`,
+/// private): starts QEMU with `-incoming defer`, loads the state,
+/// continues it, and waits until the guest prints the tick after the golden
+/// one's last with the right digest (verified running). Then sends it a
+/// request and waits for the answer with the digest of the `boot/` files
+/// (responsive).
+pub fn resume_clone(
+    kit: &GuestKit,
+    dir: &Path,
+    ram: &Path,
+    mapping: RamMapping,
+    timeout: Duration,
+    watch: Watch<'_>,
+) -> Result<Resumed> {
     let config = VmConfig::load(&dir.join(CONFIG))?;
     let start = Instant::now();
     let machine = Machine {
         kit,
         ram_mib: config.ram_mib,
         cmdline: &config.cmdline,
-        mem: &dir.join(MEM),
+        mem: ram,
+        mapping,
         disk: &dir.join(DISK),
         incoming: true,
     };
@@ -437,11 +555,16 @@ pub fn resume_clone(kit: &GuestKit, dir: &Path, timeout: Duration) -> Result<Res
     )?;
     wait_migration(&mut qmp, "migrate-incoming")?;
     let incoming_secs = start.elapsed().as_secs_f64();
+    if let Some(resuming) = watch.resuming {
+        resuming();
+    }
     let cont = Instant::now();
     qmp.execute("cont", None)?;
     let last = config.last_tick;
     let remaining = timeout.saturating_sub(start.elapsed());
     let tick = vm.wait_for_tick(|n| n > last, remaining)?;
+    let running = Instant::now();
+    let bytes_running = watch.bytes.map_or(0, |b| b());
     let run_secs = cont.elapsed().as_secs_f64();
     let (n, sum) = vm
         .ticks()?
@@ -462,11 +585,30 @@ pub fn resume_clone(kit: &GuestKit, dir: &Path, timeout: Duration) -> Result<Res
         config.name,
         n % config.run_sums.len() as u64
     );
+    let id = format!(
+        "r{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let sum = vm.request(&id, timeout.saturating_sub(start.elapsed()))?;
+    let answered = Instant::now();
+    let bytes_answered = watch.bytes.map_or(0, |b| b());
+    ensure!(
+        sum == config.boot_sum,
+        "{}: request {id} was answered with MD5 {sum}, the boot/ files have {}",
+        config.name,
+        config.boot_sum
+    );
     qmp.execute("quit", None).ok();
     vm.wait_exit(QMP_TIMEOUT)?;
-    Ok(Resume {
+    Ok(Resumed {
         incoming_secs,
         run_secs,
+        running,
+        answered,
+        bytes_running,
+        bytes_answered,
     })
 }
 
@@ -476,6 +618,7 @@ struct Machine<'a> {
     ram_mib: u64,
     cmdline: &'a str,
     mem: &'a Path,
+    mapping: RamMapping,
     disk: &'a Path,
     incoming: bool,
 }
@@ -485,6 +628,8 @@ struct Qemu {
     child: Child,
     qmp: PathBuf,
     serial: PathBuf,
+    /// The second serial port's socket: requests to the guest.
+    requests: PathBuf,
     log: PathBuf,
 }
 
@@ -492,8 +637,10 @@ impl Qemu {
     fn start(m: &Machine<'_>, dir: &Path) -> Result<Self> {
         let qmp = dir.join("qmp.sock");
         let serial = dir.join("serial.log");
+        let requests = dir.join("req.sock");
         let log = dir.join("qemu.log");
         std::fs::remove_file(&qmp).ok();
+        std::fs::remove_file(&requests).ok();
         let mut cmd = Command::new("qemu-system-x86_64");
         cmd.args(["-accel", "tcg", "-machine", "pc,memory-backend=mem"])
             .args(["-m", &format!("{}M", m.ram_mib), "-smp", "1"])
@@ -506,9 +653,10 @@ impl Qemu {
             .args(["-append", m.cmdline])
             .arg("-object")
             .arg(format!(
-                "memory-backend-file,id=mem,size={}M,mem-path={},share=on",
+                "memory-backend-file,id=mem,size={}M,mem-path={},{}",
                 m.ram_mib,
-                m.mem.display()
+                m.mem.display(),
+                m.mapping.options()
             ))
             .arg("-drive")
             .arg(format!(
@@ -517,8 +665,14 @@ impl Qemu {
             ))
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .arg("-chardev")
+            .arg(format!(
+                "socket,id=req,path={},server=on,wait=off",
+                requests.display()
+            ))
             .arg("-serial")
-            .arg(format!("file:{}", serial.display()));
+            .arg(format!("file:{}", serial.display()))
+            .args(["-serial", "chardev:req"]);
         if m.incoming {
             cmd.args(["-incoming", "defer"]);
         }
@@ -533,6 +687,7 @@ impl Qemu {
             child,
             qmp,
             serial,
+            requests,
             log,
         })
     }
@@ -565,24 +720,44 @@ impl Qemu {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Complete `WORD A MD5` lines printed so far, as (A, MD5).
+    fn lines_of(&self, word: &str) -> Vec<(String, String)> {
+        let text = std::fs::read(&self.serial).unwrap_or_default();
+        serial_lines(&String::from_utf8_lossy(&text), word)
+    }
+
     /// Complete `tick N MD5` lines printed so far.
     fn ticks(&self) -> Result<Vec<(u64, String)>> {
-        let text = std::fs::read(&self.serial).unwrap_or_default();
-        let text = String::from_utf8_lossy(&text);
-        let mut lines: Vec<&str> = text.split('\n').collect();
-        lines.pop(); // the part after the last newline is not complete
-        Ok(lines
+        Ok(self
+            .lines_of("tick")
             .into_iter()
-            .filter_map(|l| {
-                let mut w = l.trim_end_matches('\r').split(' ');
-                match (w.next(), w.next(), w.next(), w.next()) {
-                    (Some("tick"), Some(n), Some(sum), None) if sum.len() == 32 => {
-                        Some((n.parse().ok()?, sum.to_owned()))
-                    }
-                    _ => None,
-                }
-            })
+            .filter_map(|(n, sum)| Some((n.parse().ok()?, sum)))
             .collect())
+    }
+
+    /// Sends request `id` (no spaces) to the guest on its second serial
+    /// port and waits for its `answer ID MD5` line; returns MD5.
+    fn request(&mut self, id: &str, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        let mut port = UnixStream::connect(&self.requests)
+            .with_context(|| format!("connecting to {}", self.requests.display()))?;
+        port.write_all(format!("{id}\n").as_bytes())
+            .context("writing a request to the guest")?;
+        loop {
+            if let Some((_, sum)) = self.lines_of("answer").into_iter().find(|a| a.0 == id) {
+                return Ok(sum);
+            }
+            self.check_alive()?;
+            if Instant::now() >= deadline {
+                let serial = std::fs::read(&self.serial).unwrap_or_default();
+                bail!(
+                    "the guest did not answer request {id} within {timeout:?}; serial:\n{}\nQEMU:\n{}",
+                    String::from_utf8_lossy(&serial),
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Waits for a tick line whose number satisfies `pred`; returns it.
@@ -612,6 +787,25 @@ impl Qemu {
         }
         Ok(())
     }
+}
+
+/// The complete lines of `text` (a serial log) that are `WORD A MD5`, as
+/// (A, MD5); the part after the last newline is not complete.
+fn serial_lines(text: &str, word: &str) -> Vec<(String, String)> {
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    lines.pop();
+    lines
+        .into_iter()
+        .filter_map(|l| {
+            let mut w = l.trim_end_matches('\r').split(' ');
+            match (w.next(), w.next(), w.next(), w.next()) {
+                (Some(first), Some(a), Some(sum), None) if first == word && sum.len() == 32 => {
+                    Some((a.to_owned(), sum.to_owned()))
+                }
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 impl Drop for Qemu {
@@ -717,15 +911,43 @@ mod tests {
             cmdline: "console=ttyS0".into(),
             last_tick: 7,
             run_sums: vec!["0123456789abcdef0123456789abcdef".into()],
+            boot_sum: "fedcba9876543210fedcba9876543210".into(),
         };
         assert_eq!(VmConfig::from_json(&c.to_json()).expect("parse"), c);
         assert!(VmConfig::from_json("{}").is_err());
         assert!(VmConfig::from_json("not json").is_err());
         assert!(
             VmConfig::from_json(
-                r#"{"name":"a","ram_mib":1,"cmdline":"","last_tick":1,"run_sums":[]}"#
+                r#"{"name":"a","ram_mib":1,"cmdline":"","last_tick":1,"run_sums":[],"boot_sum":""}"#
             )
             .is_err()
+        );
+        // A vm.json from before requests (no boot_sum) is refused.
+        let mut old: Value = serde_json::from_str(&c.to_json()).expect("json");
+        old.as_object_mut().expect("object").remove("boot_sum");
+        assert!(VmConfig::from_json(&old.to_string()).is_err());
+    }
+
+    #[test]
+    fn serial_lines_are_complete_three_word_lines() {
+        let log = "tick 41 0123456789abcdef0123456789abcdef\r\n\
+                   answer r7 fedcba9876543210fedcba9876543210\r\n\
+                   gvfs-guest ready runs=8\n\
+                   tick 42 0123456789abcdef0123456789abcdef extra\n\
+                   answer r8 fedcba98765432";
+        assert_eq!(
+            serial_lines(log, "tick"),
+            [(
+                "41".to_owned(),
+                "0123456789abcdef0123456789abcdef".to_owned()
+            )]
+        );
+        assert_eq!(
+            serial_lines(log, "answer"),
+            [(
+                "r7".to_owned(),
+                "fedcba9876543210fedcba9876543210".to_owned()
+            )]
         );
     }
 }

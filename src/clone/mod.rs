@@ -44,7 +44,7 @@ use crate::bench::{loadavg, shm_tempdir};
 use crate::libnfs::{CopyClient, nfs_url};
 use crate::proxy::{gvfsctl_local, site_ca, stat};
 use crate::{Ganesha, Proxy, ProxyArgs};
-use guest::{CONFIG, DISK, FILES, GoldenSize, GuestKit, MEM, STATE};
+use guest::{CONFIG, DISK, FILES, GoldenSize, GuestKit, MEM, RamMapping, STATE, Watch};
 use report::CloneRecord;
 use summary::{fmt3, goals, summary};
 pub use summary::{report_markdown, write_outputs};
@@ -312,11 +312,21 @@ fn clone_one(kit: &GuestKit, source: &Source, work: &Path, timeout: Duration) ->
     let copied = Instant::now();
     guest::create_overlay(&source.backing(), &dir.path().join(DISK))?;
     let overlaid = Instant::now();
-    guest::resume_clone(kit, dir.path(), timeout.saturating_sub(start.elapsed()))?;
+    let resumed = guest::resume_clone(
+        kit,
+        dir.path(),
+        &dir.path().join(MEM),
+        RamMapping::Shared,
+        timeout.saturating_sub(start.elapsed()),
+        Watch::default(),
+    )?;
     Ok(Timing {
         copy: (copied - start).as_secs_f64(),
         overlay: (overlaid - copied).as_secs_f64(),
-        resume: overlaid.elapsed().as_secs_f64(),
+        resume: resumed
+            .running
+            .saturating_duration_since(overlaid)
+            .as_secs_f64(),
     })
 }
 
