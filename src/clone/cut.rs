@@ -16,14 +16,24 @@
 //!    delivered, as when a cable is pulled) for as long; QEMU's reads of the
 //!    golden disk that miss the node's block cache wait for it.
 //!
-//! A clone passes when it resumes with the right disk digest (as every
-//! clone must, [`guest::resume_clone`]) and neither the guest's serial
-//! console nor QEMU's log holds an error ([`console_errors`]).
+//! 3. **Blackhole as a lazy clone resumes** ([`CutPoint::LazyResume`], the
+//!    scenario "lazy WAN cut"): a cold lazy clone ([`super::lazy`]) of
+//!    image 1 by a fresh node with its FUSE mount; the link goes
+//!    [`CutMode::Blackhole`] right before `cont`, when the guest is about
+//!    to touch pages of the golden `mem` that have not crossed yet. Its
+//!    page faults (and QEMU's disk reads) wait, as on a hard mount, and go
+//!    on when the link comes back.
+//!
+//! A clone passes when it resumes with the right disk digest and answers
+//! its request with the right memory digest (as every clone must,
+//! [`guest::resume_clone`]) and neither the guest's serial console nor
+//! QEMU's log holds an error ([`console_errors`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use gvfs_wanlink::CutMode;
 
+use super::lazy::POLL;
 use super::*;
 
 /// Where in a cold clone the link is cut.
@@ -34,6 +44,8 @@ pub enum CutPoint {
     Copy,
     /// As QEMU starts to resume the clone (blackhole).
     Resume,
+    /// A lazy clone, right before `cont` (blackhole).
+    LazyResume,
 }
 
 impl CutPoint {
@@ -42,13 +54,14 @@ impl CutPoint {
         match self {
             CutPoint::Copy => "reset while the memory image crosses",
             CutPoint::Resume => "blackhole as QEMU resumes",
+            CutPoint::LazyResume => "blackhole as a lazy clone resumes",
         }
     }
 
     fn mode(self) -> CutMode {
         match self {
             CutPoint::Copy => CutMode::Reset,
-            CutPoint::Resume => CutMode::Blackhole,
+            CutPoint::Resume | CutPoint::LazyResume => CutMode::Blackhole,
         }
     }
 }
@@ -107,6 +120,21 @@ pub fn console_errors(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The error lines ([`console_errors`]) of the guest's console and QEMU's
+/// log in a clone's directory, each named by its file.
+pub(super) fn log_errors(dir: &Path) -> Vec<String> {
+    let mut errors = Vec::new();
+    for log in ["serial.log", "qemu.log"] {
+        let text = std::fs::read(dir.join(log)).unwrap_or_default();
+        errors.extend(
+            console_errors(&String::from_utf8_lossy(&text))
+                .into_iter()
+                .map(|l| format!("{log}: {l}")),
+        );
+    }
+    errors
+}
+
 /// Cuts `wan` in `mode` when `due` says so (polled every few milliseconds)
 /// and restores it `hold` later, unless `done` is set first. Returns when
 /// it cut (seconds after `start`) and the bytes across the link then.
@@ -159,7 +187,7 @@ impl Bench<'_> {
                     CutPoint::Copy => {
                         cut_when(&wan, point.mode(), hold, start, &done, |b| b >= threshold)
                     }
-                    CutPoint::Resume => None,
+                    CutPoint::Resume | CutPoint::LazyResume => None,
                 });
                 let run = (|| -> Result<(Timing, Option<(f64, u64)>)> {
                     for name in [CONFIG, MEM, STATE] {
@@ -172,7 +200,7 @@ impl Bench<'_> {
                         CutPoint::Resume => {
                             cut_when(&wan, point.mode(), hold, start, &done, |_| true)
                         }
-                        CutPoint::Copy => None,
+                        CutPoint::Copy | CutPoint::LazyResume => None,
                     });
                     let resumed = guest::resume_clone(
                         &self.kit,
@@ -180,16 +208,12 @@ impl Bench<'_> {
                         &dir.path().join(MEM),
                         RamMapping::Shared,
                         timeout.saturating_sub(start.elapsed()),
-                        Watch::default(),
+                        Watch {
+                            bytes: Some(&|| wire(&wan)),
+                            ..Watch::default()
+                        },
                     )?;
-                    let timing = Timing {
-                        copy: (copied - start).as_secs_f64(),
-                        overlay: (overlaid - copied).as_secs_f64(),
-                        resume: resumed
-                            .running
-                            .saturating_duration_since(overlaid)
-                            .as_secs_f64(),
-                    };
+                    let timing = Timing::new(start, copied, overlaid, &resumed, true);
                     let cut = resume_cut
                         .join()
                         .map_err(|_| anyhow::anyhow!("the cutting thread panicked"))?;
@@ -202,61 +226,109 @@ impl Bench<'_> {
                 let (timing, resume_cut) = run?;
                 Ok::<_, anyhow::Error>((timing, copy_cut.or(resume_cut)))
             })?;
-            let total = wire(&wan);
-            let mut errors = Vec::new();
-            for log in ["serial.log", "qemu.log"] {
-                let text = std::fs::read(dir.path().join(log)).unwrap_or_default();
-                errors.extend(
-                    console_errors(&String::from_utf8_lossy(&text))
-                        .into_iter()
-                        .map(|l| format!("{log}: {l}")),
-                );
-            }
-            let connects = stat(&node.proxy.status()?, "upstream_client.connects");
-            let cut_at = cut.map(|(at, _)| at);
-            let rec = CutRecord {
-                clone: i + 1,
-                point,
-                cut_at_secs: cut_at,
-                held_secs: if cut.is_some() {
-                    hold.as_secs_f64()
-                } else {
-                    0.0
-                },
-                bytes_before: cut.map_or(total, |(_, b)| b),
-                bytes_total: total,
-                total_secs: timing.total(),
-                spanned: cut_at.is_some_and(|at| at + hold.as_secs_f64() < timing.total()),
-                reconnects: connects.saturating_sub(1),
-                connections_reset: wan.stats().connections_reset,
-                errors,
-            };
-            eprintln!(
-                "WAN cut clone {} ({}): {:.2} s, cut at {} for {:.0} s, {:.1} of {:.1} MiB across before it, {} reconnects, {} error lines",
-                rec.clone,
-                point.label(),
-                rec.total_secs,
-                cut_at.map_or("-".to_owned(), |a| format!("{a:.2} s")),
-                rec.held_secs,
-                rec.bytes_before as f64 / MIB as f64,
-                rec.bytes_total as f64 / MIB as f64,
-                rec.reconnects,
-                rec.errors.len()
-            );
-            records.push(CloneRecord {
-                scenario: Scenario::WanCut.label().to_owned(),
-                clone: i + 1,
-                image: 1,
-                total_secs: timing.total(),
-                copy_secs: timing.copy,
-                overlay_secs: timing.overlay,
-                resume_secs: timing.resume,
-                wan_bytes: total,
-            });
+            let mut timing = timing;
+            timing.errors = log_errors(dir.path());
+            let rec = cut_record(i + 1, point, &timing, cut, hold, &wan, &node)?;
+            records.push(timing.record(Scenario::WanCut.label(), i + 1, 1, rec.bytes_total));
             cuts.push(rec);
         }
         Ok((records, cuts))
     }
+
+    /// The lazy WAN cut ([`CutPoint::LazyResume`]): a cold lazy clone of
+    /// image 1 by a fresh node over a fresh link, blackholed right before
+    /// `cont` for [`Settings::cut_hold`].
+    pub(super) fn run_lazy_cut(&self) -> Result<(Vec<CloneRecord>, Vec<CutRecord>)> {
+        let point = CutPoint::LazyResume;
+        let hold = self.settings.cut_hold;
+        let wan = self.wan()?;
+        let node = self.node_with(Some(node_ip(0)), Self::gvfs_url(&wan), true)?;
+        let resuming = AtomicBool::new(false);
+        let done = AtomicBool::new(false);
+        let start = Instant::now();
+        let (timing, cut) = std::thread::scope(|scope| {
+            let cutter = scope.spawn(|| {
+                cut_when(&wan, point.mode(), hold, start, &done, |_| {
+                    resuming.load(Ordering::Relaxed)
+                })
+            });
+            let timing = self.lazy_clone(
+                Some(&node),
+                1,
+                true,
+                POLL,
+                Watch {
+                    bytes: Some(&|| wire(&wan)),
+                    resuming: Some(&|| resuming.store(true, Ordering::Relaxed)),
+                },
+            );
+            done.store(true, Ordering::Relaxed);
+            let cut = cutter
+                .join()
+                .map_err(|_| anyhow::anyhow!("the cutting thread panicked"))?;
+            Ok::<_, anyhow::Error>((timing?, cut))
+        })?;
+        // When the cut came, from the clone's own start.
+        let early = timing.start.saturating_duration_since(start).as_secs_f64();
+        let cut = cut.map(|(at, b)| (at - early, b));
+        let rec = cut_record(1, point, &timing, cut, hold, &wan, &node)?;
+        let label = Scenario::LazyWanCut.label();
+        let wan_bytes = rec.bytes_total;
+        timing.log(label, 1, 1, wan_bytes);
+        Ok((vec![timing.record(label, 1, 1, wan_bytes)], vec![rec]))
+    }
+}
+
+/// The record of cut clone number `clone`: it took `timing`, the link was
+/// cut (at seconds into the clone, bytes across before) as `cut` says for
+/// `hold`; the node's reconnects and the link's resets from their counters.
+fn cut_record(
+    clone: usize,
+    point: CutPoint,
+    timing: &Timing,
+    cut: Option<(f64, u64)>,
+    hold: Duration,
+    wan: &WanLink,
+    node: &Node,
+) -> Result<CutRecord> {
+    let total = wire(wan);
+    let connects = stat(&node.proxy.status()?, "upstream_client.connects");
+    let cut_at = cut.map(|(at, _)| at);
+    let rec = CutRecord {
+        clone,
+        point,
+        cut_at_secs: cut_at,
+        held_secs: if cut.is_some() {
+            hold.as_secs_f64()
+        } else {
+            0.0
+        },
+        bytes_before: cut.map_or(total, |(_, b)| b),
+        bytes_total: total,
+        total_secs: timing.total(),
+        spanned: cut_at.is_some_and(|at| at + hold.as_secs_f64() < timing.total()),
+        reconnects: connects.saturating_sub(1),
+        connections_reset: wan.stats().connections_reset,
+        errors: timing.errors.clone(),
+    };
+    eprintln!(
+        "{} clone {} ({}): {:.2} s, cut at {} for {:.0} s, {:.1} of {:.1} MiB across before it, {} reconnects, {} error lines",
+        if point == CutPoint::LazyResume {
+            Scenario::LazyWanCut.label()
+        } else {
+            Scenario::WanCut.label()
+        },
+        rec.clone,
+        point.label(),
+        rec.total_secs,
+        cut_at.map_or("-".to_owned(), |a| format!("{a:.2} s")),
+        rec.held_secs,
+        rec.bytes_before as f64 / MIB as f64,
+        rec.bytes_total as f64 / MIB as f64,
+        rec.reconnects,
+        rec.errors.len()
+    );
+    Ok(rec)
 }
 
 /// The WAN cut scenario's table, in Markdown (empty without cuts).

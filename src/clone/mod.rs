@@ -24,9 +24,21 @@
 //! gets a fresh link (its byte counters are the scenario's) and fresh
 //! proxies (cold caches). One more is not the paper's: [`cut`], the link
 //! cut for some seconds in the middle of a cold clone.
+//!
+//! **Lazy clones** ([`lazy`]; the scenarios named "lazy ..."): the same
+//! scenarios with a clone that copies only `vm.json` and `state` and maps
+//! the golden `mem` itself, privately and read-only, from the node proxy's
+//! FUSE mount (`gvfs-proxy --mount`): pages cross when the guest touches
+//! them. The copy-first clone above stays the paper's procedure and the
+//! baseline.
+//!
+//! **Every clone** is timed to the guest verified running (the clone time)
+//! and to its answer to a request that reads the `boot/` files from its
+//! memory (time to responsiveness, [`guest::resume_clone`]).
 
 pub mod cut;
 pub mod guest;
+pub mod lazy;
 pub mod report;
 mod summary;
 
@@ -41,12 +53,14 @@ use anyhow::{Context, Result, bail, ensure};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
 use crate::bench::{loadavg, shm_tempdir};
+use crate::fuse::MountPoint;
 use crate::libnfs::{CopyClient, nfs_url};
+use crate::process::run_ok;
 use crate::proxy::{gvfsctl_local, site_ca, stat};
 use crate::{Ganesha, Proxy, ProxyArgs};
-use guest::{CONFIG, DISK, FILES, GoldenSize, GuestKit, MEM, RamMapping, STATE, Watch};
-use report::CloneRecord;
-use summary::{fmt3, goals, summary};
+use guest::{CONFIG, DISK, FILES, GoldenSize, GuestKit, MEM, RamMapping, Resumed, STATE, Watch};
+use report::{CloneRecord, NodeFetch};
+use summary::{fmt3, goals, lazy_goals, summary};
 pub use summary::{report_markdown, write_outputs};
 
 mod stream;
@@ -77,7 +91,9 @@ pub struct Settings {
     pub mbit: u64,
     /// Longest a single clone may take before the run fails.
     pub clone_timeout: Duration,
-    /// The scenarios to run (WAN-P cold and warm run together).
+    /// The scenarios to run (WAN-P cold and warm run together, and so do
+    /// their lazy ones; lazy WAN-S1 learned runs after lazy WAN-S1, which
+    /// it needs).
     pub scenarios: Vec<Scenario>,
     /// How long the WAN cut scenario keeps the link cut.
     pub cut_hold: Duration,
@@ -104,7 +120,8 @@ impl Settings {
     }
 
     /// A quick run that checks the pipeline end to end: 2 small images, 2
-    /// clones per sequence, 10 ms and 200 Mbit/s.
+    /// clones per sequence, 10 ms and 200 Mbit/s; every scenario, copy-first
+    /// and lazy.
     pub fn quick() -> Self {
         Self {
             images: 2,
@@ -124,9 +141,10 @@ impl Settings {
 
     /// The larger guests the full benchmark also clones: one image of
     /// 2 GiB RAM (the same 32 MiB working set and disk files), cloned 3 times
-    /// Local and WAN-S1, once over plain NFS, on the same link. Guest RAM is
-    /// what plain NFS and the full copy move; a clone moves only its
-    /// non-zero part, compressed, so the ratios to them depend on it.
+    /// Local and WAN-S1, once over plain NFS, on the same link; and lazily:
+    /// Local, WAN-S1, WAN-S1 learned and WAN-P (3 nodes). Guest RAM is what
+    /// plain NFS and the full copy move; a clone moves only its non-zero
+    /// part, compressed, so the ratios to them depend on it.
     pub fn larger(&self) -> Self {
         Self {
             images: 1,
@@ -135,7 +153,15 @@ impl Settings {
                 ram_mib: 2048,
                 ..self.size
             },
-            scenarios: vec![Scenario::Local, Scenario::WanS1, Scenario::PlainNfs],
+            scenarios: vec![
+                Scenario::Local,
+                Scenario::WanS1,
+                Scenario::PlainNfs,
+                Scenario::LazyLocal,
+                Scenario::LazyWanS1,
+                Scenario::LazyWanS1Learned,
+                Scenario::LazyWanPCold,
+            ],
             ..self.clone()
         }
     }
@@ -175,11 +201,34 @@ pub enum Scenario {
     /// Baseline: the copies and QEMU's disk straight from the image server
     /// over NFS across the WAN, no proxy.
     PlainNfs,
+    /// Lazy clones ([`lazy`]) of images on local disk: each maps the golden
+    /// `mem` in ganesha's export directory.
+    LazyLocal,
+    /// Lazy clones of one golden image, `clones` in a row by one node
+    /// (through its FUSE mount): the first cold, the others warm.
+    LazyWanS1,
+    /// One cold lazy clone of image 1 by a fresh node over a fresh link,
+    /// after lazy WAN-S1's node taught the image server which chunks of
+    /// `mem` the guest touches first (its working-set profile).
+    LazyWanS1Learned,
+    /// Lazy clones of `clones` different images, one each, by one node.
+    LazyWanS2,
+    /// Lazy WAN-S2 through a LAN proxy that another node's lazy clones of
+    /// the same images filled first.
+    LazyWanS3,
+    /// `clones` nodes (each with its own mount) behind one LAN proxy
+    /// lazily clone image 1 at once, cold.
+    LazyWanPCold,
+    /// The same nodes do it again, warm.
+    LazyWanPWarm,
+    /// A cold lazy clone of image 1 with the link blackholed as QEMU
+    /// resumes ([`cut`]).
+    LazyWanCut,
 }
 
 impl Scenario {
-    /// Every scenario.
-    pub const ALL: [Scenario; 9] = [
+    /// Every scenario, copy-first ones first.
+    pub const ALL: [Scenario; 17] = [
         Scenario::Local,
         Scenario::WanS1,
         Scenario::WanS2,
@@ -189,24 +238,83 @@ impl Scenario {
         Scenario::WanCut,
         Scenario::FullCopy,
         Scenario::PlainNfs,
+        Scenario::LazyLocal,
+        Scenario::LazyWanS1,
+        Scenario::LazyWanS1Learned,
+        Scenario::LazyWanS2,
+        Scenario::LazyWanS3,
+        Scenario::LazyWanPCold,
+        Scenario::LazyWanPWarm,
+        Scenario::LazyWanCut,
     ];
 
     /// The scenario named `name` (its label, or without "WAN-": `s1`,
-    /// `p`, `full`, `plain`; case does not matter).
+    /// `p`, `full`, `plain`; a lazy one with "lazy" before: `lazy s1`,
+    /// `lazy-s1`, `lazy learned`; case does not matter).
     pub fn parse(name: &str) -> Result<Self> {
         let n = name.trim().to_ascii_lowercase();
-        let n = n.strip_prefix("wan-").unwrap_or(&n);
-        Ok(match n {
-            "local" => Scenario::Local,
-            "s1" => Scenario::WanS1,
-            "s2" => Scenario::WanS2,
-            "s3" => Scenario::WanS3,
-            "p" | "p cold" | "p warm" => Scenario::WanPCold,
-            "cut" => Scenario::WanCut,
-            "full" | "full copy" => Scenario::FullCopy,
-            "plain" | "plain nfs" => Scenario::PlainNfs,
-            _ => bail!("unknown scenario {name:?} (local, s1, s2, s3, p, cut, full, plain)"),
+        let (lazy, n) = match n.strip_prefix("lazy") {
+            Some(rest) => (true, rest.trim_start_matches([' ', '-', '_']).to_owned()),
+            None => (false, n),
+        };
+        let n = n
+            .strip_prefix("wan-")
+            .or_else(|| n.strip_prefix("wan "))
+            .unwrap_or(&n);
+        let unknown = || {
+            anyhow::anyhow!(
+                "unknown scenario {name:?} (local, s1, s2, s3, p, cut, full, plain; lazy \
+                 local, lazy s1, lazy learned, lazy s2, lazy s3, lazy p, lazy cut)"
+            )
+        };
+        Ok(match (lazy, n) {
+            (false, "local") => Scenario::Local,
+            (false, "s1") => Scenario::WanS1,
+            (false, "s2") => Scenario::WanS2,
+            (false, "s3") => Scenario::WanS3,
+            (false, "p" | "p cold" | "p warm") => Scenario::WanPCold,
+            (false, "cut") => Scenario::WanCut,
+            (false, "full" | "full copy") => Scenario::FullCopy,
+            (false, "plain" | "plain nfs") => Scenario::PlainNfs,
+            (true, "local") => Scenario::LazyLocal,
+            (true, "s1") => Scenario::LazyWanS1,
+            (true, "learned" | "s1 learned") => Scenario::LazyWanS1Learned,
+            (true, "s2") => Scenario::LazyWanS2,
+            (true, "s3") => Scenario::LazyWanS3,
+            (true, "p" | "p cold" | "p warm") => Scenario::LazyWanPCold,
+            (true, "cut") => Scenario::LazyWanCut,
+            _ => return Err(unknown()),
         })
+    }
+
+    /// A comma-separated list of [`parse`](Self::parse)'s names; `lazy`
+    /// alone stands for every lazy scenario, `copy` for every copy-first
+    /// one.
+    pub fn parse_list(list: &str) -> Result<Vec<Self>> {
+        let mut out = Vec::new();
+        for name in list.split(',').filter(|n| !n.trim().is_empty()) {
+            match name.trim().to_ascii_lowercase().as_str() {
+                "lazy" => out.extend(Self::ALL.into_iter().filter(|s| s.is_lazy())),
+                "copy" | "copy-first" => out.extend(Self::ALL.into_iter().filter(|s| !s.is_lazy())),
+                _ => out.push(Self::parse(name)?),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether its clones are lazy ([`lazy`]).
+    pub fn is_lazy(self) -> bool {
+        matches!(
+            self,
+            Scenario::LazyLocal
+                | Scenario::LazyWanS1
+                | Scenario::LazyWanS1Learned
+                | Scenario::LazyWanS2
+                | Scenario::LazyWanS3
+                | Scenario::LazyWanPCold
+                | Scenario::LazyWanPWarm
+                | Scenario::LazyWanCut
+        )
     }
 
     /// The name tables and the chart use.
@@ -221,8 +329,21 @@ impl Scenario {
             Scenario::WanCut => "WAN cut",
             Scenario::FullCopy => "full copy",
             Scenario::PlainNfs => "plain NFS",
+            Scenario::LazyLocal => "lazy Local",
+            Scenario::LazyWanS1 => "lazy WAN-S1",
+            Scenario::LazyWanS1Learned => "lazy WAN-S1 learned",
+            Scenario::LazyWanS2 => "lazy WAN-S2",
+            Scenario::LazyWanS3 => "lazy WAN-S3",
+            Scenario::LazyWanPCold => "lazy WAN-P cold",
+            Scenario::LazyWanPWarm => "lazy WAN-P warm",
+            Scenario::LazyWanCut => "lazy WAN cut",
         }
     }
+}
+
+/// Whether a record's scenario label is a lazy one.
+pub fn is_lazy_label(label: &str) -> bool {
+    label.starts_with("lazy ")
 }
 
 /// Where a clone's files come from.
@@ -285,49 +406,159 @@ impl Source {
     }
 }
 
-/// How long the parts of one clone took.
-#[derive(Debug, Clone, Copy, Default)]
+/// How a clone gets its memory image.
+#[derive(Debug, Clone)]
+enum Procedure {
+    /// The paper's: copy `vm.json`, `mem` and `state` from the source and
+    /// map the copy of `mem` shared.
+    CopyFirst(Source),
+    /// Copy `vm.json` and `state` from `files` (plain file copies: a
+    /// directory, or a node's FUSE mount) and map `files/mem` itself,
+    /// private and read-only; the overlay's backing file is `backing`.
+    Lazy { files: PathBuf, backing: String },
+}
+
+/// How long the parts of one clone took, and what crossed the WAN.
+#[derive(Debug, Clone)]
 struct Timing {
+    /// When the clone started (its first copy).
+    start: Instant,
     copy: f64,
     overlay: f64,
+    /// QEMU start to the guest verified running.
     resume: f64,
+    /// Start to the guest's answer to its request.
+    responsive: f64,
+    /// WAN bytes since the start when the guest was verified running, and
+    /// when it answered (`None` without a WAN).
+    wan_running: Option<u64>,
+    wan_responsive: Option<u64>,
+    /// Lazy clones: start to the node holding the whole memory image.
+    whole_local: Option<f64>,
+    /// Lazy clones: the node's file-cache counters over the clone.
+    fetch: Option<NodeFetch>,
+    /// Error lines of the guest's console and QEMU's log
+    /// ([`cut::console_errors`]).
+    errors: Vec<String>,
 }
 
 impl Timing {
+    /// From a clone's instants: its start, copies done, overlay made, and
+    /// its resume; `wan` when its watch read the WAN's bytes.
+    fn new(start: Instant, copied: Instant, overlaid: Instant, r: &Resumed, wan: bool) -> Self {
+        Self {
+            start,
+            copy: (copied - start).as_secs_f64(),
+            overlay: (overlaid - copied).as_secs_f64(),
+            resume: r.running.saturating_duration_since(overlaid).as_secs_f64(),
+            responsive: r.answered.saturating_duration_since(start).as_secs_f64(),
+            wan_running: wan.then_some(r.bytes_running),
+            wan_responsive: wan.then_some(r.bytes_answered),
+            whole_local: None,
+            fetch: None,
+            errors: Vec::new(),
+        }
+    }
+
+    /// Start to the guest verified running: the clone time.
     fn total(&self) -> f64 {
         self.copy + self.overlay + self.resume
     }
+
+    /// The same clone started `secs` earlier (a full copy's stream first).
+    fn after(mut self, secs: f64) -> Self {
+        self.copy += secs;
+        self.responsive += secs;
+        self
+    }
+
+    /// Its record; `wan` the bytes across the WAN for the whole clone.
+    fn record(&self, scenario: &str, clone: usize, image: usize, wan: u64) -> CloneRecord {
+        CloneRecord {
+            scenario: scenario.to_owned(),
+            clone,
+            image,
+            total_secs: self.total(),
+            copy_secs: self.copy,
+            overlay_secs: self.overlay,
+            resume_secs: self.resume,
+            wan_bytes: wan,
+            responsive_secs: Some(self.responsive),
+            wan_running_bytes: self.wan_running,
+            wan_responsive_bytes: self.wan_responsive,
+            whole_local_secs: self.whole_local,
+            fetch: self.fetch,
+        }
+    }
+
+    /// Says what the clone took on stderr.
+    fn log(&self, scenario: &str, clone: usize, image: usize, wan: u64) {
+        let wan_at =
+            |b: Option<u64>| b.map_or("-".to_owned(), |b| format!("{:.1}", b as f64 / MIB as f64));
+        eprintln!(
+            "{scenario} clone {clone} (image {image}): {:.2} s (copy {:.2}, overlay {:.2}, resume {:.2}), \
+             answered at {:.2} s, {:.1} MiB over the WAN ({} MiB when running, {} when answered){}",
+            self.total(),
+            self.copy,
+            self.overlay,
+            self.resume,
+            self.responsive,
+            wan as f64 / MIB as f64,
+            wan_at(self.wan_running),
+            wan_at(self.wan_responsive),
+            self.whole_local.map_or(String::new(), |w| format!(
+                ", memory image whole on the node at {w:.2} s"
+            ))
+        );
+        for e in &self.errors {
+            eprintln!("{scenario} clone {clone}: {e}");
+        }
+    }
 }
 
-/// Clones from `source` into a fresh directory under `work` and resumes it.
-fn clone_one(kit: &GuestKit, source: &Source, work: &Path, timeout: Duration) -> Result<Timing> {
+/// Clones as `procedure` says into a fresh directory under `work` and
+/// resumes it (watched by `watch`). Timed from the first copy.
+fn clone_one(
+    kit: &GuestKit,
+    procedure: &Procedure,
+    work: &Path,
+    timeout: Duration,
+    watch: Watch<'_>,
+) -> Result<Timing> {
     let dir = tempfile::Builder::new()
         .prefix("clone-")
         .tempdir_in(work)
         .context("clone directory")?;
     let start = Instant::now();
-    for name in [CONFIG, MEM, STATE] {
-        source.copy(name, &dir.path().join(name), timeout)?;
-    }
+    let (ram, mapping, backing) = match procedure {
+        Procedure::CopyFirst(source) => {
+            for name in [CONFIG, MEM, STATE] {
+                source.copy(name, &dir.path().join(name), timeout)?;
+            }
+            (dir.path().join(MEM), RamMapping::Shared, source.backing())
+        }
+        Procedure::Lazy { files, backing } => {
+            for name in [CONFIG, STATE] {
+                std::fs::copy(files.join(name), dir.path().join(name))
+                    .with_context(|| format!("copying {name} from {}", files.display()))?;
+            }
+            (files.join(MEM), RamMapping::Private, backing.clone())
+        }
+    };
     let copied = Instant::now();
-    guest::create_overlay(&source.backing(), &dir.path().join(DISK))?;
+    guest::create_overlay(&backing, &dir.path().join(DISK))?;
     let overlaid = Instant::now();
     let resumed = guest::resume_clone(
         kit,
         dir.path(),
-        &dir.path().join(MEM),
-        RamMapping::Shared,
+        &ram,
+        mapping,
         timeout.saturating_sub(start.elapsed()),
-        Watch::default(),
+        watch,
     )?;
-    Ok(Timing {
-        copy: (copied - start).as_secs_f64(),
-        overlay: (overlaid - copied).as_secs_f64(),
-        resume: resumed
-            .running
-            .saturating_duration_since(overlaid)
-            .as_secs_f64(),
-    })
+    let mut timing = Timing::new(start, copied, overlaid, &resumed, watch.bytes.is_some());
+    timing.errors = cut::log_errors(dir.path());
+    Ok(timing)
 }
 
 /// Most nodes (clones in WAN-P): their addresses are 127.0.0.60 and up.
@@ -353,15 +584,53 @@ struct Bench<'a> {
     ca: PathBuf,
     work: tempfile::TempDir,
     _pki: tempfile::TempDir,
+    /// SHA-256 of each golden `mem` (image 1 first) when it was built.
+    golden_sums: Vec<String>,
 }
 
-/// A compute node's (or the LAN's) proxy and its cache directory.
+/// A compute node's (or the LAN's) proxy and its cache directory, and the
+/// proxy's FUSE mount when it has one (lazy clones read through it).
 struct Node {
     proxy: Proxy,
+    mount: Option<MountPoint>,
     _cache: tempfile::TempDir,
 }
 
+impl Drop for Node {
+    /// A mounting proxy is stopped with SIGTERM, which unmounts; the mount
+    /// point's own drop clears what a proxy that did not stop left.
+    fn drop(&mut self) {
+        if let Some(mount) = &self.mount {
+            if let Err(e) = self.proxy.terminate() {
+                eprintln!(
+                    "stopping the node proxy of {}: {e:#}",
+                    mount.path().display()
+                );
+            }
+            if mount.is_mounted().unwrap_or(false) {
+                eprintln!(
+                    "{} was still mounted after the node proxy stopped",
+                    mount.path().display()
+                );
+            }
+        }
+    }
+}
+
 impl Node {
+    /// A lazy clone of `image` through its mount (the disk through its NFS
+    /// listener, as copy-first clones).
+    fn lazy(&self, image: usize) -> Result<Procedure> {
+        let mount = self
+            .mount
+            .as_ref()
+            .context("a lazy clone needs a node proxy with a FUSE mount")?;
+        Ok(Procedure::Lazy {
+            files: mount.path().join(image_dir(image)),
+            backing: self.source(image).backing(),
+        })
+    }
+
     fn source(&self, image: usize) -> Source {
         Source::Nfs {
             host: self.proxy.ip(),
@@ -404,6 +673,11 @@ impl<'a> Bench<'a> {
             );
         }
 
+        let mems: Vec<PathBuf> = (1..=settings.images)
+            .map(|i| ganesha.export_dir().join(image_dir(i)).join(MEM))
+            .collect();
+        let golden_sums = sha256_of(&mems)?;
+
         let pki = tempfile::Builder::new().prefix("gvfs-pki-").tempdir()?;
         let ca = site_ca(pki.path(), &["image-server", "node"])?;
         let server = Proxy::spawn(
@@ -429,7 +703,29 @@ impl<'a> Bench<'a> {
             ca,
             work: shm_tempdir()?,
             _pki: pki,
+            golden_sums,
         })
+    }
+
+    /// Fails unless the golden `mem` of each of `images` at the origin is
+    /// still what it was when it was built.
+    fn check_golden(&self, images: impl IntoIterator<Item = usize>) -> Result<()> {
+        let mut images: Vec<usize> = images.into_iter().collect();
+        images.sort_unstable();
+        images.dedup();
+        let paths: Vec<PathBuf> = images.iter().map(|&i| self.golden(i).join(MEM)).collect();
+        for ((image, now), path) in images.iter().zip(sha256_of(&paths)?).zip(&paths) {
+            let was = self
+                .golden_sums
+                .get(image - 1)
+                .with_context(|| format!("no golden image {image}"))?;
+            ensure!(
+                &now == was,
+                "the golden memory image {} changed: SHA-256 {now}, {was} when it was built",
+                path.display()
+            );
+        }
+        Ok(())
     }
 
     fn link(&self, target: SocketAddr, listen: SocketAddr) -> Result<WanLink> {
@@ -446,7 +742,14 @@ impl<'a> Bench<'a> {
     /// A fresh proxy with empty caches, on `ip:111` when given, whose
     /// upstream is `upstream` (a `gvfs://` URL gets the node certificate).
     fn node(&self, ip: Option<Ipv4Addr>, upstream: String) -> Result<Node> {
+        self.node_with(ip, upstream, false)
+    }
+
+    /// [`node`](Self::node), with a FUSE mount of its export (in a fresh
+    /// empty directory) when `mount` says so.
+    fn node_with(&self, ip: Option<Ipv4Addr>, upstream: String, mount: bool) -> Result<Node> {
         let cache = tempfile::Builder::new().prefix("gvfs-node-").tempdir()?;
+        let mount = mount.then(MountPoint::new).transpose()?;
         let mut args = ProxyArgs::new(upstream.clone())
             .arg("--cache-dir")
             .arg(cache.path().display().to_string())
@@ -461,22 +764,41 @@ impl<'a> Bench<'a> {
         if upstream.starts_with("gvfs://") {
             args = args.tls(&self.ca, "node");
         }
-        Ok(Node {
+        if let Some(m) = &mount {
+            args = args.arg("--mount").arg(m.path().display().to_string());
+        }
+        let node = Node {
             proxy: Proxy::spawn(args)?,
+            mount,
             _cache: cache,
-        })
+        };
+        if let Some(m) = &node.mount {
+            ensure!(
+                m.is_mounted()?,
+                "{} is not mounted after the node proxy said it was ready; output:\n{}",
+                m.path().display(),
+                node.proxy.output()
+            );
+        }
+        Ok(node)
     }
 
     fn gvfs_url(link: &WanLink) -> String {
         format!("gvfs://{}/export?name=image-server", link.local_addr())
     }
 
-    fn clone(&self, source: &Source) -> Result<Timing> {
+    /// A copy-first clone from `source`; `wan` reads the WAN's bytes since
+    /// the clone's start, when there is a WAN.
+    fn clone(&self, source: &Source, wan: Option<&(dyn Fn() -> u64 + Sync)>) -> Result<Timing> {
         clone_one(
             &self.kit,
-            source,
+            &Procedure::CopyFirst(source.clone()),
             self.work.path(),
             self.settings.clone_timeout,
+            Watch {
+                bytes: wan,
+                ..Watch::default()
+            },
         )
     }
 
@@ -502,9 +824,10 @@ impl<'a> Bench<'a> {
         self.ganesha.export_dir().join(image_dir(image))
     }
 
-    /// Runs `scenario`; returns its clones in order, with the stats of the
-    /// first node's proxy after its first clone (for the report). WAN-S1
-    /// also notes in `calls` what crossed the WAN for its first two clones.
+    /// Runs copy-first `scenario`; returns its clones in order, with the
+    /// stats of the first node's proxy after its first clone (for the
+    /// report). WAN-S1 also notes in `calls` what crossed the WAN for its
+    /// first two clones.
     fn run(
         &self,
         scenario: Scenario,
@@ -515,31 +838,15 @@ impl<'a> Bench<'a> {
         let image_of = |i: usize| (i % s.images) + 1;
         let mut records = Vec::new();
         let mut first_stats = None;
+        let label = scenario.label();
         let mut record = |clone: usize, image: usize, t: Timing, wan: u64| {
-            eprintln!(
-                "{} clone {clone} (image {image}): {:.2} s (copy {:.2}, overlay {:.2}, resume {:.2}), {:.1} MiB over the WAN",
-                scenario.label(),
-                t.total(),
-                t.copy,
-                t.overlay,
-                t.resume,
-                wan as f64 / MIB as f64
-            );
-            records.push(CloneRecord {
-                scenario: scenario.label().to_owned(),
-                clone,
-                image,
-                total_secs: t.total(),
-                copy_secs: t.copy,
-                overlay_secs: t.overlay,
-                resume_secs: t.resume,
-                wan_bytes: wan,
-            });
+            t.log(label, clone, image, wan);
+            records.push(t.record(label, clone, image, wan));
         };
         match scenario {
             Scenario::Local => {
                 for i in 0..n {
-                    let t = self.clone(&Source::Local(self.golden(image_of(i))))?;
+                    let t = self.clone(&Source::Local(self.golden(image_of(i))), None)?;
                     record(i + 1, image_of(i), t, 0);
                 }
             }
@@ -554,27 +861,18 @@ impl<'a> Bench<'a> {
                     };
                     let before = wire(&wan);
                     let calls_before = self.wan_calls()?;
-                    let t = self.clone(&node.source(image))?;
+                    let t = self.clone(&node.source(image), Some(&|| wire(&wan) - before))?;
                     record(i + 1, image, t, wire(&wan) - before);
                     if i == 0 {
                         first_stats = Some(node.proxy.cache_stats_all()?);
                     }
                     if scenario == Scenario::WanS1 && i < 2 {
-                        let after = self.wan_calls()?;
-                        let diff = after
-                            .into_iter()
-                            .map(|(k, v)| {
-                                let was = calls_before.get(&k).copied().unwrap_or(0);
-                                (k, v.saturating_sub(was))
-                            })
-                            .filter(|(_, v)| *v > 0)
-                            .collect();
                         let label = if i == 0 {
                             "cold (WAN-S1 #1)"
                         } else {
                             "warm (WAN-S1 #2)"
                         };
-                        calls.push((label.to_owned(), diff));
+                        calls.push((label.to_owned(), self.wan_calls_since(&calls_before)?));
                     }
                 }
             }
@@ -583,13 +881,13 @@ impl<'a> Bench<'a> {
                 let lan = self.node(None, Self::gvfs_url(&wan))?;
                 let warmer = self.node(Some(node_ip(0)), lan.proxy.upstream_url())?;
                 for i in 0..n {
-                    self.clone(&warmer.source(image_of(i)))?;
+                    self.clone(&warmer.source(image_of(i)), None)?;
                 }
                 drop(warmer);
                 let node = self.node(Some(node_ip(1)), lan.proxy.upstream_url())?;
                 for i in 0..n {
                     let before = wire(&wan);
-                    let t = self.clone(&node.source(image_of(i)))?;
+                    let t = self.clone(&node.source(image_of(i)), Some(&|| wire(&wan) - before))?;
                     record(i + 1, image_of(i), t, wire(&wan) - before);
                     if i == 0 {
                         first_stats = Some(node.proxy.cache_stats_all()?);
@@ -611,8 +909,12 @@ impl<'a> Bench<'a> {
                     fetch_stream(wan.local_addr(), name, &local.path().join(name))?;
                 }
                 let copy = t.elapsed().as_secs_f64();
-                let mut timing = self.clone(&Source::Local(local.path().to_path_buf()))?;
-                timing.copy += copy;
+                let timing = self
+                    .clone(
+                        &Source::Local(local.path().to_path_buf()),
+                        Some(&|| wire(&wan)),
+                    )?
+                    .after(copy);
                 record(1, 1, timing, wire(&wan));
             }
             Scenario::PlainNfs => {
@@ -633,11 +935,27 @@ impl<'a> Bench<'a> {
                     export: "/export".to_owned(),
                     dir: image_dir(1),
                 };
-                let t = self.clone(&source)?;
-                record(1, 1, t, links.iter().map(wire).sum());
+                let all = || links.iter().map(wire).sum::<u64>();
+                let t = self.clone(&source, Some(&all))?;
+                record(1, 1, t, all());
             }
+            lazy => bail!("{} runs through run_lazy", lazy.label()),
         }
         Ok((records, first_stats))
+    }
+
+    /// The WAN calls answered since `before` ([`wan_calls`](Self::wan_calls)),
+    /// the procedures with none left out.
+    fn wan_calls_since(&self, before: &BTreeMap<String, u64>) -> Result<BTreeMap<String, u64>> {
+        Ok(self
+            .wan_calls()?
+            .into_iter()
+            .map(|(k, v)| {
+                let was = before.get(&k).copied().unwrap_or(0);
+                (k, v.saturating_sub(was))
+            })
+            .filter(|(_, v)| *v > 0)
+            .collect())
     }
 
     /// WAN-P: `clones` nodes behind one LAN proxy clone image 1 at once,
@@ -651,41 +969,74 @@ impl<'a> Bench<'a> {
         let mut records = Vec::new();
         for scenario in [Scenario::WanPCold, Scenario::WanPWarm] {
             let before = wire(&wan);
-            let timings = std::thread::scope(|scope| {
-                let handles: Vec<_> = nodes
-                    .iter()
-                    .map(|node| scope.spawn(|| self.clone(&node.source(1))))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(anyhow::anyhow!("a clone thread panicked")))
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })?;
-            let per_clone = (wire(&wan) - before) / timings.len().max(1) as u64;
-            for (i, t) in timings.iter().enumerate() {
-                records.push(CloneRecord {
-                    scenario: scenario.label().to_owned(),
-                    clone: i + 1,
-                    image: 1,
-                    total_secs: t.total(),
-                    copy_secs: t.copy,
-                    overlay_secs: t.overlay,
-                    resume_secs: t.resume,
-                    wan_bytes: per_clone,
-                });
-            }
-            let slowest = timings.iter().map(Timing::total).fold(0.0, f64::max);
-            eprintln!(
-                "{}: {} clones at once, the last done after {slowest:.2} s",
-                scenario.label(),
-                timings.len()
-            );
+            let bytes = || wire(&wan) - before;
+            let timings = at_once(&nodes, |node| self.clone(&node.source(1), Some(&bytes)))?;
+            records.extend(parallel_records(scenario, &timings, wire(&wan) - before));
         }
         Ok((records, lan.proxy.cache_stats_all()?))
     }
+}
+
+/// Runs `clone` for each of `nodes` at once, each on its own thread;
+/// returns their timings in the order of `nodes`.
+fn at_once(nodes: &[Node], clone: impl Fn(&Node) -> Result<Timing> + Sync) -> Result<Vec<Timing>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = nodes
+            .iter()
+            .map(|node| scope.spawn(|| clone(node)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a clone thread panicked")))
+            })
+            .collect::<Result<Vec<_>>>()
+    })
+}
+
+/// The records of clones run at once in `scenario`, which moved `wan`
+/// bytes across the WAN in all (each is given an equal share).
+fn parallel_records(scenario: Scenario, timings: &[Timing], wan: u64) -> Vec<CloneRecord> {
+    let per_clone = wan / timings.len().max(1) as u64;
+    let records = timings
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.record(scenario.label(), i + 1, 1, per_clone))
+        .collect();
+    let slowest = timings.iter().map(Timing::total).fold(0.0, f64::max);
+    let answered = timings.iter().map(|t| t.responsive).fold(0.0, f64::max);
+    eprintln!(
+        "{}: {} clones at once, the last verified running after {slowest:.2} s and answering \
+         after {answered:.2} s, {:.1} MiB over the WAN",
+        scenario.label(),
+        timings.len(),
+        wan as f64 / MIB as f64
+    );
+    records
+}
+
+/// SHA-256 digests of `paths`, in order (`sha256sum`).
+fn sha256_of(paths: &[PathBuf]) -> Result<Vec<String>> {
+    if paths.is_empty() {
+        return Ok(Vec::new());
+    }
+    let out = run_ok(
+        std::process::Command::new("sha256sum").args(paths),
+        Duration::from_secs(600),
+    )?;
+    let sums: Vec<String> = out
+        .stdout_text()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    ensure!(
+        sums.len() == paths.len(),
+        "sha256sum gave {} digests for {} files",
+        sums.len(),
+        paths.len()
+    );
+    Ok(sums)
 }
 
 /// Bytes through `link`, both ways.
@@ -711,22 +1062,54 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     let mut stats = Vec::new();
     let mut calls = Vec::new();
     let mut lan_stats = None;
+    let mut lazy_lan_stats = None;
     let mut cuts = Vec::new();
+    let mut notes = Vec::new();
+    let mut profile = None;
+    let mut golden_checks = 0;
+    let wanted = |s: Scenario| settings.scenarios.contains(&s);
     for scenario in Scenario::ALL {
-        if !settings.scenarios.contains(&scenario) {
+        // Lazy WAN-S1 learned needs lazy WAN-S1's node: they run together.
+        let wanted = wanted(scenario)
+            || (scenario == Scenario::LazyWanS1 && wanted(Scenario::LazyWanS1Learned));
+        if !wanted {
             continue;
         }
+        let from = records.len();
         match scenario {
             Scenario::WanPCold => {
                 let (r, lan) = bench.run_parallel()?;
                 records.extend(r);
                 lan_stats = Some(lan);
             }
-            Scenario::WanPWarm => {}
+            Scenario::WanPWarm | Scenario::LazyWanPWarm | Scenario::LazyWanS1Learned => {}
             Scenario::WanCut => {
                 let (r, c) = bench.run_cut()?;
                 records.extend(r);
-                cuts = c;
+                cuts.extend(c);
+            }
+            Scenario::LazyWanPCold => {
+                let (r, lan) = bench.run_lazy_parallel()?;
+                records.extend(r);
+                lazy_lan_stats = Some(lan);
+            }
+            Scenario::LazyWanCut => {
+                let (r, c) = bench.run_lazy_cut()?;
+                records.extend(r);
+                cuts.extend(c);
+            }
+            Scenario::LazyWanS1 => {
+                let learned = settings.scenarios.contains(&Scenario::LazyWanS1Learned);
+                let (r, s) = bench.run_lazy_s1(learned, &mut calls, &mut notes, &mut profile)?;
+                records.extend(r);
+                stats.extend(s);
+            }
+            lazy if lazy.is_lazy() => {
+                let (r, s) = bench.run_lazy(lazy)?;
+                records.extend(r);
+                if let Some(s) = s {
+                    stats.push((lazy, s));
+                }
             }
             _ => {
                 let (r, s) = bench.run(scenario, &mut calls)?;
@@ -736,7 +1119,13 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
                 }
             }
         }
+        if scenario.is_lazy() && records.len() > from {
+            bench.check_golden(records[from..].iter().map(|r| r.image))?;
+            golden_checks += 1;
+        }
     }
+    bench.check_golden(1..=settings.images)?;
+    golden_checks += 1;
     let golden = bench.golden(1);
     let zstd_mem = zstd_size(&golden.join(MEM))?;
     let zstd_state = zstd_size(&golden.join(STATE))?;
@@ -752,6 +1141,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
         disk_read,
     };
     let goals = goals(settings, &records, &floor);
+    let lazy_goals = lazy_goals(settings, &records, &floor);
     let load = format!(
         "load average {load_start} at the start, {} at the end; {:.0} s in all",
         loadavg(),
@@ -763,9 +1153,14 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
         client_stats: stats,
         wan_calls: calls,
         lan_stats,
+        lazy_lan_stats,
         goals,
+        lazy_goals,
         ram_mib: settings.size.ram_mib,
         cuts,
+        notes,
+        profile,
+        golden_checks,
     };
     outcome.markdown = summary(settings, &outcome, &floor, &load);
     Ok(outcome)

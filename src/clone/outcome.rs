@@ -17,12 +17,24 @@ pub struct Outcome {
     pub wan_calls: Vec<(String, BTreeMap<String, u64>)>,
     /// `gvfsctl stats --json` of WAN-P's LAN proxy after its clones.
     pub lan_stats: Option<serde_json::Value>,
+    /// The same for lazy WAN-P's LAN proxy.
+    pub lazy_lan_stats: Option<serde_json::Value>,
     /// The goals, as measured.
     pub goals: Vec<Goal>,
+    /// The lazy clones' goals, as measured.
+    pub lazy_goals: Vec<Goal>,
     /// The guests' RAM.
     pub ram_mib: u64,
-    /// The WAN cut scenario's clones.
+    /// The WAN cut scenarios' clones (copy-first and lazy).
     pub cuts: Vec<cut::CutRecord>,
+    /// What the run found on the way (the working-set profile's fate).
+    pub notes: Vec<String>,
+    /// What lazy WAN-S1's node did with the working set it learned (when
+    /// lazy WAN-S1 learned ran).
+    pub profile: Option<lazy::ProfileWait>,
+    /// How many times the golden memory images were checked unchanged
+    /// (after each lazy scenario and at the end; a change fails the run).
+    pub golden_checks: usize,
 }
 
 /// A goal of the benchmark: `measured / against <= at_most`.
@@ -30,9 +42,12 @@ pub struct Outcome {
 pub struct Goal {
     /// What the goal says.
     pub name: String,
-    /// The time measured (seconds), when its scenario ran.
+    /// What `measured` and `against` are in: "s" (most goals) or "MiB".
+    pub unit: &'static str,
+    /// The time (or amount) measured, when its scenario ran.
     pub measured: Option<f64>,
-    /// The time it is held against (seconds), when its scenario ran.
+    /// The time (or amount) it is held against, when its scenario ran (or
+    /// a fixed bound).
     pub against: Option<f64>,
     /// The largest ratio that meets the goal.
     pub at_most: f64,

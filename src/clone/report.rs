@@ -18,7 +18,7 @@ use plotters::style::register_font;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// One timed clone.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CloneRecord {
     /// Scenario name: "Local", "WAN-S1", "WAN-S2", "WAN-S3", "WAN-P cold",
     /// "WAN-P warm", "full copy", "plain NFS" (any string; the order of first
@@ -41,11 +41,96 @@ pub struct CloneRecord {
     /// for parallel clones, the scenario's total divided by the number of
     /// clones.
     pub wan_bytes: u64,
+    /// Start of the clone to the guest's answer to a request that reads
+    /// its `boot/` files from memory (time to responsiveness), seconds.
+    pub responsive_secs: Option<f64>,
+    /// Bytes across the WAN from the start of the clone until the guest
+    /// was verified running (`None` without a WAN); for parallel clones,
+    /// everything across the shared link until then.
+    pub wan_running_bytes: Option<u64>,
+    /// The same until the guest answered its request.
+    pub wan_responsive_bytes: Option<u64>,
+    /// Lazy clones new to their node: start of the clone to the node
+    /// proxy holding the whole memory image (`None`: not measured, or not
+    /// within the watch's time).
+    pub whole_local_secs: Option<f64>,
+    /// Lazy clones through a node proxy: what its file cache counted
+    /// during the clone (and the whole-image fetch it started).
+    pub fetch: Option<NodeFetch>,
 }
 
-/// The first line of [`records_csv`].
-const CSV_HEADER: &str =
-    "scenario,clone,image,total_secs,copy_secs,overlay_secs,resume_secs,wan_mib";
+/// A node proxy's file-cache counters over one lazy clone (the difference
+/// of `gvfsctl stats --json` before and after; 0 for a counter the proxy
+/// does not have).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeFetch {
+    /// Compressed bytes the file cache received (`file_cache.wire_bytes`).
+    pub wire_bytes: u64,
+    /// Of which for chunks a reader was waiting for
+    /// (`file_cache.demand_wire_bytes`).
+    pub demand_wire_bytes: u64,
+    /// Of which fetched first because a working-set profile named them
+    /// (`file_cache.profile_wire_bytes`).
+    pub profile_wire_bytes: u64,
+    /// Of which fetched by the background stream
+    /// (`file_cache.background_wire_bytes`).
+    pub background_wire_bytes: u64,
+    /// Reads that had to wait for a chunk (`file_cache.faults_waited`).
+    pub faults_waited: u64,
+    /// Their waits, summed (`file_cache.fault_wait_micros`).
+    pub fault_wait_micros: u64,
+    /// Whole-file fetches that started with a working-set profile
+    /// (`file_cache.profile_hits`).
+    pub profile_hits: u64,
+    /// Chunks fetched first because a profile named them
+    /// (`file_cache.profile_chunks`).
+    pub profile_chunks: u64,
+}
+
+impl NodeFetch {
+    /// The counters of a `gvfsctl stats --json` snapshot.
+    pub fn from_stats(v: &serde_json::Value) -> Self {
+        let n = |k: &str| v["file_cache"][k].as_u64().unwrap_or_default();
+        Self {
+            wire_bytes: n("wire_bytes"),
+            demand_wire_bytes: n("demand_wire_bytes"),
+            profile_wire_bytes: n("profile_wire_bytes"),
+            background_wire_bytes: n("background_wire_bytes"),
+            faults_waited: n("faults_waited"),
+            fault_wait_micros: n("fault_wait_micros"),
+            profile_hits: n("profile_hits"),
+            profile_chunks: n("profile_chunks"),
+        }
+    }
+
+    /// What was counted since `before`.
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            wire_bytes: self.wire_bytes.saturating_sub(before.wire_bytes),
+            demand_wire_bytes: self
+                .demand_wire_bytes
+                .saturating_sub(before.demand_wire_bytes),
+            profile_wire_bytes: self
+                .profile_wire_bytes
+                .saturating_sub(before.profile_wire_bytes),
+            background_wire_bytes: self
+                .background_wire_bytes
+                .saturating_sub(before.background_wire_bytes),
+            faults_waited: self.faults_waited.saturating_sub(before.faults_waited),
+            fault_wait_micros: self
+                .fault_wait_micros
+                .saturating_sub(before.fault_wait_micros),
+            profile_hits: self.profile_hits.saturating_sub(before.profile_hits),
+            profile_chunks: self.profile_chunks.saturating_sub(before.profile_chunks),
+        }
+    }
+}
+
+/// The first line of [`records_csv`] (columns are only ever added at the
+/// end).
+const CSV_HEADER: &str = "scenario,clone,image,total_secs,copy_secs,overlay_secs,resume_secs,\
+                          wan_mib,responsive_secs,wan_mib_running,wan_mib_responsive,\
+                          whole_local_secs";
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -53,17 +138,21 @@ const MIB: f64 = 1024.0 * 1024.0;
 const BASELINE_SCENARIOS: &[&str] = &["full copy", "plain NFS"];
 
 /// CSV with a header line:
-/// `scenario,clone,image,total_secs,copy_secs,overlay_secs,resume_secs,wan_mib`
-/// (seconds with 3 decimals, MiB with 1 decimal). A scenario name is quoted
-/// only if it contains a comma, a quote or a line break (RFC 4180).
+/// `scenario,clone,image,total_secs,copy_secs,overlay_secs,resume_secs,wan_mib,`
+/// `responsive_secs,wan_mib_running,wan_mib_responsive,whole_local_secs`
+/// (seconds with 3 decimals, MiB with 1 decimal; the last four empty where
+/// not measured). A scenario name is quoted only if it contains a comma, a
+/// quote or a line break (RFC 4180).
 pub fn records_csv(records: &[CloneRecord]) -> String {
     let mut out = String::from(CSV_HEADER);
     out.push('\n');
+    let secs = |x: Option<f64>| x.map(|x| format!("{x:.3}")).unwrap_or_default();
+    let mibs = |x: Option<u64>| x.map(|x| format!("{:.1}", mib(x))).unwrap_or_default();
     for r in records {
         // Writing to a String cannot fail.
         let _ = writeln!(
             out,
-            "{},{},{},{:.3},{:.3},{:.3},{:.3},{:.1}",
+            "{},{},{},{:.3},{:.3},{:.3},{:.3},{:.1},{},{},{},{}",
             csv_field(&r.scenario),
             r.clone,
             r.image,
@@ -72,6 +161,10 @@ pub fn records_csv(records: &[CloneRecord]) -> String {
             r.overlay_secs,
             r.resume_secs,
             mib(r.wan_bytes),
+            secs(r.responsive_secs),
+            mibs(r.wan_running_bytes),
+            mibs(r.wan_responsive_bytes),
+            secs(r.whole_local_secs),
         );
     }
     out
@@ -611,6 +704,7 @@ mod tests {
             overlay_secs: 0.05,
             resume_secs: total_secs * 0.5 - 0.05,
             wan_bytes: (total_secs * 10.0 * MIB) as u64,
+            ..CloneRecord::default()
         }
     }
 
@@ -649,17 +743,22 @@ mod tests {
     fn csv_has_header_and_one_line_per_record() {
         let mut quoted = record("WAN, \"cold\"", 2, 7.0);
         quoted.wan_bytes = 3 * 1024 * 1024 + 512 * 1024;
+        quoted.responsive_secs = Some(7.5);
+        quoted.wan_running_bytes = Some(1024 * 1024);
+        quoted.wan_responsive_bytes = Some(2 * 1024 * 1024);
+        quoted.whole_local_secs = Some(9.25);
         let csv = records_csv(&[record("Local", 1, 1.2345), quoted]);
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 3);
         assert_eq!(
             lines[0],
-            "scenario,clone,image,total_secs,copy_secs,overlay_secs,resume_secs,wan_mib"
+            "scenario,clone,image,total_secs,copy_secs,overlay_secs,resume_secs,wan_mib,\
+             responsive_secs,wan_mib_running,wan_mib_responsive,whole_local_secs"
         );
-        assert_eq!(lines[1], "Local,1,1,1.234,0.617,0.050,0.567,12.3");
+        assert_eq!(lines[1], "Local,1,1,1.234,0.617,0.050,0.567,12.3,,,,");
         assert_eq!(
             lines[2],
-            "\"WAN, \"\"cold\"\"\",2,2,7.000,3.500,0.050,3.450,3.5"
+            "\"WAN, \"\"cold\"\"\",2,2,7.000,3.500,0.050,3.450,3.5,7.500,1.0,2.0,9.250"
         );
         assert!(csv.ends_with('\n'));
     }

@@ -10,6 +10,7 @@ fn rec(scenario: &str, clone: usize, total_secs: f64) -> CloneRecord {
         overlay_secs: 0.0,
         resume_secs: total_secs / 2.0,
         wan_bytes: 0,
+        ..CloneRecord::default()
     }
 }
 
@@ -25,16 +26,29 @@ fn floor(secs: f64) -> Floor {
 fn outcome(ram_mib: u64, records: Vec<CloneRecord>, floor_secs: f64) -> Outcome {
     let settings = Settings::quick();
     let goals = goals(&settings, &records, &floor(floor_secs));
+    let lazy_goals = lazy_goals(&settings, &records, &floor(floor_secs));
     Outcome {
         records,
         markdown: format!("tables of {ram_mib} MiB\n"),
         client_stats: Vec::new(),
         wan_calls: Vec::new(),
         lan_stats: None,
+        lazy_lan_stats: None,
         goals,
+        lazy_goals,
         ram_mib,
         cuts: Vec::new(),
+        notes: Vec::new(),
+        profile: None,
+        golden_checks: 0,
     }
+}
+
+fn lazy_goal<'a>(o: &'a Outcome, starts: &str) -> &'a Goal {
+    o.lazy_goals
+        .iter()
+        .find(|g| g.name.starts_with(starts))
+        .unwrap_or_else(|| panic!("no lazy goal {starts:?}"))
 }
 
 fn goal<'a>(o: &'a Outcome, starts: &str) -> &'a Goal {
@@ -115,4 +129,65 @@ fn wan_p_time_splits_at_the_lan_proxy_s_last_chunk() {
     let text = parallel_time(&records, &lan, 256);
     assert!(text.contains("on disk): the copies kept up"), "{text}");
     assert!(!text.contains("after them"), "{text}");
+}
+
+#[test]
+fn lazy_goals_hold_lazy_clones_against_copy_first_and_fixed_bounds() {
+    const MB: u64 = 1 << 20;
+    let mut learned = rec("lazy WAN-S1 learned", 1, 1.2);
+    learned.wan_running_bytes = Some(5 * MB);
+    let records = vec![
+        rec("WAN-S1", 1, 8.0),
+        rec("lazy Local", 1, 0.5),
+        rec("lazy Local", 2, 0.2),
+        rec("lazy Local", 3, 0.2),
+        rec("lazy WAN-S1", 1, 3.0),
+        rec("lazy WAN-S1", 2, 0.25),
+        rec("lazy WAN-S1", 3, 0.35),
+        learned,
+        rec("lazy WAN-P cold", 1, 3.3),
+        rec("lazy WAN-P cold", 2, 3.9),
+    ];
+    let settings = Settings::quick();
+    let mut f = floor(8.0);
+    f.zstd_mem = 40 * MB;
+    let mut o = outcome(256, records.clone(), 8.0);
+    o.lazy_goals = lazy_goals(&settings, &records, &f);
+    let g = lazy_goal(&o, "lazy cold clone with a learned working set (lazy");
+    assert_eq!(
+        (g.measured, g.against, g.met()),
+        (Some(1.2), Some(1.5), Some(true))
+    );
+    // 1.2 s of 8 s is 0.15.
+    assert_eq!(
+        lazy_goal(&o, "lazy cold clone with a learned working set <=").met(),
+        Some(true)
+    );
+    // 3 s of 8 s is more than half.
+    assert_eq!(
+        lazy_goal(&o, "lazy cold clone of an image").met(),
+        Some(true)
+    );
+    let bytes = lazy_goal(&o, "WAN bytes");
+    assert_eq!(
+        (bytes.unit, bytes.measured, bytes.against),
+        ("MiB", Some(5.0), Some(40.0))
+    );
+    assert_eq!(bytes.met(), Some(true));
+    // Warm: 0.3 s mean, against lazy Local's warm 0.2 s: 1.5x.
+    assert_eq!(lazy_goal(&o, "warm lazy clone (lazy").met(), Some(true));
+    assert_eq!(lazy_goal(&o, "warm lazy clone <= 1.2x").met(), Some(false));
+    let p = lazy_goal(&o, "lazy WAN-P");
+    assert_eq!((p.measured, p.against), (Some(3.9), Some(3.0)));
+    assert_eq!(p.met(), Some(false));
+
+    // A run without lazy clones judges none of them.
+    let copy_only = outcome(256, vec![rec("WAN-S1", 1, 8.0)], 8.0);
+    assert!(copy_only.lazy_goals.iter().all(|g| g.met().is_none()));
+    assert_eq!(super::lazy::lazy_markdown(&copy_only), "");
+
+    let md = super::lazy::lazy_markdown(&o);
+    assert!(md.contains("| WAN bytes before the learned lazy clone runs (lazy WAN-S1 learned #1) <= 25% of the compressed memory image | 5.00 MiB vs 40.00 MiB | 0.125 | met |"), "{md}");
+    let table = super::lazy::responsiveness_markdown(&records);
+    assert!(table.contains("| lazy WAN-P cold | 3.60 |"), "{table}");
 }

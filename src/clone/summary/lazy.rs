@@ -1,0 +1,263 @@
+//! The lazy clones' goals and tables, and time to responsiveness for every
+//! scenario.
+
+use super::*;
+
+/// The first record of `label` numbered `clone`.
+fn find<'a>(records: &'a [CloneRecord], label: &str, clone: usize) -> Option<&'a CloneRecord> {
+    records
+        .iter()
+        .find(|r| r.scenario == label && r.clone == clone)
+}
+
+fn mib_of(bytes: u64) -> f64 {
+    bytes as f64 / MIB as f64
+}
+
+/// The lazy clones' goals, from the clones of one run (copy-first WAN-S1's
+/// first clone is what the cold ones are held against).
+pub(in crate::clone) fn lazy_goals(
+    settings: &Settings,
+    records: &[CloneRecord],
+    floor: &Floor,
+) -> Vec<Goal> {
+    let secs = |label: &str, clone: usize| find(records, label, clone).map(|r| r.total_secs);
+    let mean_of = |label: &str, from: usize| {
+        mean(
+            records
+                .iter()
+                .filter(|r| r.scenario == label && r.clone >= from)
+                .map(|r| r.total_secs),
+        )
+    };
+    let copy_cold = secs(Scenario::WanS1.label(), 1);
+    let cold = secs(Scenario::LazyWanS1.label(), 1);
+    let learned = secs(Scenario::LazyWanS1Learned.label(), 1);
+    let learned_wan = find(records, Scenario::LazyWanS1Learned.label(), 1)
+        .and_then(|r| r.wan_running_bytes)
+        .map(mib_of);
+    let warm = mean_of(Scenario::LazyWanS1.label(), 2);
+    // Warm against warm, as for copy-first clones: lazy Local's first
+    // clone reads the golden file from disk, the next from the page cache.
+    let local = mean_of(Scenario::LazyLocal.label(), 2).or(mean_of(Scenario::LazyLocal.label(), 1));
+    let parallel = records
+        .iter()
+        .filter(|r| r.scenario == Scenario::LazyWanPCold.label())
+        .map(|r| r.total_secs)
+        .reduce(f64::max);
+    let goals = [
+        (
+            "lazy cold clone with a learned working set (lazy WAN-S1 learned #1) <= 1.5 s"
+                .to_owned(),
+            "s",
+            learned,
+            Some(1.5),
+            1.0,
+        ),
+        (
+            "lazy cold clone with a learned working set <= 0.2x the copy-first cold clone \
+             (WAN-S1 #1)"
+                .to_owned(),
+            "s",
+            learned,
+            copy_cold,
+            0.2,
+        ),
+        (
+            "lazy cold clone of an image never cloned lazily before (lazy WAN-S1 #1) <= 0.5x \
+             the copy-first cold clone"
+                .to_owned(),
+            "s",
+            cold,
+            copy_cold,
+            0.5,
+        ),
+        (
+            "WAN bytes before the learned lazy clone runs (lazy WAN-S1 learned #1) <= 25% of \
+             the compressed memory image"
+                .to_owned(),
+            "MiB",
+            learned_wan,
+            Some(mib_of(floor.zstd_mem)),
+            0.25,
+        ),
+        (
+            "warm lazy clone (lazy WAN-S1 #2.., mean) <= 0.3 s".to_owned(),
+            "s",
+            warm,
+            Some(0.3),
+            1.0,
+        ),
+        (
+            "warm lazy clone <= 1.2x lazy Local (#2.., mean)".to_owned(),
+            "s",
+            warm,
+            local,
+            1.2,
+        ),
+        (
+            format!(
+                "lazy WAN-P: {} cold clones at once <= 1.2x one lazy cold clone (lazy WAN-S1 #1)",
+                settings.clones
+            ),
+            "s",
+            parallel,
+            cold,
+            1.2,
+        ),
+    ];
+    goals
+        .into_iter()
+        .map(|(name, unit, measured, against, at_most)| Goal {
+            name,
+            unit,
+            measured,
+            against,
+            at_most,
+            best: None,
+        })
+        .collect()
+}
+
+/// Time to responsiveness per scenario, in order of first appearance:
+/// means of the clones' times to running and to the answer, the WAN bytes
+/// until then, and when their node held the whole memory image (empty
+/// where not measured). Empty without records.
+pub(super) fn responsiveness_markdown(records: &[CloneRecord]) -> String {
+    let mut scenarios: Vec<&str> = Vec::new();
+    for r in records {
+        if !scenarios.contains(&r.scenario.as_str()) {
+            scenarios.push(&r.scenario);
+        }
+    }
+    if scenarios.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\nTime to responsiveness: after the guest is verified running the harness asks it to \
+         read its boot/ files (its working set, in its page cache, so in the memory image) and \
+         answer with their MD5; seconds from the start of the clone (mean of the clones), WAN \
+         MiB from the start until then (for WAN-P, the shared link's, every node's), and, for \
+         lazy clones new to their node, when the node proxy held the whole memory image:\n\n\
+         | scenario | verified running (s) | answered (s) | answer after running (s) | WAN MiB to running | WAN MiB to answer | memory image whole on the node (s) |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for name in scenarios {
+        let of = || records.iter().filter(move |r| r.scenario == name);
+        let secs = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.2}"));
+        let mibs = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.1}"));
+        out += &format!(
+            "| {name} | {} | {} | {} | {} | {} | {} |\n",
+            secs(mean(of().map(|r| r.total_secs))),
+            secs(mean(of().filter_map(|r| r.responsive_secs))),
+            secs(mean(
+                of().filter_map(|r| r.responsive_secs.map(|a| a - r.total_secs))
+            )),
+            mibs(mean(of().filter_map(|r| r.wan_running_bytes.map(mib_of)))),
+            mibs(mean(
+                of().filter_map(|r| r.wan_responsive_bytes.map(mib_of))
+            )),
+            secs(mean(of().filter_map(|r| r.whole_local_secs))),
+        );
+    }
+    out
+}
+
+/// The lazy clones' part of the report: their goals, where the bytes of
+/// their first clones went, what became of the working-set profile, the
+/// check of the golden images, and lazy WAN-P's LAN proxy. Empty without
+/// lazy clones.
+pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
+    let lazy: Vec<&CloneRecord> = outcome
+        .records
+        .iter()
+        .filter(|r| is_lazy_label(&r.scenario))
+        .collect();
+    if lazy.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\nThe lazy clones' goals:\n\n| goal | measured | ratio | verdict |\n|---|---|---:|---|\n",
+    );
+    out += &goals_rows(&outcome.lazy_goals);
+
+    let shown: Vec<&&CloneRecord> = lazy
+        .iter()
+        .filter(|r| {
+            r.fetch.is_some()
+                && (r.clone == 1 || (r.scenario == Scenario::LazyWanS1.label() && r.clone == 2))
+        })
+        .collect();
+    if !shown.is_empty() {
+        out += "\nWhere the bytes went in the lazy clones through a node (the first of each \
+                scenario, and lazy WAN-S1's first warm one): seconds from the clone's start; WAN \
+                MiB from its start; the node proxy's file cache over the clone (until the memory \
+                image was whole there, for a clone new to the node): MiB received for chunks a \
+                read was waiting for, for chunks a working-set profile named, by the background \
+                stream, and in all; reads that waited for a chunk and their waits summed; \
+                whole-file fetches that started with a profile and the chunks it named:\n\n\
+                | clone | running s | answered s | memory image whole s | WAN MiB to running / to answer / in all | file cache MiB on demand / profile / background / all | reads waited (s waited) | profile hits (chunks) |\n\
+                |---|---:|---:|---:|---:|---:|---:|---:|\n";
+        for r in shown {
+            let f = r.fetch.unwrap_or_default();
+            let mibs = |x: Option<u64>| x.map_or("-".to_owned(), |x| format!("{:.1}", mib_of(x)));
+            out += &format!(
+                "| {} #{} | {:.2} | {} | {} | {} / {} / {:.1} | {:.1} / {:.1} / {:.1} / {:.1} | {} ({:.2}) | {} ({}) |\n",
+                r.scenario,
+                r.clone,
+                r.total_secs,
+                r.responsive_secs
+                    .map_or(String::new(), |x| format!("{x:.2}")),
+                r.whole_local_secs
+                    .map_or(String::new(), |x| format!("{x:.2}")),
+                mibs(r.wan_running_bytes),
+                mibs(r.wan_responsive_bytes),
+                mib_of(r.wan_bytes),
+                mib_of(f.demand_wire_bytes),
+                mib_of(f.profile_wire_bytes),
+                mib_of(f.background_wire_bytes),
+                mib_of(f.wire_bytes),
+                f.faults_waited,
+                f.fault_wait_micros as f64 / 1e6,
+                f.profile_hits,
+                f.profile_chunks,
+            );
+        }
+    }
+    for note in &outcome.notes {
+        out += &format!("\n{note}\n");
+    }
+    if let Some(f) = find(&outcome.records, Scenario::LazyWanS1.label(), 1)
+        .and_then(|r| r.fetch)
+        .filter(|f| f.profile_hits > 0)
+    {
+        out += &format!(
+            "\nLazy WAN-S1's first clone started from a working-set profile of {} chunks that \
+             an earlier scenario's node had taught the image server (a copy that stalled, as in \
+             the WAN cut, looks like a working set that went quiet): it is not a clone of an \
+             image never cloned before.\n",
+            f.profile_chunks
+        );
+    }
+    if outcome.golden_checks > 0 {
+        out += &format!(
+            "\nThe golden memory images at the origin were unchanged (SHA-256 against their \
+             digests when they were built) at each of {} checks: after each lazy scenario and \
+             at the end.\n",
+            outcome.golden_checks
+        );
+    }
+    if let Some(v) = &outcome.lazy_lan_stats {
+        out += &format!(
+            "\nLazy WAN-P's LAN proxy fetched {} chunks ({:.1} MiB) across the WAN for all the \
+             nodes and answered {} FETCHes from its file cache: {} chunks handed on in the \
+             frames they came in, {} compressed there.\n",
+            stat(v, "file_cache.chunks_fetched"),
+            mib_of(stat(v, "file_cache.wire_bytes")),
+            stat(v, "ext.from_file_cache"),
+            stat(v, "file_cache.frames_reused"),
+            stat(v, "file_cache.frames_made"),
+        );
+    }
+    out
+}
