@@ -1,19 +1,24 @@
 //! The clone benchmark (the GVFS paper's section 4.3, Figure 6, Table 1)
 //! with QEMU: golden images on nfs-ganesha behind an emulated WAN, cloned
 //! and resumed in every scenario through gvfs, and the two baselines (full
-//! copy, plain NFS). The harness is `gvfs::clone`; see its docs for what a
-//! clone is and the topology.
+//! copy, plain NFS); then the same scenarios with lazy clones (the golden
+//! memory image mapped from the node proxy's FUSE mount instead of copied).
+//! The harness is `gvfs::clone`; see its docs for what a clone is and the
+//! topology.
 //!
 //! Run: `cargo build --release --workspace --bins && cargo bench --bench
 //! clone`. It writes `docs/clone.md`, `docs/clone.csv` and `docs/clone.png`
 //! (or into `GVFS_CLONE_OUT`). Environment: `GVFS_CLONE_IMAGES` (8),
 //! `GVFS_CLONE_CLONES` (8), `GVFS_CLONE_RAM_MIB` (256),
 //! `GVFS_CLONE_DISK_MIB` (384), `GVFS_BENCH_RTT_MS` (40), `GVFS_BENCH_MBIT`
-//! (50), `GVFS_CLONE_SCENARIOS` (all: `local,s1,s2,s3,p,cut,full,plain`),
+//! (50), `GVFS_CLONE_SCENARIOS` (all: `local,s1,s2,s3,p,cut,full,plain`
+//! and the lazy ones, `lazy local,lazy s1,lazy learned,lazy s2,lazy s3,lazy
+//! p,lazy cut`; `lazy` alone is every lazy one, `copy` every copy-first one),
 //! `GVFS_CLONE_CUT_SECS` (10: how long the WAN cut scenario keeps the link
 //! cut),
 //! `GVFS_CLONE_LARGER_RAM_MIB` (2048 when all scenarios run, else 0: the
-//! RAM of the larger guests also cloned, `Settings::larger`; 0 skips them).
+//! RAM of the larger guests also cloned, `Settings::larger`, copy-first and
+//! lazy; 0 skips them).
 //! Without `--bench` (under `cargo test --benches`) it does the quick run of
 //! `tests/clone.rs` and writes into a temporary directory.
 
@@ -40,10 +45,7 @@ fn main() -> Result<()> {
     s.cut_hold = Duration::from_secs(env_u64("GVFS_CLONE_CUT_SECS", s.cut_hold.as_secs())?);
     let only_some = std::env::var_os("GVFS_CLONE_SCENARIOS").is_some();
     if let Ok(list) = std::env::var("GVFS_CLONE_SCENARIOS") {
-        s.scenarios = list
-            .split(',')
-            .map(Scenario::parse)
-            .collect::<Result<_>>()?;
+        s.scenarios = Scenario::parse_list(&list)?;
     }
 
     let scratch = tempfile::tempdir()?;
