@@ -40,14 +40,22 @@ pub(crate) struct Fs {
     runtime: Runtime,
     slots: Arc<Semaphore>,
     groups: Groups,
+    /// The read-ahead asked of the kernel (bytes).
+    read_ahead: u32,
 }
 
 impl Fs {
-    pub(crate) fn new(core: Arc<Core>, runtime: Runtime, slots: Arc<Semaphore>) -> Self {
+    pub(crate) fn new(
+        core: Arc<Core>,
+        runtime: Runtime,
+        slots: Arc<Semaphore>,
+        read_ahead: u32,
+    ) -> Self {
         Self {
             core,
             runtime,
             slots,
+            read_ahead,
             groups: Groups::default(),
         }
     }
@@ -85,7 +93,7 @@ fn bytes(name: &OsStr) -> Vec<u8> {
 
 impl Filesystem for Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        if let Err(max) = config.set_max_readahead(MAX_IO) {
+        if let Err(max) = config.set_max_readahead(self.read_ahead.min(MAX_IO)) {
             let _ = config.set_max_readahead(max);
         }
         if let Err(max) = config.set_max_write(MAX_IO) {

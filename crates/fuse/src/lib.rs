@@ -167,7 +167,15 @@ pub struct MountOptions {
     pub attr_timeout: Duration,
     /// The file system's name in the mount table (what it serves).
     pub source: String,
+    /// The kernel's read-ahead for the mount, in bytes: how much a
+    /// sequential reader or a page fault of a mapped file asks for at once
+    /// ([`DEFAULT_READ_AHEAD`]; 0 for a lazy clone's memory image, whose
+    /// page faults should fetch no more than they need).
+    pub read_ahead: u32,
 }
+
+/// The mount's default read-ahead: one 1 MiB READ.
+pub const DEFAULT_READ_AHEAD: u32 = 1 << 20;
 
 /// A live mount. [`Mount::stop`] unmounts it.
 pub struct Mount {
@@ -208,6 +216,7 @@ impl Mount {
             core.clone(),
             tokio::runtime::Handle::current(),
             slots.clone(),
+            opts.read_ahead,
         );
         let mut config = fuser::Config::default();
         config.mount_options = vec![
@@ -238,7 +247,7 @@ impl Mount {
             path: opts.dir.clone(),
             cause,
         })?;
-        set_read_ahead(&opts.dir);
+        set_read_ahead(&opts.dir, opts.read_ahead / 1024);
         tracing::info!(dir = %opts.dir.display(), "mounted through FUSE");
         Ok(Self {
             path: opts.dir.clone(),
@@ -338,15 +347,11 @@ impl Mount {
     }
 }
 
-/// Read-ahead of the mount, in KiB: one 1 MiB READ ahead of a
-/// sequential reader or a page fault of a mapped file.
-const READ_AHEAD_KB: u32 = 1024;
-
-/// Sets the mount's read-ahead to [`READ_AHEAD_KB`]. The FUSE INIT reply
-/// can only lower the kernel's default (128 KiB), so it is raised where
-/// the kernel keeps it, `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`; only
-/// root may, and elsewhere the default stays.
-fn set_read_ahead(dir: &Path) {
+/// Sets the mount's read-ahead to `kb` KiB. The FUSE INIT reply can only
+/// lower the kernel's default (128 KiB), so it is set where the kernel
+/// keeps it, `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`; only root may,
+/// and elsewhere what INIT asked for stays.
+fn set_read_ahead(dir: &Path, kb: u32) {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(dir) else {
         return;
@@ -357,7 +362,7 @@ fn set_read_ahead(dir: &Path) {
         libc::major(dev),
         libc::minor(dev)
     );
-    if let Err(e) = std::fs::write(&path, READ_AHEAD_KB.to_string()) {
+    if let Err(e) = std::fs::write(&path, kb.to_string()) {
         tracing::debug!(%path, error = %e, "cannot raise the mount's read-ahead (not root?)");
     }
 }

@@ -72,14 +72,16 @@
 //!
 //! FETCH_REPEATS is FETCH for a caller that fills repeated bytes itself:
 //! where the file's metadata says a range repeats an earlier one, the
-//! server sends zeros there (which compress to nothing) and says so. A
+//! server sends zeros there (which compress to nothing) and says so. Only
+//! a FETCH of a whole chunk lists repeats; part of a chunk comes whole. A
 //! caller whose upstream answers it with PROC_UNAVAIL (an older proxy)
 //! uses FETCH from then on.
 //!
-//! FETCH_DEMAND is FETCH_REPEATS for a chunk a reader waits for now (a
-//! lazy clone's guest faulting on its memory), not one a background stream
-//! fetches ahead: a proxy that fetches the chunk from its own upstream in
-//! turn asks with FETCH_DEMAND too, and holds back its background stream
+//! FETCH_DEMAND is FETCH_REPEATS for bytes a reader waits for now (a lazy
+//! clone's guest faulting on its memory: usually a few 64 KiB pieces of a
+//! chunk, not the whole chunk), not a chunk a background stream fetches
+//! ahead: a proxy that fetches them from its own upstream in turn asks
+//! with FETCH_DEMAND too, and holds back its background stream
 //! while demand fetches come (`filecache/fetch.rs`), so that at every depth
 //! of a cascade demand goes first. A caller whose upstream answers it with
 //! PROC_UNAVAIL (an older proxy) uses FETCH_REPEATS from then on.

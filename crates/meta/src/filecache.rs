@@ -78,8 +78,9 @@ pub const WINDOW: usize = 8;
 /// compressed chunks on a WAN, so the link stays busy while a chunk a
 /// reader waits for is queued behind no more than these.
 pub const UNDER_DEMAND: usize = 2;
-/// ... while fetching the chunks a working-set profile names first.
-pub const PROFILE_WINDOW: usize = 4;
+/// Runs of pieces fetched at once first, because a working-set profile
+/// names them.
+pub const PROFILE_WINDOW: usize = 8;
 /// How long after a reader's own fetch the background stream stays at
 /// [`UNDER_DEMAND`].
 const DEMAND_HOLD_MS: u64 = 300;
@@ -87,6 +88,47 @@ const DEMAND_HOLD_MS: u64 = 300;
 use learn::Learning;
 pub use learn::{LEARN_QUIET, PROFILE_WAIT};
 pub use read::Asked;
+
+/// The unit readers' own fetches and profiles go by: a page fault of a
+/// lazy clone fetches the pieces its read covers, not its whole chunk.
+pub const PIECE: u32 = 64 << 10;
+
+/// Which pieces of a chunk that is not whole yet are here, and which are
+/// being fetched (bit `i`: bytes `i * PIECE..` of the chunk).
+#[derive(Debug, Default, Clone, Copy)]
+struct Pieces {
+    here: u16,
+    fetching: u16,
+}
+
+/// The state of a file's chunks, and the pieces of those not whole yet.
+#[derive(Debug)]
+struct Chunks {
+    state: Vec<Chunk>,
+    pieces: HashMap<usize, Pieces>,
+}
+
+impl Chunks {
+    fn new(state: Vec<Chunk>) -> Self {
+        Self {
+            state,
+            pieces: HashMap::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for Chunks {
+    type Target = Vec<Chunk>;
+    fn deref(&self) -> &Vec<Chunk> {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Chunks {
+    fn deref_mut(&mut self) -> &mut Vec<Chunk> {
+        &mut self.state
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chunk {
@@ -307,8 +349,8 @@ gvfs_nfs::counters! {
         fault_wait_micros,
         /// Whole-file fetches that started with a working-set profile.
         profile_hits,
-        /// Chunks fetched first because a profile named them.
-        profile_chunks,
+        /// Pieces fetched first because a profile named them.
+        profile_pieces,
         /// Working-set profiles learned here and sent upstream.
         profiles_sent,
         /// Learned read orders not kept as profiles: they covered nearly
@@ -410,7 +452,7 @@ pub struct CachedFile {
     writes: AtomicU64,
     path: PathBuf,
     file: std::fs::File,
-    chunks: Mutex<Vec<Chunk>>,
+    chunks: Mutex<Chunks>,
     /// Frames of present chunks kept for other proxies (LAN proxies only).
     frames: FrameStore,
     /// Bumped whenever a chunk arrives or the fetch fails.
@@ -679,7 +721,7 @@ impl FileCache {
             writes: AtomicU64::new(0),
             path: path.to_path_buf(),
             file,
-            chunks: Mutex::new(chunks),
+            chunks: Mutex::new(Chunks::new(chunks)),
             frames: FrameStore::new(frames_path(path)),
             changed: watch::channel(0).0,
             failed: Mutex::new(None),

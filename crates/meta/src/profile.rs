@@ -1,5 +1,7 @@
-//! Working-set profiles: which chunks of a file held whole (a VM's memory
-//! image) a lazy clone's guest touched, in the order it first touched them.
+//! Working-set profiles: which parts of a file held whole (a VM's memory
+//! image) a lazy clone's guest touched, in the order it first touched them
+//! (parts of 64 KiB, the file cache's `PIECE`, as learned; any power of two
+//! from 4 KiB to a chunk is read).
 //!
 //! The proxy whose clients read the file learns the profile (see
 //! `filecache/learn.rs`) and sends it upstream with PROFILE_PUT; every
@@ -8,7 +10,7 @@
 //! proxy next to the image server. A proxy that starts fetching a file
 //! whole asks its upstream for the file's profile (PROFILE_GET, answered
 //! from the first proxy on the way that has it) and fetches the profile's
-//! chunks first, many at once.
+//! parts first, many at once.
 //!
 //! A profile names the version of the file it was learned on (size, mtime,
 //! ctime) and is used, kept and answered only for that version: a changed
@@ -23,9 +25,10 @@
 //!     uint64  size;          /* the version it describes */
 //!     nfstime3 mtime;
 //!     nfstime3 ctime;
-//!     uint32  chunks<MAX_PROFILE_CHUNKS>;  /* chunk numbers (offset / CHUNK),
-//!                                              first touched first, each
-//!                                              below ceil(size / CHUNK) */
+//!     uint32  unit;          /* bytes per part: a power of two, 4 KiB to CHUNK */
+//!     uint32  parts<MAX_PROFILE_PARTS>;  /* part numbers (offset / unit),
+//!                                           first touched first, each once
+//!                                           and below ceil(size / unit) */
 //! };
 //! index record: "GVWS", uint32 version 1, profile, uint32 CRC32 (IEEE) of
 //! every byte before it; under the key 'p' + the file handle.
@@ -39,8 +42,10 @@ use gvfs_nfs::xdr::{XdrError, XdrReader, put_opaque, put_u32};
 use crate::MetaIndex;
 use crate::ext::{CHUNK, FHSIZE, end, get_u64, put_u64};
 
-/// Most chunks a profile names (16 GiB of a file at [`CHUNK`]).
-pub const MAX_PROFILE_CHUNKS: usize = 16_384;
+/// Most parts a profile names (4 GiB of a file at 64 KiB).
+pub const MAX_PROFILE_PARTS: usize = 65_536;
+/// The smallest part a profile may name.
+pub const MIN_UNIT: u32 = 4096;
 
 const RECORD_MAGIC: [u8; 4] = *b"GVWS";
 const RECORD_VERSION: u32 = 1;
@@ -54,19 +59,31 @@ pub struct Profile {
     pub mtime: (u32, u32),
     /// That version's ctime.
     pub ctime: (u32, u32),
-    /// Chunk numbers, first touched first, each at most once.
-    pub chunks: Vec<u32>,
+    /// Bytes per part.
+    pub unit: u32,
+    /// Part numbers (offset / `unit`), first touched first, each once.
+    pub parts: Vec<u32>,
 }
 
 impl Profile {
-    /// A profile of the version with attributes `a`.
-    pub fn of(a: &fattr3, chunks: Vec<u32>) -> Self {
+    /// A profile of the version with attributes `a`, in parts of `unit`.
+    pub fn of(a: &fattr3, unit: u32, parts: Vec<u32>) -> Self {
         Self {
             size: a.size,
             mtime: (a.mtime.seconds, a.mtime.nseconds),
             ctime: (a.ctime.seconds, a.ctime.nseconds),
-            chunks,
+            unit,
+            parts,
         }
+    }
+
+    /// The byte ranges of its parts, in its order.
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let unit = u64::from(self.unit);
+        self.parts.iter().map(move |&p| {
+            let start = u64::from(p) * unit;
+            (start, (start + unit).min(self.size))
+        })
     }
 
     /// Whether it describes the version of the file with attributes `a`.
@@ -76,15 +93,9 @@ impl Profile {
             && self.ctime == (a.ctime.seconds, a.ctime.nseconds)
     }
 
-    /// File bytes its chunks hold.
+    /// File bytes its parts hold.
     pub fn bytes(&self) -> u64 {
-        self.chunks
-            .iter()
-            .map(|&c| {
-                let start = u64::from(c) * u64::from(CHUNK);
-                self.size.saturating_sub(start).min(u64::from(CHUNK))
-            })
-            .sum()
+        self.ranges().map(|(a, b)| b.saturating_sub(a)).sum()
     }
 
     /// Appends the XDR `profile`.
@@ -94,51 +105,57 @@ impl Profile {
             put_u32(out, s);
             put_u32(out, ns);
         }
-        put_u32(out, self.chunks.len() as u32);
-        for &c in &self.chunks {
+        put_u32(out, self.unit);
+        put_u32(out, self.parts.len() as u32);
+        for &c in &self.parts {
             put_u32(out, c);
         }
     }
 
-    /// Reads an XDR `profile`: at most [`MAX_PROFILE_CHUNKS`] chunks (the
-    /// count is checked before anything is allocated), each inside the
-    /// file and named once.
+    /// Reads an XDR `profile`: a unit of 4 KiB to [`CHUNK`], a power of
+    /// two; at most [`MAX_PROFILE_PARTS`] parts (the count is checked
+    /// before anything is allocated), each inside the file and named once.
     pub fn decode_from(r: &mut XdrReader<'_>) -> Result<Self, XdrError> {
         let size = get_u64(r)?;
         let mtime = (r.u32()?, r.u32()?);
         let ctime = (r.u32()?, r.u32()?);
+        let unit = r.u32()?;
+        if !unit.is_power_of_two() || !(MIN_UNIT..=CHUNK).contains(&unit) {
+            return Err(XdrError::InvalidValue(unit));
+        }
         let n = r.u32()? as usize;
-        if n > MAX_PROFILE_CHUNKS {
+        if n > MAX_PROFILE_PARTS {
             return Err(XdrError::TooLong {
                 len: n,
-                limit: MAX_PROFILE_CHUNKS,
+                limit: MAX_PROFILE_PARTS,
             });
         }
         if r.rest().len() < n * 4 {
             return Err(XdrError::Truncated);
         }
-        let count = size.div_ceil(u64::from(CHUNK));
+        let count = size.div_ceil(u64::from(unit));
         let mut seen = std::collections::HashSet::with_capacity(n);
-        let mut chunks = Vec::with_capacity(n);
+        let mut parts = Vec::with_capacity(n);
         for _ in 0..n {
             let c = r.u32()?;
             if u64::from(c) >= count || !seen.insert(c) {
                 return Err(XdrError::InvalidValue(c));
             }
-            chunks.push(c);
+            parts.push(c);
         }
         Ok(Self {
             size,
             mtime,
             ctime,
-            chunks,
+            unit,
+            parts,
         })
     }
 
     /// The bytes of a kept profile: in the index, and in the
     /// `.NAME.gvfsprofile` file beside the image at the origin.
     pub fn record(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(36 + 4 * self.chunks.len());
+        let mut out = Vec::with_capacity(40 + 4 * self.parts.len());
         out.extend_from_slice(&RECORD_MAGIC);
         put_u32(&mut out, RECORD_VERSION);
         self.encode(&mut out);
@@ -167,8 +184,8 @@ impl Profile {
 /// profile: `.NAME.gvfsprofile`.
 pub const PROFILE_SUFFIX: &str = ".gvfsprofile";
 
-/// The largest profile file read: a record of [`MAX_PROFILE_CHUNKS`].
-pub const MAX_PROFILE_LEN: usize = 48 + 4 * MAX_PROFILE_CHUNKS;
+/// The largest profile file read: a record of [`MAX_PROFILE_PARTS`].
+pub const MAX_PROFILE_LEN: usize = 52 + 4 * MAX_PROFILE_PARTS;
 
 /// The name of the profile file beside `name`, if `name` can have one.
 pub fn profile_name(name: &str) -> Option<String> {
@@ -287,16 +304,16 @@ mod tests {
     }
 
     #[test]
-    fn a_profile_round_trips_and_refuses_chunks_outside_the_file() {
+    fn a_profile_round_trips_and_refuses_parts_outside_the_file() {
         let a = attrs(5 * u64::from(CHUNK) + 1, 7);
-        let p = Profile::of(&a, vec![5, 0, 3]);
+        let p = Profile::of(&a, CHUNK, vec![5, 0, 3]);
         let mut buf = Vec::new();
         encode_put(&mut buf, b"handle", &p);
         assert_eq!(decode_put(&buf).expect("decodes"), (b"handle".to_vec(), p));
 
         for bad in [vec![6], vec![1, 1]] {
             let mut buf = Vec::new();
-            encode_put(&mut buf, b"h", &Profile::of(&a, bad.clone()));
+            encode_put(&mut buf, b"h", &Profile::of(&a, CHUNK, bad.clone()));
             assert!(decode_put(&buf).is_err(), "{bad:?} was accepted");
         }
         // A count over the cap is refused before anything is allocated.
@@ -304,6 +321,7 @@ mod tests {
         put_opaque(&mut buf, b"h");
         put_u64(&mut buf, u64::MAX);
         buf.extend_from_slice(&[0; 16]);
+        put_u32(&mut buf, 65536);
         put_u32(&mut buf, u32::MAX);
         assert!(matches!(decode_put(&buf), Err(XdrError::TooLong { .. })));
     }
@@ -312,8 +330,8 @@ mod tests {
     fn a_kept_profile_is_answered_only_for_its_version() {
         let profiles = Profiles::new(Arc::new(MemIndex::new(16)));
         let a = attrs(10 * u64::from(CHUNK), 1);
-        profiles.put(b"fh", &Profile::of(&a, vec![2, 9]));
-        assert_eq!(profiles.get(b"fh", &a).map(|p| p.chunks), Some(vec![2, 9]));
+        profiles.put(b"fh", &Profile::of(&a, CHUNK, vec![2, 9]));
+        assert_eq!(profiles.get(b"fh", &a).map(|p| p.parts), Some(vec![2, 9]));
         let changed = attrs(10 * u64::from(CHUNK), 2);
         assert_eq!(profiles.get(b"fh", &changed), None);
         // Dropped: not even the old version finds it now.
@@ -325,7 +343,7 @@ mod tests {
         let index = Arc::new(MemIndex::new(16));
         let profiles = Profiles::new(index.clone());
         let a = attrs(4 * u64::from(CHUNK), 1);
-        profiles.put(b"fh", &Profile::of(&a, vec![1]));
+        profiles.put(b"fh", &Profile::of(&a, CHUNK, vec![1]));
         let mut rec = index.get(&key(b"fh")).expect("get").expect("kept");
         let last = rec.len() - 5;
         rec[last] ^= 1;

@@ -592,8 +592,12 @@ impl ExtServer {
             None => self.getattr(cx, &args.fh).await?,
         };
         eof = eof || args.offset + data.len() as u64 >= attrs.size;
+        // Only a whole chunk lists repeats: a reader's piece would wait
+        // for their sources, anywhere before it in the file.
+        let whole = args.offset.is_multiple_of(u64::from(CHUNK))
+            && (args.count >= CHUNK || args.offset + u64::from(args.count) >= attrs.size);
         let listed = match &self.meta {
-            Some(m) if repeats => match m.meta_of_version(cx, &args.fh, &attrs).await {
+            Some(m) if repeats && whole => match m.meta_of_version(cx, &args.fh, &attrs).await {
                 Some(meta) => meta.repeats_in(args.offset, data.len() as u64),
                 None => Vec::new(),
             },

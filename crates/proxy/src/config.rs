@@ -143,6 +143,8 @@ pub struct Config {
     pub attr_timeout: Option<Duration>,
     /// Where to mount the export through FUSE, if anywhere.
     pub mount: Option<PathBuf>,
+    /// The mount's read-ahead in bytes.
+    pub mount_readahead: u32,
 }
 
 /// Validated TLS settings.
@@ -400,11 +402,33 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
     }))
 }
 
+/// The largest `--mount-readahead`.
+const MAX_MOUNT_READAHEAD: u64 = 64 << 20;
+
+fn mount_readahead(f: &FileConfig) -> Result<u32, ConfigError> {
+    let Some(s) = &f.server.mount_readahead else {
+        return Ok(gvfs_fuse::DEFAULT_READ_AHEAD);
+    };
+    if f.server.mount.is_none() {
+        return Err(ConfigError::Invalid(
+            "--mount-readahead (mount_readahead) needs --mount (mount)".into(),
+        ));
+    }
+    let n = parse_size(s)?;
+    if n > MAX_MOUNT_READAHEAD {
+        return Err(ConfigError::Invalid(format!(
+            "--mount-readahead {s}: at most {MAX_MOUNT_READAHEAD} bytes"
+        )));
+    }
+    Ok(n as u32)
+}
+
 impl Config {
     /// Validates `f`, filling in defaults.
     pub fn from_file_config(f: FileConfig) -> Result<Self, ConfigError> {
         let cache = cache_settings(&f)?;
         let tls = tls_settings(&f)?;
+        let mount_readahead = mount_readahead(&f)?;
         let metrics = match &f.server.metrics {
             Some(m) => {
                 let addr: SocketAddr = m.parse().map_err(|_| {
@@ -539,6 +563,7 @@ impl Config {
                 Some(s) => Some(Duration::from_secs(s)),
             },
             mount: f.server.mount.clone(),
+            mount_readahead,
             cache,
             metrics,
             tls,

@@ -17,18 +17,6 @@ impl CachedFile {
         Some(idx)
     }
 
-    /// Claims chunk `idx` if nobody fetches it yet.
-    pub(super) fn claim(&self, idx: usize) -> bool {
-        let mut chunks = lock(&self.chunks);
-        match chunks.get_mut(idx) {
-            Some(c) if *c == Chunk::Missing => {
-                *c = Chunk::InFlight;
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// Whether readers fetched chunks of their own lately: the background
     /// stream then keeps only [`UNDER_DEMAND`] chunks in flight, so that
     /// what the readers wait for is not queued behind it on the link.
@@ -42,11 +30,86 @@ impl CachedFile {
     }
 
     pub(super) fn set(&self, idx: usize, state: Chunk) {
-        lock(&self.chunks)[idx] = state;
+        let mut chunks = lock(&self.chunks);
+        chunks[idx] = state;
+        if state.here() {
+            chunks.pieces.remove(&idx);
+        }
+        drop(chunks);
         self.changed.send_modify(|v| *v += 1);
     }
 
-    /// Fetches chunk `idx` (already claimed) and writes it into the file.
+    /// Claims the pieces of `mask` in chunk `idx` that are neither here nor
+    /// being fetched, as one run (those between them too), if the chunk is
+    /// not being fetched whole.
+    pub(super) fn claim_pieces(&self, idx: usize, mask: u16) -> Option<u16> {
+        let mut chunks = lock(&self.chunks);
+        if chunks.get(idx) != Some(&Chunk::Missing) {
+            return None;
+        }
+        let p = chunks.pieces.entry(idx).or_default();
+        let need = span_of(mask & !p.here & !p.fetching);
+        if need == 0 {
+            return None;
+        }
+        p.fetching |= need;
+        Some(need)
+    }
+
+    /// Fetches the run of pieces `mask` (claimed) of chunk `idx`.
+    pub(super) async fn fetch_pieces(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        idx: usize,
+        mask: u16,
+        urgency: Urgency,
+    ) -> Result<(), FileCacheError> {
+        let (start, len) = self.chunk_range(idx);
+        let from = start + u64::from(mask.trailing_zeros() * PIECE);
+        let to =
+            (start + u64::from((16 - mask.leading_zeros()) * PIECE)).min(start + u64::from(len));
+        // Every piece: the chunk in one frame, kept as a whole one is.
+        let whole = (mask == all_pieces(len)).then_some(idx);
+        let result = if to > from {
+            self.fetch_range(
+                cache,
+                source,
+                cred,
+                from,
+                (to - from) as u32,
+                urgency,
+                whole,
+            )
+            .await
+        } else {
+            Ok(())
+        };
+        {
+            let mut chunks = lock(&self.chunks);
+            let whole = chunks.get(idx).is_some_and(|c| c.here());
+            let p = chunks.pieces.entry(idx).or_default();
+            p.fetching &= !mask;
+            if result.is_ok() {
+                p.here |= mask;
+            }
+            let done = p.here & all_pieces(len) == all_pieces(len);
+            if whole || (done && chunks[idx] == Chunk::Missing) {
+                chunks[idx] = Chunk::Present;
+                chunks.pieces.remove(&idx);
+            }
+        }
+        self.changed.send_modify(|v| *v += 1);
+        if let Err(why) = &result {
+            self.fail(why.clone());
+        }
+        result
+    }
+
+    /// Fetches chunk `idx` (already claimed) and writes it into the file:
+    /// whole, in one frame (kept for other proxies), or, when readers
+    /// fetched pieces of it, the pieces still missing.
     pub(super) async fn fetch_chunk(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -56,74 +119,18 @@ impl CachedFile {
         urgency: Urgency,
     ) -> Result<(), FileCacheError> {
         let (offset, count) = self.chunk_range(idx);
-        let writes = self.writes.load(Ordering::Acquire);
-        let args = FetchArgs {
-            fh: self.fh.clone(),
-            offset,
-            count,
+        let pieces = lock(&self.chunks)
+            .pieces
+            .get(&idx)
+            .copied()
+            .unwrap_or_default();
+        let result = if pieces.here | pieces.fetching == 0 {
+            self.fetch_range(cache, source, cred, offset, count, urgency, Some(idx))
+                .await
+        } else {
+            self.fetch_rest(cache, source, cred, idx, pieces, urgency)
+                .await
         };
-        let result = async {
-            let ok = source.fetch(cred, &args, urgency).await?;
-            if !same_version(&ok.attrs, &self.attrs()) {
-                return Err(FileCacheError::ChangedUpstream);
-            }
-            if ok.raw_len != count {
-                return Err(FileCacheError::ShortChunk {
-                    offset,
-                    got: ok.raw_len,
-                    expected: count,
-                });
-            }
-            let wire = ok.data.len() as u64;
-            ok.check_repeats(offset)?;
-            let mut ok = ok;
-            let repeats = std::mem::take(&mut ok.repeats);
-            // Their sources before this chunk must be here first: earlier
-            // chunks, which never wait for later ones (fetched now if
-            // nobody fetches them yet, as urgently as this one).
-            for r in repeats.iter().filter(|r| r.from < offset) {
-                let end = (r.from + u64::from(r.len)).min(offset);
-                self.wait_for(cache, source, cred, r.from, end, urgency)
-                    .await?;
-            }
-            let repeated: u64 = repeats.iter().map(|r| u64::from(r.len)).sum();
-            let keep = cache.keep_frames.load(Ordering::Relaxed);
-            let me = self.clone();
-            let spent = tokio::task::spawn_blocking(move || {
-                // Kept with its repeats: handed on only to callers that
-                // fill them.
-                let frame = keep.then(|| Frame {
-                    codec: ok.codec,
-                    data: ok.data.clone(),
-                    repeats: repeats.clone(),
-                });
-                let t = Instant::now();
-                let mut raw = decompress(ok)?;
-                let spent = t.elapsed().as_micros() as u64;
-                me.fill_repeats(&mut raw, offset, &repeats)?;
-                me.file
-                    .write_all_at(&raw, offset)
-                    .map_err(|e| FileCacheError::io("writing", &me.path, e))?;
-                if let Some(frame) = frame {
-                    me.keep_frame(idx, &frame, writes);
-                }
-                Ok::<_, FileCacheError>(spent)
-            })
-            .await
-            .map_err(|e| FileCacheError::task("decompressing a chunk", e))??;
-            cache.counters.decompress_micros.add(spent);
-            cache.counters.repeat_bytes.add(repeated);
-            cache.counters.chunks_fetched.add(1);
-            cache.counters.wire_bytes.add(wire);
-            match urgency {
-                Urgency::Demand => cache.counters.demand_wire_bytes.add(wire),
-                Urgency::Profile => cache.counters.profile_wire_bytes.add(wire),
-                Urgency::Background => cache.counters.background_wire_bytes.add(wire),
-            }
-            cache.counters.raw_bytes.add(u64::from(count));
-            Ok(())
-        }
-        .await;
         match result {
             Ok(()) => {
                 self.set(idx, Chunk::Present);
@@ -135,6 +142,132 @@ impl CachedFile {
                 Err(why)
             }
         }
+    }
+
+    /// The pieces of chunk `idx` that are neither here nor on their way,
+    /// then waits for those on their way.
+    async fn fetch_rest(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        idx: usize,
+        pieces: Pieces,
+        urgency: Urgency,
+    ) -> Result<(), FileCacheError> {
+        let (start, len) = self.chunk_range(idx);
+        let all = all_pieces(len);
+        let ours = all & !pieces.here & !pieces.fetching;
+        let mut rx = self.changed.subscribe();
+        for (first, n) in runs(ours) {
+            let from = start + u64::from(first * PIECE);
+            let to = (from + u64::from(n * PIECE)).min(start + u64::from(len));
+            self.fetch_range(cache, source, cred, from, (to - from) as u32, urgency, None)
+                .await?;
+        }
+        loop {
+            if let Some(why) = self.failure() {
+                return Err(why);
+            }
+            let here = {
+                let chunks = lock(&self.chunks);
+                chunks.get(idx).is_some_and(|c| c.here())
+                    || chunks
+                        .pieces
+                        .get(&idx)
+                        .is_some_and(|p| (p.here | ours) & all == all)
+            };
+            if here {
+                return Ok(());
+            }
+            rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
+        }
+    }
+
+    /// Fetches `offset..offset + count` (inside one chunk) and writes it
+    /// into the file; the frame of a whole chunk (`whole`) is kept for
+    /// other proxies when this proxy keeps frames.
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_range(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        offset: u64,
+        count: u32,
+        urgency: Urgency,
+        whole: Option<usize>,
+    ) -> Result<(), FileCacheError> {
+        let writes = self.writes.load(Ordering::Acquire);
+        let args = FetchArgs {
+            fh: self.fh.clone(),
+            offset,
+            count,
+        };
+        let ok = source.fetch(cred, &args, urgency).await?;
+        if !same_version(&ok.attrs, &self.attrs()) {
+            return Err(FileCacheError::ChangedUpstream);
+        }
+        if ok.raw_len != count {
+            return Err(FileCacheError::ShortChunk {
+                offset,
+                got: ok.raw_len,
+                expected: count,
+            });
+        }
+        let wire = ok.data.len() as u64;
+        ok.check_repeats(offset)?;
+        let mut ok = ok;
+        let repeats = std::mem::take(&mut ok.repeats);
+        // Their sources before this range must be here first: earlier
+        // bytes, which never wait for later ones (fetched now if nobody
+        // fetches them yet, as urgently as this range).
+        for r in repeats.iter().filter(|r| r.from < offset) {
+            let end = (r.from + u64::from(r.len)).min(offset);
+            self.wait_for(cache, source, cred, r.from, end, urgency)
+                .await?;
+        }
+        let repeated: u64 = repeats.iter().map(|r| u64::from(r.len)).sum();
+        let keep = whole.filter(|_| cache.keep_frames.load(Ordering::Relaxed));
+        let me = self.clone();
+        let spent = tokio::task::spawn_blocking(move || {
+            // Kept with its repeats: handed on only to callers that
+            // fill them.
+            let frame = keep.map(|idx| {
+                (
+                    idx,
+                    Frame {
+                        codec: ok.codec,
+                        data: ok.data.clone(),
+                        repeats: repeats.clone(),
+                    },
+                )
+            });
+            let t = Instant::now();
+            let mut raw = decompress(ok)?;
+            let spent = t.elapsed().as_micros() as u64;
+            me.fill_repeats(&mut raw, offset, &repeats)?;
+            me.file
+                .write_all_at(&raw, offset)
+                .map_err(|e| FileCacheError::io("writing", &me.path, e))?;
+            if let Some((idx, frame)) = frame {
+                me.keep_frame(idx, &frame, writes);
+            }
+            Ok::<_, FileCacheError>(spent)
+        })
+        .await
+        .map_err(|e| FileCacheError::task("decompressing a chunk", e))??;
+        cache.counters.decompress_micros.add(spent);
+        cache.counters.repeat_bytes.add(repeated);
+        cache.counters.chunks_fetched.add(1);
+        cache.counters.wire_bytes.add(wire);
+        match urgency {
+            Urgency::Demand => cache.counters.demand_wire_bytes.add(wire),
+            Urgency::Profile => cache.counters.profile_wire_bytes.add(wire),
+            Urgency::Background => cache.counters.background_wire_bytes.add(wire),
+        }
+        cache.counters.raw_bytes.add(u64::from(count));
+        Ok(())
     }
 
     /// Waits until the data chunks under `from..end` (the source of a
@@ -194,9 +327,10 @@ impl CachedFile {
         Ok(())
     }
 
-    /// Waits until `offset..offset + len` has arrived, fetching chunks that
-    /// nobody fetches yet (with `urgency`). A reader's wait (`Demand`)
-    /// counts as a fault when a chunk was not here.
+    /// Waits until `offset..offset + len` has arrived, fetching what
+    /// nobody fetches yet (with `urgency`): a reader (`Demand`) fetches the
+    /// pieces its range covers, others whole chunks. A reader's wait counts
+    /// as a fault when its bytes were not here.
     pub(super) async fn ensure(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -209,86 +343,177 @@ impl CachedFile {
         if len == 0 {
             return Ok(());
         }
-        let first = (offset / u64::from(CHUNK)) as usize;
-        let last = ((offset + len - 1) / u64::from(CHUNK)) as usize;
+        let end = offset + len;
         let waited = Instant::now();
-        let fault = urgency == Urgency::Demand
-            && lock(&self.chunks)
-                .get(first..=last)
-                .is_some_and(|span| !span.iter().all(|c| c.here()));
-        let result = self
-            .ensure_chunks(cache, source, cred, first, last, urgency)
-            .await;
-        if fault {
-            cache.counters.faults_waited.add(1);
-            cache
-                .counters
-                .fault_wait_micros
-                .add(waited.elapsed().as_micros() as u64);
-        }
-        result
-    }
-
-    async fn ensure_chunks(
-        self: &Arc<Self>,
-        cache: &Arc<FileCache>,
-        source: &Arc<dyn ChunkSource>,
-        cred: &Credentials,
-        first: usize,
-        last: usize,
-        urgency: Urgency,
-    ) -> Result<(), FileCacheError> {
+        let mut faulted = false;
         let mut rx = self.changed.subscribe();
         loop {
             if let Some(why) = self.failure() {
                 return Err(why);
             }
-            let (missing, waiting) = {
-                let mut chunks = lock(&self.chunks);
-                let mut missing = None;
-                let mut waiting = false;
-                for (i, c) in chunks.iter_mut().enumerate().take(last + 1).skip(first) {
-                    match *c {
-                        Chunk::Missing if missing.is_none() => {
-                            *c = Chunk::InFlight;
-                            missing = Some(i);
-                        }
-                        Chunk::Missing | Chunk::InFlight => waiting = true,
-                        Chunk::Present | Chunk::Zero => {}
-                    }
+            let (fetch, waiting) = self.plan_range(offset, end, urgency);
+            if fetch.is_empty() && !waiting {
+                break;
+            }
+            if urgency == Urgency::Demand && !faulted {
+                faulted = true;
+                cache.counters.faults_waited.add(1);
+            }
+            if fetch.is_empty() {
+                rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
+                continue;
+            }
+            // Each in a task of its own: readers waiting for these bytes
+            // (and the background fetch, which has passed them) must not
+            // depend on this one, whose client may go away mid-fetch.
+            let mut tasks = Vec::with_capacity(fetch.len());
+            for (idx, pieces) in fetch {
+                let (me, cache, source, cred) =
+                    (self.clone(), cache.clone(), source.clone(), cred.clone());
+                let demand = urgency == Urgency::Demand;
+                if demand {
+                    self.demand_in_flight.fetch_add(1, Ordering::AcqRel);
                 }
-                (missing, waiting)
-            };
-            match missing {
-                // Its own task: readers waiting for this chunk (and the
-                // background fetch, which has passed it) must not depend on
-                // this one, whose client may go away mid-fetch.
-                Some(idx) => {
-                    let (me, cache, source, cred) =
-                        (self.clone(), cache.clone(), source.clone(), cred.clone());
-                    let demand = urgency == Urgency::Demand;
+                tasks.push(tokio::spawn(async move {
+                    let r = match pieces {
+                        Some(mask) => {
+                            me.fetch_pieces(&cache, &source, &cred, idx, mask, urgency)
+                                .await
+                        }
+                        None => me.fetch_chunk(&cache, &source, &cred, idx, urgency).await,
+                    };
                     if demand {
-                        self.demand_in_flight.fetch_add(1, Ordering::AcqRel);
+                        me.last_demand_ms
+                            .store(me.born.elapsed().as_millis() as u64 + 1, Ordering::Release);
+                        me.demand_in_flight.fetch_sub(1, Ordering::AcqRel);
                     }
-                    let fetched = tokio::spawn(async move {
-                        let r = me.fetch_chunk(&cache, &source, &cred, idx, urgency).await;
-                        if demand {
-                            me.last_demand_ms
-                                .store(me.born.elapsed().as_millis() as u64 + 1, Ordering::Release);
-                            me.demand_in_flight.fetch_sub(1, Ordering::AcqRel);
-                        }
-                        r
-                    })
-                    .await;
-                    fetched.map_err(|e| FileCacheError::task("a chunk's fetch", e))??;
-                }
-                None if waiting => {
-                    rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
-                }
-                None => return Ok(()),
+                    r
+                }));
+            }
+            for t in tasks {
+                t.await
+                    .map_err(|e| FileCacheError::task("a chunk's fetch", e))??;
             }
         }
+        if faulted {
+            cache
+                .counters
+                .fault_wait_micros
+                .add(waited.elapsed().as_micros() as u64);
+        }
+        Ok(())
     }
+
+    /// What `offset..end` still needs: fetches to start, claimed here
+    /// (a chunk's pieces for a reader, else one whole chunk), and whether
+    /// some of it is on its way.
+    fn plan_range(
+        &self,
+        offset: u64,
+        end: u64,
+        urgency: Urgency,
+    ) -> (Vec<(usize, Option<u16>)>, bool) {
+        let size = self.size();
+        let (first, last) = chunks_of(offset, end);
+        let mut fetch = Vec::new();
+        let mut waiting = false;
+        let mut chunks = lock(&self.chunks);
+        let last = last.min(chunks.len().saturating_sub(1));
+        for idx in first..=last {
+            let state = chunks[idx];
+            if state.here() {
+                continue;
+            }
+            let len = chunk_len(size, idx);
+            let want = piece_mask(idx, len, offset, end);
+            let p = chunks.pieces.get(&idx).copied().unwrap_or_default();
+            if p.here & want == want {
+                continue;
+            }
+            waiting = true;
+            match state {
+                Chunk::Missing if urgency != Urgency::Background => {
+                    let need = span_of(want & !p.here & !p.fetching);
+                    if need != 0 {
+                        chunks.pieces.entry(idx).or_default().fetching |= need;
+                        fetch.push((idx, Some(need)));
+                    }
+                }
+                Chunk::Missing if !fetch.iter().any(|(_, p)| p.is_none()) => {
+                    chunks[idx] = Chunk::InFlight;
+                    fetch.push((idx, None));
+                }
+                _ => {}
+            }
+        }
+        (fetch, waiting)
+    }
+}
+
+/// Bytes of chunk `idx` of a file of `size` bytes.
+pub(super) fn chunk_len(size: u64, idx: usize) -> u32 {
+    let start = idx as u64 * u64::from(CHUNK);
+    size.saturating_sub(start).min(u64::from(CHUNK)) as u32
+}
+
+/// Pieces `a..=b` as a mask.
+fn span_bits(a: u32, b: u32) -> u16 {
+    let upto = if b >= 15 {
+        u32::MAX
+    } else {
+        (1u32 << (b + 1)) - 1
+    };
+    (upto & !((1u32 << a) - 1)) as u16
+}
+
+/// Every piece of a chunk of `len` bytes.
+pub(super) fn all_pieces(len: u32) -> u16 {
+    if len == 0 {
+        0
+    } else {
+        span_bits(0, (len - 1) / PIECE)
+    }
+}
+
+/// The pieces of chunk `idx` (of `len` bytes) that `offset..end` touches.
+pub(super) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> u16 {
+    let start = idx as u64 * u64::from(CHUNK);
+    let lo = offset.max(start) - start;
+    let hi = end.min(start + u64::from(len)).saturating_sub(start);
+    if hi <= lo {
+        return 0;
+    }
+    span_bits(
+        (lo / u64::from(PIECE)) as u32,
+        ((hi - 1) / u64::from(PIECE)) as u32,
+    )
+}
+
+/// The one run of pieces holding every piece of `mask`.
+fn span_of(mask: u16) -> u16 {
+    if mask == 0 {
+        0
+    } else {
+        span_bits(mask.trailing_zeros(), 15 - mask.leading_zeros())
+    }
+}
+
+/// The runs of consecutive pieces in `mask`: (first, how many).
+fn runs(mask: u16) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < 16 {
+        if mask & (1 << i) != 0 {
+            let first = i;
+            while i < 16 && mask & (1 << i) != 0 {
+                i += 1;
+            }
+            out.push((first, i - first));
+        } else {
+            i += 1;
+        }
+    }
+    out
 }
 
 impl FileCache {
@@ -366,7 +591,7 @@ impl FileCache {
             frames: FrameStore::new(frames_path(&path)),
             path,
             file,
-            chunks: Mutex::new(chunks),
+            chunks: Mutex::new(Chunks::new(chunks)),
             changed: watch::channel(0).0,
             failed: Mutex::new(None),
             last_used: AtomicU64::new(now_secs()),
@@ -374,7 +599,7 @@ impl FileCache {
             born: Instant::now(),
             last_demand_ms: AtomicU64::new(0),
             demand_in_flight: AtomicUsize::new(0),
-            learning: Mutex::new(learn.then(|| Learning::new(n))),
+            learning: Mutex::new(learn.then(|| Learning::new(attrs.size))),
         });
         files.insert(fh.to_vec(), entry.clone());
         drop(files);
@@ -448,26 +673,43 @@ impl FileCache {
                 if set.len() >= window || entry.failure().is_some() {
                     break;
                 }
-                while planned < plan.len() && !entry.claim(plan[planned]) {
+                let mut claimed = None;
+                while claimed.is_none() && planned < plan.len() {
+                    let (idx, mask) = plan[planned];
+                    claimed = entry.claim_pieces(idx, mask).map(|need| (idx, Some(need)));
                     planned += 1;
                 }
-                let (idx, urgency) = if planned < plan.len() {
-                    planned += 1;
-                    self.counters.profile_chunks.add(1);
-                    (plan[planned - 1], Urgency::Profile)
-                } else if let Some(idx) = entry.claim_next(next) {
-                    next = idx + 1;
-                    (idx, Urgency::Background)
-                } else {
-                    break;
+                let (idx, pieces) = match claimed {
+                    Some(c) => c,
+                    None => match entry.claim_next(next) {
+                        Some(idx) => {
+                            next = idx + 1;
+                            (idx, None)
+                        }
+                        None => break,
+                    },
                 };
                 let (cache, entry, source, cred) =
                     (self.clone(), entry.clone(), source.clone(), cred.clone());
-                set.spawn(async move {
-                    entry
-                        .fetch_chunk(&cache, &source, &cred, idx, urgency)
-                        .await
-                });
+                match pieces {
+                    Some(mask) => {
+                        self.counters
+                            .profile_pieces
+                            .add(u64::from(mask.count_ones()));
+                        set.spawn(async move {
+                            entry
+                                .fetch_pieces(&cache, &source, &cred, idx, mask, Urgency::Profile)
+                                .await
+                        });
+                    }
+                    None => {
+                        set.spawn(async move {
+                            entry
+                                .fetch_chunk(&cache, &source, &cred, idx, Urgency::Background)
+                                .await
+                        });
+                    }
+                }
             }
             if set.join_next().await.is_none() {
                 break;

@@ -2,21 +2,21 @@
 //! readers, and using one to order a whole-file fetch.
 //!
 //! An entry started by the file's own clients (a READ here, not another
-//! proxy's FETCH) notes the chunks its readers touch, first touch first,
-//! skipping chunks of zeros. The learning ends once no new chunk has been
+//! proxy's FETCH) notes the pieces ([`PIECE`]) its readers touch, first
+//! touch first, skipping chunks of zeros. The learning ends once no new chunk has been
 //! touched for [`LEARN_QUIET`] (the guest of a lazy clone has resumed and
 //! answered; what it touches from then on comes slowly), or after
 //! [`LEARN_MAX`]. What was learned is kept here and sent upstream, unless
-//! it covers nearly every data chunk (a copy of the file, not a working
+//! it covers nearly every piece of data (a copy of the file, not a working
 //! set) or adds nothing to the profile the fetch started with. A profile
 //! that was known is extended, never reordered: what a later guest touched
 //! that the profile missed goes at its end.
 
 use super::*;
-use crate::profile::{MAX_PROFILE_CHUNKS, Profile};
+use crate::profile::{MAX_PROFILE_PARTS, Profile};
 use tokio::time::Instant;
 
-/// How long readers must touch no new chunk for the learning to end.
+/// How long readers must touch no new piece for the learning to end.
 pub const LEARN_QUIET: std::time::Duration = std::time::Duration::from_secs(3);
 /// The longest a learning lasts.
 pub(super) const LEARN_MAX: std::time::Duration = std::time::Duration::from_secs(300);
@@ -38,11 +38,11 @@ pub(super) struct Learning {
 }
 
 impl Learning {
-    pub(super) fn new(chunks: usize) -> Self {
+    pub(super) fn new(size: u64) -> Self {
         let now = Instant::now();
         Self {
             order: Vec::new(),
-            seen: vec![false; chunks],
+            seen: vec![false; usize::try_from(size.div_ceil(u64::from(PIECE))).unwrap_or(0)],
             started: now,
             last_new: now,
             known: Vec::new(),
@@ -65,35 +65,49 @@ impl CachedFile {
         if len == 0 {
             return;
         }
-        let (first, last) = chunks_of(offset, offset.saturating_add(len));
+        let end = offset.saturating_add(len);
+        let first = offset / u64::from(PIECE);
+        let last = (end - 1) / u64::from(PIECE);
         let chunks = lock(&self.chunks);
-        for idx in first..=last.min(chunks.len().saturating_sub(1)) {
-            if chunks[idx] == Chunk::Zero || l.seen[idx] || l.order.len() >= MAX_PROFILE_CHUNKS {
+        let per_chunk = u64::from(CHUNK / PIECE);
+        for piece in first..=last.min((l.seen.len() as u64).saturating_sub(1)) {
+            let idx = piece as usize;
+            let zero = chunks.get((piece / per_chunk) as usize) == Some(&Chunk::Zero);
+            if zero || l.seen[idx] || l.order.len() >= MAX_PROFILE_PARTS {
                 continue;
             }
             l.seen[idx] = true;
-            l.order.push(idx as u32);
+            l.order.push(piece as u32);
             l.last_new = Instant::now();
         }
     }
 
-    fn data_chunks(&self) -> usize {
+    /// Pieces of the file outside chunks of zeros.
+    fn pieces_of_data(&self) -> usize {
+        let size = self.size();
         lock(&self.chunks)
             .iter()
-            .filter(|c| **c != Chunk::Zero)
-            .count()
+            .enumerate()
+            .filter(|(_, c)| **c != Chunk::Zero)
+            .map(|(i, _)| {
+                let start = i as u64 * u64::from(CHUNK);
+                let len = size.saturating_sub(start).min(u64::from(CHUNK));
+                len.div_ceil(u64::from(PIECE)) as usize
+            })
+            .sum()
     }
 }
 
 impl FileCache {
-    /// The chunks to fetch first for `entry`: the profile kept here for
-    /// its version, else the one its upstream knows (kept here then).
+    /// The pieces to fetch first for `entry`, as runs within a chunk: the
+    /// profile kept here for its version, else the one its upstream knows
+    /// (kept here then).
     pub(super) async fn profile_plan(
         &self,
         entry: &Arc<CachedFile>,
         source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
-    ) -> Vec<usize> {
+    ) -> Vec<(usize, u16)> {
         let attrs = entry.attrs();
         let kept = self.profiles.get().and_then(|p| p.get(&entry.fh, &attrs));
         let profile = match kept {
@@ -125,14 +139,30 @@ impl FileCache {
         };
         self.counters.profile_hits.add(1);
         if let Some(l) = lock(&entry.learning).as_mut() {
-            l.known = p.chunks.clone();
+            // Known in the unit learned here, to extend it.
+            if p.unit == PIECE {
+                l.known = p.parts.clone();
+            }
         }
-        let n = lock(&entry.chunks).len();
-        p.chunks
-            .iter()
-            .map(|&c| c as usize)
-            .filter(|&c| c < n)
-            .collect()
+        let size = entry.size();
+        let mut plan: Vec<(usize, u16)> = Vec::new();
+        for (from, to) in p.ranges() {
+            if to <= from {
+                continue;
+            }
+            let (first, last) = chunks_of(from, to);
+            for idx in first..=last {
+                let mask =
+                    super::fetch::piece_mask(idx, super::fetch::chunk_len(size, idx), from, to);
+                match plan.last_mut() {
+                    // The next part of the same chunk joins its run.
+                    Some((i, m)) if *i == idx && (*m << 1 | *m) & mask != 0 => *m |= mask,
+                    _ if mask != 0 => plan.push((idx, mask)),
+                    _ => {}
+                }
+            }
+        }
+        plan
     }
 
     /// Learns `entry`'s working set until its readers go quiet, then keeps
@@ -156,7 +186,7 @@ impl FileCache {
         let Some(l) = lock(&entry.learning).take() else {
             return;
         };
-        let data = entry.data_chunks();
+        let data = entry.pieces_of_data();
         if l.order.is_empty() {
             return;
         }
@@ -175,8 +205,8 @@ impl FileCache {
         if chunks.len() == l.known.len() {
             return;
         }
-        chunks.truncate(MAX_PROFILE_CHUNKS);
-        let profile = Profile::of(&entry.attrs(), chunks);
+        chunks.truncate(MAX_PROFILE_PARTS);
+        let profile = Profile::of(&entry.attrs(), PIECE, chunks);
         if let Some(profiles) = self.profiles.get() {
             profiles.put(&entry.fh, &profile);
         }
@@ -188,7 +218,7 @@ impl FileCache {
                 self.counters.profiles_sent.add(1);
                 tracing::info!(
                     file = %entry.path.display(),
-                    chunks = profile.chunks.len(),
+                    parts = profile.parts.len(),
                     bytes = profile.bytes(),
                     "file cache: learned a working set and sent it upstream"
                 );

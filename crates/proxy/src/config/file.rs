@@ -121,6 +121,13 @@ pub struct ServerSection {
     /// kept by the kernel for --attr-timeout (1 s when that is off).
     #[arg(long, value_name = "DIR", help_heading = "FUSE")]
     pub mount: Option<PathBuf>,
+
+    /// The mount's read-ahead: how much a sequential reader or a page
+    /// fault of a mapped file asks for at once. 0 suits a node that maps
+    /// VM memory images (lazy clones): a page fault then fetches only the
+    /// 64 KiB around it [default: 1M].
+    #[arg(long, value_name = "SIZE", help_heading = "FUSE")]
+    pub mount_readahead: Option<String>,
 }
 
 // The block cache (off unless `cache_dir` is set).

@@ -368,7 +368,7 @@ fn every_key_of_every_section_parses() {
          allow_remote = false\nupstream_timeout_secs = 0\nconnect_timeout_secs = 5\n\
          max_connections = 256\nmax_pending_connections = 64\nmax_in_flight = 64\n\
          idle_timeout_secs = 600\nbuffer_memory = \"256M\"\ndrain_timeout_secs = 10\n\
-         attr_timeout_secs = 3\nmount = \"/mnt/gvfs\"\ncache_dir = \"/var/cache/gvfs\"\ncache_size = \"4G\"\n\
+         attr_timeout_secs = 3\nmount = \"/mnt/gvfs\"\nmount_readahead = \"0\"\ncache_dir = \"/var/cache/gvfs\"\ncache_size = \"4G\"\n\
          cache_banks = 16\ncache_ways = 16\nblock_size = \"64K\"\n\
          write_policy = \"write-back\"\nreadahead_blocks = 32\nwriteback_on_exit = true\n\
          exit_writeback_timeout_secs = 60\nmeta = true\nfile_cache_size = \"16G\"\n\
@@ -391,7 +391,26 @@ fn every_key_of_every_section_parses() {
     assert_eq!(f.meta.meta, Some(true));
     assert_eq!(f.server.mount, Some(PathBuf::from("/mnt/gvfs")));
     // Every key the help names is a key of the file, and nothing else.
-    assert_eq!(FileConfig::keys().len(), 35);
+    assert_eq!(FileConfig::keys().len(), 36);
+}
+
+#[test]
+fn mount_readahead_needs_a_mount_and_is_capped() {
+    let parse = |args: &[&str]| {
+        let mut all = vec!["gvfs-proxy", "--upstream", "dir:/srv"];
+        all.extend_from_slice(args);
+        <Flags as clap::Parser>::try_parse_from(all)
+            .map_err(|e| e.to_string())
+            .and_then(|f| Config::from_file_config(f.settings).map_err(|e| e.to_string()))
+    };
+    let c = parse(&["--mount", "/mnt/g", "--mount-readahead", "0"]).unwrap();
+    assert_eq!(c.mount_readahead, 0);
+    let c = parse(&["--mount", "/mnt/g"]).unwrap();
+    assert_eq!(c.mount_readahead, gvfs_fuse::DEFAULT_READ_AHEAD);
+    let e = parse(&["--mount-readahead", "64K"]).unwrap_err();
+    assert!(e.contains("needs --mount"), "{e}");
+    let e = parse(&["--mount", "/mnt/g", "--mount-readahead", "1G"]).unwrap_err();
+    assert!(e.contains("at most"), "{e}");
 }
 
 #[test]

@@ -42,12 +42,13 @@ async fn a_readers_own_fetch_goes_as_demand_and_is_counted_as_a_fault() {
     fake.gate.add_permits(1 << 20);
     read_at(&c, &f, &fake, 30).await;
     let fetched = lock(&fake.fetched).clone();
-    let demand: Vec<u64> = fetched
+    let demand: Vec<(u64, u32)> = fetched
         .iter()
-        .filter(|(_, u)| *u == Urgency::Demand)
-        .map(|(o, _)| *o)
+        .filter(|(_, _, u)| *u == Urgency::Demand)
+        .map(|(o, c, _)| (*o, *c))
         .collect();
-    assert_eq!(demand, vec![30 * MIB as u64], "{fetched:?}");
+    // Only the piece the read needs, not its whole chunk.
+    assert_eq!(demand, vec![(30 * MIB as u64, PIECE)], "{fetched:?}");
     let s = c.stats().counts;
     assert_eq!(s.faults_waited, 1);
     assert!(s.demand_wire_bytes > 0 && s.demand_wire_bytes < s.wire_bytes);
@@ -93,8 +94,9 @@ async fn a_known_profile_is_fetched_first_and_a_stale_one_is_not() {
     let len = 24 * MIB;
     for (mtime, used) in [(7, true), (8, false)] {
         let (_dir, c, fake) = learning_cache(content(len));
-        let plan = vec![17u32, 3, 21];
-        *lock(&fake.profile) = Some(Profile::of(&attrs(len as u64, mtime), plan.clone()));
+        let per = CHUNK / PIECE;
+        let plan = vec![17 * per + 2, 3 * per, 3 * per + 1, 21 * per + 5];
+        *lock(&fake.profile) = Some(Profile::of(&attrs(len as u64, mtime), PIECE, plan.clone()));
         let f = c
             .start(
                 b"fp",
@@ -118,19 +120,22 @@ async fn a_known_profile_is_fetched_first_and_a_stale_one_is_not() {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(all == fake.data);
         let fetched = lock(&fake.fetched).clone();
-        let first: Vec<(u64, Urgency)> = fetched
+        let first: Vec<(u64, u32)> = fetched
             .iter()
-            .filter(|(_, u)| *u == Urgency::Profile)
-            .copied()
+            .filter(|(_, _, u)| *u == Urgency::Profile)
+            .map(|(o, c, _)| (*o, *c))
             .collect();
         let s = c.stats().counts;
         if used {
-            let want: Vec<(u64, Urgency)> = plan
-                .iter()
-                .map(|&i| (u64::from(i) * u64::from(CHUNK), Urgency::Profile))
-                .collect();
+            // In its order, consecutive pieces of a chunk in one run.
+            let at = |p: u32| u64::from(p) * u64::from(PIECE);
+            let want = vec![
+                (at(plan[0]), PIECE),
+                (at(plan[1]), 2 * PIECE),
+                (at(plan[3]), PIECE),
+            ];
             assert_eq!(first, want, "{fetched:?}");
-            assert_eq!((s.profile_hits, s.profile_chunks), (1, 3));
+            assert_eq!((s.profile_hits, s.profile_pieces), (1, 4));
             assert!(s.profile_wire_bytes > 0);
         } else {
             assert!(first.is_empty(), "a stale profile was used: {fetched:?}");
@@ -163,12 +168,14 @@ async fn readers_first_touches_are_learned_kept_and_sent_upstream() {
     tokio::time::sleep(LEARN_QUIET * 2).await;
     let put = lock(&fake.put).clone();
     assert_eq!(put.len(), 1, "{put:?}");
-    assert_eq!(put[0].chunks, vec![9, 2, 30, 5]);
+    let per = CHUNK / PIECE;
+    let want = vec![9 * per, 2 * per, 30 * per, 5 * per];
+    assert_eq!((put[0].unit, &put[0].parts), (PIECE, &want));
     assert!(put[0].describes(&fake.attrs));
     assert_eq!(c.stats().counts.profiles_sent, 1);
     // Kept here too: the next fetch of this version starts with it.
     let kept = c.profiles.get().and_then(|p| p.get(b"fl", &fake.attrs));
-    assert_eq!(kept.map(|p| p.chunks), Some(vec![9, 2, 30, 5]));
+    assert_eq!(kept.map(|p| p.parts), Some(want));
 }
 
 #[tokio::test(start_paused = true)]
@@ -186,7 +193,18 @@ async fn a_reader_of_the_whole_file_teaches_nothing() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
     for chunk in 0..8 {
-        read_at(&c, &f, &fake, chunk).await;
+        let at = (chunk * MIB) as u64;
+        f.touch(at, MIB as u64);
+        f.read(
+            &c,
+            &src(&fake),
+            &Credentials::default(),
+            at,
+            CHUNK,
+            Urgency::Demand,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     }
     tokio::time::sleep(LEARN_QUIET * 2).await;
     assert!(lock(&fake.put).is_empty());

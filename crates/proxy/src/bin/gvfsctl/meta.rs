@@ -324,14 +324,18 @@ fn working_set(file: &Path) -> String {
             && t(m.mtime(), m.mtime_nsec()) == p.mtime
             && t(m.ctime(), m.ctime_nsec()) == p.ctime
     });
-    let first: Vec<String> = p.chunks.iter().take(12).map(|c| c.to_string()).collect();
+    let first: Vec<String> = p
+        .ranges()
+        .take(8)
+        .map(|(a, _)| indicatif::HumanBytes(a).to_string())
+        .collect();
     format!(
-        "{} in {} parts of {} (chunks {}{}), in {pname}; {}",
+        "{} in {} parts of {} (first touched at {}{}), in {pname}; {}",
         indicatif::HumanBytes(p.bytes()),
-        p.chunks.len(),
-        indicatif::HumanBytes(u64::from(gvfs_meta::ext::CHUNK)),
+        p.parts.len(),
+        indicatif::HumanBytes(u64::from(p.unit)),
         first.join(", "),
-        if p.chunks.len() > 12 { ", ..." } else { "" },
+        if p.parts.len() > 8 { ", ..." } else { "" },
         if current {
             "learned on this version of the file"
         } else {

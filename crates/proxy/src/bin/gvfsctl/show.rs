@@ -118,8 +118,8 @@ pub(super) fn print_stats(s: &Stats) {
                 c.fault_wait_micros as f64 / 1e3 / c.faults_waited.max(1) as f64
             );
             println!(
-                "  profiles    {} fetches started with one ({} chunks fetched first); {} learned and sent upstream, {} not kept (a copy)",
-                c.profile_hits, c.profile_chunks, c.profiles_sent, c.profiles_discarded
+                "  profiles    {} fetches started with one ({} pieces of 64 KiB fetched first); {} learned and sent upstream, {} not kept (a copy)",
+                c.profile_hits, c.profile_pieces, c.profiles_sent, c.profiles_discarded
             );
         }
         if f.counts.frames_reused + f.counts.frames_made > 0 {
