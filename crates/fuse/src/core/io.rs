@@ -17,6 +17,7 @@ impl Core {
         let fh = self.handle(ino)?;
         let cx = self.io_context(h, caller);
         let size = size.min(gvfs_nfs::proc::MAX_DATA);
+        tracing::trace!(ino, offset, size, "read");
         let mut out: Vec<u8> = Vec::new();
         while let Some(at) = offset.checked_add(out.len() as u64) {
             let want = size.saturating_sub(out.len() as u32);
