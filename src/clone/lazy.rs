@@ -25,7 +25,7 @@
 //!
 //! **Working-set profiles.** The node proxy of a lazy clone may record which
 //! chunks of `mem` the guest touched, in order, and send that upstream once
-//! the guest goes quiet; later cold clones fetch those chunks first. Lazy
+//! the guest goes quiet; later cold clones fetch those pieces first. Lazy
 //! WAN-S1 learned is a fresh node over a fresh link cloning image 1 after
 //! lazy WAN-S1's node had the chance to send its profile
 //! (`file_cache.profiles_sent`, waited for up to [`PROFILE_TIMEOUT`]; a
@@ -232,10 +232,10 @@ impl Bench<'_> {
         let f = t.fetch.unwrap_or_default();
         notes.push(format!(
             "Lazy WAN-S1 learned's fresh node started {} whole-file fetches with a working-set \
-             profile (`file_cache.profile_hits`) and fetched {} chunks first because it named \
-             them ({:.1} MiB on the wire).",
+             profile (`file_cache.profile_hits`) and fetched {} pieces of 64 KiB first because \
+             it named them ({:.1} MiB on the wire).",
             f.profile_hits,
-            f.profile_chunks,
+            f.profile_pieces,
             f.profile_wire_bytes as f64 / MIB as f64
         ));
         records.push(t.record(label, 1, 1, bytes));

@@ -82,9 +82,9 @@ pub struct NodeFetch {
     /// Whole-file fetches that started with a working-set profile
     /// (`file_cache.profile_hits`).
     pub profile_hits: u64,
-    /// Chunks fetched first because a profile named them
-    /// (`file_cache.profile_chunks`).
-    pub profile_chunks: u64,
+    /// 64 KiB pieces fetched first because a profile named them
+    /// (`file_cache.profile_pieces`).
+    pub profile_pieces: u64,
 }
 
 impl NodeFetch {
@@ -99,7 +99,7 @@ impl NodeFetch {
             faults_waited: n("faults_waited"),
             fault_wait_micros: n("fault_wait_micros"),
             profile_hits: n("profile_hits"),
-            profile_chunks: n("profile_chunks"),
+            profile_pieces: n("profile_pieces"),
         }
     }
 
@@ -121,7 +121,7 @@ impl NodeFetch {
                 .fault_wait_micros
                 .saturating_sub(before.fault_wait_micros),
             profile_hits: self.profile_hits.saturating_sub(before.profile_hits),
-            profile_chunks: self.profile_chunks.saturating_sub(before.profile_chunks),
+            profile_pieces: self.profile_pieces.saturating_sub(before.profile_pieces),
         }
     }
 }

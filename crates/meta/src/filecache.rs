@@ -353,8 +353,8 @@ gvfs_nfs::counters! {
         profile_pieces,
         /// Working-set profiles learned here and sent upstream.
         profiles_sent,
-        /// Learned read orders not kept as profiles: they covered nearly
-        /// the whole file (a copy, not a working set).
+        /// Learned read orders not kept as profiles: the file was read in
+        /// file order (a copy, not a working set).
         profiles_discarded,
     }
 }

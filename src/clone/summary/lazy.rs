@@ -192,11 +192,11 @@ pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
         out += "\nWhere the bytes went in the lazy clones through a node (the first of each \
                 scenario, and lazy WAN-S1's first warm one): seconds from the clone's start; WAN \
                 MiB from its start; the node proxy's file cache over the clone (until the memory \
-                image was whole there, for a clone new to the node): MiB received for chunks a \
-                read was waiting for, for chunks a working-set profile named, by the background \
-                stream, and in all; reads that waited for a chunk and their waits summed; \
-                whole-file fetches that started with a profile and the chunks it named:\n\n\
-                | clone | running s | answered s | memory image whole s | WAN MiB to running / to answer / in all | file cache MiB on demand / profile / background / all | reads waited (s waited) | profile hits (chunks) |\n\
+                image was whole there, for a clone new to the node): MiB received for bytes a \
+                read was waiting for, for 64 KiB pieces a working-set profile named, by the \
+                background stream, and in all; reads that waited and their waits summed; \
+                whole-file fetches that started with a profile and the pieces it named:\n\n\
+                | clone | running s | answered s | memory image whole s | WAN MiB to running / to answer / in all | file cache MiB on demand / profile / background / all | reads waited (s waited) | profile hits (pieces) |\n\
                 |---|---:|---:|---:|---:|---:|---:|---:|\n";
         for r in shown {
             let f = r.fetch.unwrap_or_default();
@@ -220,7 +220,7 @@ pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
                 f.faults_waited,
                 f.fault_wait_micros as f64 / 1e6,
                 f.profile_hits,
-                f.profile_chunks,
+                f.profile_pieces,
             );
         }
     }
@@ -232,11 +232,10 @@ pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
         .filter(|f| f.profile_hits > 0)
     {
         out += &format!(
-            "\nLazy WAN-S1's first clone started from a working-set profile of {} chunks that \
-             an earlier scenario's node had taught the image server (a copy that stalled, as in \
-             the WAN cut, looks like a working set that went quiet): it is not a clone of an \
+            "\nLazy WAN-S1's first clone started from a working-set profile of {} pieces that \
+             an earlier scenario's node had taught the image server: it is not a clone of an \
              image never cloned before.\n",
-            f.profile_chunks
+            f.profile_pieces
         );
     }
     if outcome.golden_checks > 0 {

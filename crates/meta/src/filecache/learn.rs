@@ -7,8 +7,9 @@
 //! touched for [`LEARN_QUIET`] (the guest of a lazy clone has resumed and
 //! answered; what it touches from then on comes slowly), or after
 //! [`LEARN_MAX`]. What was learned is kept here and sent upstream, unless
-//! it covers nearly every piece of data (a copy of the file, not a working
-//! set) or adds nothing to the profile the fetch started with. A profile
+//! the readers touched the file in file order (a copy of it, even one that
+//! stalled, not a working set: a guest's faults jump about) or it adds
+//! nothing to the profile the fetch started with. A profile
 //! that was known is extended, never reordered: what a later guest touched
 //! that the profile missed goes at its end.
 
@@ -80,21 +81,6 @@ impl CachedFile {
             l.order.push(piece as u32);
             l.last_new = Instant::now();
         }
-    }
-
-    /// Pieces of the file outside chunks of zeros.
-    fn pieces_of_data(&self) -> usize {
-        let size = self.size();
-        lock(&self.chunks)
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| **c != Chunk::Zero)
-            .map(|(i, _)| {
-                let start = i as u64 * u64::from(CHUNK);
-                let len = size.saturating_sub(start).min(u64::from(CHUNK));
-                len.div_ceil(u64::from(PIECE)) as usize
-            })
-            .sum()
     }
 }
 
@@ -186,16 +172,14 @@ impl FileCache {
         let Some(l) = lock(&entry.learning).take() else {
             return;
         };
-        let data = entry.pieces_of_data();
         if l.order.is_empty() {
             return;
         }
-        if l.order.len() * 10 >= data * 9 {
+        if copied(&l.order) {
             self.counters.profiles_discarded.add(1);
             tracing::debug!(
                 touched = l.order.len(),
-                data,
-                "not a working set: the readers touched nearly the whole file"
+                "not a working set: the readers read the file in order (a copy)"
             );
             return;
         }
@@ -227,4 +211,10 @@ impl FileCache {
             Err(_) => tracing::info!("upstream did not answer PROFILE_PUT in time"),
         }
     }
+}
+
+/// Whether pieces were first touched in file order: a reader copying the
+/// file (several pieces, each after the one before).
+fn copied(order: &[u32]) -> bool {
+    order.len() >= 2 && order.windows(2).all(|w| w[1] > w[0])
 }
