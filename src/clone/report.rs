@@ -85,6 +85,9 @@ pub struct NodeFetch {
     /// 64 KiB pieces fetched first because a profile named them
     /// (`file_cache.profile_pieces`).
     pub profile_pieces: u64,
+    /// Bytes the node's FUSE mount answered READs with: what the kernel
+    /// asked for the guest's page faults (`status.mount.read_bytes`).
+    pub mount_read_bytes: u64,
 }
 
 impl NodeFetch {
@@ -100,6 +103,9 @@ impl NodeFetch {
             fault_wait_micros: n("fault_wait_micros"),
             profile_hits: n("profile_hits"),
             profile_pieces: n("profile_pieces"),
+            mount_read_bytes: v["status"]["mount"]["read_bytes"]
+                .as_u64()
+                .unwrap_or_default(),
         }
     }
 
@@ -122,6 +128,9 @@ impl NodeFetch {
                 .saturating_sub(before.fault_wait_micros),
             profile_hits: self.profile_hits.saturating_sub(before.profile_hits),
             profile_pieces: self.profile_pieces.saturating_sub(before.profile_pieces),
+            mount_read_bytes: self
+                .mount_read_bytes
+                .saturating_sub(before.mount_read_bytes),
         }
     }
 }
