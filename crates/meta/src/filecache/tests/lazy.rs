@@ -15,6 +15,19 @@ fn learning_cache(data: Vec<u8>) -> (tempfile::TempDir, Arc<FileCache>, Arc<Fake
     (dir, c, Fake::new(data, true))
 }
 
+/// The fetch of `fake` as file `fh` started in `c`, learning when `learn`.
+fn start(c: &Arc<FileCache>, fake: &Arc<Fake>, fh: &[u8], learn: bool) -> Arc<CachedFile> {
+    c.start(
+        fh,
+        &fake.attrs,
+        None,
+        fake.clone(),
+        &Credentials::default(),
+        learn,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
 async fn read_at(c: &Arc<FileCache>, f: &Arc<CachedFile>, fake: &Arc<Fake>, chunk: usize) {
     let off = (chunk * MIB + 100) as u64;
     f.touch(off, 4096);
@@ -97,16 +110,7 @@ async fn a_known_profile_is_fetched_first_and_a_stale_one_is_not() {
         let per = CHUNK / PIECE;
         let plan = vec![17 * per + 2, 3 * per, 3 * per + 1, 21 * per + 5];
         *lock(&fake.profile) = Some(Profile::of(&attrs(len as u64, mtime), PIECE, plan.clone()));
-        let f = c
-            .start(
-                b"fp",
-                &fake.attrs,
-                None,
-                fake.clone(),
-                &Credentials::default(),
-                false,
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
+        let f = start(&c, &fake, b"fp", false);
         let (all, _) = f
             .read(
                 &c,
@@ -148,16 +152,7 @@ async fn a_known_profile_is_fetched_first_and_a_stale_one_is_not() {
 async fn readers_first_touches_are_learned_kept_and_sent_upstream() {
     let len = 32 * MIB;
     let (_dir, c, fake) = learning_cache(content(len));
-    let f = c
-        .start(
-            b"fl",
-            &fake.attrs,
-            None,
-            fake.clone(),
-            &Credentials::default(),
-            true,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let f = start(&c, &fake, b"fl", true);
     for chunk in [9, 2, 9, 30, 2, 5] {
         read_at(&c, &f, &fake, chunk).await;
     }
@@ -182,16 +177,7 @@ async fn readers_first_touches_are_learned_kept_and_sent_upstream() {
 async fn a_reader_of_the_whole_file_teaches_nothing() {
     let len = 8 * MIB;
     let (_dir, c, fake) = learning_cache(content(len));
-    let f = c
-        .start(
-            b"fc",
-            &fake.attrs,
-            None,
-            fake.clone(),
-            &Credentials::default(),
-            true,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+    let f = start(&c, &fake, b"fc", true);
     for chunk in 0..8 {
         let at = (chunk * MIB) as u64;
         f.touch(at, MIB as u64);
