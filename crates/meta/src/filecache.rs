@@ -542,9 +542,10 @@ impl CachedFile {
     }
 
     fn chunk_range(&self, idx: usize) -> (u64, u32) {
-        let start = idx as u64 * u64::from(CHUNK);
-        let len = self.size().saturating_sub(start).min(u64::from(CHUNK)) as u32;
-        (start, len)
+        (
+            idx as u64 * u64::from(CHUNK),
+            fetch::chunk_len(self.size(), idx),
+        )
     }
 
     fn fail(&self, why: FileCacheError) {

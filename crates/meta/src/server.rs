@@ -39,6 +39,9 @@ use crate::profile::{self, Profiles};
 /// How long a file-cache entry is trusted without asking upstream for the
 /// file's attributes again, for FETCHes that do not start a file.
 const RECHECK: Duration = Duration::from_secs(3);
+/// The longest a PROFILE_PUT or PROFILE_GET runs here, its calls below
+/// and upstream included.
+const PROFILE_CALL: Duration = Duration::from_secs(10);
 /// Most (file, caller) read checks remembered.
 const MAX_CHECKED: usize = 4096;
 
@@ -244,13 +247,20 @@ impl ExtServer {
             let Ok((fh, p)) = profile::decode_put(args) else {
                 return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
             };
-            let status = self.profile_put(cx, &fh, &p).await;
+            // Its calls below (may it read, the origin's file) are bounded
+            // as the caller's wait is: a profile is never waited out.
+            let status = tokio::time::timeout(PROFILE_CALL, self.profile_put(cx, &fh, &p))
+                .await
+                .unwrap_or(nfsstat3::NFS3ERR_JUKEBOX);
             gvfs_nfs::xdr::encode_into(&mut out, &status);
         } else {
             let Ok(fh) = profile::decode_get(args) else {
                 return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
             };
-            let p = self.profile_get(cx, &fh).await;
+            let p = tokio::time::timeout(PROFILE_CALL, self.profile_get(cx, &fh))
+                .await
+                .ok()
+                .flatten();
             if p.is_some() {
                 self.counters.profiles_served.add(1);
             }
@@ -595,7 +605,8 @@ impl ExtServer {
         // Only a whole chunk lists repeats: a reader's piece would wait
         // for their sources, anywhere before it in the file.
         let whole = args.offset.is_multiple_of(u64::from(CHUNK))
-            && (args.count >= CHUNK || args.offset + u64::from(args.count) >= attrs.size);
+            && (args.count >= CHUNK
+                || args.offset.saturating_add(u64::from(args.count)) >= attrs.size);
         let listed = match &self.meta {
             Some(m) if repeats && whole => match m.meta_of_version(cx, &args.fh, &attrs).await {
                 Some(meta) => meta.repeats_in(args.offset, data.len() as u64),
