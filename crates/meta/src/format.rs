@@ -1,12 +1,12 @@
 //! The metadata file `.NAME.gvfsmeta` that sits beside `NAME` (the GVFS
 //! paper, section 3.2.2): what the image server knows about a file that NFS
-//! cannot say. All integers are little-endian. Format version 1, or 2 when the
-//! file has repeated blocks.
+//! cannot say. All integers are little-endian. Format version 1; 2 when the
+//! file has repeated blocks; 3 when it has block hashes.
 //!
 //! ```text
 //!  off   len field
 //!    0     8 magic "GVFSMETA"
-//!    8     4 format version (1, or 2 with the repeat list below)
+//!    8     4 format version (1; 2 with the repeat list; 3 with both lists)
 //!   12     4 block size: a power of two, 4 KiB..=1 MiB
 //!   16     8 file size in bytes when scanned
 //!   24     8 file mtime, seconds since the epoch
@@ -18,14 +18,20 @@
 //!   52     8 zstd-compressed size of the whole file (0 = unknown)
 //!   60     4 R, the number of zero-map runs
 //!   64   4*R zero-map runs (u32 each), see below
-//! version 2 only:
-//! 64+4R    4 P, the number of repeats
+//! versions 2 and 3:
+//! 64+4R    4 P, the number of repeats (at least 1 in version 2)
 //! 68+4R  20*P repeats: u64 to, u64 from, u32 len (in blocks), see below
+//! version 3 only:
+//!   ..     4 H, the number of block hashes: the file's non-zero blocks
+//!   ..  32*H BLAKE3 of each non-zero block, in block order, see below
 //! end-4    4 CRC32 (IEEE, crc32fast) of every byte before it
 //! ```
-//! The file is exactly `68 + 4R` bytes (version 1) or `72 + 4R + 20P`
-//! (version 2), and at most [`MAX_META_LEN`]. A file with no repeats is
-//! written as version 1, so proxies that only know version 1 read it.
+//! The file is exactly `68 + 4R` bytes (version 1), `72 + 4R + 20P`
+//! (version 2) or `76 + 4R + 20P + 32H` (version 3), and at most
+//! [`MAX_META_LEN`]. A file is written in the oldest version that holds
+//! what it says, so proxies that only know version 1 read a file with no
+//! repeats and no hashes; a proxy that does not know a version refuses the
+//! file and serves the image without metadata (plain NFS reads).
 //!
 //! The zero map covers `B = ceil(file size / block size)` blocks; block `i`
 //! is zero when all its bytes are zero (the last, partial block when its
@@ -42,6 +48,13 @@
 //! file fetch sends them as zeros and the receiver copies them from the
 //! earlier blocks, which it always has first. Repeats are sorted by `to`,
 //! do not overlap, and cover whole blocks inside the file.
+//!
+//! A block hash is the 32-byte BLAKE3 of a block's bytes (the last block's
+//! up to the end of the file), one for every block the zero map does not
+//! call zero, in block order. A proxy that holds a block with the same hash
+//! in any file copies it instead of fetching it, and checks the copy
+//! against this hash first (`crate::dedup`): a metadata file that passed
+//! the trust rules names the bytes, whoever's disk they come from.
 
 use crate::error::MetaError;
 
@@ -51,11 +64,21 @@ pub const META_MAGIC: [u8; 8] = *b"GVFSMETA";
 pub const META_VERSION: u32 = 1;
 /// Format version of a file with repeats.
 pub const META_VERSION_REPEATS: u32 = 2;
+/// Format version of a file with block hashes.
+pub const META_VERSION_HASHES: u32 = 3;
+/// Bytes of a block hash (BLAKE3).
+pub const HASH_LEN: usize = 32;
+/// A block's content hash.
+pub type BlockHash = [u8; HASH_LEN];
 /// The suffix of a metadata file name: `.NAME.gvfsmeta` describes `NAME`.
 pub const META_SUFFIX: &str = ".gvfsmeta";
 /// The largest metadata file accepted: a peer-supplied one larger than this
-/// is refused before anything is allocated for it.
-pub const MAX_META_LEN: usize = 1 << 20;
+/// is refused before anything is allocated for it. Room for the hashes of
+/// 4 GiB of non-zero 4 KiB blocks.
+pub const MAX_META_LEN: usize = 32 << 20;
+/// The most a metadata file's zero map and repeats take (the size every
+/// version before hashes was held to): a scan keeps a map within it.
+pub const MAX_MAP_LEN: usize = 1 << 20;
 /// Smallest block size a metadata file may use.
 pub const MIN_BLOCK_SIZE: u32 = 4 << 10;
 /// Largest block size a metadata file may use.
@@ -337,6 +360,46 @@ pub struct MetaFile {
     pub zero: ZeroMap,
     /// Runs of blocks that repeat earlier blocks, sorted by `to`.
     pub repeats: Vec<Repeat>,
+    /// The content hash of every non-zero block (version 3), if recorded.
+    pub hashes: Option<std::sync::Arc<BlockHashes>>,
+}
+
+/// The hashes of a file's non-zero blocks, in block order, with what it
+/// takes to find a block's among them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockHashes {
+    list: Vec<BlockHash>,
+    /// Zero blocks before each zero range of the map they go with, and
+    /// after the last one.
+    zeros_before: Vec<u64>,
+}
+
+impl BlockHashes {
+    /// The hashes `list` of the non-zero blocks of `zero`, in block order;
+    /// `None` unless there is exactly one for each.
+    pub fn new(list: Vec<BlockHash>, zero: &ZeroMap) -> Option<Self> {
+        if list.len() as u64 != zero.blocks() - zero.zero_blocks() {
+            return None;
+        }
+        let mut zeros_before = Vec::with_capacity(zero.zero_ranges().len() + 1);
+        let mut n = 0;
+        for &(a, b) in zero.zero_ranges() {
+            zeros_before.push(n);
+            n += b - a;
+        }
+        zeros_before.push(n);
+        Some(Self { list, zeros_before })
+    }
+
+    /// The hashes, in block order.
+    pub fn list(&self) -> &[BlockHash] {
+        &self.list
+    }
+}
+
+/// The BLAKE3 of `bytes`: a block's hash.
+pub fn block_hash(bytes: &[u8]) -> BlockHash {
+    *blake3::hash(bytes).as_bytes()
 }
 
 /// Blocks `to..to + len` hold the same bytes as `from..from + len`
@@ -398,6 +461,17 @@ impl MetaFile {
                 self.blocks()
             )));
         }
+        if let Some(h) = &self.hashes {
+            let data = self.blocks() - self.zero.zero_blocks();
+            if h.list.len() as u64 != data
+                || h.zeros_before.len() != self.zero.zero_ranges().len() + 1
+            {
+                return Err(MetaError::Invalid(format!(
+                    "{} block hashes for {data} non-zero blocks",
+                    h.list.len()
+                )));
+            }
+        }
         let whole_blocks = self.file_size / u64::from(bs);
         let mut next_to = 0u64;
         for r in &self.repeats {
@@ -457,11 +531,7 @@ impl MetaFile {
         let runs = self.zero.runs();
         let mut out = Vec::with_capacity(self.encoded_len());
         out.extend_from_slice(&META_MAGIC);
-        let version = if self.repeats.is_empty() {
-            META_VERSION
-        } else {
-            META_VERSION_REPEATS
-        };
+        let version = self.version();
         out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&self.block_size.to_le_bytes());
         out.extend_from_slice(&self.file_size.to_le_bytes());
@@ -476,7 +546,7 @@ impl MetaFile {
         for run in runs {
             out.extend_from_slice(&run.to_le_bytes());
         }
-        if !self.repeats.is_empty() {
+        if version >= META_VERSION_REPEATS {
             out.extend_from_slice(&(self.repeats.len() as u32).to_le_bytes());
             for r in &self.repeats {
                 out.extend_from_slice(&r.to.to_le_bytes());
@@ -484,9 +554,27 @@ impl MetaFile {
                 out.extend_from_slice(&r.len.to_le_bytes());
             }
         }
+        if let Some(h) = &self.hashes {
+            out.extend_from_slice(&(h.list.len() as u32).to_le_bytes());
+            for hash in &h.list {
+                out.extend_from_slice(hash);
+            }
+        }
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out
+    }
+
+    /// The format version [`MetaFile::encode`] writes: the oldest that
+    /// holds what the file says.
+    pub fn version(&self) -> u32 {
+        if self.hashes.is_some() {
+            META_VERSION_HASHES
+        } else if !self.repeats.is_empty() {
+            META_VERSION_REPEATS
+        } else {
+            META_VERSION
+        }
     }
 
     /// About how much memory the decoded metadata takes.
@@ -494,15 +582,35 @@ impl MetaFile {
         std::mem::size_of::<MetaFile>()
             + std::mem::size_of::<(u64, u64)>() * self.zero.zero.len()
             + std::mem::size_of::<Repeat>() * self.repeats.len()
+            + self.hashes.as_ref().map_or(0, |h| {
+                HASH_LEN * h.list.len() + 8 * h.zeros_before.len()
+            })
     }
 
     /// The length [`MetaFile::encode`] would return, without encoding.
     pub fn encoded_len(&self) -> usize {
-        let repeats = match self.repeats.len() {
-            0 => 0,
-            n => 4 + REPEAT_LEN * n,
+        let repeats = match (self.version(), self.repeats.len()) {
+            (META_VERSION, _) => 0,
+            (_, n) => 4 + REPEAT_LEN * n,
         };
-        EMPTY_LEN + 4 * self.zero.runs().len() + repeats
+        let hashes = self
+            .hashes
+            .as_ref()
+            .map_or(0, |h| 4 + HASH_LEN * h.list.len());
+        EMPTY_LEN + 4 * self.zero.runs().len() + repeats + hashes
+    }
+
+    /// The hash of block `block`, if the file has hashes and the block is
+    /// not zero.
+    pub fn block_hash(&self, block: u64) -> Option<&BlockHash> {
+        let h = self.hashes.as_deref()?;
+        if block >= self.blocks() || self.zero.is_zero(block) {
+            return None;
+        }
+        let ranges = self.zero.zero_ranges();
+        let i = ranges.partition_point(|r| r.1 <= block);
+        let rank = block - h.zeros_before.get(i)?;
+        h.list.get(usize::try_from(rank).ok()?)
     }
 
     /// Decodes and checks a metadata file. Every length is checked against
@@ -517,7 +625,7 @@ impl MetaFile {
         }
         let mut r = Reader { bytes, at: 8 };
         let version = r.u32()?;
-        if version != META_VERSION && version != META_VERSION_REPEATS {
+        if !(META_VERSION..=META_VERSION_HASHES).contains(&version) {
             return Err(MetaError::Version(version));
         }
         let block_size = r.u32()?;
@@ -530,20 +638,26 @@ impl MetaFile {
         // run_count <= 2^32 and MAX_META_LEN bounds the input: no overflow.
         let runs_end = FIXED_LEN + 4 * run_count;
         let mut total = runs_end + 4;
+        let u32_at = |at: usize| -> Result<usize, MetaError> {
+            let b = bytes.get(at..at + 4).ok_or(MetaError::Truncated)?;
+            Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        };
         let mut repeat_count = 0;
-        if version == META_VERSION_REPEATS {
-            if bytes.len() < runs_end + 4 {
-                return Err(MetaError::Truncated);
-            }
-            let mut p = [0u8; 4];
-            p.copy_from_slice(&bytes[runs_end..runs_end + 4]);
-            repeat_count = u32::from_le_bytes(p) as usize;
-            if repeat_count == 0 {
+        let mut hashes_at = None;
+        if version >= META_VERSION_REPEATS {
+            repeat_count = u32_at(runs_end)?;
+            if repeat_count == 0 && version == META_VERSION_REPEATS {
                 return Err(MetaError::Invalid(
                     "version 2 with no repeats (written as version 1)".into(),
                 ));
             }
             total = runs_end + 4 + REPEAT_LEN * repeat_count + 4;
+        }
+        if version == META_VERSION_HASHES {
+            let at = total - 4;
+            let count = u32_at(at)?;
+            hashes_at = Some((at + 4, count));
+            total = at + 4 + HASH_LEN * count + 4;
         }
         if bytes.len() < total {
             return Err(MetaError::Truncated);
@@ -575,13 +689,14 @@ impl MetaFile {
             compressed_size,
             zero: ZeroMap::new(0),
             repeats: Vec::new(),
+            hashes: None,
         };
         // Check the block size before using it to count blocks.
         meta.validate_header()?;
         meta.zero = ZeroMap::from_runs(meta.blocks(), &runs)?;
         if repeat_count > 0 {
             // The length check above bounds the count by the input's size.
-            meta.repeats = body[runs_end + 4..]
+            meta.repeats = body[runs_end + 4..runs_end + 4 + REPEAT_LEN * repeat_count]
                 .chunks_exact(REPEAT_LEN)
                 .map(|c| {
                     let u64_at = |i: usize| {
@@ -597,6 +712,23 @@ impl MetaFile {
                 })
                 .collect();
         }
+        if let Some((at, count)) = hashes_at {
+            let list = body[at..at + HASH_LEN * count]
+                .chunks_exact(HASH_LEN)
+                .map(|c| {
+                    let mut h = [0u8; HASH_LEN];
+                    h.copy_from_slice(c);
+                    h
+                })
+                .collect();
+            let hashes = BlockHashes::new(list, &meta.zero).ok_or_else(|| {
+                MetaError::Invalid(format!(
+                    "{count} block hashes for {} non-zero blocks",
+                    meta.blocks() - meta.zero.zero_blocks()
+                ))
+            })?;
+            meta.hashes = Some(std::sync::Arc::new(hashes));
+        }
         meta.validate()?;
         Ok(meta)
     }
@@ -605,6 +737,7 @@ impl MetaFile {
         let mut probe = self.clone();
         probe.zero = ZeroMap::new(self.blocks());
         probe.repeats.clear();
+        probe.hashes = None;
         probe.validate()
     }
 

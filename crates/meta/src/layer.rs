@@ -86,9 +86,10 @@ struct Entry {
 }
 
 /// Most bytes of decoded metadata remembered at once (a metadata file may
-/// be 1 MiB, and anyone who can write a file can give it one): past this
-/// the table is emptied, as when it holds [`MAX_FILES`] files.
-const MAX_META_BYTES: usize = 64 << 20;
+/// be [`MAX_META_LEN`], mostly block hashes, and anyone who can write a
+/// file can give it one): past this the table is emptied, as when it holds
+/// [`MAX_FILES`] files.
+const MAX_META_BYTES: usize = 256 << 20;
 
 /// The table of files, and (at least) how much memory the metadata it
 /// remembers takes.

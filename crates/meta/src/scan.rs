@@ -12,8 +12,8 @@ use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 
 use crate::ext::LEVEL;
 use crate::format::{
-    Actions, MAX_BLOCK_SIZE, MAX_META_LEN, MIN_BLOCK_SIZE, MetaFile, Repeat, ZeroMap, block_count,
-    meta_name,
+    Actions, BlockHash, BlockHashes, HASH_LEN, MAX_BLOCK_SIZE, MAX_MAP_LEN, MAX_META_LEN,
+    MIN_BLOCK_SIZE, MetaFile, Repeat, ZeroMap, block_count, block_hash, meta_name,
 };
 
 /// Bytes read at a time.
@@ -28,10 +28,11 @@ const MAX_DISTINCT_BLOCKS: usize = 1 << 22;
 /// `actions.compress`, the size of the whole file as one zstd level 3
 /// stream (computed streaming) and, when `repeats` too, the blocks that
 /// repeat earlier blocks byte for byte (a second pass over the non-zero
-/// blocks; each match is read back and compared, never trusted to a hash).
-/// `progress` is called with the work done so far, in bytes: the first pass
-/// counts up to the file's size and the second on to twice it
-/// ([`scan_work`] is the whole).
+/// blocks; each match is read back and compared, never trusted to a hash),
+/// and, when `hashes` too, the BLAKE3 of every non-zero block (a last pass
+/// over them; left out when the list would not fit [`MAX_META_LEN`]).
+/// `progress` is called with the work done so far, in bytes: each pass
+/// counts the file's size on ([`scan_work`] is the whole).
 ///
 /// Fails with `InvalidInput` for a bad block size or a file that is not
 /// regular, and with `Other` if the file changed while it was scanned. A
@@ -42,6 +43,7 @@ pub fn scan(
     block_size: u32,
     actions: Actions,
     repeats: bool,
+    hashes: bool,
     progress: &mut dyn FnMut(u64),
 ) -> io::Result<MetaFile> {
     if !block_size.is_power_of_two() || !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) {
@@ -61,6 +63,7 @@ pub fn scan(
         ));
     }
     let size = before.len();
+    let hash_pass_at = scan_work(size, actions, repeats, false);
     let mut zeros = ZeroScanner::new(size, block_size);
     let mut zstd = if actions.compress {
         Some(zstd::stream::write::Encoder::new(ByteCounter(0), LEVEL)?)
@@ -132,33 +135,88 @@ pub fn scan(
         compressed_size,
         zero,
         repeats,
+        hashes: None,
     };
-    if meta.encoded_len() > MAX_META_LEN {
+    if meta.encoded_len() > MAX_MAP_LEN {
         // Repeats only save bytes; the longest are kept, up to half the room.
-        let room = (MAX_META_LEN / 2) / 20;
+        let room = (MAX_MAP_LEN / 2) / 20;
         if meta.repeats.len() > room {
             meta.repeats.sort_by_key(|r| std::cmp::Reverse(r.len));
             meta.repeats.truncate(room);
             meta.repeats.sort_by_key(|r| r.to);
         }
     }
-    while meta.encoded_len() > MAX_META_LEN {
-        let keep = meta.zero.zero_ranges().len().min((MAX_META_LEN - 68) / 8) * 3 / 4;
+    while meta.encoded_len() > MAX_MAP_LEN {
+        let keep = meta.zero.zero_ranges().len().min((MAX_MAP_LEN - 68) / 8) * 3 / 4;
         meta.zero.keep_longest(keep);
     }
+    let data_blocks = meta.blocks() - meta.zero.zero_blocks();
+    let fits = (meta.encoded_len() as u64 + 4).saturating_add((HASH_LEN as u64) * data_blocks)
+        <= MAX_META_LEN as u64;
+    if actions.compress && hashes && fits {
+        let done = hash_pass_at;
+        let mut progress = |at: u64| progress(done + at);
+        let list = hash_blocks(&file, &meta.zero, size, block_size, &mut progress)
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    changed(path)
+                } else {
+                    e
+                }
+            })?;
+        let after = file.metadata()?;
+        if (after.len(), times(&after)) != (size, times(&before)) {
+            return Err(changed(path));
+        }
+        meta.hashes = BlockHashes::new(list, &meta.zero).map(std::sync::Arc::new);
+    }
     Ok(meta)
+}
+
+/// The BLAKE3 of each block of `file` that `zero` does not call zero, in
+/// block order (the last block's bytes up to the end of the file).
+fn hash_blocks(
+    file: &File,
+    zero: &ZeroMap,
+    size: u64,
+    block_size: u32,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<Vec<BlockHash>> {
+    let bs = u64::from(block_size);
+    let blocks = block_count(size, block_size);
+    let per_read = (BUF_LEN as u64 / bs).max(1);
+    let mut list = Vec::new();
+    let mut buf = vec![0u8; (per_read * bs) as usize];
+    let mut at = 0u64;
+    while at < blocks {
+        let n = per_read.min(blocks - at);
+        if zero.all_zero(at, at + n) {
+            at += n;
+            continue;
+        }
+        let len = ((at + n) * bs).min(size) - at * bs;
+        let bytes = &mut buf[..len as usize];
+        file.read_exact_at(bytes, at * bs)?;
+        for (i, block) in bytes.chunks(bs as usize).enumerate() {
+            if !zero.is_zero(at + i as u64) {
+                list.push(block_hash(block));
+            }
+        }
+        at += n;
+        progress((at * bs).min(size));
+    }
+    progress(size);
+    Ok(list)
 }
 
 /// The whole non-zero blocks of `file` that repeat an earlier block byte for
 /// byte, as runs. Blocks are matched by a hash of their bytes and every
 /// match is confirmed by reading the earlier block again.
-/// Bytes of work [`scan`] reports through `progress` for a file of `size`.
-pub fn scan_work(size: u64, actions: Actions, repeats: bool) -> u64 {
-    if actions.compress && repeats {
-        2 * size
-    } else {
-        size
-    }
+/// Bytes of work [`scan`] reports through `progress` for a file of `size`
+/// (with `repeats` and `hashes` as given to it).
+pub fn scan_work(size: u64, actions: Actions, repeats: bool, hashes: bool) -> u64 {
+    let passes = 1 + u64::from(actions.compress && repeats) + u64::from(actions.compress && hashes);
+    passes * size
 }
 
 /// The second pass of [`scan`]: `progress` gets the offset reached.
@@ -505,7 +563,7 @@ mod tests {
             let (path, model) = make_file(&mut rng, dir.path(), &format!("f{i}"));
             for bs in [4 << 10, 64 << 10, 1 << 20] {
                 let mut last = 0;
-                let meta = scan(&path, bs, Actions::default(), false, &mut |n| {
+                let meta = scan(&path, bs, Actions::default(), false, false, &mut |n| {
                     assert!(n > last && n <= model.len() as u64);
                     last = n;
                 })
@@ -559,7 +617,7 @@ mod tests {
             data[at as usize] = 1;
             std::fs::write(&path, &data).expect("write");
             for bs in [4096, 65536] {
-                let meta = scan(&path, bs, Actions::default(), false, &mut |_| {}).expect("scan");
+                let meta = scan(&path, bs, Actions::default(), false, false, &mut |_| {}).expect("scan");
                 assert_eq!(meta.zero, model_map(&data, bs), "byte at {at}, bs {bs}");
                 assert_eq!(meta.zero.zero_blocks(), meta.zero.blocks() - 1);
             }
@@ -584,7 +642,7 @@ mod tests {
         for change in [&rewrite as &dyn Fn(&Path), &shrink] {
             std::fs::write(&path, &data).expect("write");
             let mut first = true;
-            let e = scan(&path, 4096, Actions::default(), false, &mut |_| {
+            let e = scan(&path, 4096, Actions::default(), false, false, &mut |_| {
                 if std::mem::take(&mut first) {
                     change(&path);
                 }
@@ -606,7 +664,7 @@ mod tests {
             .for_each(|(i, b)| *b = (i * 31 % 251) as u8);
         std::fs::write(&path, &data).expect("write");
         let m = std::fs::metadata(&path).expect("stat");
-        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, true, &mut |_| {}).expect("scan");
+        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, true, false, &mut |_| {}).expect("scan");
         assert_eq!(meta.mtime, (m.mtime() as u64, m.mtime_nsec() as u32));
         assert_eq!(meta.ctime, (m.ctime() as u64, m.ctime_nsec() as u32));
         assert!(meta.matches(m.len(), meta.mtime, meta.ctime, true));
@@ -637,17 +695,17 @@ mod tests {
         data.extend_from_slice(&patterns[0][..100]);
         std::fs::write(&path, &data).expect("write");
         let mut seen = Vec::new();
-        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, true, &mut |n| {
+        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, true, false, &mut |n| {
             seen.push(n)
         })
         .expect("scan");
         meta.validate().expect("valid");
         // Progress covers both passes, in order, and ends at the whole.
-        let work = scan_work(data.len() as u64, Actions::COMPRESS_AND_COPY, true);
+        let work = scan_work(data.len() as u64, Actions::COMPRESS_AND_COPY, true, false);
         assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
         assert!(seen.contains(&(data.len() as u64)));
         assert_eq!(seen.last(), Some(&work));
-        let plain = scan(&path, 4096, Actions::COMPRESS_AND_COPY, false, &mut |n| {
+        let plain = scan(&path, 4096, Actions::COMPRESS_AND_COPY, false, false, &mut |n| {
             assert!(n <= data.len() as u64, "one pass without repeats")
         })
         .expect("scan");
@@ -675,7 +733,7 @@ mod tests {
         let back = MetaFile::decode(&meta.encode()).expect("decode");
         assert_eq!(back, meta);
         // Without compress-and-copy nothing is looked for.
-        let plain = scan(&path, 4096, Actions::default(), false, &mut |_| {}).expect("scan");
+        let plain = scan(&path, 4096, Actions::default(), false, false, &mut |_| {}).expect("scan");
         assert!(plain.repeats.is_empty());
     }
 
@@ -695,7 +753,7 @@ mod tests {
             )
         };
         let before = stat(&path);
-        let meta = scan(&path, 4096, Actions::default(), false, &mut |_| {}).expect("scan");
+        let meta = scan(&path, 4096, Actions::default(), false, false, &mut |_| {}).expect("scan");
         let written = write_beside(&path, &meta).expect("write_beside");
         assert_eq!(written, dir.path().join(".mem.vmss.gvfsmeta"));
         assert_eq!(stat(&path), before);
@@ -722,7 +780,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("user.img");
         std::fs::write(&path, vec![0u8; 8192]).expect("write");
-        let meta = scan(&path, 4096, Actions::default(), false, &mut |_| {}).expect("scan");
+        let meta = scan(&path, 4096, Actions::default(), false, false, &mut |_| {}).expect("scan");
         let as_root = std::os::unix::fs::chown(&path, Some(1234), Some(5678)).is_ok();
         for mode in [0o640, 0o664, 0o600] {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
@@ -751,14 +809,14 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, b"x").expect("write");
         for bs in [0, 2048, 3 << 12, 2 << 20] {
-            let e = scan(&path, bs, Actions::default(), false, &mut |_| {}).expect_err("bad bs");
+            let e = scan(&path, bs, Actions::default(), false, false, &mut |_| {}).expect_err("bad bs");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         }
-        let e = scan(dir.path(), 4096, Actions::default(), false, &mut |_| {}).expect_err("dir");
+        let e = scan(dir.path(), 4096, Actions::default(), false, false, &mut |_| {}).expect_err("dir");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         let empty = dir.path().join("empty");
         std::fs::write(&empty, b"").expect("write");
-        let m = scan(&empty, 4096, Actions::default(), false, &mut |_| {}).expect("empty");
+        let m = scan(&empty, 4096, Actions::default(), false, false, &mut |_| {}).expect("empty");
         assert_eq!(m.zero.blocks(), 0);
         assert_eq!(
             MetaFile::decode(&m.encode()).map_err(|e: MetaError| e),

@@ -731,6 +731,7 @@ fn zero_meta(len: usize, zero_chunks: &[u64]) -> MetaFile {
         compressed_size: 0,
         zero,
         repeats: Vec::new(),
+        hashes: None,
     }
 }
 

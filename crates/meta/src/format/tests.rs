@@ -15,6 +15,7 @@ fn sample() -> MetaFile {
         compressed_size: 777,
         zero,
         repeats: Vec::new(),
+        hashes: None,
     }
 }
 
@@ -57,6 +58,7 @@ fn arb_meta() -> impl Strategy<Value = MetaFile> {
                 compressed_size: csize,
                 zero: from_bits(&bits),
                 repeats: Vec::new(),
+                hashes: None,
             })
         })
 }
@@ -291,9 +293,9 @@ fn decode_errors_name_the_cause() {
     assert_eq!(MetaFile::decode(&bytes[..20]), Err(MetaError::Truncated));
     assert_eq!(MetaFile::decode(b"GVFSMET"), Err(MetaError::Truncated));
     assert_eq!(MetaFile::decode(b"GVFSBANKxxxx"), Err(MetaError::BadMagic));
-    let mut v3 = bytes.clone();
-    v3[8] = 3;
-    assert_eq!(MetaFile::decode(&v3), Err(MetaError::Version(3)));
+    let mut v9 = bytes.clone();
+    v9[8] = 9;
+    assert_eq!(MetaFile::decode(&v9), Err(MetaError::Version(9)));
     let mut flip = bytes.clone();
     flip[20] ^= 1;
     assert_eq!(MetaFile::decode(&flip), Err(MetaError::Checksum));
@@ -392,6 +394,7 @@ fn long_runs_split_and_round_trip() {
         compressed_size: 0,
         zero,
         repeats: Vec::new(),
+        hashes: None,
     };
     let runs = m.zero.runs();
     assert_eq!(runs, vec![1, u32::MAX, 0, u32::MAX, 0, 4, u32::MAX, 0, 2]);
@@ -423,6 +426,7 @@ fn sparse_image_map_is_small() {
         compressed_size: 0,
         zero,
         repeats: Vec::new(),
+        hashes: None,
     };
     let len = m.encode().len();
     assert!(len <= 400, "{len} bytes");
@@ -499,4 +503,73 @@ fn actions_bits() {
     }
     assert_eq!(Actions::from_bits(1 << 4), None);
     assert_eq!(Actions::COMPRESS_AND_COPY.bits(), 15);
+}
+
+/// `sample()` with a hash for each of its non-zero blocks (1, 2, 6, 7, 8).
+fn hashed() -> MetaFile {
+    let mut m = sample();
+    let list = [1u8, 2, 6, 7, 8].iter().map(|&b| [b; HASH_LEN]).collect();
+    m.hashes = Some(std::sync::Arc::new(
+        BlockHashes::new(list, &m.zero).expect("one per data block"),
+    ));
+    m
+}
+
+#[test]
+fn hashes_round_trip_as_version_3_and_name_each_data_block() {
+    let m = hashed();
+    let bytes = m.encode();
+    assert_eq!(bytes.len(), m.encoded_len());
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
+    assert_eq!(bytes.len(), 76 + 4 * m.zero.runs().len() + 32 * 5);
+    let back = MetaFile::decode(&bytes).expect("decodes");
+    assert_eq!(back, m);
+    for block in 0..10u64 {
+        let want = [1u64, 2, 6, 7, 8]
+            .contains(&block)
+            .then(|| [block as u8; HASH_LEN]);
+        assert_eq!(back.block_hash(block).copied(), want, "block {block}");
+    }
+    assert_eq!(back.block_hash(10), None);
+    // With repeats too: one file, both lists.
+    let mut both = hashed();
+    both.repeats = vec![Repeat {
+        to: 7,
+        from: 1,
+        len: 2,
+    }];
+    let back = MetaFile::decode(&both.encode()).expect("decodes");
+    assert_eq!(back, both);
+    // Without hashes, the older versions, byte for byte as before.
+    assert_eq!(u32::from_le_bytes(sample().encode()[8..12].try_into().unwrap()), 1);
+}
+
+#[test]
+fn a_hash_list_of_the_wrong_length_is_refused() {
+    let m = hashed();
+    assert!(BlockHashes::new(vec![[0; HASH_LEN]; 4], &m.zero).is_none());
+    assert!(BlockHashes::new(vec![[0; HASH_LEN]; 6], &m.zero).is_none());
+    // A file claiming 4 hashes for 5 data blocks, checksum made good.
+    let mut bytes = m.encode();
+    bytes.truncate(bytes.len() - 4 - HASH_LEN);
+    bytes.extend_from_slice(&[0; 4]);
+    let count_at = bytes.len() - 4 - 4 * HASH_LEN - 4;
+    bytes[count_at..count_at + 4].copy_from_slice(&4u32.to_le_bytes());
+    let e = MetaFile::decode(&resign(bytes)).expect_err("short list");
+    assert!(e.to_string().contains("4 block hashes for 5"), "{e}");
+    // A count past the input is truncation, found before allocating.
+    let mut bytes = m.encode();
+    let count_at = bytes.len() - 4 - 5 * HASH_LEN - 4;
+    bytes[count_at..count_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        MetaFile::decode(&resign(bytes)),
+        Err(MetaError::Truncated)
+    ));
+    // A newer version than this proxy knows is refused by name.
+    let mut bytes = m.encode();
+    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
+    assert!(matches!(
+        MetaFile::decode(&resign(bytes)),
+        Err(MetaError::Version(4))
+    ));
 }

@@ -84,14 +84,24 @@ enum MetaCmd {
         #[arg(long, default_value = "4K", value_name = "SIZE")]
         block_size: String,
         /// Mark the files compress-and-copy (fetched whole as one zstd
-        /// stream into the proxy's file cache), and record their zstd size
-        /// and the blocks that repeat earlier ones (sent once, not twice).
+        /// stream into the proxy's file cache), and record their zstd size,
+        /// the blocks that repeat earlier ones (sent once, not twice) and
+        /// the hash of each block (copied from other images a proxy holds).
         #[arg(long)]
         compress: bool,
         /// With --compress, do not record repeated blocks: the file stays
-        /// in metadata format 1, which proxies older than repeats read.
+        /// in metadata format 1, which proxies older than repeats read
+        /// (with --no-hashes too).
         #[arg(long, requires = "compress")]
         no_repeats: bool,
+        /// With --compress, do not record the BLAKE3 hash of each non-zero
+        /// block (32 bytes per block), by which proxies copy blocks an
+        /// image shares with images they hold instead of fetching them:
+        /// the file stays in metadata format 1 or 2, which proxies older
+        /// than hashes read (they ignore a format 3 file and serve the
+        /// image without metadata).
+        #[arg(long, requires = "compress")]
+        no_hashes: bool,
     },
     /// Print a metadata file and whether it still matches its file.
     Show {

@@ -11,7 +11,8 @@ pub(super) fn meta(cmd: MetaCmd) -> anyhow::Result<()> {
             block_size,
             compress,
             no_repeats,
-        } => meta_gen(&paths, &block_size, compress, !no_repeats),
+            no_hashes,
+        } => meta_gen(&paths, &block_size, compress, !no_repeats, !no_hashes),
         MetaCmd::Show { path } => meta_show(&path),
     }
 }
@@ -21,6 +22,7 @@ pub(super) fn meta_gen(
     block_size: &str,
     compress: bool,
     repeats: bool,
+    hashes: bool,
 ) -> anyhow::Result<()> {
     let bs = gvfs_proxy::config::parse_size(block_size)
         .ok()
@@ -39,7 +41,7 @@ pub(super) fn meta_gen(
     };
     // Pick the files first, so the progress bar knows the total.
     let files = files_to_scan(paths)?;
-    let work = |size| gvfs_meta::scan_work(size, actions, repeats);
+    let work = |size| gvfs_meta::scan_work(size, actions, repeats, hashes);
     let bar = indicatif::ProgressBar::new(files.iter().map(|f| work(f.1)).sum());
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -52,7 +54,7 @@ pub(super) fn meta_gen(
     let mut lines = Vec::new();
     for (path, size) in files {
         bar.set_message(path.display().to_string());
-        let scanned = gvfs_meta::scan(path, bs, actions, repeats, &mut |n| {
+        let scanned = gvfs_meta::scan(path, bs, actions, repeats, hashes, &mut |n| {
             bar.set_position(done + n)
         })
         .with_context(|| format!("scanning {}", path.display()))?;
@@ -80,6 +82,17 @@ pub(super) fn meta_gen(
                 indicatif::HumanBytes(scanned.repeat_bytes()),
                 indicatif::HumanBytes(scanned.compressed_size)
             );
+            match &scanned.hashes {
+                Some(h) => line += &format!(", {} block hashes", h.list().len()),
+                None if hashes => {
+                    line += &format!(
+                        ", no block hashes (more than {} would take; a larger --block-size \
+                         has fewer blocks)",
+                        indicatif::HumanBytes(gvfs_meta::MAX_META_LEN as u64)
+                    )
+                }
+                None => {}
+            }
         }
         line += &format!(" -> {}", written.display());
         lines.push(line);
@@ -236,6 +249,14 @@ pub(super) fn meta_show(path: &Path) -> anyhow::Result<()> {
         indicatif::HumanBytes(m.repeat_bytes()),
         m.repeats.len()
     );
+    match &m.hashes {
+        Some(h) => println!(
+            "block hashes:    {} (BLAKE3, one per non-zero block: blocks shared with other \
+             images are copied, not fetched)",
+            h.list().len()
+        ),
+        None => println!("block hashes:    none"),
+    }
     println!(
         "actions:         {}",
         if actions.is_empty() {
