@@ -195,6 +195,7 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
                 fh: fh.data.to_vec(),
                 offset: 3 * MIB,
                 count: CHUNK,
+                have: None,
             },
             Urgency::Background,
         )

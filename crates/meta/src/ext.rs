@@ -2,7 +2,8 @@
 //! cannot, on the same connection as NFS (so inside the TLS tunnel when
 //! there is one).
 //!
-//! Version 1 has seven procedures besides NULL:
+//! Version 1 has eight procedures besides NULL (the eighth, FETCH_HAVE, is
+//! specified in `ext/have.rs`):
 //!
 //! ```text
 //! program GVFS_EXT  0x20475646  ("user-defined" range, RFC 5531 section 8.3)
@@ -114,6 +115,9 @@ use crate::error::ChunkError;
 use crate::format::ByteRepeat;
 use crate::profile::Profile;
 
+mod have;
+pub use have::{Have, MAX_HAVE_BYTES, PROC_FETCH_HAVE, decode_have_args, encode_have_args};
+
 /// The program number.
 pub const PROGRAM: u32 = 0x2047_5646;
 /// The one version.
@@ -169,6 +173,8 @@ pub struct FetchArgs {
     pub offset: u64,
     /// How many bytes (at most [`CHUNK`]).
     pub count: u32,
+    /// Blocks of the range the caller holds already (FETCH_HAVE only).
+    pub have: Option<Have>,
 }
 
 /// How a chunk's bytes travel.
@@ -247,7 +253,12 @@ impl FetchArgs {
             });
         }
         end(&r)?;
-        Ok(Self { fh, offset, count })
+        Ok(Self {
+            fh,
+            offset,
+            count,
+            have: None,
+        })
     }
 }
 
@@ -656,6 +667,9 @@ pub struct ExtClient {
     demand: std::sync::atomic::AtomicBool,
     /// Whether the upstream keeps profiles (until it refuses PROFILE_*).
     profiles: std::sync::atomic::AtomicBool,
+    /// Whether to say which blocks are held with FETCH_HAVE (until the
+    /// upstream refuses it).
+    have: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ExtClient {
@@ -677,6 +691,7 @@ impl ExtClient {
             guards: std::sync::atomic::AtomicBool::new(true),
             demand: std::sync::atomic::AtomicBool::new(true),
             profiles: std::sync::atomic::AtomicBool::new(true),
+            have: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -761,7 +776,18 @@ impl ChunkSource for ExtClient {
             let mut buf = Vec::with_capacity(args.fh.len() + 24);
             args.encode(&mut buf);
             let with_repeats = self.repeats.load(std::sync::atomic::Ordering::Relaxed);
-            let demand = if urgency == Urgency::Demand && with_repeats {
+            let held = match &args.have {
+                Some(have) if with_repeats && !have.is_empty() => {
+                    let mut buf = Vec::with_capacity(buf.len() + 48);
+                    encode_have_args(&mut buf, args, have, urgency == Urgency::Demand);
+                    self.call_new(&self.have, PROC_FETCH_HAVE, cred, &buf)
+                        .await?
+                }
+                _ => None,
+            };
+            let demand = if held.is_some() {
+                held
+            } else if urgency == Urgency::Demand && with_repeats {
                 self.call_new(&self.demand, PROC_FETCH_DEMAND, cred, &buf)
                     .await?
             } else {
@@ -935,7 +961,7 @@ pub fn rpc_refusal(vers: u32, proc_: u32) -> Option<ReplyStatus> {
             high: VERSION,
         });
     }
-    (proc_ > PROC_PROFILE_GET).then_some(ReplyStatus::ProcUnavail)
+    (proc_ > PROC_FETCH_HAVE).then_some(ReplyStatus::ProcUnavail)
 }
 
 #[cfg(test)]

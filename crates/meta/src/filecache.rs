@@ -62,6 +62,7 @@ use crate::format::{ByteRepeat, MetaFile};
 use crate::profile::Profiles;
 use crate::scan::data_extent;
 
+mod dedup;
 mod fetch;
 mod held;
 mod learn;
@@ -356,6 +357,18 @@ gvfs_nfs::counters! {
         /// Learned read orders not kept as profiles: the file was read in
         /// file order (a copy, not a working set).
         profiles_discarded,
+        /// File bytes copied from blocks held here (of another image, or
+        /// earlier in the same one) with the content hash the metadata
+        /// names, instead of fetched.
+        dedup_bytes,
+        /// Fetches not sent at all: every block was held here.
+        dedup_fetches_saved,
+        /// Held blocks whose bytes did not match their hash when read (a
+        /// file rewritten since, or a damaged disk): not used, fetched.
+        dedup_rejected,
+        /// Fetched blocks whose bytes do not match the hash the image's
+        /// metadata names (the metadata is wrong): not offered for dedup.
+        hash_mismatches,
     }
 }
 
@@ -372,6 +385,24 @@ pub struct FileCacheStats {
     pub cached_bytes: u64,
     /// Files holding writes not yet written back.
     pub dirty_files: u64,
+    /// Bytes copied from held blocks instead of fetched, per held file
+    /// (the largest [`DEDUP_FILES_SHOWN`]).
+    pub dedup_files: Vec<FileDedup>,
+}
+
+/// Files listed in [`FileCacheStats::dedup_files`].
+pub const DEDUP_FILES_SHOWN: usize = 32;
+
+/// What dedup saved one held file.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileDedup {
+    /// The file's handle, in hex.
+    pub fh: String,
+    /// Its name, where the metadata layer knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its bytes copied from blocks held here instead of fetched.
+    pub bytes: u64,
 }
 
 fn now_secs() -> u64 {
@@ -470,6 +501,10 @@ pub struct CachedFile {
     demand_in_flight: AtomicUsize,
     /// The order readers first touch chunks in, while it is learned.
     learning: Mutex<Option<Learning>>,
+    /// The file's metadata when it has block hashes (for dedup).
+    content: Option<Arc<MetaFile>>,
+    /// Bytes of it copied from blocks held here instead of fetched.
+    dedup_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for CachedFile {
@@ -594,6 +629,11 @@ pub struct FileCache {
     keep_frames: AtomicBool,
     /// Where working-set profiles are kept (set by the proxy with an index).
     profiles: std::sync::OnceLock<Arc<Profiles>>,
+    /// Where held blocks are found by content hash (set with dedup on).
+    blocks: std::sync::OnceLock<crate::dedup::BlockIndex>,
+    /// Files removed at open as unfinished: their blocks leave the index
+    /// when it is set.
+    unfinished: Mutex<Vec<Vec<u8>>>,
     counters: Counters,
 }
 
@@ -624,6 +664,11 @@ fn frames_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".frames");
     PathBuf::from(p)
+}
+
+/// The handle a cached file's name (or [`FileDedup::fh`]) spells in hex.
+pub fn parse_handle(name: &str) -> Option<Vec<u8>> {
+    parse_name(name)
 }
 
 fn parse_name(name: &str) -> Option<Vec<u8>> {
@@ -657,6 +702,8 @@ impl FileCache {
             max_bytes,
             keep_frames: AtomicBool::new(false),
             profiles: std::sync::OnceLock::new(),
+            blocks: std::sync::OnceLock::new(),
+            unfinished: Mutex::new(Vec::new()),
             counters: Counters::default(),
         });
         for entry in std::fs::read_dir(dir)? {
@@ -672,6 +719,9 @@ impl FileCache {
                     lock(&cache.files).insert(f.fh.clone(), f);
                 }
                 None => {
+                    if let Some(fh) = entry.file_name().to_str().and_then(parse_name) {
+                        lock(&cache.unfinished).push(fh);
+                    }
                     tracing::info!(path = %path.display(), "file cache: removing an unfinished file");
                     let _ = std::fs::remove_file(&path);
                 }
@@ -732,6 +782,8 @@ impl FileCache {
             last_demand_ms: AtomicU64::new(0),
             demand_in_flight: AtomicUsize::new(0),
             learning: Mutex::new(None),
+            content: None,
+            dedup_bytes: AtomicU64::new(0),
         }))
     }
 
@@ -762,11 +814,21 @@ impl FileCache {
                 files.values().filter(|f| f.is_dirty()).count() as u64,
             )
         };
+        let dedup_files = self
+            .dedup_by_file(DEDUP_FILES_SHOWN)
+            .into_iter()
+            .map(|(fh, bytes)| FileDedup {
+                fh: file_name(&fh),
+                name: None,
+                bytes,
+            })
+            .collect();
         FileCacheStats {
             counts: self.counters.snapshot(),
             frame_bytes,
             cached_bytes,
             dirty_files,
+            dedup_files,
         }
     }
 

@@ -582,9 +582,10 @@ impl MetaFile {
         std::mem::size_of::<MetaFile>()
             + std::mem::size_of::<(u64, u64)>() * self.zero.zero.len()
             + std::mem::size_of::<Repeat>() * self.repeats.len()
-            + self.hashes.as_ref().map_or(0, |h| {
-                HASH_LEN * h.list.len() + 8 * h.zeros_before.len()
-            })
+            + self
+                .hashes
+                .as_ref()
+                .map_or(0, |h| HASH_LEN * h.list.len() + 8 * h.zeros_before.len())
     }
 
     /// The length [`MetaFile::encode`] would return, without encoding.

@@ -8,6 +8,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::error::IndexError;
 
+/// A key and its value.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
 /// A small key-value index. Keys and values are opaque bytes.
 pub trait MetaIndex: Send + Sync {
     /// The value stored under `key`, if any.
@@ -20,6 +23,9 @@ pub trait MetaIndex: Send + Sync {
     /// before it would survive a crash (a no-op for an index that keeps
     /// nothing across a restart).
     fn flush(&self) -> Result<(), IndexError>;
+    /// Up to `limit` entries whose keys start with `prefix` (in key order
+    /// where the index keeps one).
+    fn scan_prefix(&self, prefix: &[u8], limit: usize) -> Result<Vec<Entry>, IndexError>;
     /// Whether what is flushed survives a restart of the process. Data
     /// only an index entry can find again (a file cache's held writes)
     /// must not be kept on an index that does not.
@@ -85,6 +91,16 @@ impl MetaIndex for MemIndex {
 
     fn flush(&self) -> Result<(), IndexError> {
         Ok(())
+    }
+
+    fn scan_prefix(&self, prefix: &[u8], limit: usize) -> Result<Vec<Entry>, IndexError> {
+        Ok(self
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
     }
 
     fn persistent(&self) -> bool {
@@ -158,6 +174,17 @@ impl MetaIndex for SledIndex {
         Ok(())
     }
 
+    fn scan_prefix(&self, prefix: &[u8], limit: usize) -> Result<Vec<Entry>, IndexError> {
+        self.tree
+            .scan_prefix(prefix)
+            .take(limit)
+            .map(|r| {
+                let (k, v) = r?;
+                Ok((k.to_vec(), v.to_vec()))
+            })
+            .collect()
+    }
+
     fn persistent(&self) -> bool {
         true
     }
@@ -189,6 +216,16 @@ mod tests {
                 assert_eq!(index.get(&k).expect("get"), model.get(&k).cloned());
             }
         }
+        let mut listed = index.scan_prefix(&[3, 0], 100).expect("scan");
+        listed.sort();
+        let mut want: Vec<_> = model
+            .iter()
+            .filter(|(k, _)| k.starts_with(&[3, 0]))
+            .map(|(k, v)| (k.to_vec(), v.clone()))
+            .collect();
+        want.sort();
+        assert_eq!(listed, want);
+        assert!(index.scan_prefix(&[], 2).expect("scan").len() <= 2);
         index.remove(b"absent").expect("remove absent");
         index.put(b"", b"empty key").expect("put");
         assert_eq!(

@@ -278,6 +278,11 @@ impl MetaLayer {
         })
     }
 
+    /// The name a LOOKUP or listing last gave `fh`, if it is remembered.
+    pub fn name_of(&self, fh: &[u8]) -> Option<String> {
+        self.files().get(fh)?.name.as_ref().map(|(_, n)| n.clone())
+    }
+
     /// Records a file's name (not for metadata files themselves).
     fn note_name(&self, fh: &[u8], dir: &[u8], name: &str) {
         if is_meta_name(name) || meta_name(name).is_none() {

@@ -11,6 +11,7 @@
 //! cache as a `gvfs_nfs::NfsService`.
 #![warn(missing_docs)]
 
+pub mod dedup;
 mod error;
 pub mod ext;
 pub mod filecache;
@@ -24,12 +25,12 @@ pub mod trust;
 
 pub use error::{ChunkError, FileCacheError, IndexError, MetaError, RecordError};
 pub use ext::{ChunkSource, ExtClient};
-pub use filecache::{FileCache, FileCacheStats, HeldWriteError};
+pub use filecache::{FileCache, FileCacheStats, FileDedup, HeldWriteError};
 pub use format::{
     Actions, MAX_BLOCK_SIZE, MAX_META_LEN, META_SUFFIX, MIN_BLOCK_SIZE, MetaFile, ZeroMap,
     block_count, described_name, is_meta_name, meta_name,
 };
-pub use index::{MemIndex, MetaIndex, SledIndex};
+pub use index::{Entry, MemIndex, MetaIndex, SledIndex};
 pub use layer::{CopyPath, MetaFiles, MetaLayer, MetaStats};
 pub use profile::{Profile, Profiles};
 pub use scan::{scan, scan_work, write_beside};

@@ -156,8 +156,8 @@ pub fn scan(
     if actions.compress && hashes && fits {
         let done = hash_pass_at;
         let mut progress = |at: u64| progress(done + at);
-        let list = hash_blocks(&file, &meta.zero, size, block_size, &mut progress)
-            .map_err(|e| {
+        let list =
+            hash_blocks(&file, &meta.zero, size, block_size, &mut progress).map_err(|e| {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
                     changed(path)
                 } else {
@@ -617,7 +617,8 @@ mod tests {
             data[at as usize] = 1;
             std::fs::write(&path, &data).expect("write");
             for bs in [4096, 65536] {
-                let meta = scan(&path, bs, Actions::default(), false, false, &mut |_| {}).expect("scan");
+                let meta =
+                    scan(&path, bs, Actions::default(), false, false, &mut |_| {}).expect("scan");
                 assert_eq!(meta.zero, model_map(&data, bs), "byte at {at}, bs {bs}");
                 assert_eq!(meta.zero.zero_blocks(), meta.zero.blocks() - 1);
             }
@@ -664,7 +665,15 @@ mod tests {
             .for_each(|(i, b)| *b = (i * 31 % 251) as u8);
         std::fs::write(&path, &data).expect("write");
         let m = std::fs::metadata(&path).expect("stat");
-        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, true, false, &mut |_| {}).expect("scan");
+        let meta = scan(
+            &path,
+            4096,
+            Actions::COMPRESS_AND_COPY,
+            true,
+            false,
+            &mut |_| {},
+        )
+        .expect("scan");
         assert_eq!(meta.mtime, (m.mtime() as u64, m.mtime_nsec() as u32));
         assert_eq!(meta.ctime, (m.ctime() as u64, m.ctime_nsec() as u32));
         assert!(meta.matches(m.len(), meta.mtime, meta.ctime, true));
@@ -695,9 +704,14 @@ mod tests {
         data.extend_from_slice(&patterns[0][..100]);
         std::fs::write(&path, &data).expect("write");
         let mut seen = Vec::new();
-        let meta = scan(&path, 4096, Actions::COMPRESS_AND_COPY, true, false, &mut |n| {
-            seen.push(n)
-        })
+        let meta = scan(
+            &path,
+            4096,
+            Actions::COMPRESS_AND_COPY,
+            true,
+            false,
+            &mut |n| seen.push(n),
+        )
         .expect("scan");
         meta.validate().expect("valid");
         // Progress covers both passes, in order, and ends at the whole.
@@ -705,9 +719,14 @@ mod tests {
         assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
         assert!(seen.contains(&(data.len() as u64)));
         assert_eq!(seen.last(), Some(&work));
-        let plain = scan(&path, 4096, Actions::COMPRESS_AND_COPY, false, false, &mut |n| {
-            assert!(n <= data.len() as u64, "one pass without repeats")
-        })
+        let plain = scan(
+            &path,
+            4096,
+            Actions::COMPRESS_AND_COPY,
+            false,
+            false,
+            &mut |n| assert!(n <= data.len() as u64, "one pass without repeats"),
+        )
         .expect("scan");
         assert!(plain.repeats.is_empty());
         assert_eq!(plain.compressed_size, meta.compressed_size);
@@ -809,10 +828,19 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, b"x").expect("write");
         for bs in [0, 2048, 3 << 12, 2 << 20] {
-            let e = scan(&path, bs, Actions::default(), false, false, &mut |_| {}).expect_err("bad bs");
+            let e =
+                scan(&path, bs, Actions::default(), false, false, &mut |_| {}).expect_err("bad bs");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         }
-        let e = scan(dir.path(), 4096, Actions::default(), false, false, &mut |_| {}).expect_err("dir");
+        let e = scan(
+            dir.path(),
+            4096,
+            Actions::default(),
+            false,
+            false,
+            &mut |_| {},
+        )
+        .expect_err("dir");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         let empty = dir.path().join("empty");
         std::fs::write(&empty, b"").expect("write");

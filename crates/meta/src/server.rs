@@ -79,6 +79,10 @@ gvfs_nfs::counters! {
         profiles_served,
         /// Working-set profiles written beside their image at the origin.
         profiles_written,
+        /// FETCH_HAVE calls answered (the caller held some blocks).
+        have_calls,
+        /// File bytes sent as zeros because the caller held them.
+        have_bytes,
     }
 }
 
@@ -176,11 +180,19 @@ impl ExtServer {
             encode_store_res(&mut out, &res);
             return Ok(out);
         }
-        let Ok(fetch) = FetchArgs::decode(args) else {
+        let decoded = if proc_ == ext::PROC_FETCH_HAVE {
+            ext::decode_have_args(args)
+        } else {
+            FetchArgs::decode(args).map(|f| (f, false))
+        };
+        let Ok((fetch, demand)) = decoded else {
             return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
         };
-        let repeats = proc_ == ext::PROC_FETCH_REPEATS || proc_ == ext::PROC_FETCH_DEMAND;
-        let urgency = if proc_ == ext::PROC_FETCH_DEMAND {
+        if fetch.have.is_some() {
+            self.counters.have_calls.add(1);
+        }
+        let repeats = proc_ != ext::PROC_FETCH;
+        let urgency = if proc_ == ext::PROC_FETCH_DEMAND || demand {
             self.counters.demand_calls.add(1);
             Urgency::Demand
         } else {
@@ -230,6 +242,14 @@ impl ExtServer {
                 self.read_below(cx, &fetch, repeats).await
             }
         };
+        if let (Ok(ok), Some(have)) = (&res, &fetch.have) {
+            let left: usize = have
+                .ranges(ok.raw_len as usize)
+                .iter()
+                .map(|(a, b)| b - a)
+                .sum();
+            self.counters.have_bytes.add(left as u64);
+        }
         Ok(self.encode(&res, repeats))
     }
 
@@ -455,6 +475,7 @@ impl ExtServer {
                 args.offset,
                 args.count,
                 Asked::new(repeats, urgency),
+                args.have.as_ref(),
             )
             .await
             .map_err(|why| {
@@ -617,6 +638,9 @@ impl ExtServer {
         for r in &listed {
             let at = (r.to - args.offset) as usize;
             data[at..at + r.len as usize].fill(0);
+        }
+        if let Some(have) = &args.have {
+            have.zero_in(&mut data);
         }
         Self::package(attrs, data, eof, listed).await
     }

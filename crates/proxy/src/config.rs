@@ -34,6 +34,7 @@
 //! exit_writeback_timeout_secs = 60
 //! meta = true                          # metadata actions (default: on with a cache or listen_tls)
 //! file_cache_size = "16G"              # whole files fetched by compress-and-copy
+//! dedup = true                         # copy blocks shared with held images
 //!
 //! # TLS between proxies (certificates from `gvfsctl ca init` / `ca issue`)
 //! listen_tls = "0.0.0.0:20049"         # accept gvfs:// peers here
@@ -265,6 +266,8 @@ pub struct CacheSettings {
     pub exit_writeback_timeout: Duration,
     /// Most bytes of whole files the file cache (in `dir/files`) holds.
     pub file_cache_size: u64,
+    /// Copy blocks shared with held images instead of fetching them.
+    pub dedup: bool,
 }
 
 /// The smallest memory budget for call records and replies: two of the
@@ -335,6 +338,7 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
                     "file_cache_size",
                     f.meta.file_cache_size.is_some(),
                 ),
+                ("--dedup/--no-dedup", "dedup", f.meta.dedup.is_some()),
                 (
                     "--readahead",
                     "readahead_blocks",
@@ -399,6 +403,7 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
             Some(s) => parse_size(s)?,
             None => DEFAULT_FILE_CACHE_SIZE,
         },
+        dedup: f.meta.dedup.unwrap_or(true),
     }))
 }
 

@@ -91,6 +91,13 @@ impl Stack {
         if let Some(files) = &files {
             files.keep_profiles(profiles.clone());
         }
+        // Held blocks by content hash, in the same index: they come and
+        // go with the files that hold them.
+        if let (Some(files), Some(index), Some(c)) = (&files, &index, &cfg.cache)
+            && c.dedup
+        {
+            files.keep_blocks(gvfs_meta::dedup::BlockIndex::new(index.clone()));
+        }
         let meta = meta_files.map(|table| {
             let copy = copy_path(files.as_ref(), ext_client.as_ref());
             MetaLayer::new(top.clone(), table, index, copy)

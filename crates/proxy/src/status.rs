@@ -182,7 +182,16 @@ impl StatusSource {
             status: self.status(),
             cache: self.stack.cache.as_ref().map(|c| c.stats()),
             meta: self.stack.meta.as_ref().map(|m| m.stats()),
-            file_cache: self.stack.files.as_ref().map(|f| f.stats()),
+            file_cache: self.stack.files.as_ref().map(|f| {
+                let mut stats = f.stats();
+                if let Some(meta) = &self.stack.meta {
+                    for d in &mut stats.dedup_files {
+                        d.name = gvfs_meta::filecache::parse_handle(&d.fh)
+                            .and_then(|fh| meta.name_of(&fh));
+                    }
+                }
+                stats
+            }),
             attr_cache: self.stack.attrs.as_ref().map(|a| a.stats()),
             ext: self.stack.ext.stats(),
             writeback: self.jobs.state(),

@@ -10,6 +10,7 @@ fn args_round_trip_and_caps() {
         fh: vec![7; 33],
         offset: 5 << 32 | 9,
         count: CHUNK,
+        have: None,
     };
     let mut b = Vec::new();
     a.encode(&mut b);
@@ -221,6 +222,7 @@ fn client_of(addr: std::net::SocketAddr, probe_timeout: Duration) -> ExtClient {
         guards: std::sync::atomic::AtomicBool::new(true),
         demand: std::sync::atomic::AtomicBool::new(true),
         profiles: std::sync::atomic::AtomicBool::new(true),
+        have: std::sync::atomic::AtomicBool::new(true),
     }
 }
 
@@ -265,6 +267,7 @@ async fn an_upstream_without_fetch_repeats_is_asked_with_fetch_from_then_on() {
         fh: vec![1; 8],
         offset: 0,
         count: 4096,
+        have: None,
     };
     let cred = Credentials::default();
     for (i, want_calls) in [(0, 2), (1, 3)] {

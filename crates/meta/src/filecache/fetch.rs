@@ -3,6 +3,7 @@
 //! chunks and repeat runs), with readers waiting for the chunks they need.
 
 use super::*;
+use dedup::Held;
 
 impl CachedFile {
     /// Claims the first chunk at or after `from` that nobody fetches yet.
@@ -199,10 +200,16 @@ impl CachedFile {
         whole: Option<usize>,
     ) -> Result<(), FileCacheError> {
         let writes = self.writes.load(Ordering::Acquire);
+        let held = self.find_held(cache, offset, count).await?;
+        if let Some(held) = held.as_ref().filter(|h| h.all) {
+            return self.copy_held(cache, held, offset, count).await;
+        }
+        let held = held.filter(|h| !h.blocks.is_empty());
         let args = FetchArgs {
             fh: self.fh.clone(),
             offset,
             count,
+            have: held.as_ref().map(|h| h.have.clone()),
         };
         let ok = source.fetch(cred, &args, urgency).await?;
         if !same_version(&ok.attrs, &self.attrs()) {
@@ -228,8 +235,10 @@ impl CachedFile {
                 .await?;
         }
         let repeated: u64 = repeats.iter().map(|r| u64::from(r.len)).sum();
-        let keep = whole.filter(|_| cache.keep_frames.load(Ordering::Relaxed));
-        let me = self.clone();
+        // A frame with held blocks left out is not the chunk's.
+        let keep = whole.filter(|_| cache.keep_frames.load(Ordering::Relaxed) && held.is_none());
+        let dedup = held.as_ref().map_or(0, Held::bytes);
+        let (me, c) = (self.clone(), cache.clone());
         let spent = tokio::task::spawn_blocking(move || {
             // Kept with its repeats: handed on only to callers that
             // fill them.
@@ -246,6 +255,9 @@ impl CachedFile {
             let t = Instant::now();
             let mut raw = decompress(ok)?;
             let spent = t.elapsed().as_micros() as u64;
+            if let Some(held) = &held {
+                held.place(&mut raw);
+            }
             me.fill_repeats(&mut raw, offset, &repeats)?;
             me.file
                 .write_all_at(&raw, offset)
@@ -253,6 +265,7 @@ impl CachedFile {
             if let Some((idx, frame)) = frame {
                 me.keep_frame(idx, &frame, writes);
             }
+            me.note_blocks(&c, offset, &raw);
             Ok::<_, FileCacheError>(spent)
         })
         .await
@@ -267,7 +280,56 @@ impl CachedFile {
             Urgency::Background => cache.counters.background_wire_bytes.add(wire),
         }
         cache.counters.raw_bytes.add(u64::from(count));
+        self.count_dedup(cache, dedup);
         Ok(())
+    }
+
+    /// The blocks of the range held here already (dedup), when the file
+    /// has hashes and dedup is on.
+    async fn find_held(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        offset: u64,
+        count: u32,
+    ) -> Result<Option<Held>, FileCacheError> {
+        if self.content.is_none() || cache.blocks.get().is_none() {
+            return Ok(None);
+        }
+        let (me, c) = (self.clone(), cache.clone());
+        tokio::task::spawn_blocking(move || me.held_blocks(&c, offset, count))
+            .await
+            .map_err(|e| FileCacheError::task("looking for held blocks", e))
+    }
+
+    /// Writes a range whose every non-zero block is held here: nothing is
+    /// fetched.
+    async fn copy_held(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        held: &Held,
+        offset: u64,
+        count: u32,
+    ) -> Result<(), FileCacheError> {
+        let mut raw = vec![0u8; count as usize];
+        held.place(&mut raw);
+        let (me, c) = (self.clone(), cache.clone());
+        tokio::task::spawn_blocking(move || {
+            me.file
+                .write_all_at(&raw, offset)
+                .map_err(|e| FileCacheError::io("writing", &me.path, e))?;
+            me.note_blocks(&c, offset, &raw);
+            Ok::<_, FileCacheError>(())
+        })
+        .await
+        .map_err(|e| FileCacheError::task("copying held blocks", e))??;
+        cache.counters.dedup_fetches_saved.add(1);
+        self.count_dedup(cache, held.bytes());
+        Ok(())
+    }
+
+    fn count_dedup(&self, cache: &FileCache, bytes: u64) {
+        cache.counters.dedup_bytes.add(bytes);
+        self.dedup_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Waits until the data chunks under `from..end` (the source of a
@@ -600,6 +662,10 @@ impl FileCache {
             last_demand_ms: AtomicU64::new(0),
             demand_in_flight: AtomicUsize::new(0),
             learning: Mutex::new(learn.then(|| Learning::new(attrs.size))),
+            content: zero
+                .filter(|m| m.hashes.is_some() && m.file_size == attrs.size)
+                .map(|m| Arc::new(m.clone())),
+            dedup_bytes: AtomicU64::new(0),
         });
         files.insert(fh.to_vec(), entry.clone());
         drop(files);

@@ -3,6 +3,7 @@
 //! for reuse while the file is unchanged.
 
 use super::*;
+use crate::ext::Have;
 
 /// How another proxy asked for a chunk.
 #[derive(Debug, Clone, Copy)]
@@ -111,7 +112,9 @@ impl CachedFile {
     /// version they belong to: upstream's, or once clients wrote here the
     /// local ones (so the caller's version check sees the difference).
     /// Fails when a WRITE ran at the same time: the bytes might belong to
-    /// neither version.
+    /// neither version. With `have` (FETCH_HAVE), the blocks the caller
+    /// holds are sent as zeros, in a frame made for it alone.
+    #[allow(clippy::too_many_arguments)]
     pub async fn read_frame(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -120,11 +123,19 @@ impl CachedFile {
         offset: u64,
         count: u32,
         asked: Asked,
+        have: Option<&Have>,
     ) -> Result<(Frame, u32, bool, fattr3), FileCacheError> {
         let (seen, attrs) = self.stamp().ok_or(FileCacheError::WrittenDuringFetch)?;
-        let (frame, len, eof) = self
-            .frame_of(cache, source, cred, offset, count, asked)
-            .await?;
+        let (frame, len, eof) = match have.filter(|h| !h.is_empty()) {
+            Some(have) => {
+                self.frame_leaving(cache, source, cred, offset, count, asked.urgency, have)
+                    .await?
+            }
+            None => {
+                self.frame_of(cache, source, cred, offset, count, asked)
+                    .await?
+            }
+        };
         match self.stamp() {
             Some((now, _)) if now == seen => Ok((frame, len, eof, attrs)),
             _ => Err(FileCacheError::WrittenDuringFetch),
@@ -194,6 +205,39 @@ impl CachedFile {
         if kept {
             cache.counters.frames_made.add(1);
         }
+        Ok((frame, raw_len, eof))
+    }
+
+    /// `offset..offset + count` as a frame with the blocks `have` names
+    /// left as zeros; not kept (it is this caller's alone).
+    #[allow(clippy::too_many_arguments)]
+    async fn frame_leaving(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        offset: u64,
+        count: u32,
+        urgency: Urgency,
+        have: &Have,
+    ) -> Result<(Frame, u32, bool), FileCacheError> {
+        let (raw, eof) = self
+            .read(cache, source, cred, offset, count, urgency)
+            .await?;
+        let raw_len = raw.len() as u32;
+        let have = have.clone();
+        let frame = tokio::task::spawn_blocking(move || {
+            let mut raw = raw.into_owned();
+            have.zero_in(&mut raw);
+            let (codec, data) = compress(&raw, LEVEL);
+            Frame {
+                codec,
+                data,
+                repeats: Vec::new(),
+            }
+        })
+        .await
+        .map_err(|e| FileCacheError::task("compressing a chunk", e))?;
         Ok((frame, raw_len, eof))
     }
 }

@@ -824,6 +824,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             0,
             CHUNK,
             Asked::new(true, Urgency::Background),
+            None,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -839,6 +840,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             0,
             CHUNK,
             Asked::new(true, Urgency::Background),
+            None,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -858,6 +860,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             0,
             CHUNK,
             Asked::new(true, Urgency::Background),
+            None,
         )
         .await;
     assert!(raced.is_err());

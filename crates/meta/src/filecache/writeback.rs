@@ -191,6 +191,7 @@ impl FileCache {
         if let Some(index) = &self.index {
             let _ = index.remove(&index_key(&f.fh));
         }
+        self.forget_blocks(&f.fh);
         let _ = std::fs::remove_file(&f.path);
         f.frames.remove();
     }

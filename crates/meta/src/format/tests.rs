@@ -527,7 +527,7 @@ fn hashes_round_trip_as_version_3_and_name_each_data_block() {
     for block in 0..10u64 {
         let want = [1u64, 2, 6, 7, 8]
             .contains(&block)
-            .then(|| [block as u8; HASH_LEN]);
+            .then_some([block as u8; HASH_LEN]);
         assert_eq!(back.block_hash(block).copied(), want, "block {block}");
     }
     assert_eq!(back.block_hash(10), None);
@@ -541,7 +541,10 @@ fn hashes_round_trip_as_version_3_and_name_each_data_block() {
     let back = MetaFile::decode(&both.encode()).expect("decodes");
     assert_eq!(back, both);
     // Without hashes, the older versions, byte for byte as before.
-    assert_eq!(u32::from_le_bytes(sample().encode()[8..12].try_into().unwrap()), 1);
+    assert_eq!(
+        u32::from_le_bytes(sample().encode()[8..12].try_into().unwrap()),
+        1
+    );
 }
 
 #[test]

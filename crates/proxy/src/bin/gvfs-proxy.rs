@@ -79,6 +79,11 @@ struct Cli {
     /// Do not look for metadata files (a file's `meta = false`).
     #[arg(long, conflicts_with = "meta", help_heading = "Metadata actions")]
     no_meta: bool,
+
+    /// Fetch every block, even one an image shares with images held here
+    /// (a file's `dedup = false`).
+    #[arg(long, conflicts_with = "dedup", help_heading = "Metadata actions")]
+    no_dedup: bool,
 }
 
 impl Cli {
@@ -97,6 +102,9 @@ impl Cli {
         }
         if self.no_meta {
             settings.meta.meta = Some(false);
+        }
+        if self.no_dedup {
+            settings.meta.dedup = Some(false);
         }
         Ok(settings)
     }

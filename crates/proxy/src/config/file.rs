@@ -247,6 +247,19 @@ pub struct MetaSection {
     /// CACHE_DIR/files), e.g. 16G [default: 16G].
     #[arg(long, value_name = "SIZE", help_heading = "Metadata actions")]
     pub file_cache_size: Option<String>,
+
+    /// Copy blocks an image shares with images held in the file cache
+    /// instead of fetching them, by the block hashes in its metadata file
+    /// (each copy checked against its hash first) [default: on with a
+    /// cache dir]; --no-dedup turns it off.
+    #[arg(
+        long,
+        num_args = 0,
+        default_missing_value = "true",
+        overrides_with = "dedup",
+        help_heading = "Metadata actions"
+    )]
+    pub dedup: Option<bool>,
 }
 
 impl FileConfig {

@@ -38,6 +38,18 @@ impl MetaIndex for CrashIndex {
         *lock(&self.durable) = lock(&self.live).clone();
         Ok(())
     }
+    fn scan_prefix(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<crate::index::Entry>, crate::IndexError> {
+        Ok(lock(&self.live)
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
     fn persistent(&self) -> bool {
         true
     }

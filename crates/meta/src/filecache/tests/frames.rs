@@ -25,6 +25,7 @@ async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() 
             2 * c,
             CHUNK,
             Asked::new(true, Urgency::Background),
+            None,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -41,6 +42,7 @@ async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() 
             2 * c,
             CHUNK,
             Asked::new(false, Urgency::Background),
+            None,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -100,6 +102,7 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
                 i * u64::from(CHUNK),
                 CHUNK,
                 Asked::new(true, Urgency::Background),
+                None,
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -126,6 +129,7 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
             0,
             CHUNK,
             Asked::new(true, Urgency::Background),
+            None,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -140,6 +144,7 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
             u64::from(CHUNK) + 7,
             100,
             Asked::new(true, Urgency::Background),
+            None,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -180,6 +185,7 @@ async fn frames_live_beside_their_file_and_go_with_it() {
                     at,
                     CHUNK,
                     Asked::new(true, Urgency::Background),
+                    None,
                 )
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));

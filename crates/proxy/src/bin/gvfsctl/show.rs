@@ -122,6 +122,19 @@ pub(super) fn print_stats(s: &Stats) {
                 c.profile_hits, c.profile_pieces, c.profiles_sent, c.profiles_discarded
             );
         }
+        if c.dedup_bytes + c.dedup_rejected + c.hash_mismatches > 0 {
+            println!(
+                "  dedup       {} bytes copied from blocks held here instead of fetched ({} fetches not sent); {} held blocks failed their hash, {} fetched blocks did not match theirs",
+                c.dedup_bytes, c.dedup_fetches_saved, c.dedup_rejected, c.hash_mismatches
+            );
+            for d in &f.dedup_files {
+                println!(
+                    "    {:>12} bytes  {}",
+                    d.bytes,
+                    d.name.as_deref().unwrap_or(&d.fh)
+                );
+            }
+        }
         if f.counts.frames_reused + f.counts.frames_made > 0 {
             println!(
                 "  frames      {} chunks sent to other proxies as they came, {} compressed here; {} bytes kept",
@@ -160,6 +173,12 @@ pub(super) fn print_stats(s: &Stats) {
             "  lazy        {} FETCHes a reader waited for; working-set profiles: {} kept, {} answered, {} written beside their image",
             e.demand_calls, e.profiles_stored, e.profiles_served, e.profiles_written
         );
+        if e.have_calls > 0 {
+            println!(
+                "  dedup       {} FETCHes named blocks the caller held; {} bytes of them not sent",
+                e.have_calls, e.have_bytes
+            );
+        }
     }
 }
 

@@ -1,0 +1,230 @@
+//! Content-addressed blocks: where in the files this proxy holds a block
+//! with a given content hash lies, so that a block of another image with
+//! that hash is copied from here instead of fetched.
+//!
+//! The index lives in the proxy's [`MetaIndex`] (sled, beside the file
+//! cache's records, so it survives restarts), under two kinds of keys:
+//!
+//! ```text
+//!   'h' hash[32]                      -> fh_len[1] fh offset[8, BE]
+//!   'r' fh_len[1] fh offset[8, BE]    -> hash[32]
+//! ```
+//!
+//! The first finds a block by hash (the last place it was seen); the second
+//! lists a file's blocks, so they go with it when the file is let go or
+//! evicted. Nothing here is trusted: a block found is read and its hash
+//! checked against the one the image's metadata names before a byte of it
+//! is used (`filecache/dedup.rs`), and an entry that fails is dropped. So
+//! a stale entry (a file rewritten, cut short by a crash) costs a read, and
+//! a collision or a lying peer cannot produce wrong bytes.
+//!
+//! Bounded: entries are made only for blocks of files held in the file
+//! cache (whose budget bounds them) and removed with those files.
+
+use std::sync::Arc;
+
+use crate::MetaIndex;
+use crate::error::IndexError;
+use crate::format::{BlockHash, HASH_LEN};
+
+const FORWARD: u8 = b'h';
+const REVERSE: u8 = b'r';
+/// Entries of one file removed at a time when it is let go.
+const FORGET_BATCH: usize = 4096;
+
+/// Where a block with some hash lies: a held file and an offset in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The held file's handle.
+    pub fh: Vec<u8>,
+    /// Where the block starts.
+    pub offset: u64,
+}
+
+/// The hash -> place index of the blocks held here.
+#[derive(Clone)]
+pub struct BlockIndex {
+    index: Arc<dyn MetaIndex>,
+}
+
+impl std::fmt::Debug for BlockIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockIndex").finish_non_exhaustive()
+    }
+}
+
+fn forward_key(hash: &BlockHash) -> [u8; 1 + HASH_LEN] {
+    let mut k = [0u8; 1 + HASH_LEN];
+    k[0] = FORWARD;
+    k[1..].copy_from_slice(hash);
+    k
+}
+
+fn place_bytes(fh: &[u8], offset: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(1 + fh.len() + 8);
+    v.push(fh.len() as u8);
+    v.extend_from_slice(fh);
+    v.extend_from_slice(&offset.to_be_bytes());
+    v
+}
+
+fn file_prefix(fh: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + fh.len());
+    k.push(REVERSE);
+    k.push(fh.len() as u8);
+    k.extend_from_slice(fh);
+    k
+}
+
+fn reverse_key(fh: &[u8], offset: u64) -> Vec<u8> {
+    let mut k = file_prefix(fh);
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+fn parse_place(v: &[u8]) -> Option<Place> {
+    let (&n, rest) = v.split_first()?;
+    let n = usize::from(n);
+    if rest.len() != n + 8 || n > 64 {
+        return None;
+    }
+    let mut off = [0u8; 8];
+    off.copy_from_slice(&rest[n..]);
+    Some(Place {
+        fh: rest[..n].to_vec(),
+        offset: u64::from_be_bytes(off),
+    })
+}
+
+impl BlockIndex {
+    /// The index kept in `index`.
+    pub fn new(index: Arc<dyn MetaIndex>) -> Self {
+        Self { index }
+    }
+
+    /// Where a block with `hash` was last held, if anywhere.
+    pub fn find(&self, hash: &BlockHash) -> Result<Option<Place>, IndexError> {
+        Ok(self
+            .index
+            .get(&forward_key(hash))?
+            .as_deref()
+            .and_then(parse_place))
+    }
+
+    /// Notes that file `fh` holds a block with `hash` at `offset`.
+    pub fn note(&self, fh: &[u8], offset: u64, hash: &BlockHash) -> Result<(), IndexError> {
+        if fh.len() > 64 {
+            return Ok(());
+        }
+        self.index.put(&reverse_key(fh, offset), hash)?;
+        self.index.put(&forward_key(hash), &place_bytes(fh, offset))
+    }
+
+    /// Drops the entry for `hash` if it still says `place` (which did not
+    /// hold the block after all).
+    pub fn drop_stale(&self, hash: &BlockHash, place: &Place) -> Result<(), IndexError> {
+        if self.find(hash)?.as_ref() == Some(place) {
+            self.index.remove(&forward_key(hash))?;
+        }
+        self.index.remove(&reverse_key(&place.fh, place.offset))
+    }
+
+    /// Drops every entry of file `fh`, which is no longer held.
+    pub fn forget_file(&self, fh: &[u8]) -> Result<u64, IndexError> {
+        if fh.len() > 64 {
+            return Ok(0);
+        }
+        let prefix = file_prefix(fh);
+        let mut dropped = 0;
+        loop {
+            let batch = self.index.scan_prefix(&prefix, FORGET_BATCH)?;
+            if batch.is_empty() {
+                return Ok(dropped);
+            }
+            for (key, hash) in batch {
+                let offset = key
+                    .get(prefix.len()..)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes);
+                if let (Some(offset), Ok(hash)) = (offset, <BlockHash>::try_from(hash.as_slice())) {
+                    let place = Place {
+                        fh: fh.to_vec(),
+                        offset,
+                    };
+                    if self.find(&hash)?.as_ref() == Some(&place) {
+                        self.index.remove(&forward_key(&hash))?;
+                    }
+                }
+                self.index.remove(&key)?;
+                dropped += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemIndex;
+
+    fn h(b: u8) -> BlockHash {
+        [b; HASH_LEN]
+    }
+
+    #[test]
+    fn blocks_are_found_by_hash_and_go_with_their_file() {
+        let index = BlockIndex::new(Arc::new(MemIndex::new(1000)));
+        index.note(b"fileA", 0, &h(1)).unwrap();
+        index.note(b"fileA", 4096, &h(2)).unwrap();
+        index.note(b"fileB", 8192, &h(2)).unwrap();
+        index.note(b"fileAB", 0, &h(3)).unwrap();
+        let at = |fh: &[u8], offset| {
+            Some(Place {
+                fh: fh.to_vec(),
+                offset,
+            })
+        };
+        assert_eq!(index.find(&h(1)).unwrap(), at(b"fileA", 0));
+        // The last place a block was seen.
+        assert_eq!(index.find(&h(2)).unwrap(), at(b"fileB", 8192));
+        assert_eq!(index.find(&h(9)).unwrap(), None);
+        // Forgetting A leaves B's copy of block 2, and file "fileAB" (whose
+        // handle starts with A's) alone.
+        assert_eq!(index.forget_file(b"fileA").unwrap(), 2);
+        assert_eq!(index.find(&h(1)).unwrap(), None);
+        assert_eq!(index.find(&h(2)).unwrap(), at(b"fileB", 8192));
+        assert_eq!(index.find(&h(3)).unwrap(), at(b"fileAB", 0));
+        // A stale entry is dropped only where it still points.
+        index
+            .drop_stale(
+                &h(2),
+                &Place {
+                    fh: b"fileA".to_vec(),
+                    offset: 4096,
+                },
+            )
+            .unwrap();
+        assert_eq!(index.find(&h(2)).unwrap(), at(b"fileB", 8192));
+        index
+            .drop_stale(
+                &h(2),
+                &Place {
+                    fh: b"fileB".to_vec(),
+                    offset: 8192,
+                },
+            )
+            .unwrap();
+        assert_eq!(index.find(&h(2)).unwrap(), None);
+        assert_eq!(index.forget_file(b"fileB").unwrap(), 0);
+    }
+
+    #[test]
+    fn a_damaged_entry_finds_nothing() {
+        let raw = Arc::new(MemIndex::new(10));
+        let index = BlockIndex::new(raw.clone());
+        raw.put(&forward_key(&h(4)), b"\x05ab").unwrap();
+        assert_eq!(index.find(&h(4)).unwrap(), None);
+        raw.put(&forward_key(&h(4)), &[200; 209]).unwrap();
+        assert_eq!(index.find(&h(4)).unwrap(), None);
+    }
+}

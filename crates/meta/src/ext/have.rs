@@ -1,0 +1,155 @@
+//! FETCH_HAVE: a FETCH whose caller says which blocks of the range it
+//! holds already (copied from other images it holds with the same content
+//! hash, `crate::dedup`), so the answer carries zeros there (which compress
+//! to nothing).
+//!
+//! ```text
+//!   8  FETCH_HAVE  (fetch_have_args) -> fetch_repeats_res
+//!
+//! struct fetch_have_args {
+//!     fetch_args args;
+//!     bool       demand;      /* a reader waits (as FETCH_DEMAND), else as
+//!                                FETCH_REPEATS */
+//!     uint32     block_size;  /* a power of two, 4 KiB..=1 MiB */
+//!     opaque     have<32>;    /* bit i (byte i / 8, bit i % 8): the caller
+//!                                holds offset + i * block_size.., clipped
+//!                                to the range; offset is a multiple of
+//!                                block_size */
+//! };
+//! ```
+//!
+//! Why the receiver says what it has, rather than the sender listing
+//! hashes first: the receiver already knows every block's hash from the
+//! image's metadata file, so it costs one bit per block inside the call it
+//! makes anyway (at most 32 bytes a chunk), where a list of hashes would
+//! cost a round trip and 32 bytes a block before any data moved.
+//!
+//! A caller whose upstream answers PROC_UNAVAIL (an older proxy) asks
+//! with FETCH_REPEATS or FETCH_DEMAND from then on and gets every byte.
+
+use gvfs_nfs::xdr::{XdrError, XdrReader, put_opaque, put_u32};
+
+use super::{CHUNK, FetchArgs, end};
+use crate::format::{MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
+
+/// The procedure number.
+pub const PROC_FETCH_HAVE: u32 = 8;
+/// Most bytes of a have bitmap: one bit per 4 KiB block of a chunk.
+pub const MAX_HAVE_BYTES: usize = (CHUNK / MIN_BLOCK_SIZE / 8) as usize;
+
+/// Blocks of a FETCH's range the caller holds already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Have {
+    /// The blocks' size.
+    pub block_size: u32,
+    /// Bit `i`: the caller holds block `i` of the range.
+    pub bits: Vec<u8>,
+}
+
+impl Have {
+    /// No blocks yet, of `block_size`, for a range of `count` bytes.
+    pub fn new(block_size: u32, count: u32) -> Self {
+        let blocks = count.div_ceil(block_size.max(1)) as usize;
+        Self {
+            block_size,
+            bits: vec![0; blocks.div_ceil(8).min(MAX_HAVE_BYTES)],
+        }
+    }
+
+    /// Marks block `i` of the range held.
+    pub fn set(&mut self, i: usize) {
+        if let Some(b) = self.bits.get_mut(i / 8) {
+            *b |= 1 << (i % 8);
+        }
+    }
+
+    /// Whether block `i` of the range is held.
+    pub fn has(&self, i: usize) -> bool {
+        self.bits
+            .get(i / 8)
+            .is_some_and(|b| b & (1 << (i % 8)) != 0)
+    }
+
+    /// Whether no block is held.
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|&b| b == 0)
+    }
+
+    /// The held byte ranges of `offset..offset + len`, relative to
+    /// `offset`, merged.
+    pub fn ranges(&self, len: usize) -> Vec<(usize, usize)> {
+        let bs = self.block_size as usize;
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for i in 0..self.bits.len() * 8 {
+            if !self.has(i) {
+                continue;
+            }
+            let (a, b) = (i * bs, ((i + 1) * bs).min(len));
+            if a >= b {
+                break;
+            }
+            match out.last_mut() {
+                Some(r) if r.1 == a => r.1 = b,
+                _ => out.push((a, b)),
+            }
+        }
+        out
+    }
+
+    /// Zeros the held blocks of `data`, the range's bytes; returns how
+    /// many bytes that zeroed.
+    pub fn zero_in(&self, data: &mut [u8]) -> u64 {
+        let mut n = 0;
+        for (a, b) in self.ranges(data.len()) {
+            data[a..b].fill(0);
+            n += (b - a) as u64;
+        }
+        n
+    }
+}
+
+/// Appends FETCH_HAVE's XDR arguments.
+pub fn encode_have_args(out: &mut Vec<u8>, args: &FetchArgs, have: &Have, demand: bool) {
+    args.encode(out);
+    put_u32(out, u32::from(demand));
+    put_u32(out, have.block_size);
+    put_opaque(out, &have.bits);
+}
+
+/// Decodes FETCH_HAVE's arguments: the FETCH (with its `have`) and whether
+/// it is demand. Refuses what FETCH refuses, a bad block size, a bitmap
+/// over [`MAX_HAVE_BYTES`] or an offset not on a block.
+pub fn decode_have_args(bytes: &[u8]) -> Result<(FetchArgs, bool), XdrError> {
+    let mut r = XdrReader::new(bytes);
+    let fh = r.opaque(super::FHSIZE)?.to_vec();
+    let offset = super::get_u64(&mut r)?;
+    let count = r.u32()?;
+    let demand = match r.u32()? {
+        0 => false,
+        1 => true,
+        v => return Err(XdrError::InvalidValue(v)),
+    };
+    let block_size = r.u32()?;
+    let bits = r.opaque(MAX_HAVE_BYTES)?.to_vec();
+    end(&r)?;
+    let bad_size =
+        !block_size.is_power_of_two() || !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size);
+    if count > CHUNK {
+        return Err(XdrError::TooLong {
+            len: count as usize,
+            limit: CHUNK as usize,
+        });
+    }
+    if bad_size || !offset.is_multiple_of(u64::from(block_size)) {
+        return Err(XdrError::InvalidValue(block_size));
+    }
+    Ok((
+        FetchArgs {
+            fh,
+            offset,
+            count,
+            have: Some(Have { block_size, bits }),
+        },
+        demand,
+    ))
+}

@@ -1,0 +1,236 @@
+//! Dedup in the file cache: before a range is fetched, the blocks of it
+//! that some held file (another image, or this one further back) holds
+//! with the same content hash are read from there and checked against the
+//! hash the metadata names; only the rest is fetched (FETCH_HAVE says which
+//! blocks the answer may leave as zeros). Once a range is written, its
+//! blocks whose bytes match their hashes are noted in the [`BlockIndex`].
+
+use super::*;
+use crate::dedup::{BlockIndex, Place};
+use crate::ext::Have;
+use crate::format::block_hash;
+use fetch::{chunk_len, piece_mask};
+
+/// The blocks of a range held here already.
+pub(super) struct Held {
+    /// Which blocks, for FETCH_HAVE.
+    pub(super) have: Have,
+    /// Each one's bytes, by its index in the range.
+    pub(super) blocks: Vec<(usize, Vec<u8>)>,
+    /// Whether they are every non-zero block of the range: nothing needs
+    /// fetching.
+    pub(super) all: bool,
+}
+
+impl Held {
+    /// Bytes held.
+    pub(super) fn bytes(&self) -> u64 {
+        self.blocks.iter().map(|(_, b)| b.len() as u64).sum()
+    }
+
+    /// Copies the held blocks into `raw`, the range's bytes.
+    pub(super) fn place(&self, raw: &mut [u8]) {
+        let bs = self.have.block_size as usize;
+        for (i, bytes) in &self.blocks {
+            let at = i * bs;
+            if let Some(dst) = raw.get_mut(at..at + bytes.len()) {
+                dst.copy_from_slice(bytes);
+            }
+        }
+    }
+}
+
+impl FileCache {
+    /// Copies blocks shared with other held files instead of fetching
+    /// them, using `blocks` (set once, by a proxy with dedup on).
+    pub fn keep_blocks(&self, blocks: BlockIndex) {
+        let _ = self.blocks.set(blocks);
+        for fh in std::mem::take(&mut *lock(&self.unfinished)) {
+            self.forget_blocks(&fh);
+        }
+    }
+
+    /// Bytes copied from held blocks instead of fetched, per held file
+    /// that had any (its handle), most first, at most `max`.
+    pub fn dedup_by_file(&self, max: usize) -> Vec<(Vec<u8>, u64)> {
+        let mut out: Vec<(Vec<u8>, u64)> = lock(&self.files)
+            .values()
+            .map(|f| (f.fh.clone(), f.dedup_bytes.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        out.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        out.truncate(max);
+        out
+    }
+
+    /// How many of `hashes` this proxy holds a block of (by its index,
+    /// not read back).
+    pub fn blocks_held(&self, hashes: &[crate::format::BlockHash]) -> Result<u64, IndexError> {
+        let Some(index) = self.blocks.get() else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for h in hashes {
+            if index.find(h)?.is_some() {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Drops the index entries of `fh`'s blocks, in the background when
+    /// there is a runtime (a file is let go under the table's lock). An
+    /// entry a new fetch of the same file makes meanwhile may go too: a
+    /// block missing from the index costs only a fetch.
+    pub(super) fn forget_blocks(&self, fh: &[u8]) {
+        let Some(index) = self.blocks.get().cloned() else {
+            return;
+        };
+        let fh = fh.to_vec();
+        let forget = move || {
+            if let Err(e) = index.forget_file(&fh) {
+                tracing::warn!(error = %e, "dedup: cannot drop a file's blocks from the index");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(forget)),
+            Err(_) => forget(),
+        }
+    }
+}
+
+/// Drops an index entry that did not hold its block; `false`, as a block
+/// not found.
+fn stale(index: &BlockIndex, hash: &crate::format::BlockHash, place: &Place) -> bool {
+    if let Err(e) = index.drop_stale(hash, place) {
+        tracing::debug!(error = %e, "dedup: cannot drop a stale entry");
+    }
+    false
+}
+
+impl CachedFile {
+    /// Whether `offset..offset + len` has arrived here.
+    fn holds(&self, offset: u64, len: u64) -> bool {
+        if self.failure().is_some() || offset.saturating_add(len) > self.size() {
+            return false;
+        }
+        let idx = (offset / u64::from(CHUNK)) as usize;
+        let chunks = lock(&self.chunks);
+        match chunks.get(idx) {
+            Some(c) if c.here() => true,
+            Some(_) => {
+                let want = piece_mask(idx, chunk_len(self.size(), idx), offset, offset + len);
+                chunks
+                    .pieces
+                    .get(&idx)
+                    .is_some_and(|p| p.here & want == want)
+            }
+            None => false,
+        }
+    }
+
+    /// The blocks of `offset..offset + count` held here already, read and
+    /// checked (blocking I/O); `None` without hashes, dedup, or blocks of
+    /// the range's alignment.
+    pub(super) fn held_blocks(&self, cache: &FileCache, offset: u64, count: u32) -> Option<Held> {
+        let meta = self.content.as_deref()?;
+        let index = cache.blocks.get()?;
+        let bs = meta.block_size;
+        if !offset.is_multiple_of(u64::from(bs)) || count == 0 {
+            return None;
+        }
+        let size = self.size();
+        let first = offset / u64::from(bs);
+        let n = count.div_ceil(bs) as usize;
+        let mut held = Held {
+            have: Have::new(bs, count),
+            blocks: Vec::new(),
+            all: true,
+        };
+        let mut buf = vec![0u8; bs as usize];
+        for i in 0..n {
+            let block = first + i as u64;
+            let Some(hash) = meta.block_hash(block) else {
+                // A zero block: a hole in the local file already.
+                continue;
+            };
+            // Only whole blocks: the last one's hash is of fewer bytes.
+            let found = if (block + 1) * u64::from(bs) <= size {
+                self.copy_of(cache, index, hash, &mut buf)
+            } else {
+                false
+            };
+            if found {
+                held.have.set(i);
+                held.blocks.push((i, buf.clone()));
+            } else {
+                held.all = false;
+            }
+        }
+        Some(held)
+    }
+
+    /// Reads into `buf` a held block whose bytes hash to `hash`; drops an
+    /// index entry whose block is gone or holds other bytes.
+    fn copy_of(
+        &self,
+        cache: &FileCache,
+        index: &BlockIndex,
+        hash: &crate::format::BlockHash,
+        buf: &mut [u8],
+    ) -> bool {
+        let place = match index.find(hash) {
+            Ok(Some(p)) => p,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::debug!(error = %e, "dedup: index lookup failed");
+                return false;
+            }
+        };
+        let entry = if place.fh == self.fh {
+            None
+        } else {
+            match lock(&cache.files).get(&place.fh).cloned() {
+                Some(f) => Some(f),
+                None => return stale(index, hash, &place),
+            }
+        };
+        let file = entry.as_deref().unwrap_or(self);
+        if !file.holds(place.offset, buf.len() as u64) {
+            return false;
+        }
+        if file.file.read_exact_at(buf, place.offset).is_err() || block_hash(buf) != *hash {
+            cache.counters.dedup_rejected.add(1);
+            return stale(index, hash, &place);
+        }
+        true
+    }
+
+    /// Notes the blocks of `raw`, the bytes now at `offset` in the file,
+    /// whose bytes match the metadata's hashes (blocking); counts those
+    /// that do not.
+    pub(super) fn note_blocks(&self, cache: &FileCache, offset: u64, raw: &[u8]) {
+        let (Some(meta), Some(index)) = (self.content.as_deref(), cache.blocks.get()) else {
+            return;
+        };
+        let bs = meta.block_size as usize;
+        if !offset.is_multiple_of(bs as u64) {
+            return;
+        }
+        let first = offset / bs as u64;
+        for (i, bytes) in raw.chunks_exact(bs).enumerate() {
+            let block = first + i as u64;
+            let Some(hash) = meta.block_hash(block) else {
+                continue;
+            };
+            if block_hash(bytes) != *hash {
+                cache.counters.hash_mismatches.add(1);
+                continue;
+            }
+            if let Err(e) = index.note(&self.fh, block * bs as u64, hash) {
+                tracing::debug!(error = %e, "dedup: cannot note a block");
+                return;
+            }
+        }
+    }
+}

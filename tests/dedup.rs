@@ -1,0 +1,232 @@
+//! Content-addressed blocks through the real binaries, with nfs-ganesha as
+//! the image server and libnfs as the client: image B shares half its
+//! blocks with image A (at other offsets); once a proxy holds A, fetching B
+//! copies those blocks from A (checked against B's metadata hashes) and
+//! fetches only the rest, at every hop of a cascade, across a restart, and
+//! never serves a held block whose bytes went bad.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use gvfs::data::{compare_files, fill_at};
+use gvfs::libnfs::nfs_cp;
+use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_wanlink::{LinkConfig, WanLink};
+
+const MIB: u64 = 1 << 20;
+const BLOCK: u64 = 4096;
+/// Blocks of each image (12 MiB).
+const BLOCKS: u64 = 3072;
+/// Bytes of B that are blocks of A: its even blocks.
+const SHARED: u64 = BLOCKS / 2 * BLOCK;
+
+/// Image A (its own random blocks) and image B, whose even block `2j` is
+/// A's block `j` and whose odd blocks are its own, each with
+/// compress-and-copy metadata (and so block hashes) beside it.
+fn images(g: &Ganesha) -> Result<(PathBuf, PathBuf)> {
+    let (a, b) = (g.export_dir().join("a.img"), g.export_dir().join("b.img"));
+    let (fa, fb) = (File::create(&a)?, File::create(&b)?);
+    let mut block = vec![0u8; BLOCK as usize];
+    for i in 0..BLOCKS {
+        fill_at(1, i * BLOCK, &mut block);
+        fa.write_all_at(&block, i * BLOCK)?;
+        if i % 2 == 0 {
+            fill_at(1, i / 2 * BLOCK, &mut block);
+        } else {
+            fill_at(2, i * BLOCK, &mut block);
+        }
+        fb.write_all_at(&block, i * BLOCK)?;
+    }
+    for p in [&a, &b] {
+        let said = gvfsctl(&["meta", "gen", &p.display().to_string(), "--compress"])?;
+        ensure!(said.contains("block hashes"), "meta gen said: {said}");
+    }
+    Ok((a, b))
+}
+
+fn caching(upstream: String, dir: &Path, extra: &[&str]) -> Result<Proxy> {
+    let mut args = ProxyArgs::new(upstream)
+        .arg("--cache-dir")
+        .arg(dir.display().to_string())
+        .arg("--cache-size")
+        .arg("64M");
+    for a in extra {
+        args = args.arg(*a);
+    }
+    Proxy::spawn(args)
+}
+
+/// Copies `name` through `proxy` with nfs-cp and checks it against the
+/// origin's `want`.
+fn copy_through(proxy: &Proxy, name: &str, want: &Path, to: &Path) -> Result<()> {
+    nfs_cp(&proxy.url(name), &to.display().to_string())?;
+    compare_files(want, to).with_context(|| format!("{name} through {}", proxy.url("")))
+}
+
+async fn wait_complete(p: &Proxy, files: u64) -> Result<serde_json::Value> {
+    for _ in 0..600 {
+        let s = p.cache_stats_all()?;
+        if n(&s, "file_cache.files_complete") >= files {
+            return Ok(s);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("the file cache never finished: {}", p.cache_stats_all()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Result<()> {
+    let g = Ganesha::start()?;
+    let (a, b) = images(&g)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let link = WanLink::start(
+        "127.0.0.1:0".parse()?,
+        server.addr(),
+        LinkConfig::from_rtt(Duration::from_millis(2), None),
+    )
+    .await?;
+    let (lan_dir, node_dir, out) = (
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    );
+    let lan = caching(
+        server.upstream_url_at(link.local_addr()),
+        lan_dir.path(),
+        &[],
+    )?;
+    let node = caching(lan.upstream_url(), node_dir.path(), &[])?;
+    let wan = || link.stats().downstream_bytes + link.stats().upstream_bytes;
+
+    copy_through(&node, "a.img", &a, &out.path().join("a"))?;
+    wait_complete(&lan, 1).await?;
+    wait_complete(&node, 1).await?;
+    let wan_a = wan();
+    copy_through(&node, "b.img", &b, &out.path().join("b"))?;
+    let lan_stats = wait_complete(&lan, 2).await?;
+    let node_stats = wait_complete(&node, 2).await?;
+    let wan_b = wan() - wan_a;
+
+    // Each hop copied B's shared half from A.
+    for (who, s) in [("node", &node_stats), ("LAN proxy", &lan_stats)] {
+        ensure!(
+            n(s, "file_cache.dedup_bytes") >= SHARED
+                && n(s, "file_cache.dedup_rejected") == 0
+                && n(s, "file_cache.hash_mismatches") == 0,
+            "the {who} did not copy B's {SHARED} shared bytes from A: {s}"
+        );
+    }
+    // Each asked with FETCH_HAVE, and the blocks it held were not sent.
+    for (who, p) in [("LAN proxy", &lan), ("image server", &server)] {
+        let s = p.cache_stats_all()?;
+        ensure!(
+            n(&s, "ext.have_calls") > 0 && n(&s, "ext.have_bytes") >= SHARED,
+            "the {who} was not told which blocks its caller held: {s}"
+        );
+    }
+    // Random blocks do not compress: B costs about its unique half (and its
+    // hashes); A cost it all.
+    ensure!(
+        wan_b * 10 < wan_a * 6 && wan_b * 10 > wan_a * 4,
+        "B took {wan_b} bytes across the WAN, A {wan_a}"
+    );
+
+    // With dedup off, a node fetches every block, and gets the same bytes.
+    let off_dir = tempfile::tempdir()?;
+    let off = caching(lan.upstream_url(), off_dir.path(), &["--no-dedup"])?;
+    copy_through(&off, "a.img", &a, &out.path().join("a2"))?;
+    copy_through(&off, "b.img", &b, &out.path().join("b2"))?;
+    let s = wait_complete(&off, 2).await?;
+    ensure!(
+        n(&s, "file_cache.dedup_bytes") == 0 && n(&s, "file_cache.raw_bytes") >= 2 * BLOCKS * BLOCK,
+        "--no-dedup still copied held blocks: {s}"
+    );
+
+    // `gvfsctl stats` names what dedup saved, per image.
+    let text = gvfs::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
+    ensure!(
+        text.contains("dedup") && text.contains("b.img"),
+        "gvfsctl stats does not show dedup per image:\n{text}"
+    );
+    Ok(())
+}
+
+/// The node's cached copy of the image of `size` bytes (the only one of
+/// that size in its file cache).
+fn cached_copy(cache_dir: &Path, size: u64) -> Result<PathBuf> {
+    for e in std::fs::read_dir(cache_dir.join("files"))? {
+        let p = e?.path();
+        if p.extension().is_none() && std::fs::metadata(&p)?.len() == size {
+            return Ok(p);
+        }
+    }
+    anyhow::bail!("no cached file of {size} bytes in {}", cache_dir.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_blocks_serve_after_a_restart_and_rotted_ones_are_fetched() -> Result<()> {
+    let g = Ganesha::start()?;
+    let (a, b) = images(&g)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut node = caching(server.upstream_url(), dir.path(), &[])?;
+    copy_through(&node, "a.img", &a, &out.path().join("a"))?;
+    wait_complete(&node, 1).await?;
+    node.terminate()?;
+
+    // Rot: the first 64 blocks of the cached A (which B's blocks 0, 2, ...
+    // 126 repeat) change on disk while the proxy is down.
+    let held = cached_copy(dir.path(), BLOCKS * BLOCK)?;
+    let f = std::fs::OpenOptions::new().write(true).open(&held)?;
+    for i in 0..64 {
+        f.write_all_at(b"rot!", i * BLOCK + 100)?;
+    }
+    drop(f);
+
+    // After the restart the index still finds A's blocks; the rotted ones
+    // fail their hash and are fetched, and B is right.
+    let node = caching(server.upstream_url(), dir.path(), &[])?;
+    copy_through(&node, "b.img", &b, &out.path().join("b"))?;
+    // (A was restored, not fetched: B is this process's first fetch.)
+    let s = wait_complete(&node, 1).await?;
+    ensure!(
+        n(&s, "file_cache.dedup_rejected") == 64
+            && n(&s, "file_cache.dedup_bytes") == SHARED - 64 * BLOCK,
+        "after a restart with 64 rotted blocks: {s}"
+    );
+    ensure!(
+        n(&server.cache_stats_all()?, "ext.have_bytes") == SHARED - 64 * BLOCK,
+        "the image server did not leave out exactly the good held blocks"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_hashes_or_with_an_older_format_fetches_everything() -> Result<()> {
+    let g = Ganesha::start()?;
+    let (a, b) = images(&g)?;
+    // B's metadata without hashes (format 1): nothing to match it by.
+    let said = gvfsctl(&[
+        "meta",
+        "gen",
+        &b.display().to_string(),
+        "--compress",
+        "--no-hashes",
+    ])?;
+    ensure!(!said.contains("block hashes"), "meta gen said: {said}");
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let node = caching(server.upstream_url(), dir.path(), &[])?;
+    copy_through(&node, "a.img", &a, &out.path().join("a"))?;
+    copy_through(&node, "b.img", &b, &out.path().join("b"))?;
+    let s = wait_complete(&node, 2).await?;
+    ensure!(
+        n(&s, "file_cache.dedup_bytes") == 0 && n(&s, "meta.copy_reads") > 0,
+        "B without hashes: {s}"
+    );
+    Ok(())
+}
