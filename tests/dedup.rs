@@ -106,6 +106,16 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
     wait_complete(&lan, 1).await?;
     wait_complete(&node, 1).await?;
     let wan_a = wan();
+    // Before B is fetched, `meta show` says half of it is held already.
+    let shown = gvfs::proxy::gvfsctl(
+        node.control_path(),
+        &["meta", "show", &b.display().to_string()],
+    )?
+    .stdout_text();
+    ensure!(
+        shown.contains("block hashes:    3072") && shown.contains("1536 of 3072 data blocks"),
+        "gvfsctl meta show:\n{shown}"
+    );
     copy_through(&node, "b.img", &b, &out.path().join("b"))?;
     let lan_stats = wait_complete(&lan, 2).await?;
     let node_stats = wait_complete(&node, 2).await?;
@@ -228,5 +238,50 @@ async fn a_node_without_hashes_or_with_an_older_format_fetches_everything() -> R
         n(&s, "file_cache.dedup_bytes") == 0 && n(&s, "meta.copy_reads") > 0,
         "B without hashes: {s}"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result<()> {
+    if let Some(why) = gvfs::fuse::unavailable() {
+        eprintln!("skipping: {why}");
+        return Ok(());
+    }
+    let g = Ganesha::start()?;
+    let (a, b) = images(&g)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mnt = gvfs::fuse::MountPoint::new()?;
+    let mount = mnt.path().display().to_string();
+    let node = caching(server.upstream_url(), dir.path(), &["--mount", &mount])?;
+    copy_through(&node, "a.img", &a, &out.path().join("a"))?;
+    wait_complete(&node, 1).await?;
+
+    // Page faults far apart in B, as a guest's: each reader fetches the
+    // 64 KiB piece it needs, half of whose blocks A holds.
+    let f = File::open(mnt.path().join("b.img"))?;
+    let origin = File::open(&b)?;
+    for chunk in [9u64, 2, 7, 11] {
+        let at = chunk * MIB + 3 * BLOCK;
+        let (mut got, mut want) = (vec![0u8; 2 * BLOCK as usize], vec![0u8; 2 * BLOCK as usize]);
+        f.read_exact_at(&mut got, at)?;
+        origin.read_exact_at(&mut want, at)?;
+        ensure!(got == want, "B's bytes at {at} through the mount");
+    }
+    let s = node.cache_stats_all()?;
+    ensure!(
+        n(&s, "file_cache.faults_waited") > 0 && n(&s, "file_cache.dedup_bytes") > 0,
+        "the faults did not copy held blocks: {s}"
+    );
+    ensure!(
+        n(&server.cache_stats_all()?, "ext.demand_calls") > 0
+            && n(&server.cache_stats_all()?, "ext.have_calls") > 0,
+        "the faults were not asked as demand with the held blocks named"
+    );
+    // And the whole of B arrives right.
+    wait_complete(&node, 2).await?;
+    compare_files(&b, &mnt.path().join("b.img"))?;
+    drop(f);
+    drop(node);
     Ok(())
 }

@@ -51,11 +51,19 @@ pub enum CommandError {
     #[error("request has no \"cmd\"")]
     NoCommand,
     /// The request names a command this proxy does not know.
-    #[error("unknown command {0:?}; this proxy knows: status, stats, writeback, flush")]
+    #[error(
+        "unknown command {0:?}; this proxy knows: status, stats, writeback, flush, held_blocks"
+    )]
     UnknownCommand(String),
     /// A write-back or flush asked of a proxy with no block cache.
     #[error("this proxy has no block cache (start it with --cache-dir)")]
     NoBlockCache,
+    /// A question about held blocks asked of a proxy with no file cache.
+    #[error("this proxy holds no whole files (start it with --cache-dir and metadata on)")]
+    NoFileCache,
+    /// A command's argument is missing or wrong.
+    #[error("bad argument: {0}")]
+    BadArgument(&'static str),
 }
 
 /// Why [`request`] got no result from a proxy.

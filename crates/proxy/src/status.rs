@@ -151,6 +151,10 @@ pub struct DirtyBytes {
     pub dirty_bytes: u64,
 }
 
+/// Most hashes one `held_blocks` request may ask about (a request is at
+/// most 64 KiB).
+pub const MAX_HELD_QUERY: usize = 800;
+
 /// Answers control requests from live counters.
 pub(crate) struct StatusSource {
     pub(crate) ready: Ready,
@@ -171,6 +175,7 @@ impl StatusSource {
             Some("stats") => Ok(json!(self.stats())),
             Some("writeback") => Ok(self.jobs.start(cache()?, writeback::JobKind::WriteBack)),
             Some("flush") => Ok(self.jobs.start(cache()?, writeback::JobKind::Flush)),
+            Some("held_blocks") => self.held_blocks(req),
             Some(other) => Err(CommandError::UnknownCommand(other.to_string())),
             None => Err(CommandError::NoCommand),
         }
@@ -196,6 +201,34 @@ impl StatusSource {
             ext: self.stack.ext.stats(),
             writeback: self.jobs.state(),
         }
+    }
+
+    /// How many of the block hashes `req["hashes"]` (hex, at most
+    /// [`MAX_HELD_QUERY`]) the file cache holds a block of.
+    fn held_blocks(&self, req: &Value) -> Result<Value, CommandError> {
+        let files = self.stack.files.as_ref().ok_or(CommandError::NoFileCache)?;
+        let list = req["hashes"].as_array().ok_or(CommandError::BadArgument(
+            "\"hashes\" must be a list of block hashes in hex",
+        ))?;
+        if list.len() > MAX_HELD_QUERY {
+            return Err(CommandError::BadArgument(
+                "more than 800 hashes in one request",
+            ));
+        }
+        let mut hashes = Vec::with_capacity(list.len());
+        for h in list {
+            let bytes = h
+                .as_str()
+                .and_then(gvfs_meta::filecache::parse_handle)
+                .and_then(|b| <gvfs_meta::format::BlockHash>::try_from(b.as_slice()).ok())
+                .ok_or(CommandError::BadArgument("a hash is not 64 hex digits"))?;
+            hashes.push(bytes);
+        }
+        let held = files.blocks_held(&hashes).map_err(|e| {
+            tracing::warn!(error = %e, "dedup index lookup failed");
+            CommandError::BadArgument("the block index could not be read")
+        })?;
+        Ok(json!({ "held": held, "dedup": files.dedup_on() }))
     }
 
     fn status(&self) -> Status {

@@ -50,6 +50,11 @@ impl FileCache {
         }
     }
 
+    /// Whether it copies held blocks instead of fetching them.
+    pub fn dedup_on(&self) -> bool {
+        self.blocks.get().is_some()
+    }
+
     /// Bytes copied from held blocks instead of fetched, per held file
     /// that had any (its handle), most first, at most `max`.
     pub fn dedup_by_file(&self, max: usize) -> Vec<(Vec<u8>, u64)> {

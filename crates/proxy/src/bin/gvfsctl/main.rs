@@ -103,7 +103,8 @@ enum MetaCmd {
         #[arg(long, requires = "compress")]
         no_hashes: bool,
     },
-    /// Print a metadata file and whether it still matches its file.
+    /// Print a metadata file, whether it still matches its file, and (with
+    /// block hashes) how much of it a running proxy holds already.
     Show {
         /// The file, or its `.NAME.gvfsmeta`.
         path: PathBuf,
@@ -193,7 +194,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     // `gvfsctl ca` works on files only: no control socket to look for.
     let cmd = match cli.cmd {
         Cmd::Ca { cmd } => return ca(cmd),
-        Cmd::Meta { cmd } => return meta(cmd),
+        Cmd::Meta { cmd } => return meta(cmd, cli.control),
         cmd => cmd,
     };
     let path = control_path(cli.control)?;

@@ -4,7 +4,7 @@
 use super::*;
 
 /// `gvfsctl meta gen|show`: makes and prints metadata files.
-pub(super) fn meta(cmd: MetaCmd) -> anyhow::Result<()> {
+pub(super) fn meta(cmd: MetaCmd, control: Option<PathBuf>) -> anyhow::Result<()> {
     match cmd {
         MetaCmd::Gen {
             paths,
@@ -13,7 +13,7 @@ pub(super) fn meta(cmd: MetaCmd) -> anyhow::Result<()> {
             no_repeats,
             no_hashes,
         } => meta_gen(&paths, &block_size, compress, !no_repeats, !no_hashes),
-        MetaCmd::Show { path } => meta_show(&path),
+        MetaCmd::Show { path } => meta_show(&path, control),
     }
 }
 
@@ -198,7 +198,7 @@ pub(super) fn meta_paths(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     Ok((file, meta_path))
 }
 
-pub(super) fn meta_show(path: &Path) -> anyhow::Result<()> {
+pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result<()> {
     let (file, meta_path) = meta_paths(path)?;
     let len = std::fs::metadata(&meta_path)
         .with_context(|| format!("{}", meta_path.display()))?
@@ -309,7 +309,50 @@ pub(super) fn meta_show(path: &Path) -> anyhow::Result<()> {
     };
     println!("trusted:         {trusted}");
     println!("working set:     {}", working_set(&file));
+    if let Some(h) = &m.hashes {
+        println!(
+            "shared:          {}",
+            shared(h.list(), m.block_size, control)
+        );
+    }
     Ok(())
+}
+
+/// How many of `hashes` the running proxy (at `control`, or the one found)
+/// holds a block of: what a node would copy instead of fetch.
+fn shared(hashes: &[gvfs_meta::format::BlockHash], bs: u32, control: Option<PathBuf>) -> String {
+    let path = match super::control_path(control) {
+        Ok(p) => p,
+        Err(why) => return format!("no proxy asked ({why:#})"),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return format!("no proxy asked ({e})"),
+    };
+    let mut held = 0u64;
+    for batch in hashes.chunks(gvfs_proxy::status::MAX_HELD_QUERY) {
+        let hex: Vec<String> = batch
+            .iter()
+            .map(|h| h.iter().map(|b| format!("{b:02x}")).collect())
+            .collect();
+        let req = json!({ "cmd": "held_blocks", "hashes": hex });
+        match runtime.block_on(gvfs_proxy::control::request(&path, &req)) {
+            Ok(v) => held += v["held"].as_u64().unwrap_or(0),
+            Err(e) => return format!("the proxy at {} did not say ({e})", path.display()),
+        }
+    }
+    let total = hashes.len() as u64;
+    format!(
+        "{held} of {total} data blocks ({} of {}, {:.1}%) held by the proxy at {}: a fetch \
+         copies them instead",
+        indicatif::HumanBytes(held * u64::from(bs)),
+        indicatif::HumanBytes(total * u64::from(bs)),
+        held as f64 * 100.0 / total.max(1) as f64,
+        path.display()
+    )
 }
 
 /// What the `.NAME.gvfsprofile` beside `file` says: the working set lazy
