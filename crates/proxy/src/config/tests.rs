@@ -371,7 +371,7 @@ fn every_key_of_every_section_parses() {
          attr_timeout_secs = 3\nmount = \"/mnt/gvfs\"\nmount_readahead = \"0\"\ncache_dir = \"/var/cache/gvfs\"\ncache_size = \"4G\"\n\
          cache_banks = 16\ncache_ways = 16\nblock_size = \"64K\"\n\
          write_policy = \"write-back\"\nreadahead_blocks = 32\nwriteback_on_exit = true\n\
-         exit_writeback_timeout_secs = 60\nmeta = true\nfile_cache_size = \"16G\"\n\
+         exit_writeback_timeout_secs = 60\nmeta = true\nfile_cache_size = \"16G\"\ndedup = false\n\
          listen_tls = \"127.0.0.1:20049\"\ncert = \"n.pem\"\nkey = \"k.pem\"\nca = \"ca.pem\"\n\
          handshake_timeout_secs = 10\nunknown_peers = \"squash\"\nnobody = [65534, 65534]\n\
          [peers]\nsite-a = \"fixed:1000:1000\"\n",
@@ -389,9 +389,10 @@ fn every_key_of_every_section_parses() {
         Some("fixed:1000:1000")
     );
     assert_eq!(f.meta.meta, Some(true));
+    assert_eq!(f.meta.dedup, Some(false));
     assert_eq!(f.server.mount, Some(PathBuf::from("/mnt/gvfs")));
     // Every key the help names is a key of the file, and nothing else.
-    assert_eq!(FileConfig::keys().len(), 36);
+    assert_eq!(FileConfig::keys().len(), 37);
 }
 
 #[test]
