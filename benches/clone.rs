@@ -7,13 +7,19 @@
 //! topology.
 //!
 //! Run: `cargo build --release --workspace --bins && cargo bench --bench
-//! clone`. It writes `docs/clone.md`, `docs/clone.csv` and `docs/clone.png`
-//! (or into `GVFS_CLONE_OUT`). Environment: `GVFS_CLONE_IMAGES` (8),
-//! `GVFS_CLONE_CLONES` (8), `GVFS_CLONE_RAM_MIB` (256),
-//! `GVFS_CLONE_DISK_MIB` (384), `GVFS_BENCH_RTT_MS` (40), `GVFS_BENCH_MBIT`
-//! (50), `GVFS_CLONE_SCENARIOS` (all: `local,s1,s2,s3,p,cut,full,plain`
-//! and the lazy ones, `lazy local,lazy s1,lazy learned,lazy s2,lazy s3,lazy
-//! p,lazy cut`; `lazy` alone is every lazy one, `copy` every copy-first one),
+//! clone`. It writes `docs/clone.md`, `docs/clone.csv`,
+//! `docs/clone-census.csv` (the census of the golden images) and
+//! `docs/clone.png` (or into `GVFS_CLONE_OUT`). Environment:
+//! `GVFS_CLONE_IMAGES` (8), `GVFS_CLONE_CLONES` (8), `GVFS_CLONE_RAM_MIB`
+//! (256), `GVFS_CLONE_DISK_MIB` (384), `GVFS_CLONE_SYSTEM_MIB` (40: system
+//! files, the same on every image, that the guest reads at boot),
+//! `GVFS_BENCH_RTT_MS` (40), `GVFS_BENCH_MBIT` (50), `GVFS_CLONE_SCENARIOS`
+//! (all: `local,s1,s2,s3,p,cut,full,plain`, the lazy ones, `lazy local,lazy
+//! s1,lazy learned,lazy s2,lazy s3,lazy p,lazy cut`, and the dedup ones, `s1
+//! dedup,s2 dedup,s3 dedup,lazy s2 dedup`; `lazy` alone is every lazy one,
+//! `copy` every copy-first one, `dedup` every dedup one; `census` alone
+//! builds the golden images and counts them, runs no clone, and writes only
+//! `clone-census.csv`),
 //! `GVFS_CLONE_CUT_SECS` (10: how long the WAN cut scenario keeps the link
 //! cut),
 //! `GVFS_CLONE_LARGER_RAM_MIB` (2048 when all scenarios run, else 0: the
@@ -40,11 +46,21 @@ fn main() -> Result<()> {
     s.clones = env_u64("GVFS_CLONE_CLONES", s.clones as u64)? as usize;
     s.size.ram_mib = env_u64("GVFS_CLONE_RAM_MIB", s.size.ram_mib)?;
     s.size.disk_files_mib = env_u64("GVFS_CLONE_DISK_MIB", s.size.disk_files_mib)?;
+    s.size.system_mib = env_u64("GVFS_CLONE_SYSTEM_MIB", s.size.system_mib)?;
+    // The disk's system files fit beside the working set, and hold at
+    // least those read at boot.
+    s.size.system_disk_mib = s
+        .size
+        .system_disk_mib
+        .min(s.size.disk_files_mib.saturating_sub(s.size.working_set_mib))
+        .max(s.size.system_mib);
     s.rtt = Duration::from_millis(env_u64("GVFS_BENCH_RTT_MS", s.rtt.as_millis() as u64)?);
     s.mbit = env_u64("GVFS_BENCH_MBIT", s.mbit)?;
     s.cut_hold = Duration::from_secs(env_u64("GVFS_CLONE_CUT_SECS", s.cut_hold.as_secs())?);
     let only_some = std::env::var_os("GVFS_CLONE_SCENARIOS").is_some();
-    if let Ok(list) = std::env::var("GVFS_CLONE_SCENARIOS") {
+    let list = std::env::var("GVFS_CLONE_SCENARIOS").unwrap_or_default();
+    let census_only = list.trim().eq_ignore_ascii_case("census");
+    if only_some && !census_only {
         s.scenarios = Scenario::parse_list(&list)?;
     }
 
@@ -54,6 +70,18 @@ fn main() -> Result<()> {
         None if bench => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs"),
         None => scratch.path().to_path_buf(),
     };
+    if census_only {
+        let census = clone::run_census(&s)?;
+        std::fs::create_dir_all(&out)?;
+        std::fs::write(out.join("clone-census.csv"), census.csv())?;
+        println!(
+            "{}
+written to {}",
+            census.markdown(),
+            out.display()
+        );
+        return Ok(());
+    }
     // With guests of the default size, the full run also clones larger
     // ones (Settings::larger), unless only some scenarios were asked for.
     let larger_mib = env_u64(

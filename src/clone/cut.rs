@@ -174,7 +174,7 @@ impl Bench<'_> {
         let mut cuts = Vec::new();
         for (i, point) in [CutPoint::Copy, CutPoint::Resume].into_iter().enumerate() {
             let wan = self.wan()?;
-            let node = self.node(Some(node_ip(0)), Self::gvfs_url(&wan))?;
+            let node = self.node(Some(node_ip(0)), Self::gvfs_url(&wan), Dedup::Off)?;
             let source = node.source(1);
             let dir = tempfile::Builder::new()
                 .prefix("clone-cut-")
@@ -242,7 +242,7 @@ impl Bench<'_> {
         let point = CutPoint::LazyResume;
         let hold = self.settings.cut_hold;
         let wan = self.wan()?;
-        let node = self.node_with(Some(node_ip(0)), Self::gvfs_url(&wan), true)?;
+        let node = self.node_with(Some(node_ip(0)), Self::gvfs_url(&wan), true, Dedup::Off)?;
         let resuming = AtomicBool::new(false);
         let done = AtomicBool::new(false);
         let start = Instant::now();

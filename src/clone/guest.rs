@@ -10,11 +10,14 @@
 //! `target/gvfs-guest/` and reused while [`KIT_STAMP`] is unchanged.
 //!
 //! # A golden image (one directory)
-//! - `disk.qcow2`: an ext4 file system (`mke2fs -d`, no root needed) with
-//!   `boot/` (the working set the guest reads into its page cache at boot),
-//!   `run/` (small files the running guest reads, one per tick) and `data/`
-//!   (the rest of a disk's files, never read by the guest);
-//! - `mem`: guest RAM as a raw file (`memory-backend-file`), ~70% zeros;
+//! - `disk.qcow2`: an ext4 file system (`mke2fs -d`, 4 KiB blocks, no root
+//!   needed) with the files of [`files`]: system files the same on every
+//!   image (`sys/`, read at boot, and `usr/`), the image's own working set
+//!   (`boot/`, read at boot), `run/` (small files the running guest reads,
+//!   one per tick) and `data/` (the rest of its own files, never read);
+//! - `mem`: guest RAM as a raw file (`memory-backend-file`), mostly zeros;
+//!   its pages of the kernel and of the system files are in the other
+//!   images' too ([`super::census`] counts them);
 //! - `state`: the device state, saved with `x-ignore-shared` so it leaves
 //!   RAM out (a few hundred KB);
 //! - `vm.json` ([`VmConfig`]): what a clone needs to start the same machine
@@ -51,12 +54,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::data::fill_at;
 use crate::debian_kernel::{KernelPackage, Newc, busybox};
 use crate::process::{self, run_ok};
 
 /// Changes whenever the kit's content would change (init script, modules).
-pub const KIT_STAMP: &str = "gvfs-guest-kit 2";
+pub const KIT_STAMP: &str = "gvfs-guest-kit 3";
+
+pub mod files;
+pub use files::GoldenSize;
+use files::write_disk_files;
 
 /// Modules the guest loads, in dependency order (read from each module's
 /// `depends=`; Debian's package ships no modules.dep).
@@ -86,7 +92,9 @@ i=0
 while [ ! -b /dev/vda ] && [ $i -lt 200 ]; do usleep 50000; i=$((i+1)); done
 mkdir -p /mnt
 mount -t ext4 -o ro /dev/vda /mnt || echo "gvfs-guest: mount failed"
-cat /mnt/boot/* > /dev/null
+# The system files every image shares, then this image's own working set:
+# both stay in the page cache, so in the memory image.
+for f in /mnt/sys/* /mnt/boot/*; do [ -f "$f" ] && cat "$f"; done > /dev/null
 # Requests on the second serial port: each line is an id, answered on the
 # console with the MD5 of the boot/ files (from the page cache by now).
 (
@@ -169,24 +177,6 @@ fn write_initramfs(path: &Path, package: &KernelPackage) -> Result<()> {
     }
     std::fs::write(path, cpio.finish()).with_context(|| format!("writing {}", path.display()))
 }
-
-/// The size of a golden image.
-#[derive(Debug, Clone, Copy)]
-pub struct GoldenSize {
-    /// Guest RAM.
-    pub ram_mib: u64,
-    /// Files the guest reads at boot (they stay in its page cache, so in
-    /// the memory image).
-    pub working_set_mib: u64,
-    /// All the files on the disk, the working set included.
-    pub disk_files_mib: u64,
-}
-
-/// Files in `run/`: the guest reads one per tick.
-const RUN_FILES: u64 = 32;
-const RUN_FILE_BYTES: u64 = 64 * 1024;
-/// Size of each file in `boot/` and `data/`.
-const FILE_BYTES: u64 = 4 * MIB;
 
 /// What a clone needs to know about its golden image (`vm.json`).
 #[derive(Debug, Clone, PartialEq)]
@@ -294,6 +284,11 @@ pub fn build_golden(kit: &GuestKit, dir: &Path, seed: u64, size: GoldenSize) -> 
                 "ext4",
                 "-L",
                 &name,
+                // 4 KiB blocks at any size (mke2fs makes 1 KiB ones below
+                // 512 MiB): a file's blocks are then 4 KiB blocks of the
+                // disk, as the census and the zero map count them.
+                "-b",
+                "4096",
                 "-E",
                 "root_owner=0:0",
                 "-d",
@@ -356,94 +351,6 @@ pub fn build_golden(kit: &GuestKit, dir: &Path, seed: u64, size: GoldenSize) -> 
     };
     std::fs::write(dir.join(CONFIG), config.to_json())?;
     Ok(config)
-}
-
-/// Writes the disk's files for `seed` under `root`; returns the MD5 of each
-/// `run/` file, and of the `boot/` files one after the other.
-fn write_disk_files(root: &Path, seed: u64, size: GoldenSize) -> Result<(Vec<String>, String)> {
-    let data_mib = size.disk_files_mib.saturating_sub(size.working_set_mib);
-    for (sub, mib) in [("boot", size.working_set_mib), ("data", data_mib)] {
-        let dir = root.join(sub);
-        std::fs::create_dir_all(&dir)?;
-        let count = (mib * MIB).div_ceil(FILE_BYTES);
-        for i in 0..count {
-            let len = FILE_BYTES.min(mib * MIB - i * FILE_BYTES);
-            write_guest_file(&dir.join(format!("{i}")), seed, sub, i, len)?;
-        }
-    }
-    let run = root.join("run");
-    std::fs::create_dir_all(&run)?;
-    for i in 0..RUN_FILES {
-        write_guest_file(&run.join(format!("{i}")), seed, "run", i, RUN_FILE_BYTES)?;
-    }
-    let out = run_ok(
-        Command::new("md5sum")
-            .args((0..RUN_FILES).map(|i| i.to_string()))
-            .current_dir(&run),
-        TOOL_TIMEOUT,
-    )?;
-    let run_sums = out
-        .stdout_text()
-        .lines()
-        .map(|l| {
-            l.split_whitespace()
-                .next()
-                .map(str::to_owned)
-                .context("md5sum output")
-        })
-        .collect::<Result<_>>()?;
-    Ok((run_sums, concatenated_md5(&root.join("boot"))?))
-}
-
-/// The MD5 of the files in `dir` one after the other, in the byte order of
-/// their names (as a shell's `*` lists them in the C locale).
-fn concatenated_md5(dir: &Path) -> Result<String> {
-    let mut names = std::fs::read_dir(dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .map(|e| Ok(e?.file_name()))
-        .collect::<Result<Vec<_>>>()?;
-    names.sort();
-    ensure!(!names.is_empty(), "{} is empty", dir.display());
-    let out = run_ok(
-        Command::new("sh")
-            .args(["-c", r#"cat -- "$@" | md5sum"#, "sh"])
-            .args(&names)
-            .current_dir(dir),
-        TOOL_TIMEOUT,
-    )?;
-    out.stdout_text()
-        .split_whitespace()
-        .next()
-        .map(str::to_owned)
-        .context("md5sum output")
-}
-
-/// A file of the guest's disk: each 4 KiB page is half pseudo-random bytes
-/// and half text naming the image and file, so it compresses about 2:1, as
-/// a VM's files and caches do.
-fn write_guest_file(path: &Path, seed: u64, kind: &str, index: u64, len: u64) -> Result<()> {
-    const PAGE: usize = 4096;
-    let stream = seed
-        .wrapping_mul(0x1000_0000_01b3)
-        .wrapping_add(index)
-        .wrapping_add(kind.len() as u64 * 0x9e37);
-    let label = format!("gvfs golden image {seed}, {kind}/{index}: ");
-    let mut f = std::io::BufWriter::new(
-        File::create(path).with_context(|| format!("creating {}", path.display()))?,
-    );
-    let mut page = vec![0u8; PAGE];
-    let mut at = 0;
-    while at < len {
-        fill_at(stream, at, &mut page[..PAGE / 2]);
-        for (i, b) in page[PAGE / 2..].iter_mut().enumerate() {
-            *b = label.as_bytes()[i % label.len()];
-        }
-        let n = (len - at).min(PAGE as u64) as usize;
-        f.write_all(&page[..n])?;
-        at += n as u64;
-    }
-    f.flush()
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Runs `qemu-img ARGS PATHS`.

@@ -107,8 +107,9 @@ impl Bench<'_> {
         Ok(timing)
     }
 
-    /// Runs lazy Local, WAN-S2 or WAN-S3; returns its clones, with the stats
-    /// of its (measured) node's proxy after its first clone.
+    /// Runs lazy Local, WAN-S2 (or its dedup twin) or WAN-S3; returns its
+    /// clones, with the stats of its (measured) node's proxy after its first
+    /// clone.
     pub(super) fn run_lazy(
         &self,
         scenario: Scenario,
@@ -122,7 +123,8 @@ impl Bench<'_> {
             t.log(label, clone, image, wan);
             records.push(t.record(label, clone, image, wan));
         };
-        match scenario {
+        let dedup = scenario.dedup();
+        match scenario.twin() {
             Scenario::LazyLocal => {
                 for i in 0..s.clones {
                     let t = self.lazy_clone(None, image_of(i), false, POLL, Watch::default())?;
@@ -131,13 +133,14 @@ impl Bench<'_> {
             }
             Scenario::LazyWanS2 | Scenario::LazyWanS3 => {
                 let wan = self.wan()?;
-                let (_lan, node) = if scenario == Scenario::LazyWanS2 {
-                    let node = self.node_with(Some(node_ip(0)), Self::gvfs_url(&wan), true)?;
+                let (_lan, node) = if scenario.twin() == Scenario::LazyWanS2 {
+                    let node =
+                        self.node_with(Some(node_ip(0)), Self::gvfs_url(&wan), true, dedup)?;
                     (None, node)
                 } else {
-                    let lan = self.node(None, Self::gvfs_url(&wan))?;
+                    let lan = self.node(None, Self::gvfs_url(&wan), dedup)?;
                     let warmer =
-                        self.node_with(Some(node_ip(0)), lan.proxy.upstream_url(), true)?;
+                        self.node_with(Some(node_ip(0)), lan.proxy.upstream_url(), true, dedup)?;
                     let mut seen = BTreeSet::new();
                     for i in 0..s.clones {
                         let image = image_of(i);
@@ -145,7 +148,8 @@ impl Bench<'_> {
                         self.lazy_clone(Some(&warmer), image, cold, POLL, Watch::default())?;
                     }
                     drop(warmer);
-                    let node = self.node_with(Some(node_ip(1)), lan.proxy.upstream_url(), true)?;
+                    let node =
+                        self.node_with(Some(node_ip(1)), lan.proxy.upstream_url(), true, dedup)?;
                     (Some(lan), node)
                 };
                 let mut seen = BTreeSet::new();
@@ -186,7 +190,7 @@ impl Bench<'_> {
         let mut records = Vec::new();
         let mut stats = Vec::new();
         let wan = self.wan()?;
-        let node = self.node_with(Some(node_ip(0)), Self::gvfs_url(&wan), true)?;
+        let node = self.node_with(Some(node_ip(0)), Self::gvfs_url(&wan), true, Dedup::Off)?;
         let label = Scenario::LazyWanS1.label();
         for i in 0..self.settings.clones {
             let before = wire(&wan);
@@ -219,7 +223,7 @@ impl Bench<'_> {
         notes.push(waited.note());
         *profile = Some(waited);
         let wan = self.wan()?;
-        let fresh = self.node_with(Some(node_ip(1)), Self::gvfs_url(&wan), true)?;
+        let fresh = self.node_with(Some(node_ip(1)), Self::gvfs_url(&wan), true, Dedup::Off)?;
         let label = Scenario::LazyWanS1Learned.label();
         let calls_before = self.wan_calls()?;
         let watch = Watch {
@@ -252,9 +256,9 @@ impl Bench<'_> {
     /// the clones and the LAN proxy's stats.
     pub(super) fn run_lazy_parallel(&self) -> Result<(Vec<CloneRecord>, serde_json::Value)> {
         let wan = self.wan()?;
-        let lan = self.node(None, Self::gvfs_url(&wan))?;
+        let lan = self.node(None, Self::gvfs_url(&wan), Dedup::Off)?;
         let nodes = (0..self.settings.clones)
-            .map(|i| self.node_with(Some(node_ip(i)), lan.proxy.upstream_url(), true))
+            .map(|i| self.node_with(Some(node_ip(i)), lan.proxy.upstream_url(), true, Dedup::Off))
             .collect::<Result<Vec<_>>>()?;
         let mut records = Vec::new();
         for (scenario, cold) in [
@@ -403,11 +407,11 @@ mod tests {
         assert!(Scenario::parse("learned").is_err());
         let all = Scenario::parse_list("local, lazy").expect("list");
         assert_eq!(all[0], Scenario::Local);
-        assert_eq!(all.len(), 1 + 8);
+        assert_eq!(all.len(), 1 + 9);
         assert!(all[1..].iter().all(|s| s.is_lazy()));
         assert_eq!(
             Scenario::parse_list("copy").expect("copy").len(),
-            Scenario::ALL.len() - 8
+            Scenario::ALL.len() - 9
         );
     }
 }

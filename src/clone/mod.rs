@@ -35,7 +35,17 @@
 //! **Every clone** is timed to the guest verified running (the clone time)
 //! and to its answer to a request that reads the `boot/` files from its
 //! memory (time to responsiveness, [`guest::resume_clone`]).
+//!
+//! **Dedup across images**: the golden images share what real ones do, the
+//! kernel and system files (in their disks and, read at boot, in their
+//! memory), each with its own working set and data ([`guest::files`]).
+//! Once they are built, [`census`] counts what they share and the least
+//! each WAN-S2 clone can move when its proxy copies blocks it holds in
+//! other images. The "... dedup" scenarios run WAN-S1, WAN-S2, WAN-S3 and
+//! lazy WAN-S2 again with the proxies' dedup on; every other scenario runs
+//! its node and LAN proxies with `--no-dedup` ([`Dedup`]).
 
+pub mod census;
 pub mod cut;
 pub mod guest;
 pub mod lazy;
@@ -60,7 +70,7 @@ use crate::proxy::{gvfsctl_local, site_ca, stat};
 use crate::{Ganesha, Proxy, ProxyArgs};
 use guest::{CONFIG, DISK, FILES, GoldenSize, GuestKit, MEM, RamMapping, Resumed, STATE, Watch};
 use report::{CloneRecord, NodeFetch};
-use summary::{fmt3, goals, lazy_goals, summary};
+use summary::{dedup_goals, fmt3, goals, lan_fill_note, lazy_goals, summary};
 pub use summary::{report_markdown, write_outputs};
 
 mod stream;
@@ -69,9 +79,10 @@ use stream::{FileServer, fetch_stream};
 mod outcome;
 mod procedure;
 mod scenario;
+use census::Census;
 pub use outcome::{Goal, Outcome};
 use procedure::{Procedure, Source, Timing, clone_one};
-pub use scenario::{Scenario, Settings, is_lazy_label};
+pub use scenario::{Dedup, Scenario, Settings, is_lazy_label};
 
 const MIB: u64 = 1 << 20;
 
@@ -105,6 +116,11 @@ struct Bench<'a> {
     _pki: tempfile::TempDir,
     /// SHA-256 of each golden `mem` (image 1 first) when it was built.
     golden_sums: Vec<String>,
+    /// The golden images' census (with two images or more).
+    census: Option<Census>,
+    /// Whether `gvfs-proxy` takes `--no-dedup` (a proxy from before dedup
+    /// across images does not, and has no dedup to turn off).
+    no_dedup_flag: bool,
 }
 
 /// A compute node's (or the LAN's) proxy and its cache directory, and the
@@ -165,6 +181,86 @@ fn image_dir(image: usize) -> String {
     format!("vm{image}")
 }
 
+/// Builds the golden images of `settings` in `root` (`vm1`, `vm2`, ...),
+/// each with its metadata files (compress-and-copy with block hashes for
+/// `mem` and `state`, a zero map for the disk).
+fn build_images(kit: &GuestKit, root: &Path, settings: &Settings) -> Result<()> {
+    for image in 1..=settings.images {
+        let dir = root.join(image_dir(image));
+        let t = Instant::now();
+        guest::build_golden(kit, &dir, image as u64, settings.size)
+            .with_context(|| format!("building golden image {image}"))?;
+        for (file, compress) in [(MEM, true), (STATE, true), (DISK, false)] {
+            let p = dir.join(file).display().to_string();
+            let mut args = vec!["meta", "gen", p.as_str()];
+            if compress {
+                args.push("--compress");
+            }
+            gvfsctl_local(&args)?;
+        }
+        eprintln!(
+            "golden image {image}: built in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// The images in the order WAN-S2 clones them (image 1 first), then any it
+/// does not clone.
+fn clone_order(settings: &Settings) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..settings.clones)
+        .map(|i| (i % settings.images) + 1)
+        .collect();
+    order.extend(1..=settings.images);
+    let mut seen = std::collections::BTreeSet::new();
+    order.retain(|&i| seen.insert(i));
+    order
+}
+
+/// The census of the golden images in `root` ([`census`]), when there are
+/// two or more to share anything.
+fn take_census(root: &Path, settings: &Settings) -> Result<Option<Census>> {
+    if settings.images < 2 {
+        return Ok(None);
+    }
+    let images: Vec<(usize, PathBuf)> = clone_order(settings)
+        .into_iter()
+        .map(|i| (i, root.join(image_dir(i))))
+        .collect();
+    let census = Census::take(&images).context("the census of the golden images")?;
+    eprintln!("census of the golden images: {:.1} s", census.secs);
+    Ok(Some(census))
+}
+
+/// Whether `gvfs-proxy --help` lists `flag`.
+fn proxy_takes(flag: &str) -> Result<bool> {
+    let out = run_ok(
+        std::process::Command::new(crate::proxy::proxy_binary()?).arg("--help"),
+        Duration::from_secs(30),
+    )?;
+    Ok(out
+        .stdout_text()
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .any(|word| word == flag))
+}
+
+/// Builds the golden images of `settings` (in a temporary directory, no
+/// NFS server, no proxy) and counts them ([`census`]); runs no scenario.
+pub fn run_census(settings: &Settings) -> Result<Census> {
+    ensure!(
+        settings.images >= 2,
+        "a census needs two images or more, to share anything"
+    );
+    let kit = GuestKit::prepare(&guest::kit_dir()).context("preparing the guest kit")?;
+    let root = tempfile::Builder::new()
+        .prefix("gvfs-census-")
+        .tempdir()
+        .context("a directory for the golden images")?;
+    build_images(&kit, root.path(), settings)?;
+    take_census(root.path(), settings)?.context("no census")
+}
+
 impl<'a> Bench<'a> {
     fn start(settings: &'a Settings) -> Result<Self> {
         let kit = GuestKit::prepare(&guest::kit_dir()).context("preparing the guest kit")?;
@@ -173,23 +269,11 @@ impl<'a> Bench<'a> {
             .enable_all()
             .build()?;
         let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
-        for image in 1..=settings.images {
-            let dir = ganesha.export_dir().join(image_dir(image));
-            let t = Instant::now();
-            guest::build_golden(&kit, &dir, image as u64, settings.size)
-                .with_context(|| format!("building golden image {image}"))?;
-            for (file, compress) in [(MEM, true), (STATE, true), (DISK, false)] {
-                let p = dir.join(file).display().to_string();
-                let mut args = vec!["meta", "gen", p.as_str()];
-                if compress {
-                    args.push("--compress");
-                }
-                gvfsctl_local(&args)?;
-            }
-            eprintln!(
-                "golden image {image}: built in {:.1} s",
-                t.elapsed().as_secs_f64()
-            );
+        build_images(&kit, ganesha.export_dir(), settings)?;
+        let census = take_census(ganesha.export_dir(), settings)?;
+        let no_dedup_flag = proxy_takes("--no-dedup")?;
+        if !no_dedup_flag {
+            eprintln!("gvfs-proxy has no --no-dedup: every scenario runs its proxies as they are");
         }
 
         let mems: Vec<PathBuf> = (1..=settings.images)
@@ -223,6 +307,8 @@ impl<'a> Bench<'a> {
             work: shm_tempdir()?,
             _pki: pki,
             golden_sums,
+            census,
+            no_dedup_flag,
         })
     }
 
@@ -259,14 +345,21 @@ impl<'a> Bench<'a> {
     }
 
     /// A fresh proxy with empty caches, on `ip:111` when given, whose
-    /// upstream is `upstream` (a `gvfs://` URL gets the node certificate).
-    fn node(&self, ip: Option<Ipv4Addr>, upstream: String) -> Result<Node> {
-        self.node_with(ip, upstream, false)
+    /// upstream is `upstream` (a `gvfs://` URL gets the node certificate),
+    /// with dedup across images as `dedup` says.
+    fn node(&self, ip: Option<Ipv4Addr>, upstream: String, dedup: Dedup) -> Result<Node> {
+        self.node_with(ip, upstream, false, dedup)
     }
 
     /// [`node`](Self::node), with a FUSE mount of its export (in a fresh
     /// empty directory) when `mount` says so.
-    fn node_with(&self, ip: Option<Ipv4Addr>, upstream: String, mount: bool) -> Result<Node> {
+    fn node_with(
+        &self,
+        ip: Option<Ipv4Addr>,
+        upstream: String,
+        mount: bool,
+        dedup: Dedup,
+    ) -> Result<Node> {
         let cache = tempfile::Builder::new().prefix("gvfs-node-").tempdir()?;
         let mount = mount.then(MountPoint::new).transpose()?;
         let mut args = ProxyArgs::new(upstream.clone())
@@ -285,6 +378,9 @@ impl<'a> Bench<'a> {
         }
         if let Some(m) = &mount {
             args = args.arg("--mount").arg(m.path().display().to_string());
+        }
+        if dedup == Dedup::Off && self.no_dedup_flag {
+            args = args.arg("--no-dedup");
         }
         let node = Node {
             proxy: Proxy::spawn(args)?,
@@ -321,6 +417,22 @@ impl<'a> Bench<'a> {
         )
     }
 
+    /// A copy-first clone of `image` through `node`, with the node's
+    /// file-cache counters over it; `wan` reads the WAN's bytes since the
+    /// clone's start.
+    fn clone_through(
+        &self,
+        node: &Node,
+        image: usize,
+        wan: &(dyn Fn() -> u64 + Sync),
+    ) -> Result<Timing> {
+        let before = NodeFetch::from_stats(&node.proxy.cache_stats_all()?);
+        let mut t = self.clone(&node.source(image), Some(wan))?;
+        let after = NodeFetch::from_stats(&node.proxy.cache_stats_all()?);
+        t.fetch = Some(after.since(&before));
+        Ok(t)
+    }
+
     /// Calls the image-server proxy has answered, by procedure (`MOUNT`
     /// and the gvfs extension program's `ext` included): what crossed the
     /// WAN.
@@ -346,11 +458,13 @@ impl<'a> Bench<'a> {
     /// Runs copy-first `scenario`; returns its clones in order, with the
     /// stats of the first node's proxy after its first clone (for the
     /// report). WAN-S1 also notes in `calls` what crossed the WAN for its
-    /// first two clones.
+    /// first two clones; WAN-S3 (and its dedup twin) notes in `notes` what
+    /// filling its LAN proxy moved across the WAN.
     fn run(
         &self,
         scenario: Scenario,
         calls: &mut Vec<(String, BTreeMap<String, u64>)>,
+        notes: &mut Vec<String>,
     ) -> Result<(Vec<CloneRecord>, Option<serde_json::Value>)> {
         let s = self.settings;
         let n = s.clones;
@@ -362,7 +476,8 @@ impl<'a> Bench<'a> {
             t.log(label, clone, image, wan);
             records.push(t.record(label, clone, image, wan));
         };
-        match scenario {
+        let dedup = scenario.dedup();
+        match scenario.twin() {
             Scenario::Local => {
                 for i in 0..n {
                     let t = self.clone(&Source::Local(self.golden(image_of(i))), None)?;
@@ -371,16 +486,16 @@ impl<'a> Bench<'a> {
             }
             Scenario::WanS1 | Scenario::WanS2 => {
                 let wan = self.wan()?;
-                let node = self.node(Some(node_ip(0)), Self::gvfs_url(&wan))?;
+                let node = self.node(Some(node_ip(0)), Self::gvfs_url(&wan), dedup)?;
                 for i in 0..n {
-                    let image = if scenario == Scenario::WanS1 {
+                    let image = if scenario.twin() == Scenario::WanS1 {
                         1
                     } else {
                         image_of(i)
                     };
                     let before = wire(&wan);
                     let calls_before = self.wan_calls()?;
-                    let t = self.clone(&node.source(image), Some(&|| wire(&wan) - before))?;
+                    let t = self.clone_through(&node, image, &|| wire(&wan) - before)?;
                     record(i + 1, image, t, wire(&wan) - before);
                     if i == 0 {
                         first_stats = Some(node.proxy.cache_stats_all()?);
@@ -397,16 +512,21 @@ impl<'a> Bench<'a> {
             }
             Scenario::WanS3 => {
                 let wan = self.wan()?;
-                let lan = self.node(None, Self::gvfs_url(&wan))?;
-                let warmer = self.node(Some(node_ip(0)), lan.proxy.upstream_url())?;
+                let lan = self.node(None, Self::gvfs_url(&wan), dedup)?;
+                let warmer = self.node(Some(node_ip(0)), lan.proxy.upstream_url(), dedup)?;
                 for i in 0..n {
                     self.clone(&warmer.source(image_of(i)), None)?;
                 }
                 drop(warmer);
-                let node = self.node(Some(node_ip(1)), lan.proxy.upstream_url())?;
+                notes.push(lan_fill_note(
+                    label,
+                    wire(&wan),
+                    &lan.proxy.cache_stats_all()?,
+                ));
+                let node = self.node(Some(node_ip(1)), lan.proxy.upstream_url(), dedup)?;
                 for i in 0..n {
                     let before = wire(&wan);
-                    let t = self.clone(&node.source(image_of(i)), Some(&|| wire(&wan) - before))?;
+                    let t = self.clone_through(&node, image_of(i), &|| wire(&wan) - before)?;
                     record(i + 1, image_of(i), t, wire(&wan) - before);
                     if i == 0 {
                         first_stats = Some(node.proxy.cache_stats_all()?);
@@ -481,9 +601,9 @@ impl<'a> Bench<'a> {
     /// cold, then again, warm. Returns the clones and the LAN proxy's stats.
     fn run_parallel(&self) -> Result<(Vec<CloneRecord>, serde_json::Value)> {
         let wan = self.wan()?;
-        let lan = self.node(None, Self::gvfs_url(&wan))?;
+        let lan = self.node(None, Self::gvfs_url(&wan), Dedup::Off)?;
         let nodes = (0..self.settings.clones)
-            .map(|i| self.node(Some(node_ip(i)), lan.proxy.upstream_url()))
+            .map(|i| self.node(Some(node_ip(i)), lan.proxy.upstream_url(), Dedup::Off))
             .collect::<Result<Vec<_>>>()?;
         let mut records = Vec::new();
         for scenario in [Scenario::WanPCold, Scenario::WanPWarm] {
@@ -584,6 +704,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     let mut lazy_lan_stats = None;
     let mut cuts = Vec::new();
     let mut notes = Vec::new();
+    let mut dedup_notes = Vec::new();
     let mut profile = None;
     let mut golden_checks = 0;
     let wanted = |s: Scenario| settings.scenarios.contains(&s);
@@ -631,7 +752,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
                 }
             }
             _ => {
-                let (r, s) = bench.run(scenario, &mut calls)?;
+                let (r, s) = bench.run(scenario, &mut calls, &mut dedup_notes)?;
                 records.extend(r);
                 if let Some(s) = s {
                     stats.push((scenario, s));
@@ -661,6 +782,14 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     };
     let goals = goals(settings, &records, &floor);
     let lazy_goals = lazy_goals(settings, &records, &floor);
+    let dedup_goals = dedup_goals(settings, &records, bench.census.as_ref());
+    if !bench.no_dedup_flag && records.iter().any(|r| r.scenario.ends_with(" dedup")) {
+        dedup_notes.push(
+            "This gvfs-proxy has no `--no-dedup`: the scenarios without dedup ran the same \
+             proxies as their dedup twins."
+                .to_owned(),
+        );
+    }
     let load = format!(
         "load average {load_start} at the start, {} at the end; {:.0} s in all",
         loadavg(),
@@ -680,6 +809,9 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
         notes,
         profile,
         golden_checks,
+        census: bench.census.clone(),
+        dedup_goals,
+        dedup_notes,
     };
     outcome.markdown = summary(settings, &outcome, &floor, &load);
     Ok(outcome)

@@ -35,6 +35,13 @@ pub struct Outcome {
     /// How many times the golden memory images were checked unchanged
     /// (after each lazy scenario and at the end; a change fails the run).
     pub golden_checks: usize,
+    /// The golden images' census (with two images or more).
+    pub census: Option<census::Census>,
+    /// The goals of dedup across images, as measured.
+    pub dedup_goals: Vec<Goal>,
+    /// What the dedup scenarios found on the way (what filling WAN-S3's
+    /// LAN proxy moved, a proxy without `--no-dedup`).
+    pub dedup_notes: Vec<String>,
 }
 
 /// A goal of the benchmark: `measured / against <= at_most`.

@@ -54,8 +54,8 @@ pub struct CloneRecord {
     /// proxy holding the whole memory image (`None`: not measured, or not
     /// within the watch's time).
     pub whole_local_secs: Option<f64>,
-    /// Lazy clones through a node proxy: what its file cache counted
-    /// during the clone (and the whole-image fetch it started).
+    /// Clones through a node proxy: what its file cache counted during
+    /// the clone (for a lazy one, and the whole-image fetch it started).
     pub fetch: Option<NodeFetch>,
 }
 
@@ -88,6 +88,9 @@ pub struct NodeFetch {
     /// Bytes the node's FUSE mount answered READs with: what the kernel
     /// asked for the guest's page faults (`status.mount.read_bytes`).
     pub mount_read_bytes: u64,
+    /// File bytes the file cache copied from blocks it held in other
+    /// images instead of fetching them (`file_cache.dedup_bytes`).
+    pub dedup_bytes: u64,
 }
 
 impl NodeFetch {
@@ -106,6 +109,7 @@ impl NodeFetch {
             mount_read_bytes: v["status"]["mount"]["read_bytes"]
                 .as_u64()
                 .unwrap_or_default(),
+            dedup_bytes: n("dedup_bytes"),
         }
     }
 
@@ -131,6 +135,7 @@ impl NodeFetch {
             mount_read_bytes: self
                 .mount_read_bytes
                 .saturating_sub(before.mount_read_bytes),
+            dedup_bytes: self.dedup_bytes.saturating_sub(before.dedup_bytes),
         }
     }
 }

@@ -27,7 +27,10 @@ pub struct Settings {
 
 impl Settings {
     /// The full benchmark: 8 images of 256 MiB RAM and 384 MiB of disk
-    /// files, 8 clones per sequence, 40 ms and 50 Mbit/s.
+    /// files (half of them system files, the same on every image, 40 MiB of
+    /// which the guest reads at boot beside its own 32 MiB: about half of
+    /// each memory image's non-zero pages are in the others too), 8 clones
+    /// per sequence, 40 ms and 50 Mbit/s.
     pub fn full() -> Self {
         Self {
             images: 8,
@@ -35,6 +38,8 @@ impl Settings {
             size: GoldenSize {
                 ram_mib: 256,
                 working_set_mib: 32,
+                system_mib: 40,
+                system_disk_mib: 192,
                 disk_files_mib: 384,
             },
             rtt: Duration::from_millis(40),
@@ -55,6 +60,8 @@ impl Settings {
             size: GoldenSize {
                 ram_mib: 128,
                 working_set_mib: 8,
+                system_mib: 8,
+                system_disk_mib: 16,
                 disk_files_mib: 32,
             },
             rtt: Duration::from_millis(10),
@@ -66,7 +73,7 @@ impl Settings {
     }
 
     /// The larger guests the full benchmark also clones: one image of
-    /// 2 GiB RAM (the same 32 MiB working set and disk files), cloned 3 times
+    /// 2 GiB RAM (the same working set, system files and disk files), cloned 3 times
     /// Local and WAN-S1, once over plain NFS, on the same link; and lazily:
     /// Local, WAN-S1, WAN-S1 learned and WAN-P (3 nodes). Guest RAM is what
     /// plain NFS and the full copy move; a clone moves only its non-zero
@@ -102,17 +109,32 @@ impl Settings {
 }
 
 /// The scenarios, in the order they run and are reported.
+///
+/// Every scenario but the "... dedup" ones runs its node and LAN proxies
+/// with `--no-dedup`: they fetch every block of an image they do not hold
+/// in that image, as before dedup across images. A "... dedup" scenario is
+/// its twin ([`Scenario::twin`]) with the proxies' defaults (dedup on: a
+/// block another cached image holds is copied, not fetched), on fresh
+/// proxies and a fresh link of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
     /// Images on local disk: the copies are local, the disk is a local file.
     Local,
     /// One golden image cloned `clones` times in a row by one node.
     WanS1,
+    /// WAN-S1 with dedup on: what dedup costs where there is nothing to
+    /// share across images.
+    WanS1Dedup,
     /// `clones` different images, each cloned once by one node.
     WanS2,
+    /// WAN-S2 with dedup on: each image after the first should bring only
+    /// what the earlier ones do not hold ([`census`]).
+    WanS2Dedup,
     /// Like WAN-S2, through a LAN proxy that another node's clones of the
     /// same images filled first.
     WanS3,
+    /// WAN-S3 with dedup on, at the LAN proxy and the node.
+    WanS3Dedup,
     /// `clones` nodes behind one LAN proxy clone the same image at once,
     /// with every cache cold.
     WanPCold,
@@ -139,6 +161,8 @@ pub enum Scenario {
     LazyWanS1Learned,
     /// Lazy clones of `clones` different images, one each, by one node.
     LazyWanS2,
+    /// Lazy WAN-S2 with dedup on.
+    LazyWanS2Dedup,
     /// Lazy WAN-S2 through a LAN proxy that another node's lazy clones of
     /// the same images filled first.
     LazyWanS3,
@@ -152,13 +176,28 @@ pub enum Scenario {
     LazyWanCut,
 }
 
+/// Whether a node or LAN proxy copies blocks it holds in other images
+/// instead of fetching them (`gvfs-proxy`'s default; `--no-dedup` turns it
+/// off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedup {
+    /// The proxy's default.
+    On,
+    /// `--no-dedup`.
+    Off,
+}
+
 impl Scenario {
-    /// Every scenario, copy-first ones first.
-    pub const ALL: [Scenario; 17] = [
+    /// Every scenario, copy-first ones first; a dedup one right after its
+    /// twin.
+    pub const ALL: [Scenario; 21] = [
         Scenario::Local,
         Scenario::WanS1,
+        Scenario::WanS1Dedup,
         Scenario::WanS2,
+        Scenario::WanS2Dedup,
         Scenario::WanS3,
+        Scenario::WanS3Dedup,
         Scenario::WanPCold,
         Scenario::WanPWarm,
         Scenario::WanCut,
@@ -168,6 +207,7 @@ impl Scenario {
         Scenario::LazyWanS1,
         Scenario::LazyWanS1Learned,
         Scenario::LazyWanS2,
+        Scenario::LazyWanS2Dedup,
         Scenario::LazyWanS3,
         Scenario::LazyWanPCold,
         Scenario::LazyWanPWarm,
@@ -176,11 +216,17 @@ impl Scenario {
 
     /// The scenario named `name` (its label, or without "WAN-": `s1`,
     /// `p`, `full`, `plain`; a lazy one with "lazy" before: `lazy s1`,
-    /// `lazy-s1`, `lazy learned`; case does not matter).
+    /// `lazy-s1`, `lazy learned`; a dedup one with "dedup" after: `s2
+    /// dedup`, `lazy s2 dedup`; case does not matter).
     pub fn parse(name: &str) -> Result<Self> {
+        const SEPARATORS: [char; 3] = [' ', '-', '_'];
         let n = name.trim().to_ascii_lowercase();
         let (lazy, n) = match n.strip_prefix("lazy") {
-            Some(rest) => (true, rest.trim_start_matches([' ', '-', '_']).to_owned()),
+            Some(rest) => (true, rest.trim_start_matches(SEPARATORS).to_owned()),
+            None => (false, n),
+        };
+        let (dedup, n) = match n.strip_suffix("dedup") {
+            Some(rest) => (true, rest.trim_end_matches(SEPARATORS).to_owned()),
             None => (false, n),
         };
         let n = n
@@ -190,10 +236,11 @@ impl Scenario {
         let unknown = || {
             anyhow::anyhow!(
                 "unknown scenario {name:?} (local, s1, s2, s3, p, cut, full, plain; lazy \
-                 local, lazy s1, lazy learned, lazy s2, lazy s3, lazy p, lazy cut)"
+                 local, lazy s1, lazy learned, lazy s2, lazy s3, lazy p, lazy cut; s1 dedup, s2 \
+                 dedup, s3 dedup, lazy s2 dedup)"
             )
         };
-        Ok(match (lazy, n) {
+        let scenario = match (lazy, n) {
             (false, "local") => Scenario::Local,
             (false, "s1") => Scenario::WanS1,
             (false, "s2") => Scenario::WanS2,
@@ -210,18 +257,26 @@ impl Scenario {
             (true, "p" | "p cold" | "p warm") => Scenario::LazyWanPCold,
             (true, "cut") => Scenario::LazyWanCut,
             _ => return Err(unknown()),
-        })
+        };
+        if !dedup {
+            return Ok(scenario);
+        }
+        Self::ALL
+            .into_iter()
+            .find(|s| s.is_dedup() && s.twin() == scenario)
+            .ok_or_else(unknown)
     }
 
     /// A comma-separated list of [`parse`](Self::parse)'s names; `lazy`
     /// alone stands for every lazy scenario, `copy` for every copy-first
-    /// one.
+    /// one, `dedup` for every dedup one.
     pub fn parse_list(list: &str) -> Result<Vec<Self>> {
         let mut out = Vec::new();
         for name in list.split(',').filter(|n| !n.trim().is_empty()) {
             match name.trim().to_ascii_lowercase().as_str() {
                 "lazy" => out.extend(Self::ALL.into_iter().filter(|s| s.is_lazy())),
                 "copy" | "copy-first" => out.extend(Self::ALL.into_iter().filter(|s| !s.is_lazy())),
+                "dedup" => out.extend(Self::ALL.into_iter().filter(|s| s.is_dedup())),
                 _ => out.push(Self::parse(name)?),
             }
         }
@@ -236,6 +291,7 @@ impl Scenario {
                 | Scenario::LazyWanS1
                 | Scenario::LazyWanS1Learned
                 | Scenario::LazyWanS2
+                | Scenario::LazyWanS2Dedup
                 | Scenario::LazyWanS3
                 | Scenario::LazyWanPCold
                 | Scenario::LazyWanPWarm
@@ -243,13 +299,42 @@ impl Scenario {
         )
     }
 
+    /// Whether its proxies run with dedup on (the "... dedup" ones).
+    pub fn is_dedup(self) -> bool {
+        self.twin() != self
+    }
+
+    /// What its node and LAN proxies are told about dedup.
+    pub fn dedup(self) -> Dedup {
+        if self.is_dedup() {
+            Dedup::On
+        } else {
+            Dedup::Off
+        }
+    }
+
+    /// The same scenario with dedup off: a dedup scenario's twin, which it
+    /// runs as; any other scenario itself.
+    pub fn twin(self) -> Scenario {
+        match self {
+            Scenario::WanS1Dedup => Scenario::WanS1,
+            Scenario::WanS2Dedup => Scenario::WanS2,
+            Scenario::WanS3Dedup => Scenario::WanS3,
+            Scenario::LazyWanS2Dedup => Scenario::LazyWanS2,
+            other => other,
+        }
+    }
+
     /// The name tables and the chart use.
     pub fn label(self) -> &'static str {
         match self {
             Scenario::Local => "Local",
             Scenario::WanS1 => "WAN-S1",
+            Scenario::WanS1Dedup => "WAN-S1 dedup",
             Scenario::WanS2 => "WAN-S2",
+            Scenario::WanS2Dedup => "WAN-S2 dedup",
             Scenario::WanS3 => "WAN-S3",
+            Scenario::WanS3Dedup => "WAN-S3 dedup",
             Scenario::WanPCold => "WAN-P cold",
             Scenario::WanPWarm => "WAN-P warm",
             Scenario::WanCut => "WAN cut",
@@ -259,6 +344,7 @@ impl Scenario {
             Scenario::LazyWanS1 => "lazy WAN-S1",
             Scenario::LazyWanS1Learned => "lazy WAN-S1 learned",
             Scenario::LazyWanS2 => "lazy WAN-S2",
+            Scenario::LazyWanS2Dedup => "lazy WAN-S2 dedup",
             Scenario::LazyWanS3 => "lazy WAN-S3",
             Scenario::LazyWanPCold => "lazy WAN-P cold",
             Scenario::LazyWanPWarm => "lazy WAN-P warm",
@@ -270,4 +356,75 @@ impl Scenario {
 /// Whether a record's scenario label is a lazy one.
 pub fn is_lazy_label(label: &str) -> bool {
     label.starts_with("lazy ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedup_scenarios_parse_and_run_as_their_twins_with_dedup_on() {
+        for (name, scenario, twin) in [
+            ("s1 dedup", Scenario::WanS1Dedup, Scenario::WanS1),
+            ("WAN-S2 dedup", Scenario::WanS2Dedup, Scenario::WanS2),
+            ("s2-dedup", Scenario::WanS2Dedup, Scenario::WanS2),
+            ("wan s3 dedup", Scenario::WanS3Dedup, Scenario::WanS3),
+            (
+                "lazy s2 dedup",
+                Scenario::LazyWanS2Dedup,
+                Scenario::LazyWanS2,
+            ),
+            (
+                "Lazy-WAN-S2-Dedup",
+                Scenario::LazyWanS2Dedup,
+                Scenario::LazyWanS2,
+            ),
+        ] {
+            let s = Scenario::parse(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(s, scenario, "{name}");
+            assert_eq!((s.twin(), s.dedup(), s.is_dedup()), (twin, Dedup::On, true));
+            assert_eq!((twin.dedup(), twin.is_dedup()), (Dedup::Off, false));
+            assert_eq!(s.is_lazy(), twin.is_lazy());
+        }
+        let labels: Vec<&str> = Scenario::ALL
+            .into_iter()
+            .filter(|s| s.is_dedup())
+            .map(Scenario::label)
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "WAN-S1 dedup",
+                "WAN-S2 dedup",
+                "WAN-S3 dedup",
+                "lazy WAN-S2 dedup"
+            ]
+        );
+        // Only these have a dedup twin.
+        for name in [
+            "local dedup",
+            "p dedup",
+            "lazy s3 dedup",
+            "lazy learned dedup",
+            "dedup",
+        ] {
+            assert!(Scenario::parse(name).is_err(), "{name}");
+        }
+        // A dedup scenario comes right after its twin.
+        for (i, s) in Scenario::ALL.into_iter().enumerate() {
+            if s.is_dedup() {
+                assert_eq!(Scenario::ALL[i - 1], s.twin(), "{}", s.label());
+            }
+        }
+        assert_eq!(
+            Scenario::parse_list("s2, dedup").expect("list"),
+            [
+                Scenario::WanS2,
+                Scenario::WanS1Dedup,
+                Scenario::WanS2Dedup,
+                Scenario::WanS3Dedup,
+                Scenario::LazyWanS2Dedup
+            ]
+        );
+    }
 }

@@ -107,12 +107,16 @@ pub(super) fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, loa
     let lan = outcome.lan_stats.as_ref();
     let size = settings.size;
     let mut out = format!(
-        "{} golden image{} of {} MiB RAM and {} MiB of disk files ({} MiB read at boot), \
-         {} clones per sequence; WAN {} ms RTT, {} Mbit/s; {load}.\n\n",
+        "{} golden image{} of {} MiB RAM and {} MiB of disk files, {} MiB of them system files \
+         the same on every image ({} MiB read at boot: {} MiB of system files and {} MiB of the \
+         image's own), {} clones per sequence; WAN {} ms RTT, {} Mbit/s; {load}.\n\n",
         settings.images,
         if settings.images == 1 { "" } else { "s" },
         size.ram_mib,
         size.disk_files_mib,
+        size.system_disk_mib,
+        size.system_mib + size.working_set_mib,
+        size.system_mib,
         size.working_set_mib,
         settings.clones,
         settings.rtt.as_millis(),
@@ -228,6 +232,10 @@ pub(super) fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, loa
             out += &format!("| {label} | {list} |\n");
         }
     }
+    out += &dedup::dedup_markdown(outcome);
+    if let Some(census) = &outcome.census {
+        out += &census.markdown();
+    }
     out
 }
 
@@ -332,7 +340,8 @@ pub fn report_markdown(outcome: &Outcome, larger: Option<&Outcome>, command: &st
 }
 
 /// Writes `clone.md` ([`report_markdown`]), `clone.csv` (every clone;
-/// `larger`'s scenarios named with their RAM) and `clone.png` (`outcome`'s
+/// `larger`'s scenarios named with their RAM), `clone-census.csv`
+/// (`outcome`'s census, when it has one) and `clone.png` (`outcome`'s
 /// clones) into `dir`.
 pub fn write_outputs(
     outcome: &Outcome,
@@ -353,6 +362,9 @@ pub fn write_outputs(
         }));
     }
     std::fs::write(dir.join("clone.csv"), report::records_csv(&records))?;
+    if let Some(census) = &outcome.census {
+        std::fs::write(dir.join("clone-census.csv"), census.csv())?;
+    }
     report::write_chart(
         &outcome.records,
         "VM clone time per clone (seconds, log scale)",
@@ -386,7 +398,9 @@ fn fmt(x: Option<f64>) -> String {
     x.map_or("n/a".to_owned(), |x| format!("{x:.2}"))
 }
 
+mod dedup;
 mod lazy;
+pub(super) use dedup::{dedup_goals, lan_fill_note};
 pub(super) use lazy::lazy_goals;
 
 #[cfg(test)]

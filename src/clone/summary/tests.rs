@@ -41,6 +41,9 @@ fn outcome(ram_mib: u64, records: Vec<CloneRecord>, floor_secs: f64) -> Outcome 
         notes: Vec::new(),
         profile: None,
         golden_checks: 0,
+        census: None,
+        dedup_goals: Vec::new(),
+        dedup_notes: Vec::new(),
     }
 }
 
@@ -190,4 +193,118 @@ fn lazy_goals_hold_lazy_clones_against_copy_first_and_fixed_bounds() {
     assert!(md.contains("| WAN bytes before the learned lazy clone runs (lazy WAN-S1 learned #1) <= 25% of the compressed memory image | 5.00 MiB vs 40.00 MiB | 0.125 | met |"), "{md}");
     let table = super::lazy::responsiveness_markdown(&records);
     assert!(table.contains("| lazy WAN-P cold | 3.60 |"), "{table}");
+}
+
+/// A census whose image `i` (1-based, cloned in order) has a floor of
+/// `floors[i - 1]` MiB compressed and 64 KiB of metadata.
+fn census_with_floors(floors: &[u64]) -> Census {
+    const MB: u64 = 1 << 20;
+    let images = floors
+        .iter()
+        .enumerate()
+        .map(|(i, &mib)| census::ImageCensus {
+            image: i + 1,
+            files: vec![census::FileCensus {
+                name: MEM.to_owned(),
+                nonzero_blocks: 100,
+                new_zstd_bytes: Some(mib * MB),
+                meta_bytes: Some(64 << 10),
+                ..census::FileCensus::default()
+            }],
+        })
+        .collect();
+    Census { images, secs: 0.1 }
+}
+
+fn wan_rec(scenario: &str, clone: usize, image: usize, secs: f64, wan_mib: u64) -> CloneRecord {
+    CloneRecord {
+        image,
+        wan_bytes: wan_mib << 20,
+        ..rec(scenario, clone, secs)
+    }
+}
+
+#[test]
+fn dedup_goals_hold_clones_against_the_census_floor_and_wan_s1() {
+    let census = census_with_floors(&[40, 10, 20]);
+    let mut records = vec![
+        wan_rec("WAN-S1", 1, 1, 8.0, 42),
+        wan_rec("WAN-S1", 2, 1, 0.4, 0),
+        wan_rec("WAN-S1", 3, 1, 0.6, 0),
+        wan_rec("WAN-S1 dedup", 1, 1, 8.4, 42),
+        wan_rec("WAN-S1 dedup", 2, 1, 0.5, 0),
+        wan_rec("WAN-S1 dedup", 3, 1, 0.5, 0),
+        wan_rec("WAN-S2", 1, 1, 8.0, 42),
+        wan_rec("WAN-S2", 2, 2, 8.0, 42),
+        wan_rec("WAN-S2", 3, 3, 8.0, 42),
+        wan_rec("WAN-S2", 4, 1, 0.5, 0),
+        wan_rec("WAN-S2 dedup", 1, 1, 8.0, 42),
+        wan_rec("WAN-S2 dedup", 2, 2, 2.5, 11),
+        wan_rec("WAN-S2 dedup", 3, 3, 4.0, 23),
+        wan_rec("WAN-S2 dedup", 4, 1, 0.5, 0),
+    ];
+    records[11].fetch = Some(NodeFetch {
+        dedup_bytes: 30 << 20,
+        ..NodeFetch::default()
+    });
+    let settings = Settings::quick();
+    let goals = dedup_goals(&settings, &records, Some(&census));
+    let find = |starts: &str| {
+        goals
+            .iter()
+            .find(|g| g.name.starts_with(starts))
+            .unwrap_or_else(|| panic!("no goal {starts:?}"))
+    };
+    // Clone 3 is furthest over its floor (23 of 20; clone 2: 11 of 10);
+    // clone 4 brought nothing new.
+    let bytes = find("WAN-S2 dedup: WAN bytes");
+    assert_eq!((bytes.measured, bytes.against), (Some(23.0), Some(20.0)));
+    assert_eq!(bytes.met(), Some(false));
+    // Clones 2-4: 34/3 MiB on average on the link, plus a warm clone.
+    let time = find("WAN-S2 dedup: clones 2..");
+    let link = (34.0 * (1 << 20) as f64 / 3.0) / settings.bytes_per_sec();
+    assert_eq!(time.measured, Some(7.0 / 3.0));
+    let against = time.against.expect("against");
+    assert!((against - (link + 0.5)).abs() < 1e-9, "{against}");
+    assert_eq!(
+        find("no cost to WAN-S1: WAN-S1 dedup's cold").met(),
+        Some(true)
+    );
+    let warm = find("no cost to WAN-S1: WAN-S1 dedup's warm");
+    assert_eq!((warm.measured, warm.against), (Some(0.5), Some(0.5)));
+    assert_eq!(
+        find("no cost to WAN-S1: WAN-S1 dedup's WAN").met(),
+        Some(true)
+    );
+    // Without the census the floor goal is not judged.
+    assert_eq!(dedup_goals(&settings, &records, None)[0].met(), None);
+
+    let mut o = outcome(256, records, 8.0);
+    o.census = Some(census);
+    o.dedup_goals = goals;
+    o.dedup_notes.push("filled the LAN proxy".to_owned());
+    let md = dedup::dedup_markdown(&o);
+    assert!(md.contains("## Dedup across images"), "{md}");
+    assert!(
+        md.contains("| 2 | 2 | 10.0 | 0.06 | 42.0 | 11.0 | 1.10 | 8.00 | 2.50 | 30.0 |"),
+        "{md}"
+    );
+    // An image brought before has a floor of 0 and no ratio.
+    assert!(
+        md.contains("| 4 | 1 | 0.0 | - | 0.0 | 0.0 | - | 0.50 | 0.50 | - |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| WAN-S1 dedup | 8.40 | 0.50 | 42.0 | 0.0 |"),
+        "{md}"
+    );
+    assert!(md.contains("no cost to WAN-S1): **not met**."), "{md}");
+    assert!(md.contains("filled the LAN proxy"), "{md}");
+    assert!(
+        md.contains("The metadata files of an image are 64 KiB on average"),
+        "{md}"
+    );
+    // A run without dedup scenarios has no such section.
+    let plain = outcome(256, vec![rec("WAN-S2", 1, 8.0)], 8.0);
+    assert_eq!(dedup::dedup_markdown(&plain), "");
 }
