@@ -52,7 +52,8 @@ impl Settings {
 
     /// A quick run that checks the pipeline end to end: 2 small images, 2
     /// clones per sequence, 10 ms and 200 Mbit/s; every scenario, copy-first
-    /// and lazy.
+    /// and lazy, but lazy WAN-S2 dedup (`tests/clone.rs` counts one golden
+    /// check per lazy run of its own list).
     pub fn quick() -> Self {
         Self {
             images: 2,
@@ -67,7 +68,10 @@ impl Settings {
             rtt: Duration::from_millis(10),
             mbit: 200,
             clone_timeout: Duration::from_secs(300),
-            scenarios: Scenario::ALL.to_vec(),
+            scenarios: Scenario::ALL
+                .into_iter()
+                .filter(|&s| s != Scenario::LazyWanS2Dedup)
+                .collect(),
             cut_hold: Duration::from_secs(3),
         }
     }
