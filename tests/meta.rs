@@ -226,6 +226,7 @@ fn forge_all_zeros(image: &Path, meta_path: &Path) -> Result<()> {
         compressed_size: 0,
         zero,
         repeats: Vec::new(),
+        hashes: None,
     };
     std::fs::write(meta_path, forged.encode())?;
     Ok(())
