@@ -285,3 +285,40 @@ async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result
     drop(node);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() -> Result<()> {
+    let g = Ganesha::start()?;
+    let (a, b) = images(&g)?;
+    // B's metadata lies about its odd block 1 (its own bytes): it gives it
+    // the fingerprint of A's block 7. Its piece hashes are B's true ones.
+    let meta_path = g.export_dir().join(".b.img.gvfsmeta");
+    let mut m = gvfs_meta::MetaFile::decode(&std::fs::read(&meta_path)?)?;
+    let a_meta =
+        gvfs_meta::MetaFile::decode(&std::fs::read(g.export_dir().join(".a.img.gvfsmeta"))?)?;
+    let h = m.hashes.clone().context("B has hashes")?;
+    let mut fps = h.fingerprints().to_vec();
+    fps[1] = *a_meta.block_fingerprint(7).context("A's block 7")?;
+    m.hashes = Some(std::sync::Arc::new(
+        gvfs_meta::format::BlockHashes::new(fps, h.pieces().to_vec(), &m.zero, m.file_size)
+            .context("same counts")?,
+    ));
+    std::fs::write(&meta_path, m.encode())?;
+
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let node = caching(server.upstream_url(), dir.path(), &[])?;
+    copy_through(&node, "a.img", &a, &out.path().join("a"))?;
+    wait_complete(&node, 1).await?;
+    copy_through(&node, "b.img", &b, &out.path().join("b"))?;
+    let s = wait_complete(&node, 2).await?;
+    // The first chunk failed its piece hash with A's block in it, came
+    // again whole, and the rest of B's shared blocks were copied.
+    ensure!(
+        n(&s, "file_cache.hash_mismatches") == 1
+            && n(&s, "file_cache.dedup_rejected") == 1
+            && n(&s, "file_cache.dedup_bytes") >= SHARED - MIB,
+        "B with a lying fingerprint: {s}"
+    );
+    Ok(())
+}

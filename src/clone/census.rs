@@ -16,7 +16,8 @@
 //!   level 3, each 1 MiB chunk's new blocks together (the proxies send
 //!   1 MiB chunks at level 3);
 //! - the size of its metadata file (`.NAME.gvfsmeta`), which crosses the
-//!   WAN with it: 32 bytes of BLAKE3 per non-zero block from format 3.
+//!   WAN with it: from format 3, an 8-byte fingerprint per non-zero block
+//!   and a 32-byte BLAKE3 per 64 KiB piece.
 //!
 //! The disk is read by blocks, only what the guest touches, and its blocks
 //! are not deduplicated: its census says what the images' disks share, and
@@ -382,8 +383,8 @@ impl Census {
              **dedup floor** of the WAN-S2 clone that brings the image: MiB of those two files \
              in no image cloned before and not earlier in this one, raw and compressed (zstd -3, \
              each 1 MiB chunk's new blocks together, as the proxies send chunks); its metadata \
-             files, which cross the WAN with it (32 bytes of BLAKE3 per non-zero 4 KiB block \
-             of the files a clone copies); and the disk's non-zero MiB, shared part and new MiB \
+             files, which cross the WAN with it (an 8-byte fingerprint per non-zero 4 KiB \
+             block and a 32-byte BLAKE3 per 64 KiB piece of the files a clone copies); and the disk's non-zero MiB, shared part and new MiB \
              (the disk is read by blocks and its blocks are not deduplicated: no part of the \
              floor).\n\n\
              | WAN-S2 clone | image | memory non-zero MiB | shared | own | state non-zero MiB (shared) | floor MiB raw | floor MiB zstd | metadata KiB | disk non-zero MiB | disk shared | disk new MiB |\n\

@@ -1,22 +1,24 @@
 //! Content-addressed blocks: where in the files this proxy holds a block
-//! with a given content hash lies, so that a block of another image with
-//! that hash is copied from here instead of fetched.
+//! with a given fingerprint (the start of its BLAKE3, from the image's
+//! metadata) lies, so that a block of another image with that fingerprint
+//! is copied from here instead of fetched.
 //!
 //! The index lives in the proxy's [`MetaIndex`] (sled, beside the file
 //! cache's records, so it survives restarts), under two kinds of keys:
 //!
 //! ```text
-//!   'h' hash[32]                      -> fh_len[1] fh offset[8, BE]
-//!   'r' fh_len[1] fh offset[8, BE]    -> hash[32]
+//!   'h' fingerprint[8]                -> fh_len[1] fh offset[8, BE]
+//!   'r' fh_len[1] fh offset[8, BE]    -> fingerprint[8]
 //! ```
 //!
-//! The first finds a block by hash (the last place it was seen); the second
-//! lists a file's blocks, so they go with it when the file is let go or
-//! evicted. Nothing here is trusted: a block found is read and its hash
-//! checked against the one the image's metadata names before a byte of it
-//! is used (`filecache/dedup.rs`), and an entry that fails is dropped. So
-//! a stale entry (a file rewritten, cut short by a crash) costs a read, and
-//! a collision or a lying peer cannot produce wrong bytes.
+//! The first finds a block by fingerprint (the last place it was seen); the
+//! second lists a file's blocks, so they go with it when the file is let go
+//! or evicted. Nothing here is trusted: a block found is read and its
+//! fingerprint checked, and the range it goes into is checked against the
+//! piece hashes of the image's metadata before a byte of it is used
+//! (`filecache/dedup.rs`); an entry that fails is dropped. So a stale entry
+//! (a file rewritten, cut short by a crash) costs a read, and a collision
+//! or a lying peer costs a fetch, never wrong bytes.
 //!
 //! Bounded: entries are made only for blocks of files held in the file
 //! cache (whose budget bounds them) and removed with those files.
@@ -25,7 +27,7 @@ use std::sync::Arc;
 
 use crate::MetaIndex;
 use crate::error::IndexError;
-use crate::format::{BlockHash, HASH_LEN};
+use crate::format::{FINGERPRINT_LEN, Fingerprint};
 
 const FORWARD: u8 = b'h';
 const REVERSE: u8 = b'r';
@@ -53,8 +55,8 @@ impl std::fmt::Debug for BlockIndex {
     }
 }
 
-fn forward_key(hash: &BlockHash) -> [u8; 1 + HASH_LEN] {
-    let mut k = [0u8; 1 + HASH_LEN];
+fn forward_key(hash: &Fingerprint) -> [u8; 1 + FINGERPRINT_LEN] {
+    let mut k = [0u8; 1 + FINGERPRINT_LEN];
     k[0] = FORWARD;
     k[1..].copy_from_slice(hash);
     k
@@ -103,7 +105,7 @@ impl BlockIndex {
     }
 
     /// Where a block with `hash` was last held, if anywhere.
-    pub fn find(&self, hash: &BlockHash) -> Result<Option<Place>, IndexError> {
+    pub fn find(&self, hash: &Fingerprint) -> Result<Option<Place>, IndexError> {
         Ok(self
             .index
             .get(&forward_key(hash))?
@@ -112,7 +114,7 @@ impl BlockIndex {
     }
 
     /// Notes that file `fh` holds a block with `hash` at `offset`.
-    pub fn note(&self, fh: &[u8], offset: u64, hash: &BlockHash) -> Result<(), IndexError> {
+    pub fn note(&self, fh: &[u8], offset: u64, hash: &Fingerprint) -> Result<(), IndexError> {
         if fh.len() > 64 {
             return Ok(());
         }
@@ -122,7 +124,7 @@ impl BlockIndex {
 
     /// Drops the entry for `hash` if it still says `place` (which did not
     /// hold the block after all).
-    pub fn drop_stale(&self, hash: &BlockHash, place: &Place) -> Result<(), IndexError> {
+    pub fn drop_stale(&self, hash: &Fingerprint, place: &Place) -> Result<(), IndexError> {
         if self.find(hash)?.as_ref() == Some(place) {
             self.index.remove(&forward_key(hash))?;
         }
@@ -146,7 +148,8 @@ impl BlockIndex {
                     .get(prefix.len()..)
                     .and_then(|b| <[u8; 8]>::try_from(b).ok())
                     .map(u64::from_be_bytes);
-                if let (Some(offset), Ok(hash)) = (offset, <BlockHash>::try_from(hash.as_slice())) {
+                if let (Some(offset), Ok(hash)) = (offset, <Fingerprint>::try_from(hash.as_slice()))
+                {
                     let place = Place {
                         fh: fh.to_vec(),
                         offset,
@@ -167,8 +170,8 @@ mod tests {
     use super::*;
     use crate::MemIndex;
 
-    fn h(b: u8) -> BlockHash {
-        [b; HASH_LEN]
+    fn h(b: u8) -> Fingerprint {
+        [b; FINGERPRINT_LEN]
     }
 
     #[test]

@@ -22,12 +22,14 @@
 //! 64+4R    4 P, the number of repeats (at least 1 in version 2)
 //! 68+4R  20*P repeats: u64 to, u64 from, u32 len (in blocks), see below
 //! version 3 only:
-//!   ..     4 H, the number of block hashes: the file's non-zero blocks
-//!   ..  32*H BLAKE3 of each non-zero block, in block order, see below
+//!   ..     4 H, the number of block fingerprints: the file's non-zero blocks
+//!   ..   8*H each non-zero block's fingerprint, in block order, see below
+//!   ..     4 Q, the number of piece hashes: ceil(file size / 64 KiB)
+//!   ..  32*Q the BLAKE3 of each 64 KiB piece of the file, see below
 //! end-4    4 CRC32 (IEEE, crc32fast) of every byte before it
 //! ```
 //! The file is exactly `68 + 4R` bytes (version 1), `72 + 4R + 20P`
-//! (version 2) or `76 + 4R + 20P + 32H` (version 3), and at most
+//! (version 2) or `80 + 4R + 20P + 8H + 32Q` (version 3), and at most
 //! [`MAX_META_LEN`]. A file is written in the oldest version that holds
 //! what it says, so proxies that only know version 1 read a file with no
 //! repeats and no hashes; a proxy that does not know a version refuses the
@@ -49,12 +51,18 @@
 //! earlier blocks, which it always has first. Repeats are sorted by `to`,
 //! do not overlap, and cover whole blocks inside the file.
 //!
-//! A block hash is the 32-byte BLAKE3 of a block's bytes (the last block's
-//! up to the end of the file), one for every block the zero map does not
-//! call zero, in block order. A proxy that holds a block with the same hash
-//! in any file copies it instead of fetching it, and checks the copy
-//! against this hash first (`crate::dedup`): a metadata file that passed
-//! the trust rules names the bytes, whoever's disk they come from.
+//! Hashes (version 3; the block size is then at most 64 KiB) name the
+//! file's content so a proxy can copy what it holds instead of fetching
+//! it (`crate::dedup`). A block's *fingerprint* is the first 8 bytes of the
+//! BLAKE3 of its bytes (the last block's up to the end of the file), one
+//! for every block the zero map does not call zero, in block order: it
+//! finds a candidate among the blocks a proxy holds. A *piece hash* is the
+//! 32-byte BLAKE3 of each 64 KiB piece of the file (the last one up to the
+//! end), zeros included: every range a proxy assembles from held blocks is
+//! checked against the piece hashes before a byte of it is used, so a
+//! fingerprint that matches other bytes (by chance, by a damaged disk, or
+//! by a peer's design) costs a fetch, never wrong bytes. Eight bytes a
+//! block and 32 a piece are about a quarter of a 32-byte hash per block.
 
 use crate::error::MetaError;
 
@@ -66,10 +74,16 @@ pub const META_VERSION: u32 = 1;
 pub const META_VERSION_REPEATS: u32 = 2;
 /// Format version of a file with block hashes.
 pub const META_VERSION_HASHES: u32 = 3;
-/// Bytes of a block hash (BLAKE3).
+/// Bytes of a piece hash (BLAKE3).
 pub const HASH_LEN: usize = 32;
-/// A block's content hash.
-pub type BlockHash = [u8; HASH_LEN];
+/// A piece's content hash.
+pub type PieceHash = [u8; HASH_LEN];
+/// Bytes of a block fingerprint (the start of its BLAKE3).
+pub const FINGERPRINT_LEN: usize = 8;
+/// A block's fingerprint.
+pub type Fingerprint = [u8; FINGERPRINT_LEN];
+/// The span of a piece hash.
+pub const HASH_PIECE: u64 = 64 << 10;
 /// The suffix of a metadata file name: `.NAME.gvfsmeta` describes `NAME`.
 pub const META_SUFFIX: &str = ".gvfsmeta";
 /// The largest metadata file accepted: a peer-supplied one larger than this
@@ -360,25 +374,35 @@ pub struct MetaFile {
     pub zero: ZeroMap,
     /// Runs of blocks that repeat earlier blocks, sorted by `to`.
     pub repeats: Vec<Repeat>,
-    /// The content hash of every non-zero block (version 3), if recorded.
+    /// Fingerprints of the non-zero blocks and hashes of the pieces
+    /// (version 3), if recorded.
     pub hashes: Option<std::sync::Arc<BlockHashes>>,
 }
 
-/// The hashes of a file's non-zero blocks, in block order, with what it
-/// takes to find a block's among them.
+/// A file's block fingerprints and piece hashes, with what it takes to
+/// find a block's fingerprint among them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockHashes {
-    list: Vec<BlockHash>,
+    fingerprints: Vec<Fingerprint>,
+    pieces: Vec<PieceHash>,
     /// Zero blocks before each zero range of the map they go with, and
     /// after the last one.
     zeros_before: Vec<u64>,
 }
 
 impl BlockHashes {
-    /// The hashes `list` of the non-zero blocks of `zero`, in block order;
-    /// `None` unless there is exactly one for each.
-    pub fn new(list: Vec<BlockHash>, zero: &ZeroMap) -> Option<Self> {
-        if list.len() as u64 != zero.blocks() - zero.zero_blocks() {
+    /// The `fingerprints` of the non-zero blocks of `zero`, in block
+    /// order, and the hashes of the `pieces` of a file of `size` bytes;
+    /// `None` unless there is exactly one of each for each.
+    pub fn new(
+        fingerprints: Vec<Fingerprint>,
+        pieces: Vec<PieceHash>,
+        zero: &ZeroMap,
+        size: u64,
+    ) -> Option<Self> {
+        if fingerprints.len() as u64 != zero.blocks() - zero.zero_blocks()
+            || pieces.len() as u64 != size.div_ceil(HASH_PIECE)
+        {
             return None;
         }
         let mut zeros_before = Vec::with_capacity(zero.zero_ranges().len() + 1);
@@ -388,18 +412,34 @@ impl BlockHashes {
             n += b - a;
         }
         zeros_before.push(n);
-        Some(Self { list, zeros_before })
+        Some(Self {
+            fingerprints,
+            pieces,
+            zeros_before,
+        })
     }
 
-    /// The hashes, in block order.
-    pub fn list(&self) -> &[BlockHash] {
-        &self.list
+    /// The fingerprints, in block order.
+    pub fn fingerprints(&self) -> &[Fingerprint] {
+        &self.fingerprints
+    }
+
+    /// The piece hashes, in file order.
+    pub fn pieces(&self) -> &[PieceHash] {
+        &self.pieces
     }
 }
 
-/// The BLAKE3 of `bytes`: a block's hash.
-pub fn block_hash(bytes: &[u8]) -> BlockHash {
+/// The BLAKE3 of `bytes`: a piece's hash.
+pub fn piece_hash(bytes: &[u8]) -> PieceHash {
     *blake3::hash(bytes).as_bytes()
+}
+
+/// The start of the BLAKE3 of `bytes`: a block's fingerprint.
+pub fn fingerprint(bytes: &[u8]) -> Fingerprint {
+    let mut f = [0u8; FINGERPRINT_LEN];
+    f.copy_from_slice(&blake3::hash(bytes).as_bytes()[..FINGERPRINT_LEN]);
+    f
 }
 
 /// Blocks `to..to + len` hold the same bytes as `from..from + len`
@@ -463,12 +503,21 @@ impl MetaFile {
         }
         if let Some(h) = &self.hashes {
             let data = self.blocks() - self.zero.zero_blocks();
-            if h.list.len() as u64 != data
+            if h.fingerprints.len() as u64 != data
+                || h.pieces.len() as u64 != self.file_size.div_ceil(HASH_PIECE)
                 || h.zeros_before.len() != self.zero.zero_ranges().len() + 1
             {
                 return Err(MetaError::Invalid(format!(
-                    "{} block hashes for {data} non-zero blocks",
-                    h.list.len()
+                    "{} block fingerprints for {data} non-zero blocks, or {} piece hashes \
+                     for a file of {} bytes",
+                    h.fingerprints.len(),
+                    h.pieces.len(),
+                    self.file_size
+                )));
+            }
+            if u64::from(bs) > HASH_PIECE {
+                return Err(MetaError::Invalid(format!(
+                    "hashes with {bs}-byte blocks (at most {HASH_PIECE})"
                 )));
             }
         }
@@ -555,9 +604,13 @@ impl MetaFile {
             }
         }
         if let Some(h) = &self.hashes {
-            out.extend_from_slice(&(h.list.len() as u32).to_le_bytes());
-            for hash in &h.list {
-                out.extend_from_slice(hash);
+            out.extend_from_slice(&(h.fingerprints.len() as u32).to_le_bytes());
+            for f in &h.fingerprints {
+                out.extend_from_slice(f);
+            }
+            out.extend_from_slice(&(h.pieces.len() as u32).to_le_bytes());
+            for p in &h.pieces {
+                out.extend_from_slice(p);
             }
         }
         let crc = crc32fast::hash(&out);
@@ -582,10 +635,11 @@ impl MetaFile {
         std::mem::size_of::<MetaFile>()
             + std::mem::size_of::<(u64, u64)>() * self.zero.zero.len()
             + std::mem::size_of::<Repeat>() * self.repeats.len()
-            + self
-                .hashes
-                .as_ref()
-                .map_or(0, |h| HASH_LEN * h.list.len() + 8 * h.zeros_before.len())
+            + self.hashes.as_ref().map_or(0, |h| {
+                FINGERPRINT_LEN * h.fingerprints.len()
+                    + HASH_LEN * h.pieces.len()
+                    + 8 * h.zeros_before.len()
+            })
     }
 
     /// The length [`MetaFile::encode`] would return, without encoding.
@@ -594,16 +648,15 @@ impl MetaFile {
             (META_VERSION, _) => 0,
             (_, n) => 4 + REPEAT_LEN * n,
         };
-        let hashes = self
-            .hashes
-            .as_ref()
-            .map_or(0, |h| 4 + HASH_LEN * h.list.len());
+        let hashes = self.hashes.as_ref().map_or(0, |h| {
+            8 + FINGERPRINT_LEN * h.fingerprints.len() + HASH_LEN * h.pieces.len()
+        });
         EMPTY_LEN + 4 * self.zero.runs().len() + repeats + hashes
     }
 
-    /// The hash of block `block`, if the file has hashes and the block is
-    /// not zero.
-    pub fn block_hash(&self, block: u64) -> Option<&BlockHash> {
+    /// The fingerprint of block `block`, if the file has hashes and the
+    /// block is not zero.
+    pub fn block_fingerprint(&self, block: u64) -> Option<&Fingerprint> {
         let h = self.hashes.as_deref()?;
         if block >= self.blocks() || self.zero.is_zero(block) {
             return None;
@@ -611,7 +664,14 @@ impl MetaFile {
         let ranges = self.zero.zero_ranges();
         let i = ranges.partition_point(|r| r.1 <= block);
         let rank = block - h.zeros_before.get(i)?;
-        h.list.get(usize::try_from(rank).ok()?)
+        h.fingerprints.get(usize::try_from(rank).ok()?)
+    }
+
+    /// The hash of piece `piece` (bytes `piece * HASH_PIECE..`), if the
+    /// file has hashes.
+    pub fn piece_hash(&self, piece: u64) -> Option<&PieceHash> {
+        let h = self.hashes.as_deref()?;
+        h.pieces.get(usize::try_from(piece).ok()?)
     }
 
     /// Decodes and checks a metadata file. Every length is checked against
@@ -656,9 +716,11 @@ impl MetaFile {
         }
         if version == META_VERSION_HASHES {
             let at = total - 4;
-            let count = u32_at(at)?;
-            hashes_at = Some((at + 4, count));
-            total = at + 4 + HASH_LEN * count + 4;
+            let blocks = u32_at(at)?;
+            let pieces_at = at + 4 + FINGERPRINT_LEN * blocks;
+            let pieces = u32_at(pieces_at)?;
+            hashes_at = Some((at + 4, blocks, pieces_at + 4, pieces));
+            total = pieces_at + 4 + HASH_LEN * pieces + 4;
         }
         if bytes.len() < total {
             return Err(MetaError::Truncated);
@@ -713,8 +775,16 @@ impl MetaFile {
                 })
                 .collect();
         }
-        if let Some((at, count)) = hashes_at {
-            let list = body[at..at + HASH_LEN * count]
+        if let Some((at, blocks, pieces_at, pieces)) = hashes_at {
+            let fingerprints = body[at..at + FINGERPRINT_LEN * blocks]
+                .chunks_exact(FINGERPRINT_LEN)
+                .map(|c| {
+                    let mut f = [0u8; FINGERPRINT_LEN];
+                    f.copy_from_slice(c);
+                    f
+                })
+                .collect();
+            let piece_list = body[pieces_at..pieces_at + HASH_LEN * pieces]
                 .chunks_exact(HASH_LEN)
                 .map(|c| {
                     let mut h = [0u8; HASH_LEN];
@@ -722,12 +792,15 @@ impl MetaFile {
                     h
                 })
                 .collect();
-            let hashes = BlockHashes::new(list, &meta.zero).ok_or_else(|| {
-                MetaError::Invalid(format!(
-                    "{count} block hashes for {} non-zero blocks",
-                    meta.blocks() - meta.zero.zero_blocks()
-                ))
-            })?;
+            let hashes = BlockHashes::new(fingerprints, piece_list, &meta.zero, meta.file_size)
+                .ok_or_else(|| {
+                    MetaError::Invalid(format!(
+                        "{blocks} block fingerprints for {} non-zero blocks, or {pieces} piece \
+                         hashes for {} pieces",
+                        meta.blocks() - meta.zero.zero_blocks(),
+                        meta.file_size.div_ceil(HASH_PIECE)
+                    ))
+                })?;
             meta.hashes = Some(std::sync::Arc::new(hashes));
         }
         meta.validate()?;

@@ -12,8 +12,9 @@ use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 
 use crate::ext::LEVEL;
 use crate::format::{
-    Actions, BlockHash, BlockHashes, HASH_LEN, MAX_BLOCK_SIZE, MAX_MAP_LEN, MAX_META_LEN,
-    MIN_BLOCK_SIZE, MetaFile, Repeat, ZeroMap, block_count, block_hash, meta_name,
+    Actions, BlockHashes, FINGERPRINT_LEN, Fingerprint, HASH_LEN, HASH_PIECE, MAX_BLOCK_SIZE,
+    MAX_MAP_LEN, MAX_META_LEN, MIN_BLOCK_SIZE, MetaFile, PieceHash, Repeat, ZeroMap, block_count,
+    fingerprint, meta_name, piece_hash,
 };
 
 /// Bytes read at a time.
@@ -29,8 +30,9 @@ const MAX_DISTINCT_BLOCKS: usize = 1 << 22;
 /// stream (computed streaming) and, when `repeats` too, the blocks that
 /// repeat earlier blocks byte for byte (a second pass over the non-zero
 /// blocks; each match is read back and compared, never trusted to a hash),
-/// and, when `hashes` too, the BLAKE3 of every non-zero block (a last pass
-/// over them; left out when the list would not fit [`MAX_META_LEN`]).
+/// and, when `hashes` too, the fingerprint of every non-zero block and the
+/// hash of every 64 KiB piece (a last pass; left out when they would not
+/// fit [`MAX_META_LEN`] or blocks are larger than a piece).
 /// `progress` is called with the work done so far, in bytes: each pass
 /// counts the file's size on ([`scan_work`] is the whole).
 ///
@@ -151,12 +153,13 @@ pub fn scan(
         meta.zero.keep_longest(keep);
     }
     let data_blocks = meta.blocks() - meta.zero.zero_blocks();
-    let fits = (meta.encoded_len() as u64 + 4).saturating_add((HASH_LEN as u64) * data_blocks)
-        <= MAX_META_LEN as u64;
-    if actions.compress && hashes && fits {
+    let hash_bytes =
+        8 + FINGERPRINT_LEN as u64 * data_blocks + HASH_LEN as u64 * size.div_ceil(HASH_PIECE);
+    let fits = meta.encoded_len() as u64 + hash_bytes <= MAX_META_LEN as u64;
+    if actions.compress && hashes && fits && u64::from(block_size) <= HASH_PIECE {
         let done = hash_pass_at;
         let mut progress = |at: u64| progress(done + at);
-        let list =
+        let (fingerprints, pieces) =
             hash_blocks(&file, &meta.zero, size, block_size, &mut progress).map_err(|e| {
                 if e.kind() == io::ErrorKind::UnexpectedEof {
                     changed(path)
@@ -168,45 +171,56 @@ pub fn scan(
         if (after.len(), times(&after)) != (size, times(&before)) {
             return Err(changed(path));
         }
-        meta.hashes = BlockHashes::new(list, &meta.zero).map(std::sync::Arc::new);
+        meta.hashes =
+            BlockHashes::new(fingerprints, pieces, &meta.zero, size).map(std::sync::Arc::new);
     }
     Ok(meta)
 }
 
-/// The BLAKE3 of each block of `file` that `zero` does not call zero, in
-/// block order (the last block's bytes up to the end of the file).
+/// The fingerprint of each block of `file` that `zero` does not call
+/// zero, in block order, and the hash of each [`HASH_PIECE`] of it (the
+/// last block and piece up to the end of the file). `block_size` is at
+/// most a piece.
 fn hash_blocks(
     file: &File,
     zero: &ZeroMap,
     size: u64,
     block_size: u32,
     progress: &mut dyn FnMut(u64),
-) -> io::Result<Vec<BlockHash>> {
+) -> io::Result<(Vec<Fingerprint>, Vec<PieceHash>)> {
     let bs = u64::from(block_size);
-    let blocks = block_count(size, block_size);
-    let per_read = (BUF_LEN as u64 / bs).max(1);
-    let mut list = Vec::new();
-    let mut buf = vec![0u8; (per_read * bs) as usize];
+    let zero_piece = piece_hash(&vec![0u8; HASH_PIECE as usize]);
+    let (mut fingerprints, mut pieces) = (Vec::new(), Vec::new());
+    let mut buf = vec![0u8; BUF_LEN];
     let mut at = 0u64;
-    while at < blocks {
-        let n = per_read.min(blocks - at);
-        if zero.all_zero(at, at + n) {
-            at += n;
-            continue;
-        }
-        let len = ((at + n) * bs).min(size) - at * bs;
-        let bytes = &mut buf[..len as usize];
-        file.read_exact_at(bytes, at * bs)?;
-        for (i, block) in bytes.chunks(bs as usize).enumerate() {
-            if !zero.is_zero(at + i as u64) {
-                list.push(block_hash(block));
+    while at < size {
+        let end = (at + BUF_LEN as u64).min(size);
+        if zero.all_zero(at / bs, end.div_ceil(bs)) {
+            for p in (at..end).step_by(HASH_PIECE as usize) {
+                let len = HASH_PIECE.min(size - p);
+                pieces.push(if len == HASH_PIECE {
+                    zero_piece
+                } else {
+                    piece_hash(&vec![0u8; len as usize])
+                });
+            }
+        } else {
+            let bytes = &mut buf[..(end - at) as usize];
+            file.read_exact_at(bytes, at)?;
+            for piece in bytes.chunks(HASH_PIECE as usize) {
+                pieces.push(piece_hash(piece));
+            }
+            for (i, block) in bytes.chunks(bs as usize).enumerate() {
+                if !zero.is_zero(at / bs + i as u64) {
+                    fingerprints.push(fingerprint(block));
+                }
             }
         }
-        at += n;
-        progress((at * bs).min(size));
+        at = end;
+        progress(at);
     }
     progress(size);
-    Ok(list)
+    Ok((fingerprints, pieces))
 }
 
 /// The whole non-zero blocks of `file` that repeat an earlier block byte for

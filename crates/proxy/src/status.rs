@@ -151,9 +151,9 @@ pub struct DirtyBytes {
     pub dirty_bytes: u64,
 }
 
-/// Most hashes one `held_blocks` request may ask about (a request is at
-/// most 64 KiB).
-pub const MAX_HELD_QUERY: usize = 800;
+/// Most fingerprints one `held_blocks` request may ask about (a request is
+/// at most 64 KiB).
+pub const MAX_HELD_QUERY: usize = 2048;
 
 /// Answers control requests from live counters.
 pub(crate) struct StatusSource {
@@ -203,12 +203,12 @@ impl StatusSource {
         }
     }
 
-    /// How many of the block hashes `req["hashes"]` (hex, at most
+    /// How many of the block fingerprints `req["hashes"]` (hex, at most
     /// [`MAX_HELD_QUERY`]) the file cache holds a block of.
     fn held_blocks(&self, req: &Value) -> Result<Value, CommandError> {
         let files = self.stack.files.as_ref().ok_or(CommandError::NoFileCache)?;
         let list = req["hashes"].as_array().ok_or(CommandError::BadArgument(
-            "\"hashes\" must be a list of block hashes in hex",
+            "\"hashes\" must be a list of block fingerprints in hex",
         ))?;
         if list.len() > MAX_HELD_QUERY {
             return Err(CommandError::BadArgument(
@@ -220,8 +220,10 @@ impl StatusSource {
             let bytes = h
                 .as_str()
                 .and_then(gvfs_meta::filecache::parse_handle)
-                .and_then(|b| <gvfs_meta::format::BlockHash>::try_from(b.as_slice()).ok())
-                .ok_or(CommandError::BadArgument("a hash is not 64 hex digits"))?;
+                .and_then(|b| <gvfs_meta::format::Fingerprint>::try_from(b.as_slice()).ok())
+                .ok_or(CommandError::BadArgument(
+                    "a fingerprint is not 16 hex digits",
+                ))?;
             hashes.push(bytes);
         }
         let held = files.blocks_held(&hashes).map_err(|e| {

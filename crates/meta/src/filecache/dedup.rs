@@ -1,22 +1,25 @@
 //! Dedup in the file cache: before a range is fetched, the blocks of it
 //! that some held file (another image, or this one further back) holds
-//! with the same content hash are read from there and checked against the
-//! hash the metadata names; only the rest is fetched (FETCH_HAVE says which
-//! blocks the answer may leave as zeros). Once a range is written, its
-//! blocks whose bytes match their hashes are noted in the [`BlockIndex`].
+//! with the same fingerprint are read from there (each read checked against
+//! its fingerprint); only the rest is fetched (FETCH_HAVE says which blocks
+//! the answer may leave as zeros). The range, held blocks placed, must
+//! match the piece hashes the metadata names before it is written: if it
+//! does not, it is fetched whole and the held blocks that differ from it
+//! leave the index. Once a range is written, its blocks are noted in the
+//! [`BlockIndex`].
 
 use super::*;
 use crate::dedup::{BlockIndex, Place};
 use crate::ext::Have;
-use crate::format::block_hash;
+use crate::format::{Fingerprint, HASH_PIECE, fingerprint, piece_hash};
 use fetch::{chunk_len, piece_mask};
 
 /// The blocks of a range held here already.
 pub(super) struct Held {
     /// Which blocks, for FETCH_HAVE.
     pub(super) have: Have,
-    /// Each one's bytes, by its index in the range.
-    pub(super) blocks: Vec<(usize, Vec<u8>)>,
+    /// Each one's bytes, by its index in the range, and where it was read.
+    pub(super) blocks: Vec<(usize, Vec<u8>, Place, Fingerprint)>,
     /// Whether they are every non-zero block of the range: nothing needs
     /// fetching.
     pub(super) all: bool,
@@ -25,13 +28,13 @@ pub(super) struct Held {
 impl Held {
     /// Bytes held.
     pub(super) fn bytes(&self) -> u64 {
-        self.blocks.iter().map(|(_, b)| b.len() as u64).sum()
+        self.blocks.iter().map(|(_, b, _, _)| b.len() as u64).sum()
     }
 
     /// Copies the held blocks into `raw`, the range's bytes.
     pub(super) fn place(&self, raw: &mut [u8]) {
         let bs = self.have.block_size as usize;
-        for (i, bytes) in &self.blocks {
+        for (i, bytes, _, _) in &self.blocks {
             let at = i * bs;
             if let Some(dst) = raw.get_mut(at..at + bytes.len()) {
                 dst.copy_from_slice(bytes);
@@ -68,9 +71,9 @@ impl FileCache {
         out
     }
 
-    /// How many of `hashes` this proxy holds a block of (by its index,
-    /// not read back).
-    pub fn blocks_held(&self, hashes: &[crate::format::BlockHash]) -> Result<u64, IndexError> {
+    /// How many of `hashes` (block fingerprints) this proxy holds a block
+    /// of, by its index (not read back).
+    pub fn blocks_held(&self, hashes: &[Fingerprint]) -> Result<u64, IndexError> {
         let Some(index) = self.blocks.get() else {
             return Ok(0);
         };
@@ -106,7 +109,7 @@ impl FileCache {
 
 /// Drops an index entry that did not hold its block; `false`, as a block
 /// not found.
-fn stale(index: &BlockIndex, hash: &crate::format::BlockHash, place: &Place) -> bool {
+fn stale(index: &BlockIndex, hash: &Fingerprint, place: &Place) -> bool {
     if let Err(e) = index.drop_stale(hash, place) {
         tracing::debug!(error = %e, "dedup: cannot drop a stale entry");
     }
@@ -135,13 +138,13 @@ impl CachedFile {
     }
 
     /// The blocks of `offset..offset + count` held here already, read and
-    /// checked (blocking I/O); `None` without hashes, dedup, or blocks of
-    /// the range's alignment.
+    /// their fingerprints checked (blocking I/O); `None` without hashes,
+    /// dedup, or a range on a piece.
     pub(super) fn held_blocks(&self, cache: &FileCache, offset: u64, count: u32) -> Option<Held> {
         let meta = self.content.as_deref()?;
         let index = cache.blocks.get()?;
         let bs = meta.block_size;
-        if !offset.is_multiple_of(u64::from(bs)) || count == 0 {
+        if !offset.is_multiple_of(HASH_PIECE) || count == 0 {
             return None;
         }
         let size = self.size();
@@ -155,41 +158,42 @@ impl CachedFile {
         let mut buf = vec![0u8; bs as usize];
         for i in 0..n {
             let block = first + i as u64;
-            let Some(hash) = meta.block_hash(block) else {
+            let Some(&fp) = meta.block_fingerprint(block) else {
                 // A zero block: a hole in the local file already.
                 continue;
             };
-            // Only whole blocks: the last one's hash is of fewer bytes.
-            let found = if (block + 1) * u64::from(bs) <= size {
-                self.copy_of(cache, index, hash, &mut buf)
+            // Only whole blocks: the last one's fingerprint is of fewer
+            // bytes.
+            let place = if (block + 1) * u64::from(bs) <= size {
+                self.copy_of(cache, index, &fp, &mut buf)
             } else {
-                false
+                None
             };
-            if found {
-                held.have.set(i);
-                held.blocks.push((i, buf.clone()));
-            } else {
-                held.all = false;
+            match place {
+                Some(place) => {
+                    held.have.set(i);
+                    held.blocks.push((i, buf.clone(), place, fp));
+                }
+                None => held.all = false,
             }
         }
         Some(held)
     }
 
-    /// Reads into `buf` a held block whose bytes hash to `hash`; drops an
-    /// index entry whose block is gone or holds other bytes.
+    /// Reads into `buf` a held block with fingerprint `fp`, and says where;
+    /// drops an index entry whose block is gone or holds other bytes.
     fn copy_of(
         &self,
         cache: &FileCache,
         index: &BlockIndex,
-        hash: &crate::format::BlockHash,
+        fp: &Fingerprint,
         buf: &mut [u8],
-    ) -> bool {
-        let place = match index.find(hash) {
-            Ok(Some(p)) => p,
-            Ok(None) => return false,
+    ) -> Option<Place> {
+        let place = match index.find(fp) {
+            Ok(p) => p?,
             Err(e) => {
                 tracing::debug!(error = %e, "dedup: index lookup failed");
-                return false;
+                return None;
             }
         };
         let entry = if place.fh == self.fh {
@@ -197,42 +201,83 @@ impl CachedFile {
         } else {
             match lock(&cache.files).get(&place.fh).cloned() {
                 Some(f) => Some(f),
-                None => return stale(index, hash, &place),
+                None => {
+                    stale(index, fp, &place);
+                    return None;
+                }
             }
         };
         let file = entry.as_deref().unwrap_or(self);
         if !file.holds(place.offset, buf.len() as u64) {
-            return false;
+            return None;
         }
-        if file.file.read_exact_at(buf, place.offset).is_err() || block_hash(buf) != *hash {
+        if file.file.read_exact_at(buf, place.offset).is_err() || fingerprint(buf) != *fp {
             cache.counters.dedup_rejected.add(1);
-            return stale(index, hash, &place);
+            stale(index, fp, &place);
+            return None;
         }
-        true
+        Some(place)
     }
 
-    /// Notes the blocks of `raw`, the bytes now at `offset` in the file,
-    /// whose bytes match the metadata's hashes (blocking); counts those
-    /// that do not.
+    /// Checks `raw`, the range at `offset`, against the metadata's piece
+    /// hashes: the number of pieces that differ (counted as hash
+    /// mismatches), `None` when there are no hashes to check or the range
+    /// does not start on a piece.
+    pub(super) fn check_pieces(&self, cache: &FileCache, offset: u64, raw: &[u8]) -> Option<u64> {
+        let meta = self.content.as_deref()?;
+        if !offset.is_multiple_of(HASH_PIECE) {
+            return None;
+        }
+        let size = self.size();
+        let mut bad = 0;
+        for (i, piece) in raw.chunks(HASH_PIECE as usize).enumerate() {
+            let at = offset + i as u64 * HASH_PIECE;
+            // A piece cut by the range's end (not the file's) is not checked.
+            if piece.len() as u64 != HASH_PIECE.min(size.saturating_sub(at)) {
+                continue;
+            }
+            if meta.piece_hash(at / HASH_PIECE) != Some(&piece_hash(piece)) {
+                bad += 1;
+            }
+        }
+        cache.counters.hash_mismatches.add(bad);
+        Some(bad)
+    }
+
+    /// Drops from the index the `suspect` blocks whose bytes differ from
+    /// `raw`, the range's bytes as fetched.
+    pub(super) fn drop_wrong(&self, cache: &FileCache, suspect: &Held, raw: &[u8]) {
+        let Some(index) = cache.blocks.get() else {
+            return;
+        };
+        let bs = suspect.have.block_size as usize;
+        for (i, bytes, place, fp) in &suspect.blocks {
+            if raw.get(i * bs..i * bs + bytes.len()) != Some(bytes.as_slice()) {
+                cache.counters.dedup_rejected.add(1);
+                stale(index, fp, place);
+            }
+        }
+    }
+
+    /// Notes the blocks of `raw`, the bytes now at `offset` in the file (a
+    /// range that passed its piece hashes), in the index (blocking).
     pub(super) fn note_blocks(&self, cache: &FileCache, offset: u64, raw: &[u8]) {
         let (Some(meta), Some(index)) = (self.content.as_deref(), cache.blocks.get()) else {
             return;
         };
         let bs = meta.block_size as usize;
-        if !offset.is_multiple_of(bs as u64) {
-            return;
-        }
         let first = offset / bs as u64;
         for (i, bytes) in raw.chunks_exact(bs).enumerate() {
             let block = first + i as u64;
-            let Some(hash) = meta.block_hash(block) else {
+            let Some(fp) = meta.block_fingerprint(block) else {
                 continue;
             };
-            if block_hash(bytes) != *hash {
-                cache.counters.hash_mismatches.add(1);
+            // A fingerprint of bytes other than these (the metadata's own
+            // doing) would only cost reads: not noted.
+            if fingerprint(bytes) != *fp {
                 continue;
             }
-            if let Err(e) = index.note(&self.fh, block * bs as u64, hash) {
+            if let Err(e) = index.note(&self.fh, block * bs as u64, fp) {
                 tracing::debug!(error = %e, "dedup: cannot note a block");
                 return;
             }

@@ -5,6 +5,16 @@
 use super::*;
 use dedup::Held;
 
+/// A range to fetch, and why.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    offset: u64,
+    count: u32,
+    urgency: Urgency,
+    /// The chunk it is all of, whose frame may be kept.
+    whole: Option<usize>,
+}
+
 impl CachedFile {
     /// Claims the first chunk at or after `from` that nobody fetches yet.
     pub(super) fn claim_next(&self, from: usize) -> Option<usize> {
@@ -199,12 +209,54 @@ impl CachedFile {
         urgency: Urgency,
         whole: Option<usize>,
     ) -> Result<(), FileCacheError> {
-        let writes = self.writes.load(Ordering::Acquire);
-        let held = self.find_held(cache, offset, count).await?;
-        if let Some(held) = held.as_ref().filter(|h| h.all) {
-            return self.copy_held(cache, held, offset, count).await;
+        let mut held = self.find_held(cache, offset, count).await?;
+        let mut suspect = None;
+        if let Some(all) = held.take_if(|h| h.all) {
+            if self.copy_held(cache, &all, offset, count).await? {
+                return Ok(());
+            }
+            suspect = Some(all);
         }
         let held = held.filter(|h| !h.blocks.is_empty());
+        let asked = Ask {
+            offset,
+            count,
+            urgency,
+            whole,
+        };
+        if let Some(wrong) = self
+            .fetch_into(cache, source, cred, asked, held, suspect)
+            .await?
+        {
+            // Some held block was not what its fingerprint promised: the
+            // whole range again, and the wrong ones found by comparing.
+            self.fetch_into(cache, source, cred, asked, None, Some(wrong))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Fetches a range (leaving out the `held` blocks, placed from here),
+    /// checks it against the piece hashes and writes it. Returns the held
+    /// blocks, unwritten, when the range they went into failed its hashes;
+    /// with `suspect` (blocks that did), drops those the fetched bytes
+    /// show wrong from the index.
+    async fn fetch_into(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        asked: Ask,
+        held: Option<Held>,
+        suspect: Option<Held>,
+    ) -> Result<Option<Held>, FileCacheError> {
+        let Ask {
+            offset,
+            count,
+            urgency,
+            whole,
+        } = asked;
+        let writes = self.writes.load(Ordering::Acquire);
         let args = FetchArgs {
             fh: self.fh.clone(),
             offset,
@@ -237,9 +289,8 @@ impl CachedFile {
         let repeated: u64 = repeats.iter().map(|r| u64::from(r.len)).sum();
         // A frame with held blocks left out is not the chunk's.
         let keep = whole.filter(|_| cache.keep_frames.load(Ordering::Relaxed) && held.is_none());
-        let dedup = held.as_ref().map_or(0, Held::bytes);
         let (me, c) = (self.clone(), cache.clone());
-        let spent = tokio::task::spawn_blocking(move || {
+        let done = tokio::task::spawn_blocking(move || {
             // Kept with its repeats: handed on only to callers that
             // fill them.
             let frame = keep.map(|idx| {
@@ -259,19 +310,27 @@ impl CachedFile {
                 held.place(&mut raw);
             }
             me.fill_repeats(&mut raw, offset, &repeats)?;
+            let checked = me.check_pieces(&c, offset, &raw);
+            let dedup = held.as_ref().map_or(0, Held::bytes);
+            if let Some(held) = held.filter(|_| checked.is_some_and(|bad| bad > 0)) {
+                return Ok(Err(held));
+            }
+            if let Some(suspect) = &suspect {
+                me.drop_wrong(&c, suspect, &raw);
+            }
             me.file
                 .write_all_at(&raw, offset)
                 .map_err(|e| FileCacheError::io("writing", &me.path, e))?;
             if let Some((idx, frame)) = frame {
                 me.keep_frame(idx, &frame, writes);
             }
-            me.note_blocks(&c, offset, &raw);
-            Ok::<_, FileCacheError>(spent)
+            if checked == Some(0) {
+                me.note_blocks(&c, offset, &raw);
+            }
+            Ok::<_, FileCacheError>(Ok((spent, dedup)))
         })
         .await
         .map_err(|e| FileCacheError::task("decompressing a chunk", e))??;
-        cache.counters.decompress_micros.add(spent);
-        cache.counters.repeat_bytes.add(repeated);
         cache.counters.chunks_fetched.add(1);
         cache.counters.wire_bytes.add(wire);
         match urgency {
@@ -279,9 +338,15 @@ impl CachedFile {
             Urgency::Profile => cache.counters.profile_wire_bytes.add(wire),
             Urgency::Background => cache.counters.background_wire_bytes.add(wire),
         }
+        let (spent, dedup) = match done {
+            Ok(done) => done,
+            Err(held) => return Ok(Some(held)),
+        };
+        cache.counters.decompress_micros.add(spent);
+        cache.counters.repeat_bytes.add(repeated);
         cache.counters.raw_bytes.add(u64::from(count));
         self.count_dedup(cache, dedup);
-        Ok(())
+        Ok(None)
     }
 
     /// The blocks of the range held here already (dedup), when the file
@@ -301,30 +366,36 @@ impl CachedFile {
             .map_err(|e| FileCacheError::task("looking for held blocks", e))
     }
 
-    /// Writes a range whose every non-zero block is held here: nothing is
-    /// fetched.
+    /// Writes a range whose every non-zero block is held here, if it
+    /// passes its piece hashes: nothing is fetched. `false` if it does not
+    /// (nothing written).
     async fn copy_held(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
         held: &Held,
         offset: u64,
         count: u32,
-    ) -> Result<(), FileCacheError> {
+    ) -> Result<bool, FileCacheError> {
         let mut raw = vec![0u8; count as usize];
         held.place(&mut raw);
         let (me, c) = (self.clone(), cache.clone());
-        tokio::task::spawn_blocking(move || {
+        let copied = tokio::task::spawn_blocking(move || {
+            if me.check_pieces(&c, offset, &raw) != Some(0) {
+                return Ok(false);
+            }
             me.file
                 .write_all_at(&raw, offset)
                 .map_err(|e| FileCacheError::io("writing", &me.path, e))?;
             me.note_blocks(&c, offset, &raw);
-            Ok::<_, FileCacheError>(())
+            Ok::<_, FileCacheError>(true)
         })
         .await
         .map_err(|e| FileCacheError::task("copying held blocks", e))??;
-        cache.counters.dedup_fetches_saved.add(1);
-        self.count_dedup(cache, held.bytes());
-        Ok(())
+        if copied {
+            cache.counters.dedup_fetches_saved.add(1);
+            self.count_dedup(cache, held.bytes());
+        }
+        Ok(copied)
     }
 
     fn count_dedup(&self, cache: &FileCache, bytes: u64) {

@@ -505,12 +505,17 @@ fn actions_bits() {
     assert_eq!(Actions::COMPRESS_AND_COPY.bits(), 15);
 }
 
-/// `sample()` with a hash for each of its non-zero blocks (1, 2, 6, 7, 8).
+/// `sample()` with a fingerprint for each of its non-zero blocks (1, 2,
+/// 6, 7, 8) and a hash for its one piece.
 fn hashed() -> MetaFile {
     let mut m = sample();
-    let list = [1u8, 2, 6, 7, 8].iter().map(|&b| [b; HASH_LEN]).collect();
+    let fps = [1u8, 2, 6, 7, 8]
+        .iter()
+        .map(|&b| [b; FINGERPRINT_LEN])
+        .collect();
     m.hashes = Some(std::sync::Arc::new(
-        BlockHashes::new(list, &m.zero).expect("one per data block"),
+        BlockHashes::new(fps, vec![[9; HASH_LEN]], &m.zero, m.file_size)
+            .expect("one per data block and piece"),
     ));
     m
 }
@@ -521,16 +526,22 @@ fn hashes_round_trip_as_version_3_and_name_each_data_block() {
     let bytes = m.encode();
     assert_eq!(bytes.len(), m.encoded_len());
     assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
-    assert_eq!(bytes.len(), 76 + 4 * m.zero.runs().len() + 32 * 5);
+    assert_eq!(bytes.len(), 80 + 4 * m.zero.runs().len() + 8 * 5 + 32);
     let back = MetaFile::decode(&bytes).expect("decodes");
     assert_eq!(back, m);
     for block in 0..10u64 {
         let want = [1u64, 2, 6, 7, 8]
             .contains(&block)
-            .then_some([block as u8; HASH_LEN]);
-        assert_eq!(back.block_hash(block).copied(), want, "block {block}");
+            .then_some([block as u8; FINGERPRINT_LEN]);
+        assert_eq!(
+            back.block_fingerprint(block).copied(),
+            want,
+            "block {block}"
+        );
     }
-    assert_eq!(back.block_hash(10), None);
+    assert_eq!(back.block_fingerprint(10), None);
+    assert_eq!(back.piece_hash(0), Some(&[9; HASH_LEN]));
+    assert_eq!(back.piece_hash(1), None);
     // With repeats too: one file, both lists.
     let mut both = hashed();
     both.repeats = vec![Repeat {
@@ -545,24 +556,33 @@ fn hashes_round_trip_as_version_3_and_name_each_data_block() {
         u32::from_le_bytes(sample().encode()[8..12].try_into().unwrap()),
         1
     );
+    // Blocks larger than a piece cannot have hashes.
+    let mut big = hashed();
+    big.block_size = 128 << 10;
+    assert!(big.validate().is_err());
 }
 
 #[test]
 fn a_hash_list_of_the_wrong_length_is_refused() {
     let m = hashed();
-    assert!(BlockHashes::new(vec![[0; HASH_LEN]; 4], &m.zero).is_none());
-    assert!(BlockHashes::new(vec![[0; HASH_LEN]; 6], &m.zero).is_none());
-    // A file claiming 4 hashes for 5 data blocks, checksum made good.
-    let mut bytes = m.encode();
-    bytes.truncate(bytes.len() - 4 - HASH_LEN);
-    bytes.extend_from_slice(&[0; 4]);
-    let count_at = bytes.len() - 4 - 4 * HASH_LEN - 4;
-    bytes[count_at..count_at + 4].copy_from_slice(&4u32.to_le_bytes());
-    let e = MetaFile::decode(&resign(bytes)).expect_err("short list");
-    assert!(e.to_string().contains("4 block hashes for 5"), "{e}");
+    let fps = |n| vec![[0; FINGERPRINT_LEN]; n];
+    let one = || vec![[0; HASH_LEN]];
+    assert!(BlockHashes::new(fps(4), one(), &m.zero, m.file_size).is_none());
+    assert!(BlockHashes::new(fps(6), one(), &m.zero, m.file_size).is_none());
+    assert!(BlockHashes::new(fps(5), vec![], &m.zero, m.file_size).is_none());
+    assert!(BlockHashes::new(fps(5), one(), &m.zero, m.file_size).is_some());
+    // A file claiming 4 fingerprints for 5 data blocks, checksum made good.
+    let bytes = m.encode();
+    let fp_at = bytes.len() - 4 - HASH_LEN - 4 - 5 * FINGERPRINT_LEN;
+    let mut short = bytes[..fp_at - 4].to_vec();
+    short.extend_from_slice(&4u32.to_le_bytes());
+    short.extend_from_slice(&bytes[fp_at..fp_at + 4 * FINGERPRINT_LEN]);
+    short.extend_from_slice(&bytes[fp_at + 5 * FINGERPRINT_LEN..]);
+    let e = MetaFile::decode(&resign(short)).expect_err("short list");
+    assert!(e.to_string().contains("4 block fingerprints for 5"), "{e}");
     // A count past the input is truncation, found before allocating.
     let mut bytes = m.encode();
-    let count_at = bytes.len() - 4 - 5 * HASH_LEN - 4;
+    let count_at = bytes.len() - 4 - HASH_LEN - 4;
     bytes[count_at..count_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(matches!(
         MetaFile::decode(&resign(bytes)),

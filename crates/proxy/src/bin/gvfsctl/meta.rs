@@ -83,7 +83,13 @@ pub(super) fn meta_gen(
                 indicatif::HumanBytes(scanned.compressed_size)
             );
             match &scanned.hashes {
-                Some(h) => line += &format!(", {} block hashes", h.list().len()),
+                Some(h) => {
+                    line += &format!(
+                        ", block hashes ({} block fingerprints, {} piece hashes)",
+                        h.fingerprints().len(),
+                        h.pieces().len()
+                    )
+                }
                 None if hashes => {
                     line += &format!(
                         ", no block hashes (more than {} would take; a larger --block-size \
@@ -251,9 +257,10 @@ pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result
     );
     match &m.hashes {
         Some(h) => println!(
-            "block hashes:    {} (BLAKE3, one per non-zero block: blocks shared with other \
-             images are copied, not fetched)",
-            h.list().len()
+            "block hashes:    {} block fingerprints, {} piece hashes (BLAKE3: blocks shared \
+             with other images are copied, not fetched)",
+            h.fingerprints().len(),
+            h.pieces().len()
         ),
         None => println!("block hashes:    none"),
     }
@@ -312,7 +319,7 @@ pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result
     if let Some(h) = &m.hashes {
         println!(
             "shared:          {}",
-            shared(h.list(), m.block_size, control)
+            shared(h.fingerprints(), m.block_size, control)
         );
     }
     Ok(())
@@ -320,7 +327,7 @@ pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result
 
 /// How many of `hashes` the running proxy (at `control`, or the one found)
 /// holds a block of: what a node would copy instead of fetch.
-fn shared(hashes: &[gvfs_meta::format::BlockHash], bs: u32, control: Option<PathBuf>) -> String {
+fn shared(hashes: &[gvfs_meta::format::Fingerprint], bs: u32, control: Option<PathBuf>) -> String {
     let path = match super::control_path(control) {
         Ok(p) => p,
         Err(why) => return format!("no proxy asked ({why:#})"),
