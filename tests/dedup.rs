@@ -67,6 +67,18 @@ fn copy_through(proxy: &Proxy, name: &str, want: &Path, to: &Path) -> Result<()>
     compare_files(want, to).with_context(|| format!("{name} through {}", proxy.url("")))
 }
 
+/// Waits until `p` has indexed `blocks` blocks (its indexer runs in the
+/// background, at low priority).
+async fn wait_indexed(p: &Proxy, blocks: u64) -> Result<()> {
+    for _ in 0..600 {
+        if n(&p.cache_stats_all()?, "file_cache.blocks_indexed") >= blocks {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("the blocks were never indexed: {}", p.cache_stats_all()?)
+}
+
 async fn wait_complete(p: &Proxy, files: u64) -> Result<serde_json::Value> {
     for _ in 0..600 {
         let s = p.cache_stats_all()?;
@@ -105,6 +117,8 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
     wait_complete(&lan, 1).await?;
     wait_complete(&node, 1).await?;
+    wait_indexed(&lan, BLOCKS).await?;
+    wait_indexed(&node, BLOCKS).await?;
     let wan_a = wan();
     // Before B is fetched, `meta show` says half of it is held already.
     let shown = gvfs::proxy::gvfsctl(
@@ -186,6 +200,7 @@ async fn held_blocks_serve_after_a_restart_and_rotted_ones_are_fetched() -> Resu
     let mut node = caching(server.upstream_url(), dir.path(), &[])?;
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
     wait_complete(&node, 1).await?;
+    wait_indexed(&node, BLOCKS).await?;
     node.terminate()?;
 
     // Rot: the first 64 blocks of the cached A (which B's blocks 0, 2, ...
@@ -256,6 +271,7 @@ async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result
     let node = caching(server.upstream_url(), dir.path(), &["--mount", &mount])?;
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
     wait_complete(&node, 1).await?;
+    wait_indexed(&node, BLOCKS).await?;
 
     // Page faults far apart in B, as a guest's: each reader fetches the
     // 64 KiB piece it needs, half of whose blocks A holds.
@@ -310,6 +326,7 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
     let node = caching(server.upstream_url(), dir.path(), &[])?;
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
     wait_complete(&node, 1).await?;
+    wait_indexed(&node, BLOCKS).await?;
     copy_through(&node, "b.img", &b, &out.path().join("b"))?;
     let s = wait_complete(&node, 2).await?;
     // The first chunk failed its piece hash with A's block in it, came

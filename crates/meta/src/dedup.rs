@@ -8,12 +8,13 @@
 //!
 //! ```text
 //!   'h' fingerprint[8]                -> fh_len[1] fh offset[8, BE]
-//!   'r' fh_len[1] fh offset[8, BE]    -> fingerprint[8]
+//!   'r' fh_len[1] fh range[8, BE]     -> (offset[8, BE] fingerprint[8])*
 //! ```
 //!
 //! The first finds a block by fingerprint (the last place it was seen); the
-//! second lists a file's blocks, so they go with it when the file is let go
-//! or evicted. Nothing here is trusted: a block found is read and its
+//! second lists the blocks of each range of a file noted together (one
+//! write a range, not one a block: sled's writes are what dedup costs), so
+//! they go with the file when it is let go or evicted. Nothing here is trusted: a block found is read and its
 //! fingerprint checked, and the range it goes into is checked against the
 //! piece hashes of the image's metadata before a byte of it is used
 //! (`filecache/dedup.rs`); an entry that fails is dropped. So a stale entry
@@ -31,8 +32,10 @@ use crate::format::{FINGERPRINT_LEN, Fingerprint};
 
 const FORWARD: u8 = b'h';
 const REVERSE: u8 = b'r';
-/// Entries of one file removed at a time when it is let go.
-const FORGET_BATCH: usize = 4096;
+/// Ranges of one file removed at a time when it is let go.
+const FORGET_BATCH: usize = 256;
+/// Bytes of one block in a range's list.
+const LISTED_LEN: usize = 8 + FINGERPRINT_LEN;
 
 /// Where a block with some hash lies: a held file and an offset in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,13 +116,29 @@ impl BlockIndex {
             .and_then(parse_place))
     }
 
-    /// Notes that file `fh` holds a block with `hash` at `offset`.
-    pub fn note(&self, fh: &[u8], offset: u64, hash: &Fingerprint) -> Result<(), IndexError> {
-        if fh.len() > 64 {
+    /// Notes that file `fh` holds the `blocks` (offset and fingerprint
+    /// each) of the range at `range`, replacing what was noted of it.
+    pub fn note(
+        &self,
+        fh: &[u8],
+        range: u64,
+        blocks: &[(u64, Fingerprint)],
+    ) -> Result<(), IndexError> {
+        if fh.len() > 64 || blocks.is_empty() {
             return Ok(());
         }
-        self.index.put(&reverse_key(fh, offset), hash)?;
-        self.index.put(&forward_key(hash), &place_bytes(fh, offset))
+        let mut list = Vec::with_capacity(blocks.len() * LISTED_LEN);
+        for (offset, fp) in blocks {
+            list.extend_from_slice(&offset.to_be_bytes());
+            list.extend_from_slice(fp);
+        }
+        // The list first: a place is findable only once it can be dropped.
+        self.index.put(&reverse_key(fh, range), &list)?;
+        for (offset, fp) in blocks {
+            self.index
+                .put(&forward_key(fp), &place_bytes(fh, *offset))?;
+        }
+        Ok(())
     }
 
     /// Drops the entry for `hash` if it still says `place` (which did not
@@ -128,10 +147,11 @@ impl BlockIndex {
         if self.find(hash)?.as_ref() == Some(place) {
             self.index.remove(&forward_key(hash))?;
         }
-        self.index.remove(&reverse_key(&place.fh, place.offset))
+        Ok(())
     }
 
-    /// Drops every entry of file `fh`, which is no longer held.
+    /// Drops every entry of file `fh`, which is no longer held; returns the
+    /// number of blocks its lists named.
     pub fn forget_file(&self, fh: &[u8]) -> Result<u64, IndexError> {
         if fh.len() > 64 {
             return Ok(0);
@@ -143,23 +163,24 @@ impl BlockIndex {
             if batch.is_empty() {
                 return Ok(dropped);
             }
-            for (key, hash) in batch {
-                let offset = key
-                    .get(prefix.len()..)
-                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                    .map(u64::from_be_bytes);
-                if let (Some(offset), Ok(hash)) = (offset, <Fingerprint>::try_from(hash.as_slice()))
-                {
+            for (key, list) in batch {
+                for item in list.chunks_exact(LISTED_LEN) {
+                    let (offset, fp) = item.split_at(8);
+                    let (Ok(offset), Ok(fp)) =
+                        (<[u8; 8]>::try_from(offset), <Fingerprint>::try_from(fp))
+                    else {
+                        continue;
+                    };
                     let place = Place {
                         fh: fh.to_vec(),
-                        offset,
+                        offset: u64::from_be_bytes(offset),
                     };
-                    if self.find(&hash)?.as_ref() == Some(&place) {
-                        self.index.remove(&forward_key(&hash))?;
+                    if self.find(&fp)?.as_ref() == Some(&place) {
+                        self.index.remove(&forward_key(&fp))?;
                     }
+                    dropped += 1;
                 }
                 self.index.remove(&key)?;
-                dropped += 1;
             }
         }
     }
@@ -177,10 +198,9 @@ mod tests {
     #[test]
     fn blocks_are_found_by_hash_and_go_with_their_file() {
         let index = BlockIndex::new(Arc::new(MemIndex::new(1000)));
-        index.note(b"fileA", 0, &h(1)).unwrap();
-        index.note(b"fileA", 4096, &h(2)).unwrap();
-        index.note(b"fileB", 8192, &h(2)).unwrap();
-        index.note(b"fileAB", 0, &h(3)).unwrap();
+        index.note(b"fileA", 0, &[(0, h(1)), (4096, h(2))]).unwrap();
+        index.note(b"fileB", 8192, &[(8192, h(2))]).unwrap();
+        index.note(b"fileAB", 0, &[(0, h(3))]).unwrap();
         let at = |fh: &[u8], offset| {
             Some(Place {
                 fh: fh.to_vec(),
@@ -218,6 +238,8 @@ mod tests {
             )
             .unwrap();
         assert_eq!(index.find(&h(2)).unwrap(), None);
+        // Its list still names the block; nothing of it is found any more.
+        assert_eq!(index.forget_file(b"fileB").unwrap(), 1);
         assert_eq!(index.forget_file(b"fileB").unwrap(), 0);
     }
 

@@ -363,11 +363,14 @@ gvfs_nfs::counters! {
         dedup_bytes,
         /// Fetches not sent at all: every block was held here.
         dedup_fetches_saved,
-        /// Held blocks whose bytes did not match their hash when read (a
-        /// file rewritten since, or a damaged disk): not used, fetched.
+        /// Held blocks that were not what their fingerprint promised (a
+        /// file rewritten since, a damaged disk, a fingerprint shared by
+        /// other bytes): not used, fetched.
         dedup_rejected,
-        /// Fetched blocks whose bytes do not match the hash the image's
-        /// metadata names (the metadata is wrong): not offered for dedup.
+        /// 64 KiB pieces that did not match their hash in the image's
+        /// metadata: with held blocks in them, fetched again whole;
+        /// otherwise as upstream sent them (the metadata is wrong), and
+        /// their blocks not offered for dedup.
         hash_mismatches,
     }
 }
@@ -388,6 +391,11 @@ pub struct FileCacheStats {
     /// Bytes copied from held blocks instead of fetched, per held file
     /// (the largest [`DEDUP_FILES_SHOWN`]).
     pub dedup_files: Vec<FileDedup>,
+    /// Blocks written into the dedup index (in the background, at low
+    /// priority).
+    pub blocks_indexed: u64,
+    /// Ranges not indexed because the indexer's queue was full.
+    pub index_dropped: u64,
 }
 
 /// Files listed in [`FileCacheStats::dedup_files`].
@@ -631,6 +639,9 @@ pub struct FileCache {
     profiles: std::sync::OnceLock<Arc<Profiles>>,
     /// Where held blocks are found by content hash (set with dedup on).
     blocks: std::sync::OnceLock<crate::dedup::BlockIndex>,
+    /// Writes to it, in the background.
+    indexer: std::sync::OnceLock<dedup::Indexer>,
+    indexed: Arc<dedup::IndexerCounts>,
     /// Files removed at open as unfinished: their blocks leave the index
     /// when it is set.
     unfinished: Mutex<Vec<Vec<u8>>>,
@@ -703,6 +714,8 @@ impl FileCache {
             keep_frames: AtomicBool::new(false),
             profiles: std::sync::OnceLock::new(),
             blocks: std::sync::OnceLock::new(),
+            indexer: std::sync::OnceLock::new(),
+            indexed: Arc::default(),
             unfinished: Mutex::new(Vec::new()),
             counters: Counters::default(),
         });
@@ -829,6 +842,8 @@ impl FileCache {
             cached_bytes,
             dirty_files,
             dedup_files,
+            blocks_indexed: self.indexed.noted.load(Ordering::Relaxed),
+            index_dropped: self.indexed.dropped.load(Ordering::Relaxed),
         }
     }
 

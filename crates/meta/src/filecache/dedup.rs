@@ -43,10 +43,86 @@ impl Held {
     }
 }
 
+/// Ranges waiting for the indexer; past this a range is not noted (its
+/// blocks are fetched, not copied, by the next image that shares them).
+const INDEX_QUEUE: usize = 4096;
+
+/// What the indexer thread does, in order.
+enum Job {
+    /// Note a range's blocks.
+    Note {
+        fh: Vec<u8>,
+        range: u64,
+        blocks: Vec<(u64, Fingerprint)>,
+    },
+    /// Drop a file's blocks.
+    Forget(Vec<u8>),
+}
+
+/// The index's writes (sled's, which cost more than the rest of dedup) on
+/// a thread of their own at the lowest CPU priority: nothing waits for
+/// them, so they use what clients leave idle. One queue keeps a file's
+/// notes before its forgetting.
+pub(super) struct Indexer {
+    jobs: std::sync::mpsc::SyncSender<Job>,
+}
+
+impl Indexer {
+    fn start(index: BlockIndex, counters: Arc<IndexerCounts>) -> std::io::Result<Self> {
+        let (jobs, rx) = std::sync::mpsc::sync_channel::<Job>(INDEX_QUEUE);
+        std::thread::Builder::new()
+            .name("gvfs-dedup-index".into())
+            .spawn(move || {
+                let me = rustix::thread::gettid();
+                if let Err(e) = rustix::process::setpriority_process(Some(me), 19) {
+                    tracing::debug!(error = %e, "dedup: the indexer keeps its priority");
+                }
+                for job in rx {
+                    let done = match job {
+                        Job::Note { fh, range, blocks } => {
+                            index.note(&fh, range, &blocks).map(|()| {
+                                counters
+                                    .noted
+                                    .fetch_add(blocks.len() as u64, Ordering::Relaxed)
+                            })
+                        }
+                        Job::Forget(fh) => index.forget_file(&fh).map(|_| 0),
+                    };
+                    if let Err(e) = done {
+                        tracing::warn!(error = %e, "dedup: the block index was not updated");
+                    }
+                }
+            })?;
+        Ok(Self { jobs })
+    }
+
+    fn send(&self, job: Job, counters: &IndexerCounts) {
+        if self.jobs.try_send(job).is_err() {
+            counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What the indexer did (read into the file cache's stats).
+#[derive(Debug, Default)]
+pub(super) struct IndexerCounts {
+    pub(super) noted: AtomicU64,
+    pub(super) dropped: AtomicU64,
+}
+
 impl FileCache {
     /// Copies blocks shared with other held files instead of fetching
     /// them, using `blocks` (set once, by a proxy with dedup on).
     pub fn keep_blocks(&self, blocks: BlockIndex) {
+        match Indexer::start(blocks.clone(), self.indexed.clone()) {
+            Ok(indexer) => {
+                let _ = self.indexer.set(indexer);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "dedup off: cannot start the block indexer");
+                return;
+            }
+        }
         let _ = self.blocks.set(blocks);
         for fh in std::mem::take(&mut *lock(&self.unfinished)) {
             self.forget_blocks(&fh);
@@ -86,23 +162,13 @@ impl FileCache {
         Ok(n)
     }
 
-    /// Drops the index entries of `fh`'s blocks, in the background when
-    /// there is a runtime (a file is let go under the table's lock). An
-    /// entry a new fetch of the same file makes meanwhile may go too: a
+    /// Drops the index entries of `fh`'s blocks, on the indexer (a file is
+    /// let go under the table's lock), after the notes of it already sent.
+    /// An entry a new fetch of the same file makes meanwhile may go too: a
     /// block missing from the index costs only a fetch.
     pub(super) fn forget_blocks(&self, fh: &[u8]) {
-        let Some(index) = self.blocks.get().cloned() else {
-            return;
-        };
-        let fh = fh.to_vec();
-        let forget = move || {
-            if let Err(e) = index.forget_file(&fh) {
-                tracing::warn!(error = %e, "dedup: cannot drop a file's blocks from the index");
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(forget)),
-            Err(_) => forget(),
+        if let Some(indexer) = self.indexer.get() {
+            indexer.send(Job::Forget(fh.to_vec()), &self.indexed);
         }
     }
 }
@@ -260,27 +326,32 @@ impl CachedFile {
     }
 
     /// Notes the blocks of `raw`, the bytes now at `offset` in the file (a
-    /// range that passed its piece hashes), in the index (blocking).
+    /// range that passed its piece hashes), in the index: the fingerprints
+    /// here, the index's writes on the [`Indexer`].
     pub(super) fn note_blocks(&self, cache: &FileCache, offset: u64, raw: &[u8]) {
-        let (Some(meta), Some(index)) = (self.content.as_deref(), cache.blocks.get()) else {
+        let (Some(meta), Some(indexer)) = (self.content.as_deref(), cache.indexer.get()) else {
             return;
         };
         let bs = meta.block_size as usize;
         let first = offset / bs as u64;
+        let mut blocks = Vec::with_capacity(raw.len() / bs);
         for (i, bytes) in raw.chunks_exact(bs).enumerate() {
             let block = first + i as u64;
-            let Some(fp) = meta.block_fingerprint(block) else {
-                continue;
-            };
             // A fingerprint of bytes other than these (the metadata's own
             // doing) would only cost reads: not noted.
-            if fingerprint(bytes) != *fp {
-                continue;
+            if let Some(fp) = meta.block_fingerprint(block)
+                && fingerprint(bytes) == *fp
+            {
+                blocks.push((block * bs as u64, *fp));
             }
-            if let Err(e) = index.note(&self.fh, block * bs as u64, fp) {
-                tracing::debug!(error = %e, "dedup: cannot note a block");
-                return;
-            }
+        }
+        if !blocks.is_empty() {
+            let job = Job::Note {
+                fh: self.fh.clone(),
+                range: offset,
+                blocks,
+            };
+            indexer.send(job, &cache.indexed);
         }
     }
 }

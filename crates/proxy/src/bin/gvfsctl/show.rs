@@ -122,10 +122,15 @@ pub(super) fn print_stats(s: &Stats) {
                 c.profile_hits, c.profile_pieces, c.profiles_sent, c.profiles_discarded
             );
         }
-        if c.dedup_bytes + c.dedup_rejected + c.hash_mismatches > 0 {
+        if c.dedup_bytes + c.dedup_rejected + c.hash_mismatches + f.blocks_indexed > 0 {
             println!(
-                "  dedup       {} bytes copied from blocks held here instead of fetched ({} fetches not sent); {} held blocks failed their hash, {} fetched blocks did not match theirs",
-                c.dedup_bytes, c.dedup_fetches_saved, c.dedup_rejected, c.hash_mismatches
+                "  dedup       {} bytes copied from blocks held here instead of fetched ({} fetches not sent); {} held blocks were not what their fingerprint promised, {} pieces did not match their hash; {} blocks indexed ({} ranges not, the indexer being behind)",
+                c.dedup_bytes,
+                c.dedup_fetches_saved,
+                c.dedup_rejected,
+                c.hash_mismatches,
+                f.blocks_indexed,
+                f.index_dropped
             );
             for d in &f.dedup_files {
                 println!(
