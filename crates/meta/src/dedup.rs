@@ -141,6 +141,11 @@ impl BlockIndex {
         Ok(())
     }
 
+    /// Makes what was noted and dropped so far durable.
+    pub fn flush(&self) -> Result<(), IndexError> {
+        self.index.flush()
+    }
+
     /// Drops the entry for `hash` if it still says `place` (which did not
     /// hold the block after all).
     pub fn drop_stale(&self, hash: &Fingerprint, place: &Place) -> Result<(), IndexError> {

@@ -159,6 +159,8 @@ pub struct Frame {
     /// Ranges sent as zeros that repeat earlier bytes, as the frame
     /// arrived with them (only callers that fill repeats get such frames).
     pub repeats: Vec<ByteRepeat>,
+    /// File bytes sent as zeros because the caller holds them (FETCH_HAVE).
+    pub left_out: u64,
 }
 
 /// Where a chunk's frame lies in its file's frame file.
@@ -275,6 +277,7 @@ impl FrameStore {
             codec: slot.codec,
             data,
             repeats: slot.repeats.to_vec(),
+            left_out: 0,
         })
     }
 
@@ -391,8 +394,8 @@ pub struct FileCacheStats {
     /// Bytes copied from held blocks instead of fetched, per held file
     /// (the largest [`DEDUP_FILES_SHOWN`]).
     pub dedup_files: Vec<FileDedup>,
-    /// Blocks written into the dedup index (in the background, at low
-    /// priority).
+    /// Blocks written into the dedup index and made durable (in the
+    /// background, at low priority).
     pub blocks_indexed: u64,
     /// Ranges not indexed because the indexer's queue was full.
     pub index_dropped: u64,

@@ -81,7 +81,8 @@ gvfs_nfs::counters! {
         profiles_written,
         /// FETCH_HAVE calls answered (the caller held some blocks).
         have_calls,
-        /// File bytes sent as zeros because the caller held them.
+        /// File bytes sent as zeros because the caller held them (a proxy
+        /// that keeps a chunk's frame sends it as it is).
         have_bytes,
     }
 }
@@ -242,14 +243,6 @@ impl ExtServer {
                 self.read_below(cx, &fetch, repeats).await
             }
         };
-        if let (Ok(ok), Some(have)) = (&res, &fetch.have) {
-            let left: usize = have
-                .ranges(ok.raw_len as usize)
-                .iter()
-                .map(|(a, b)| b - a)
-                .sum();
-            self.counters.have_bytes.add(left as u64);
-        }
         Ok(self.encode(&res, repeats))
     }
 
@@ -482,6 +475,7 @@ impl ExtServer {
                 tracing::warn!(%why, "FETCH from the file cache failed");
                 nfsstat3::NFS3ERR_IO
             })?;
+        self.counters.have_bytes.add(frame.left_out);
         Ok(FetchOk {
             attrs,
             raw_len,
@@ -640,7 +634,7 @@ impl ExtServer {
             data[at..at + r.len as usize].fill(0);
         }
         if let Some(have) = &args.have {
-            have.zero_in(&mut data);
+            self.counters.have_bytes.add(have.zero_in(&mut data));
         }
         Self::package(attrs, data, eof, listed).await
     }

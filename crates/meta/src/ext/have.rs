@@ -24,6 +24,13 @@
 //! makes anyway (at most 32 bytes a chunk), where a list of hashes would
 //! cost a round trip and 32 bytes a block before any data moved.
 //!
+//! The answer may carry the held blocks after all: a proxy answering from
+//! its file cache sends a whole chunk in the frame it keeps for its site's
+//! callers (compressing it again for each would cost more than the bytes
+//! on a LAN); only the proxy next to the image server, which keeps no
+//! frames, and a part of a chunk always leave them out. The caller places
+//! its own blocks over whatever came.
+//!
 //! A caller whose upstream answers PROC_UNAVAIL (an older proxy) asks
 //! with FETCH_REPEATS or FETCH_DEMAND from then on and gets every byte.
 

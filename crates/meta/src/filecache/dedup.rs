@@ -77,20 +77,30 @@ impl Indexer {
                 if let Err(e) = rustix::process::setpriority_process(Some(me), 19) {
                     tracing::debug!(error = %e, "dedup: the indexer keeps its priority");
                 }
-                for job in rx {
+                let run = |job| {
                     let done = match job {
-                        Job::Note { fh, range, blocks } => {
-                            index.note(&fh, range, &blocks).map(|()| {
-                                counters
-                                    .noted
-                                    .fetch_add(blocks.len() as u64, Ordering::Relaxed)
-                            })
-                        }
+                        Job::Note { fh, range, blocks } => index
+                            .note(&fh, range, &blocks)
+                            .map(|()| blocks.len() as u64),
                         Job::Forget(fh) => index.forget_file(&fh).map(|_| 0),
                     };
-                    if let Err(e) = done {
+                    done.unwrap_or_else(|e| {
                         tracing::warn!(error = %e, "dedup: the block index was not updated");
+                        0
+                    })
+                };
+                // Each time the queue runs dry, what it did is made durable
+                // (the thread outlives the last handle of the index, so
+                // sled's flush at its drop would not come), then counted.
+                while let Ok(job) = rx.recv() {
+                    let mut noted = run(job);
+                    while let Ok(job) = rx.try_recv() {
+                        noted += run(job);
                     }
+                    if let Err(e) = index.flush() {
+                        tracing::warn!(error = %e, "dedup: the block index was not flushed");
+                    }
+                    counters.noted.fetch_add(noted, Ordering::Relaxed);
                 }
             })?;
         Ok(Self { jobs })

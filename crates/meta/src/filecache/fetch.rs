@@ -300,6 +300,7 @@ impl CachedFile {
                         codec: ok.codec,
                         data: ok.data.clone(),
                         repeats: repeats.clone(),
+                        left_out: 0,
                     },
                 )
             });

@@ -113,7 +113,8 @@ impl CachedFile {
     /// local ones (so the caller's version check sees the difference).
     /// Fails when a WRITE ran at the same time: the bytes might belong to
     /// neither version. With `have` (FETCH_HAVE), the blocks the caller
-    /// holds are sent as zeros, in a frame made for it alone.
+    /// holds of a range that is not a whole chunk are sent as zeros, in a
+    /// frame made for it alone.
     #[allow(clippy::too_many_arguments)]
     pub async fn read_frame(
         self: &Arc<Self>,
@@ -126,7 +127,13 @@ impl CachedFile {
         have: Option<&Have>,
     ) -> Result<(Frame, u32, bool, fattr3), FileCacheError> {
         let (seen, attrs) = self.stamp().ok_or(FileCacheError::WrittenDuringFetch)?;
-        let (frame, len, eof) = match have.filter(|h| !h.is_empty()) {
+        // A whole chunk goes in its frame (kept, or made and kept now),
+        // held blocks and all: the caller places its own over them, and a
+        // proxy that keeps frames serves its site, where the bytes cost
+        // less than making a frame for each caller would. (The proxy next
+        // to the image server keeps none, and leaves held blocks out.)
+        let have = have.filter(|h| !h.is_empty() && !self.is_whole(offset, count));
+        let (frame, len, eof) = match have {
             Some(have) => {
                 self.frame_leaving(cache, source, cred, offset, count, asked.urgency, have)
                     .await?
@@ -196,6 +203,7 @@ impl CachedFile {
                 codec,
                 data,
                 repeats: Vec::new(),
+                left_out: 0,
             };
             let kept = keep && me.keep_frame(idx, &frame, writes);
             (frame, kept)
@@ -206,6 +214,13 @@ impl CachedFile {
             cache.counters.frames_made.add(1);
         }
         Ok((frame, raw_len, eof))
+    }
+
+    /// Whether `offset..offset + count` is a whole chunk.
+    fn is_whole(&self, offset: u64, count: u32) -> bool {
+        let idx = usize::try_from(offset / u64::from(CHUNK)).unwrap_or(usize::MAX);
+        let (start, len) = self.chunk_range(idx);
+        len > 0 && offset == start && count >= len
     }
 
     /// `offset..offset + count` as a frame with the blocks `have` names
@@ -228,12 +243,13 @@ impl CachedFile {
         let have = have.clone();
         let frame = tokio::task::spawn_blocking(move || {
             let mut raw = raw.into_owned();
-            have.zero_in(&mut raw);
+            let left_out = have.zero_in(&mut raw);
             let (codec, data) = compress(&raw, LEVEL);
             Frame {
                 codec,
                 data,
                 repeats: Vec::new(),
+                left_out,
             }
         })
         .await
