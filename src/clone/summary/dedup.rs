@@ -209,8 +209,8 @@ pub(super) fn dedup_markdown(outcome: &Outcome) -> String {
         "\n## Dedup across images\n\n\
          Each scenario named \"... dedup\" is its twin run again on fresh proxies and a fresh \
          link with the proxies' defaults: a node or LAN proxy that fetches a block of one image \
-         whose BLAKE3 (from the metadata file) it holds in another cached image copies it \
-         instead of fetching it. Its twin runs the node and LAN proxies with `--no-dedup`. Per \
+         whose fingerprint (from the metadata file) it holds in another cached image copies it \
+         instead of fetching it, once the range it goes into matches its piece hashes. Its twin runs the node and LAN proxies with `--no-dedup`. Per \
          clone: the census floor (the compressed bytes of the memory image and device state no \
          image cloned before holds, 0 for an image brought before); the image's metadata \
          files, which cross the WAN too (an 8-byte fingerprint per non-zero 4 KiB block and a \
