@@ -325,6 +325,27 @@ impl Proxy {
         serde_json::from_str(&out.stdout_text()).context("parsing gvfsctl stats --json")
     }
 
+    /// Waits until the counter `key` of [`Proxy::cache_stats_all`] (a
+    /// dotted path, as [`stat`] takes) is at least `min`, and returns the
+    /// stats it saw then; fails with them and the proxy's output after
+    /// `timeout`.
+    pub fn wait_stat(&self, key: &str, min: u64, timeout: Duration) -> Result<serde_json::Value> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let s = self.cache_stats_all()?;
+            if stat(&s, key) >= min {
+                return Ok(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!(
+                    "{key} did not reach {min} within {timeout:?}: {s}\noutput:\n{}",
+                    self.output()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Runs `gvfsctl writeback --wait` and fails unless it succeeded.
     pub fn write_back(&self) -> Result<String> {
         let out = gvfsctl(self.control_path(), &["writeback", "--wait"])?;

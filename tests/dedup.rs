@@ -23,6 +23,8 @@ const BLOCK: u64 = 4096;
 const BLOCKS: u64 = 3072;
 /// Bytes of B that are blocks of A: its even blocks.
 const SHARED: u64 = BLOCKS / 2 * BLOCK;
+/// How long a fetch or the indexer may take on a loaded machine.
+const WAIT: Duration = Duration::from_secs(30);
 
 /// Image A (its own random blocks) and image B, whose even block `2j` is
 /// A's block `j` and whose odd blocks are its own, each with
@@ -70,24 +72,12 @@ fn copy_through(proxy: &Proxy, name: &str, want: &Path, to: &Path) -> Result<()>
 /// Waits until `p` has indexed `blocks` blocks (its indexer runs in the
 /// background, at low priority).
 async fn wait_indexed(p: &Proxy, blocks: u64) -> Result<()> {
-    for _ in 0..600 {
-        if n(&p.cache_stats_all()?, "file_cache.blocks_indexed") >= blocks {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("the blocks were never indexed: {}", p.cache_stats_all()?)
+    p.wait_stat("file_cache.blocks_indexed", blocks, WAIT)
+        .map(drop)
 }
 
 async fn wait_complete(p: &Proxy, files: u64) -> Result<serde_json::Value> {
-    for _ in 0..600 {
-        let s = p.cache_stats_all()?;
-        if n(&s, "file_cache.files_complete") >= files {
-            return Ok(s);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("the file cache never finished: {}", p.cache_stats_all()?)
+    p.wait_stat("file_cache.files_complete", files, WAIT)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

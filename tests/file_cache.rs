@@ -42,13 +42,8 @@ fn caching(upstream: String, dir: &Path) -> Result<Proxy> {
 }
 
 async fn wait_complete(p: &Proxy, files: u64) -> Result<()> {
-    for _ in 0..300 {
-        if n(&p.cache_stats_all()?, "file_cache.files_complete") >= files {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!("the file cache never finished: {}", p.cache_stats_all()?)
+    p.wait_stat("file_cache.files_complete", files, Duration::from_secs(15))
+        .map(drop)
 }
 
 /// A WRITE (FILE_SYNC unless `unstable`) of `data` at `offset`: its status.

@@ -15,9 +15,9 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use gvfs::data::{compare_bytes, compare_files, write_sparse_file};
 use gvfs::fuse::{self, MountPoint};
 use gvfs::nfsclient::NfsClient;
@@ -131,25 +131,6 @@ fn read_page(file: &File, origin: &Path, offset: u64) -> Result<()> {
     compare_bytes(&want, &got).with_context(|| format!("the page at {offset}"))
 }
 
-/// Waits until `proxy`'s counter `key` is at least `min`; fails with the
-/// stats and the proxy's output after `timeout`.
-fn wait_stat(proxy: &Proxy, key: &str, min: u64, timeout: Duration) -> Result<serde_json::Value> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let s = proxy.cache_stats_all()?;
-        if n(&s, key) >= min {
-            return Ok(s);
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "{key} did not reach {min} within {timeout:?}: {s}\noutput:\n{}",
-                proxy.output()
-            );
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The first reads of a lazy clone's guest, scattered, chunk by chunk (7
 /// twice): the profile learned is the 64 KiB pieces at the start of
 /// chunks 30, 7, 41, 12.
@@ -163,7 +144,9 @@ fn learn_scattered(server: &Proxy, origin: &Path, name: &str) -> Result<Node> {
     for c in SCATTERED {
         read_page(&f, origin, c * CHUNK + 512)?;
     }
-    let s = wait_stat(&node.proxy, "file_cache.profiles_sent", 1, LEARN_WAIT)?;
+    let s = node
+        .proxy
+        .wait_stat("file_cache.profiles_sent", 1, LEARN_WAIT)?;
     ensure!(
         n(&s, "file_cache.profiles_sent") == 1 && n(&s, "file_cache.profiles_discarded") == 0,
         "node 1 after its scattered reads: {s}"
@@ -214,7 +197,9 @@ async fn scattered_reads_are_learned_and_the_next_node_fetches_them_first() -> R
     let node2 = Node::start(server.upstream_url())?;
     let f = File::open(node2.path("golden.mem"))?;
     read_page(&f, &origin, 100)?;
-    let s = wait_stat(&node2.proxy, "file_cache.files_complete", 1, FETCH_WAIT)?;
+    let s = node2
+        .proxy
+        .wait_stat("file_cache.files_complete", 1, FETCH_WAIT)?;
     ensure!(
         n(&s, "file_cache.profile_hits") == 1
             && n(&s, "file_cache.profile_pieces") == 4
@@ -259,7 +244,9 @@ async fn a_changed_image_drops_its_profile() -> Result<()> {
     let node = Node::start(server.upstream_url())?;
     let f = File::open(node.path("golden.mem"))?;
     read_page(&f, &origin, 30 * CHUNK)?;
-    let s = wait_stat(&node.proxy, "file_cache.files_complete", 1, FETCH_WAIT)?;
+    let s = node
+        .proxy
+        .wait_stat("file_cache.files_complete", 1, FETCH_WAIT)?;
     ensure!(
         n(&s, "file_cache.profile_hits") == 0 && n(&s, "file_cache.profile_pieces") == 0,
         "a profile of the old version ordered the new one's fetch: {s}"
@@ -285,7 +272,9 @@ async fn a_copy_teaches_nothing() -> Result<()> {
     let server = image_server(&g)?;
     let node = Node::start(server.upstream_url())?;
     compare_files(&origin, &node.path("golden.mem")).context("the copy through the mount")?;
-    let s = wait_stat(&node.proxy, "file_cache.profiles_discarded", 1, LEARN_WAIT)?;
+    let s = node
+        .proxy
+        .wait_stat("file_cache.profiles_discarded", 1, LEARN_WAIT)?;
     ensure!(
         n(&s, "file_cache.profiles_sent") == 0 && n(&s, "file_cache.profiles_discarded") == 1,
         "a copy was taken for a working set: {s}"
@@ -377,7 +366,9 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
     let node = Node::start(server.upstream_url())?;
     let f = File::open(node.path("golden.mem"))?;
     read_page(&f, &origin, 100)?;
-    let s = wait_stat(&node.proxy, "file_cache.files_complete", 1, FETCH_WAIT)?;
+    let s = node
+        .proxy
+        .wait_stat("file_cache.files_complete", 1, FETCH_WAIT)?;
     ensure!(
         n(&s, "file_cache.profile_hits") == 1 && n(&s, "file_cache.profile_pieces") == 4,
         "the restarted image server did not hand on the kept profile: {s}"
