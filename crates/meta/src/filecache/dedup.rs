@@ -300,6 +300,8 @@ impl CachedFile {
     /// mismatches), `None` when there are no hashes to check or the range
     /// does not start on a piece.
     pub(super) fn check_pieces(&self, cache: &FileCache, offset: u64, raw: &[u8]) -> Option<u64> {
+        // Without dedup nothing here depends on the answer: no work.
+        cache.blocks.get()?;
         let meta = self.content.as_deref()?;
         if !offset.is_multiple_of(HASH_PIECE) {
             return None;

@@ -433,7 +433,16 @@ pub fn reply_size_hint(msg: &[u8]) -> usize {
                 skip(&mut r, 5)?;
                 r.u32()?.min(MAX_DATA)
             }
-            (gvfs_meta::ext::PROGRAM, _, gvfs_meta::ext::PROC_FETCH) => {
+            // Every FETCH answers with up to a chunk.
+            (gvfs_meta::ext::PROGRAM, _, p)
+                if [
+                    gvfs_meta::ext::PROC_FETCH,
+                    gvfs_meta::ext::PROC_FETCH_REPEATS,
+                    gvfs_meta::ext::PROC_FETCH_DEMAND,
+                    gvfs_meta::ext::PROC_FETCH_HAVE,
+                ]
+                .contains(&p) =>
+            {
                 gvfs_meta::ext::CHUNK + gvfs_meta::ext::MAX_FRAME_SLACK
             }
             _ => 0,

@@ -434,4 +434,21 @@ fn reply_size_hints_follow_the_counts_calls_ask_for() {
     assert_eq!(reply_size_hint(b"nonsense"), SMALL_REPLY);
     let cut = read(4096);
     assert_eq!(reply_size_hint(&cut[..cut.len() - 4]), SMALL_REPLY);
+    // Every kind of FETCH may answer with a whole chunk; the other
+    // extension calls are small.
+    use gvfs_meta::ext;
+    let chunk = (ext::CHUNK + ext::MAX_FRAME_SLACK) as usize + SMALL_REPLY;
+    for p in [
+        ext::PROC_FETCH,
+        ext::PROC_FETCH_REPEATS,
+        ext::PROC_FETCH_DEMAND,
+        ext::PROC_FETCH_HAVE,
+    ] {
+        assert_eq!(
+            reply_size_hint(&call(2, ext::PROGRAM, 1, p, &cred, &[])),
+            chunk
+        );
+    }
+    let get = call(3, ext::PROGRAM, 1, ext::PROC_PROFILE_GET, &cred, &[]);
+    assert_eq!(reply_size_hint(&get), SMALL_REPLY);
 }
