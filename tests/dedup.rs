@@ -214,7 +214,8 @@ async fn held_blocks_serve_after_a_restart_and_rotted_ones_are_fetched() -> Resu
     ensure!(
         n(&s, "file_cache.dedup_rejected") == 64
             && n(&s, "file_cache.dedup_bytes") == SHARED - 64 * BLOCK,
-        "after a restart with 64 rotted blocks: {s}"
+        "after a restart with 64 rotted blocks: {s}\n{}",
+        node.output()
     );
     ensure!(
         n(&server.cache_stats_all()?, "ext.have_bytes") == SHARED - 64 * BLOCK,

@@ -357,6 +357,14 @@ pub async fn serve(
             .is_some_and(|f| f.stats().dirty_files > 0);
         write_back_on_exit(layer, &jobs, settings, files_dirty).await;
     }
+    if let Some(index) = stack.index.clone() {
+        // Records written lazily (a fetched file's) would be lost at exit.
+        match tokio::task::spawn_blocking(move || index.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "flushing the metadata index"),
+            Err(e) => tracing::error!(error = %e, "flushing the metadata index"),
+        }
+    }
     shutdown.cancel();
     let _ = control_task.await;
     Ok(())

@@ -50,6 +50,9 @@ pub struct Stack {
     pub files: Option<Arc<FileCache>>,
     /// The extension program this proxy serves to the proxies above it.
     pub ext: Arc<ExtServer>,
+    /// The metadata index (file records, profiles, held blocks), flushed
+    /// at a clean stop: its lazily written records are kept.
+    pub index: Option<Arc<dyn MetaIndex>>,
 }
 
 impl Stack {
@@ -100,7 +103,7 @@ impl Stack {
         }
         let meta = meta_files.map(|table| {
             let copy = copy_path(files.as_ref(), ext_client.as_ref());
-            MetaLayer::new(top.clone(), table, index, copy)
+            MetaLayer::new(top.clone(), table, index.clone(), copy)
         });
         let meta = stack_on(&mut top, meta);
         let ext = ExtServer::new(
@@ -118,6 +121,7 @@ impl Stack {
             meta,
             files,
             ext,
+            index,
         })
     }
 }
