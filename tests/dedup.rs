@@ -333,3 +333,106 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
     );
     Ok(())
 }
+
+/// Pieces of 64 KiB (the block cache's blocks) of each disk image.
+const PIECES: u64 = BLOCKS / 16;
+const PIECE: u64 = 16 * BLOCK;
+
+/// Disk images C and D, read block by block (metadata with `--hashes`, no
+/// compress-and-copy): D's even piece `2j` is C's piece `j`, its odd
+/// pieces its own.
+fn disks(g: &Ganesha) -> Result<(PathBuf, PathBuf)> {
+    let (c, d) = (g.export_dir().join("c.img"), g.export_dir().join("d.img"));
+    let (fc, fd) = (File::create(&c)?, File::create(&d)?);
+    let mut piece = vec![0u8; PIECE as usize];
+    for p in 0..PIECES {
+        fill_at(3, p * PIECE, &mut piece);
+        fc.write_all_at(&piece, p * PIECE)?;
+        if p % 2 == 0 {
+            fill_at(3, p / 2 * PIECE, &mut piece);
+        } else {
+            fill_at(4, p * PIECE, &mut piece);
+        }
+        fd.write_all_at(&piece, p * PIECE)?;
+    }
+    for p in [&c, &d] {
+        let said = gvfsctl(&["meta", "gen", &p.display().to_string(), "--hashes"])?;
+        ensure!(
+            said.contains("block hashes") && !said.contains("zstd"),
+            "meta gen said: {said}"
+        );
+    }
+    Ok((c, d))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Result<()> {
+    let g = Ganesha::start()?;
+    let (c, d) = disks(&g)?;
+    // D's metadata lies about its own piece 1: its blocks get the
+    // fingerprints of C's piece 90 (held), its piece hash stays D's.
+    let meta_path = g.export_dir().join(".d.img.gvfsmeta");
+    let mut m = gvfs_meta::MetaFile::decode(&std::fs::read(&meta_path)?)?;
+    let c_meta =
+        gvfs_meta::MetaFile::decode(&std::fs::read(g.export_dir().join(".c.img.gvfsmeta"))?)?;
+    let h = m.hashes.clone().context("D has hashes")?;
+    let mut fps = h.fingerprints().to_vec();
+    for i in 0..16 {
+        fps[16 + i] = *c_meta
+            .block_fingerprint(90 * 16 + i as u64)
+            .context("C's piece 90")?;
+    }
+    m.hashes = Some(std::sync::Arc::new(
+        gvfs_meta::format::BlockHashes::new(fps, h.pieces().to_vec(), &m.zero, m.file_size)
+            .context("same counts")?,
+    ));
+    std::fs::write(&meta_path, m.encode())?;
+
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let node = caching(server.upstream_url(), dir.path(), &[])?;
+    copy_through(&node, "c.img", &c, &out.path().join("c"))?;
+    wait_indexed(&node, BLOCKS).await?;
+    let before = n(&node.cache_stats_all()?, "cache.fetched_bytes");
+    copy_through(&node, "d.img", &d, &out.path().join("d"))?;
+    let s = node.cache_stats_all()?;
+    // (D's metadata file is read through the block cache too.)
+    let fetched = n(&s, "cache.fetched_bytes") - before;
+    // D's shared pieces but one (C's piece 90, whose entries the lie
+    // cost) came from C's blocks in the block cache; the lie was caught by
+    // its piece hash and D's piece 1 was read upstream.
+    ensure!(
+        n(&s, "cache.held_fill_bytes") == (PIECES / 2 - 1) * PIECE
+            && ((PIECES / 2 + 1) * PIECE..(PIECES / 2 + 2) * PIECE).contains(&fetched)
+            && n(&s, "file_cache.hash_mismatches") == 1
+            && n(&s, "file_cache.dedup_bytes") == (PIECES / 2 - 1) * PIECE,
+        "D through the block cache: {s}"
+    );
+    let text = gvfs::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
+    ensure!(
+        text.contains("d.img") && text.contains("filled from blocks with the same content"),
+        "gvfsctl stats does not show the block cache's dedup:\n{text}"
+    );
+
+    // Blocks the block cache lets go leave the index with it: a node with
+    // a 4 MiB cache holds a third of C, and indexes no more than that.
+    let (small_dir, out2) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let small = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .arg("--cache-dir")
+            .arg(small_dir.path().display().to_string())
+            .arg("--cache-size")
+            .arg("4M")
+            .arg("--cache-banks")
+            .arg("1"),
+    )?;
+    copy_through(&small, "c.img", &c, &out2.path().join("c"))?;
+    let s = small.cache_stats_all()?;
+    let held = n(&s, "cache.frames_in_use") * 16;
+    let s = small.wait_stat("file_cache.blocks_forgotten", BLOCKS - held, WAIT)?;
+    ensure!(
+        n(&s, "file_cache.blocks_indexed") - n(&s, "file_cache.blocks_forgotten") <= held,
+        "the index keeps blocks the cache let go: {s}"
+    );
+    Ok(())
+}

@@ -155,6 +155,9 @@ gvfs_nfs::counters! {
         read_bytes,
         /// Bytes fetched from upstream to fill the cache.
         fetched_bytes,
+        /// Bytes that filled missed blocks from copies of the same content
+        /// held here (another file's blocks), instead of from upstream.
+        held_fill_bytes,
         /// Blocks fetched by read-ahead.
         readahead_blocks,
         /// READs served (at least partly) from blocks read ahead.
@@ -326,6 +329,9 @@ pub struct CacheLayer {
     /// above with zero-block maps answers those itself): read-ahead skips
     /// them.
     zero_hint: Option<ZeroHint>,
+    /// Where a missed block may be copied from before it is read below
+    /// (set once, by a proxy that deduplicates).
+    held_elsewhere: std::sync::OnceLock<Arc<dyn HeldElsewhere>>,
     /// One write-back at a time; truncation waits for it.
     write_back_lock: tokio::sync::Mutex<()>,
     /// Whether callers may write files whose writes are kept here.
@@ -352,6 +358,22 @@ impl fmt::Debug for CacheLayer {
 /// `(file handle, offset, length)` -> whether those bytes are known zeros
 /// that the layer above answers without asking this one.
 pub type ZeroHint = Arc<dyn Fn(&[u8], u64, u64) -> bool + Send + Sync>;
+
+/// Copies of a file's bytes held elsewhere on this proxy (the blocks of
+/// other files with the same content, found by content hash): a missed
+/// block is filled from them when they have it all, instead of read below,
+/// and the blocks the cache holds and lets go are told, to be found by
+/// others. Called from blocking threads; `dropped` under the store's lock,
+/// so it must not block.
+pub trait HeldElsewhere: Send + Sync {
+    /// Fills `buf` with the bytes of `fh` at `offset`, checked against the
+    /// file's content hashes; false if it cannot (`buf` unspecified).
+    fn read(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> bool;
+    /// The cache now holds `fh`'s `offset..offset + len`.
+    fn held(&self, fh: &[u8], offset: u64, len: u64);
+    /// The cache let go of `fh`'s block that starts at `offset`.
+    fn dropped(&self, fh: &[u8], offset: u64);
+}
 
 fn local(e: Error) -> ServiceError {
     LayerError::Store(e).into()
@@ -431,12 +453,34 @@ impl CacheLayer {
             prefetched: Mutex::new(HashSet::new()),
             readahead_slots: Arc::new(Semaphore::new(MAX_READAHEAD_TASKS)),
             zero_hint,
+            held_elsewhere: std::sync::OnceLock::new(),
             write_back_lock: tokio::sync::Mutex::new(()),
             write_checks: WriteCheck::default(),
             file_locks: FileLocks::default(),
             counters,
             closed: AtomicBool::new(false),
         })
+    }
+
+    /// Fills missed blocks from `held` when it can, and tells it what the
+    /// cache holds and lets go (once; later calls are ignored).
+    pub fn fill_from(&self, held: Arc<dyn HeldElsewhere>) {
+        let bs = self.block_size();
+        let told = held.clone();
+        let hook =
+            crate::store::DropHook::new(move |fh: &[u8], block: u64| told.dropped(fh, block * bs));
+        if let Err(e) = self.store.on_drop(hook) {
+            tracing::warn!(error = %e, "block cache: cannot report the blocks it lets go");
+            return;
+        }
+        let _ = self.held_elsewhere.set(held);
+    }
+
+    /// Reads `buf.len()` bytes of `fh` at `offset` if the cache holds them
+    /// all (checked; nothing fetched, no hit counted); blocking.
+    pub fn read_held(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> bool {
+        !self.closed.load(Ordering::SeqCst)
+            && matches!(self.store.read_held(fh, offset, buf), Ok(true))
     }
 
     /// The configuration.

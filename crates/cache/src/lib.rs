@@ -25,12 +25,13 @@ pub use geometry::{
     MIN_SUB_BLOCK_SIZE,
 };
 pub use layer::{
-    CacheConfig, CacheLayer, LayerStats, UnknownWritePolicy, WriteBackReport, WritePolicy, ZeroHint,
+    CacheConfig, CacheLayer, HeldElsewhere, LayerStats, UnknownWritePolicy, WriteBackReport,
+    WritePolicy, ZeroHint,
 };
 pub use mask::SubBlockMask;
 pub use set::FileHandle;
 pub use storage::{FaultyStorage, FileStorage, MemStorage, Storage, WriteFate};
 pub use store::{
-    BlockStore, CacheStats, DirtyBlock, DirtyData, DirtyExtent, MAX_WRITER_LEN, OpenOptions,
-    RecoveryReport, UncleanShutdown, VerifyData, WriteMode, WriteOutcome,
+    BlockStore, CacheStats, DirtyBlock, DirtyData, DirtyExtent, DropHook, MAX_WRITER_LEN,
+    OpenOptions, RecoveryReport, UncleanShutdown, VerifyData, WriteMode, WriteOutcome,
 };

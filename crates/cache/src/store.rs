@@ -316,6 +316,39 @@ struct Inner {
     quarantine: Option<Quarantine>,
     /// Who wrote each file's dirty data.
     writers: Writers,
+    /// Told of each block let go (evicted, invalidated, cut off).
+    on_drop: DropHook,
+}
+
+/// What the store calls, under its lock, with the file handle and block
+/// number of each block it lets go (so an index of what it holds can
+/// forget them): it must not block.
+#[derive(Clone, Default)]
+pub struct DropHook(Option<std::sync::Arc<DropFn>>);
+
+type DropFn = dyn Fn(&[u8], u64) + Send + Sync;
+
+impl DropHook {
+    /// A hook calling `f`.
+    pub fn new(f: impl Fn(&[u8], u64) + Send + Sync + 'static) -> Self {
+        Self(Some(std::sync::Arc::new(f)))
+    }
+
+    pub(crate) fn call(&self, fh: &[u8], block: u64) {
+        if let Some(f) = &self.0 {
+            f(fh, block);
+        }
+    }
+}
+
+impl std::fmt::Debug for DropHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "DropHook(set)"
+        } else {
+            "DropHook(none)"
+        })
+    }
 }
 
 /// The block cache's storage core: a hashed set-associative store of blocks
@@ -398,6 +431,32 @@ impl BlockStore {
     /// as it was.
     pub fn read_into(&self, fh: &[u8], block: u64, offset: u32, buf: &mut [u8]) -> Result<bool> {
         self.mutate(|inner| inner.read_into(fh, block, offset, buf))
+    }
+
+    /// Reads `buf.len()` bytes of `fh` at `offset` (any number of blocks)
+    /// only if the store holds them all, each sub-block checked; false,
+    /// and `buf` unspecified, otherwise. Counts no hit or miss: for readers
+    /// other than the cache's clients (copies of shared blocks).
+    pub fn read_held(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> Result<bool> {
+        let bs = u64::from(self.geometry().block_size());
+        let end = offset + buf.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let block = pos / bs;
+            let hi = end.min((block + 1) * bs);
+            let dst = &mut buf[(pos - offset) as usize..(hi - offset) as usize];
+            if !self.mutate(|g| g.read_held(fh, block, (pos - block * bs) as u32, dst))? {
+                return Ok(false);
+            }
+            pos = hi;
+        }
+        Ok(true)
+    }
+
+    /// Calls `hook` for every block let go from now on.
+    pub fn on_drop(&self, hook: DropHook) -> Result<()> {
+        self.lock()?.on_drop = hook;
+        Ok(())
     }
 
     /// Reads the file range `offset..offset + buf.len()` of `fh` into `buf`,

@@ -21,8 +21,9 @@
 //! (a file rewritten, cut short by a crash) costs a read, and a collision
 //! or a lying peer costs a fetch, never wrong bytes.
 //!
-//! Bounded: entries are made only for blocks of files held in the file
-//! cache (whose budget bounds them) and removed with those files.
+//! Bounded: entries are made only for blocks held in the file cache or the
+//! block cache (whose budgets bound them) and removed with them: with a
+//! file the file cache lets go, with a block the block cache lets go.
 
 use std::sync::Arc;
 
@@ -169,25 +170,46 @@ impl BlockIndex {
                 return Ok(dropped);
             }
             for (key, list) in batch {
-                for item in list.chunks_exact(LISTED_LEN) {
-                    let (offset, fp) = item.split_at(8);
-                    let (Ok(offset), Ok(fp)) =
-                        (<[u8; 8]>::try_from(offset), <Fingerprint>::try_from(fp))
-                    else {
-                        continue;
-                    };
-                    let place = Place {
-                        fh: fh.to_vec(),
-                        offset: u64::from_be_bytes(offset),
-                    };
-                    if self.find(&fp)?.as_ref() == Some(&place) {
-                        self.index.remove(&forward_key(&fp))?;
-                    }
-                    dropped += 1;
-                }
-                self.index.remove(&key)?;
+                dropped += self.forget_list(fh, &key, &list)?;
             }
         }
+    }
+
+    /// Drops the entries of the range of `fh` noted at `range` (a block
+    /// the block cache let go); returns the number of blocks its list
+    /// named.
+    pub fn forget_range(&self, fh: &[u8], range: u64) -> Result<u64, IndexError> {
+        if fh.len() > 64 {
+            return Ok(0);
+        }
+        let key = reverse_key(fh, range);
+        match self.index.get(&key)? {
+            Some(list) => self.forget_list(fh, &key, &list),
+            None => Ok(0),
+        }
+    }
+
+    /// Drops `list` (under `key`) and each place in it the index still
+    /// finds its block at.
+    fn forget_list(&self, fh: &[u8], key: &[u8], list: &[u8]) -> Result<u64, IndexError> {
+        let mut dropped = 0;
+        for item in list.chunks_exact(LISTED_LEN) {
+            let (offset, fp) = item.split_at(8);
+            let (Ok(offset), Ok(fp)) = (<[u8; 8]>::try_from(offset), <Fingerprint>::try_from(fp))
+            else {
+                continue;
+            };
+            let place = Place {
+                fh: fh.to_vec(),
+                offset: u64::from_be_bytes(offset),
+            };
+            if self.find(&fp)?.as_ref() == Some(&place) {
+                self.index.remove(&forward_key(&fp))?;
+            }
+            dropped += 1;
+        }
+        self.index.remove(key)?;
+        Ok(dropped)
     }
 }
 
@@ -246,6 +268,27 @@ mod tests {
         // Its list still names the block; nothing of it is found any more.
         assert_eq!(index.forget_file(b"fileB").unwrap(), 1);
         assert_eq!(index.forget_file(b"fileB").unwrap(), 0);
+    }
+
+    #[test]
+    fn a_range_goes_alone() {
+        let index = BlockIndex::new(Arc::new(MemIndex::new(1000)));
+        index.note(b"disk", 0, &[(0, h(1)), (4096, h(2))]).unwrap();
+        index.note(b"disk", 65536, &[(65536, h(3))]).unwrap();
+        // Block 2 is seen later in another file: its entry is not the
+        // range's any more.
+        index.note(b"other", 0, &[(0, h(2))]).unwrap();
+        assert_eq!(index.forget_range(b"disk", 0).unwrap(), 2);
+        assert_eq!(index.find(&h(1)).unwrap(), None);
+        assert_eq!(
+            index.find(&h(2)).unwrap().map(|p| p.fh),
+            Some(b"other".to_vec())
+        );
+        assert_eq!(index.find(&h(3)).unwrap().map(|p| p.offset), Some(65536));
+        // Gone, and a range never noted: nothing to drop.
+        assert_eq!(index.forget_range(b"disk", 0).unwrap(), 0);
+        assert_eq!(index.forget_range(b"disk", 4096).unwrap(), 0);
+        assert_eq!(index.forget_file(b"disk").unwrap(), 1);
     }
 
     #[test]

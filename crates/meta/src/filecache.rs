@@ -63,6 +63,7 @@ use crate::profile::Profiles;
 use crate::scan::data_extent;
 
 mod dedup;
+pub use dedup::BlockReader;
 mod fetch;
 mod held;
 mod learn;
@@ -397,6 +398,8 @@ pub struct FileCacheStats {
     /// Blocks written into the dedup index and made durable (in the
     /// background, at low priority).
     pub blocks_indexed: u64,
+    /// Blocks taken out of the index again (their file or block let go).
+    pub blocks_forgotten: u64,
     /// Ranges not indexed because the indexer's queue was full.
     pub index_dropped: u64,
 }
@@ -645,6 +648,8 @@ pub struct FileCache {
     /// Writes to it, in the background.
     indexer: std::sync::OnceLock<dedup::Indexer>,
     indexed: Arc<dedup::IndexerCounts>,
+    /// Dedup of files read block by block (through the block cache).
+    block_path: dedup::BlockPath,
     /// Files removed at open as unfinished: their blocks leave the index
     /// when it is set.
     unfinished: Mutex<Vec<Vec<u8>>>,
@@ -719,6 +724,7 @@ impl FileCache {
             blocks: std::sync::OnceLock::new(),
             indexer: std::sync::OnceLock::new(),
             indexed: Arc::default(),
+            block_path: dedup::BlockPath::default(),
             unfinished: Mutex::new(Vec::new()),
             counters: Counters::default(),
         });
@@ -846,6 +852,7 @@ impl FileCache {
             dirty_files,
             dedup_files,
             blocks_indexed: self.indexed.noted.load(Ordering::Relaxed),
+            blocks_forgotten: self.indexed.forgotten.load(Ordering::Relaxed),
             index_dropped: self.indexed.dropped.load(Ordering::Relaxed),
         }
     }

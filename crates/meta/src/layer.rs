@@ -144,6 +144,28 @@ impl MetaFiles {
         describes(m, a) && m.range_is_zero(offset, len)
     }
 
+    /// The metadata of `fh`, when it has content hashes and describes the
+    /// file as last seen: what its blocks may be copied by.
+    pub fn content(&self, fh: &[u8]) -> Option<Arc<MetaFile>> {
+        match self.lock().get(fh) {
+            Some(Entry {
+                known: Known::Meta(m),
+                attrs: Some(a),
+                ..
+            }) if m.hashes.is_some() && describes(m, a) => Some(m.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether `fh` has metadata with content hashes (cheap: for the block
+    /// cache, under its lock).
+    pub fn has_content(&self, fh: &[u8]) -> bool {
+        matches!(
+            self.lock().get(fh),
+            Some(Entry { known: Known::Meta(m), .. }) if m.hashes.is_some()
+        )
+    }
+
     fn lock(&self) -> MutexGuard<'_, Files> {
         lock(&self.files)
     }

@@ -30,7 +30,7 @@ const MAX_DISTINCT_BLOCKS: usize = 1 << 22;
 /// stream (computed streaming) and, when `repeats` too, the blocks that
 /// repeat earlier blocks byte for byte (a second pass over the non-zero
 /// blocks; each match is read back and compared, never trusted to a hash),
-/// and, when `hashes` too, the fingerprint of every non-zero block and the
+/// and, when `hashes` (compressed or not), the fingerprint of every non-zero block and the
 /// hash of every 64 KiB piece (a last pass; left out when they would not
 /// fit [`MAX_META_LEN`] or blocks are larger than a piece).
 /// `progress` is called with the work done so far, in bytes: each pass
@@ -156,7 +156,7 @@ pub fn scan(
     let hash_bytes =
         8 + FINGERPRINT_LEN as u64 * data_blocks + HASH_LEN as u64 * size.div_ceil(HASH_PIECE);
     let fits = meta.encoded_len() as u64 + hash_bytes <= MAX_META_LEN as u64;
-    if actions.compress && hashes && fits && u64::from(block_size) <= HASH_PIECE {
+    if hashes && fits && u64::from(block_size) <= HASH_PIECE {
         let done = hash_pass_at;
         let mut progress = |at: u64| progress(done + at);
         let (fingerprints, pieces) =
@@ -229,7 +229,7 @@ fn hash_blocks(
 /// Bytes of work [`scan`] reports through `progress` for a file of `size`
 /// (with `repeats` and `hashes` as given to it).
 pub fn scan_work(size: u64, actions: Actions, repeats: bool, hashes: bool) -> u64 {
-    let passes = 1 + u64::from(actions.compress && repeats) + u64::from(actions.compress && hashes);
+    let passes = 1 + u64::from(actions.compress && repeats) + u64::from(hashes);
     passes * size
 }
 
@@ -696,6 +696,39 @@ mod tests {
         assert_eq!(meta.compressed_size, expect);
         assert!(meta.range_is_zero(8192, 4096 * 40));
         assert!(!meta.range_is_zero(4096, 4096));
+    }
+
+    #[test]
+    fn a_file_read_block_by_block_gets_hashes_when_asked() {
+        use crate::format::{HASH_PIECE, fingerprint, piece_hash};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("disk");
+        // Data, a zero run, data, and a partial tail.
+        let mut data: Vec<u8> = (0..70_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        data.extend_from_slice(&vec![0u8; 3 * 4096]);
+        data.extend((0..40_000u32).map(|i| (i % 13 + 1) as u8));
+        std::fs::write(&path, &data).expect("write");
+        let meta = scan(&path, 4096, Actions::default(), false, true, &mut |_| {}).expect("scan");
+        assert!(!meta.actions.compress);
+        let back = MetaFile::decode(&meta.encode()).expect("decode");
+        assert_eq!(back.version(), 3);
+        assert!(back.hashes.is_some());
+        for (b, block) in data.chunks(4096).enumerate() {
+            let fp = back.block_fingerprint(b as u64);
+            if block.iter().all(|&x| x == 0) {
+                assert_eq!(fp, None, "block {b}");
+            } else {
+                assert_eq!(fp, Some(&fingerprint(block)), "block {b}");
+            }
+        }
+        for (p, piece) in data.chunks(HASH_PIECE as usize).enumerate() {
+            assert_eq!(back.piece_hash(p as u64), Some(&piece_hash(piece)));
+        }
+        // Not asked, or blocks larger than a piece: none.
+        let plain = scan(&path, 4096, Actions::default(), false, false, &mut |_| {}).expect("scan");
+        assert!(plain.hashes.is_none());
+        let big = scan(&path, 131_072, Actions::default(), false, true, &mut |_| {}).expect("scan");
+        assert!(big.hashes.is_none());
     }
 
     #[test]

@@ -100,6 +100,11 @@ impl Stack {
             && c.dedup
         {
             files.keep_blocks(gvfs_meta::dedup::BlockIndex::new(index.clone()));
+            // And the block cache's: its misses are filled from blocks
+            // with the same content held in either cache.
+            if let (Some(cache), Some(table)) = (&cache, &meta_files) {
+                dedup_block_cache(cache, files, table);
+            }
         }
         let meta = meta_files.map(|table| {
             let copy = copy_path(files.as_ref(), ext_client.as_ref());
@@ -123,6 +128,161 @@ impl Stack {
             ext,
             index,
         })
+    }
+}
+
+/// One layer [`Stack::build`] would stack: its name and its settings, in
+/// a line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedLayer {
+    /// The layer, e.g. "block cache".
+    pub name: &'static str,
+    /// Its settings, for humans.
+    pub settings: String,
+}
+
+/// The layers [`Stack::build`] stacks for `cfg`, bottom first, without
+/// opening anything (`gvfs-proxy --check`). It follows `build`'s
+/// conditions: keep the two side by side.
+pub fn plan(cfg: &Config) -> Vec<PlannedLayer> {
+    let mut layers = vec![PlannedLayer {
+        name: "upstream",
+        settings: describe_upstream(cfg),
+    }];
+    if let Some(c) = &cfg.cache {
+        let g = &c.geometry;
+        let on_exit = match (c.layer.policy, c.writeback_on_exit) {
+            (gvfs_cache::WritePolicy::WriteThrough, _) => String::new(),
+            (_, true) => format!(
+                ", written back on exit within {} s",
+                c.exit_writeback_timeout.as_secs()
+            ),
+            (_, false) => ", dirty data kept on exit".to_owned(),
+        };
+        layers.push(PlannedLayer {
+            name: "block cache",
+            settings: format!(
+                "{}: {}, {} blocks, {} banks x {} ways, read-ahead {} blocks, {}{on_exit}",
+                c.dir.display(),
+                human_bytes(g.capacity()),
+                human_bytes(u64::from(g.block_size())),
+                g.banks(),
+                g.ways(),
+                c.layer.readahead_blocks,
+                c.layer.policy,
+            ),
+        });
+    }
+    if let Some(ttl) = cfg.attr_timeout {
+        layers.push(PlannedLayer {
+            name: "attribute cache",
+            settings: format!("answers from replies at most {} s old", ttl.as_secs()),
+        });
+    }
+    if cfg.meta {
+        let files = match &cfg.cache {
+            Some(c) => format!(
+                "file cache in {} (at most {}), dedup across images {}",
+                c.dir.join("files").display(),
+                human_bytes(c.file_cache_size),
+                if c.dedup { "on" } else { "off" }
+            ),
+            None => "no file cache (no cache_dir): peers' whole-file fetches are read \
+                     from the upstream"
+                .to_owned(),
+        };
+        layers.push(PlannedLayer {
+            name: "metadata layer",
+            settings: format!("zero maps and compress-and-copy; {files}"),
+        });
+    }
+    layers
+}
+
+/// The upstream of `cfg` in a line.
+fn describe_upstream(cfg: &Config) -> String {
+    let waits = match cfg.upstream_timeout {
+        None => "calls wait for it like a hard mount".to_owned(),
+        Some(t) => format!("calls give up after {} s", t.as_secs()),
+    };
+    match &cfg.upstream {
+        UpstreamChoice::Sample(dir) => format!(
+            "dir:{} (the sample directory, made on first start)",
+            dir.display()
+        ),
+        UpstreamChoice::Url(UpstreamUrl::Dir(dir)) => {
+            format!("dir:{} (a local directory, no NFS server)", dir.display())
+        }
+        UpstreamChoice::Url(UpstreamUrl::Nfs(u)) => {
+            let port = |p: Option<u16>| p.map_or("the portmapper's".to_owned(), |p| p.to_string());
+            format!(
+                "nfs://{}{} (NFSv3: NFS port {}, MOUNT port {}); {waits}",
+                u.host,
+                u.export,
+                port(u.port),
+                port(u.mount_port)
+            )
+        }
+        UpstreamChoice::Url(UpstreamUrl::Gvfs(u)) => format!(
+            "gvfs://{}:{}{} over mutually authenticated TLS 1.3, its certificate named {}; {waits}",
+            u.host,
+            u.port,
+            u.export,
+            u.server_name.as_deref().unwrap_or(&u.host)
+        ),
+    }
+}
+
+/// `n` bytes in the largest binary unit that divides it (`64 KiB`, `8 GiB`).
+pub(crate) fn human_bytes(n: u64) -> String {
+    const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    UNITS
+        .iter()
+        .find(|(_, shift)| n >= 1 << shift && n.trailing_zeros() >= *shift)
+        .map_or(format!("{n} bytes"), |(unit, shift)| {
+            format!("{} {unit}", n >> shift)
+        })
+}
+
+/// Makes the block cache and the file cache find each other's blocks by
+/// content hash (the table says which files have hashes).
+fn dedup_block_cache(cache: &Arc<CacheLayer>, files: &Arc<FileCache>, table: &Arc<MetaFiles>) {
+    let layer = Arc::downgrade(cache);
+    files.read_block_cache_with(Arc::new(move |fh: &[u8], offset: u64, buf: &mut [u8]| {
+        layer
+            .upgrade()
+            .is_some_and(|l| l.read_held(fh, offset, buf))
+    }));
+    cache.fill_from(Arc::new(HeldBlocks {
+        files: files.clone(),
+        table: table.clone(),
+    }));
+}
+
+/// The block cache's [`gvfs_cache::HeldElsewhere`]: the blocks the file
+/// cache's index finds, for files whose metadata has content hashes.
+struct HeldBlocks {
+    files: Arc<FileCache>,
+    table: Arc<MetaFiles>,
+}
+
+impl gvfs_cache::HeldElsewhere for HeldBlocks {
+    fn read(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> bool {
+        self.table
+            .content(fh)
+            .is_some_and(|meta| self.files.fill_from_held(fh, &meta, offset, buf))
+    }
+
+    fn held(&self, fh: &[u8], offset: u64, len: u64) {
+        if let Some(meta) = self.table.content(fh) {
+            self.files.note_held(fh, &meta, offset, len);
+        }
+    }
+
+    fn dropped(&self, fh: &[u8], offset: u64) {
+        if self.table.has_content(fh) {
+            self.files.forget_held(fh, offset);
+        }
     }
 }
 

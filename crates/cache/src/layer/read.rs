@@ -247,6 +247,25 @@ impl CacheLayer {
         .flatten()
     }
 
+    /// The block at `start` of `fh` (up to the end of the file) copied
+    /// from the same content held elsewhere here, when it all is.
+    async fn held_copy(&self, fh: &[u8], start: u64) -> Option<Vec<u8>> {
+        let held = self.held_elsewhere.get()?.clone();
+        let size = self.files().get(fh)?.upstream.as_ref()?.size;
+        let len = self.block_size().min(size.checked_sub(start)?);
+        if len == 0 {
+            return None;
+        }
+        let key = fh.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; len as usize];
+            held.read(&key, start, &mut buf).then_some(buf)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
     pub(super) async fn fetch_and_fill(
         &self,
         cred: &Credentials,
@@ -266,6 +285,14 @@ impl CacheLayer {
             .and_then(|st| st.upstream.as_ref())
             .is_some_and(|a| a.size <= start);
         let mut eof = past_end;
+        let mut copied = 0;
+        if !eof && let Some(copy) = self.held_copy(fh, start).await {
+            // Same content held here: no READ below.
+            copied = copy.len() as u64;
+            self.counters.held_fill_bytes.add(copied);
+            eof = copied < bs;
+            data = copy;
+        }
         while !eof && (data.len() as u64) < bs {
             let want = (bs - data.len() as u64) as u32;
             match self
@@ -290,7 +317,7 @@ impl CacheLayer {
                 }
             }
         }
-        self.counters.fetched_bytes.add(data.len() as u64);
+        self.counters.fetched_bytes.add(data.len() as u64 - copied);
         // Past the end of the file a block reads as zeros: cache the whole
         // block so the tail sub-block and later extending writes fit.
         let mut fill = data.clone();
@@ -306,6 +333,11 @@ impl CacheLayer {
                 Ok(outcome == Some(WriteOutcome::Stored))
             })
             .await;
+        if matches!(filled, Ok(true))
+            && let Some(held) = self.held_elsewhere.get()
+        {
+            held.held(fh, start, data.len() as u64);
+        }
         if readahead && matches!(filled, Ok(true)) {
             let mut p = lock(&self.prefetched);
             if p.len() >= MAX_PREFETCHED {

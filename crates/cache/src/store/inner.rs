@@ -123,6 +123,22 @@ impl Inner {
         self.stats.hit_bytes += len as u64;
     }
 
+    /// [`read_into`](Self::read_into) counting nothing, for
+    /// [`BlockStore::read_held`].
+    pub(super) fn read_held(
+        &mut self,
+        fh: &[u8],
+        block: u64,
+        offset: u32,
+        buf: &mut [u8],
+    ) -> Result<bool> {
+        self.check_range(offset, buf.len())?;
+        let Some(id) = self.hit_at(fh, block, offset, buf.len()) else {
+            return Ok(false);
+        };
+        Ok(self.read_checked(id, offset, buf, false)? == Checked::Good)
+    }
+
     pub(super) fn read_into(
         &mut self,
         fh: &[u8],

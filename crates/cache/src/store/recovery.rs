@@ -472,6 +472,7 @@ impl BlockStore {
             scratch: Vec::new(),
             quarantine: kept.quarantine,
             writers: kept.writers,
+            on_drop: DropHook::default(),
         };
         // What recovery reads must be durable before it writes over it: a
         // tag a killed process left in the page cache may be the newest

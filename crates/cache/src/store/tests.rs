@@ -434,3 +434,33 @@ fn io_error_poisons_until_reopen() {
     ));
     assert!(matches!(s.read(FH, b, 0, 1), Err(Error::Poisoned)));
 }
+
+#[test]
+fn held_bytes_are_read_whole_or_not_at_all_and_drops_are_told() {
+    let (s, _) = open(&mems());
+    let bs = 16384u64;
+    let dropped = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let told = dropped.clone();
+    s.on_drop(DropHook::new(move |fh: &[u8], block| {
+        told.lock().expect("lock").push((fh.to_vec(), block));
+    }))
+    .expect("hook");
+    stored(s.write(FH, 0, 0, &[1; 16384], WriteMode::Clean));
+    stored(s.write(FH, 1, 0, &[2; 4096], WriteMode::Clean));
+    let before = s.stats();
+    // Across two blocks, all valid: read.
+    let mut buf = vec![0u8; 200 + 4096];
+    assert!(s.read_held(FH, bs - 200, &mut buf).expect("read"));
+    assert!(buf[..200].iter().all(|&b| b == 1) && buf[200..].iter().all(|&b| b == 2));
+    // Past block 1's valid sub-block, or a block not held: not read.
+    let mut buf = vec![0u8; 200 + 4097];
+    assert!(!s.read_held(FH, bs - 200, &mut buf).expect("read"));
+    assert!(!s.read_held(FH, 2 * bs, &mut buf[..10]).expect("read"));
+    let after = s.stats();
+    assert_eq!((after.hits, after.misses), (before.hits, before.misses));
+    // Every block let go is told, whatever lets it go.
+    s.invalidate(FH, false).expect("invalidate");
+    let mut told = dropped.lock().expect("lock").clone();
+    told.sort();
+    assert_eq!(told, vec![(FH.to_vec(), 0), (FH.to_vec(), 1)]);
+}

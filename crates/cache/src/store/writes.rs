@@ -64,6 +64,7 @@ impl Inner {
     }
 
     pub(super) fn unindex(&mut self, fh: &FileHandle, block: u64) {
+        self.on_drop.call(fh.as_bytes(), block);
         if let Some(m) = self.index.get_mut(fh.as_bytes()) {
             m.remove(&block);
             if m.is_empty() {

@@ -57,6 +57,8 @@ enum Job {
     },
     /// Drop a file's blocks.
     Forget(Vec<u8>),
+    /// Drop the blocks of one range of a file.
+    ForgetRange(Vec<u8>, u64),
 }
 
 /// The index's writes (sled's, which cost more than the rest of dedup) on
@@ -77,30 +79,37 @@ impl Indexer {
                 if let Err(e) = rustix::process::setpriority_process(Some(me), 19) {
                     tracing::debug!(error = %e, "dedup: the indexer keeps its priority");
                 }
+                // Blocks (noted, forgotten) by a job.
                 let run = |job| {
                     let done = match job {
                         Job::Note { fh, range, blocks } => index
                             .note(&fh, range, &blocks)
-                            .map(|()| blocks.len() as u64),
-                        Job::Forget(fh) => index.forget_file(&fh).map(|_| 0),
+                            .map(|()| (blocks.len() as u64, 0)),
+                        Job::Forget(fh) => index.forget_file(&fh).map(|n| (0, n)),
+                        Job::ForgetRange(fh, range) => {
+                            index.forget_range(&fh, range).map(|n| (0, n))
+                        }
                     };
                     done.unwrap_or_else(|e| {
                         tracing::warn!(error = %e, "dedup: the block index was not updated");
-                        0
+                        (0, 0)
                     })
                 };
                 // Each time the queue runs dry, what it did is made durable
                 // (the thread outlives the last handle of the index, so
                 // sled's flush at its drop would not come), then counted.
                 while let Ok(job) = rx.recv() {
-                    let mut noted = run(job);
+                    let (mut noted, mut forgotten) = run(job);
                     while let Ok(job) = rx.try_recv() {
-                        noted += run(job);
+                        let (n, f) = run(job);
+                        noted += n;
+                        forgotten += f;
                     }
                     if let Err(e) = index.flush() {
                         tracing::warn!(error = %e, "dedup: the block index was not flushed");
                     }
                     counters.noted.fetch_add(noted, Ordering::Relaxed);
+                    counters.forgotten.fetch_add(forgotten, Ordering::Relaxed);
                 }
             })?;
         Ok(Self { jobs })
@@ -117,6 +126,7 @@ impl Indexer {
 #[derive(Debug, Default)]
 pub(super) struct IndexerCounts {
     pub(super) noted: AtomicU64,
+    pub(super) forgotten: AtomicU64,
     pub(super) dropped: AtomicU64,
 }
 
@@ -152,6 +162,12 @@ impl FileCache {
             .map(|f| (f.fh.clone(), f.dedup_bytes.load(Ordering::Relaxed)))
             .filter(|(_, n)| *n > 0)
             .collect();
+        for (fh, n) in lock(&self.block_path.by_file).iter() {
+            match out.iter_mut().find(|(f, _)| f == fh) {
+                Some((_, m)) => *m += n,
+                None => out.push((fh.clone(), *n)),
+            }
+        }
         out.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
         out.truncate(max);
         out
@@ -179,6 +195,168 @@ impl FileCache {
     pub(super) fn forget_blocks(&self, fh: &[u8]) {
         if let Some(indexer) = self.indexer.get() {
             indexer.send(Job::Forget(fh.to_vec()), &self.indexed);
+        }
+    }
+}
+
+/// Reads a block of the block cache: `(file handle, offset, buffer)` ->
+/// whether it holds all of those bytes (checked), without fetching.
+pub type BlockReader = Arc<dyn Fn(&[u8], u64, &mut [u8]) -> bool + Send + Sync>;
+
+/// Files read through the block cache a proxy deduplicates too.
+#[derive(Default)]
+pub(super) struct BlockPath {
+    /// Reads the block cache, where their blocks are held.
+    reader: std::sync::OnceLock<BlockReader>,
+    /// Bytes copied from held blocks instead of fetched, per file (at most
+    /// [`MAX_BLOCK_PATH_FILES`] files).
+    by_file: Mutex<HashMap<Vec<u8>, u64>>,
+}
+
+/// Files whose dedup bytes through the block cache are counted one by one.
+const MAX_BLOCK_PATH_FILES: usize = 4096;
+
+impl FileCache {
+    /// Finds blocks in the block cache too, with `reader` (set once).
+    pub fn read_block_cache_with(&self, reader: BlockReader) {
+        let _ = self.block_path.reader.set(reader);
+    }
+
+    /// Reads into `buf` a held block with fingerprint `fp`, from a file
+    /// held here (`me` is the file asking, perhaps not in the table yet)
+    /// or from the block cache, and says where; drops an index entry whose
+    /// block is gone or holds other bytes.
+    fn read_by_fingerprint(
+        &self,
+        index: &BlockIndex,
+        fp: &Fingerprint,
+        buf: &mut [u8],
+        me: Option<&CachedFile>,
+    ) -> Option<Place> {
+        let place = match index.find(fp) {
+            Ok(p) => p?,
+            Err(e) => {
+                tracing::debug!(error = %e, "dedup: index lookup failed");
+                return None;
+            }
+        };
+        // The file that holds it, if a held file does.
+        let entry = match me.filter(|m| m.fh == place.fh) {
+            Some(_) => None,
+            None => lock(&self.files).get(&place.fh).cloned(),
+        };
+        let read = match (me.filter(|m| m.fh == place.fh), entry.as_deref()) {
+            (Some(file), _) | (None, Some(file)) => {
+                if !file.holds(place.offset, buf.len() as u64) {
+                    // Not arrived yet: nothing wrong with the entry.
+                    return None;
+                }
+                file.file.read_exact_at(buf, place.offset).is_ok()
+            }
+            (None, None) => self
+                .block_path
+                .reader
+                .get()
+                .is_some_and(|read| read(&place.fh, place.offset, buf)),
+        };
+        if !read {
+            stale(index, fp, &place);
+            return None;
+        }
+        if fingerprint(buf) != *fp {
+            self.counters.dedup_rejected.add(1);
+            stale(index, fp, &place);
+            return None;
+        }
+        Some(place)
+    }
+
+    /// Fills `buf` with `fh`'s bytes at `offset` from blocks held here (in
+    /// any file, in either cache) with the fingerprints `meta` (its
+    /// trusted metadata) names, every piece they make checked against its
+    /// hash before a byte is used: true when all of `buf` is filled. For
+    /// the block cache's misses (blocking I/O).
+    pub fn fill_from_held(&self, fh: &[u8], meta: &MetaFile, offset: u64, buf: &mut [u8]) -> bool {
+        let (Some(index), Some(_)) = (self.blocks.get(), meta.hashes.as_ref()) else {
+            return false;
+        };
+        let size = meta.file_size;
+        let end = offset.saturating_add(buf.len() as u64);
+        let bs = u64::from(meta.block_size);
+        if buf.is_empty() || end > size || bs > HASH_PIECE {
+            return false;
+        }
+        let mut piece = vec![0u8; HASH_PIECE as usize];
+        let mut block = vec![0u8; bs as usize];
+        for p in offset / HASH_PIECE..end.div_ceil(HASH_PIECE) {
+            let at = p * HASH_PIECE;
+            let len = HASH_PIECE.min(size - at) as usize;
+            let piece = &mut piece[..len];
+            piece.fill(0);
+            let mut used = Vec::new();
+            for (i, dst) in piece.chunks_mut(bs as usize).enumerate() {
+                let b = at / bs + i as u64;
+                // A zero block: zeros already.
+                let Some(fp) = meta.block_fingerprint(b) else {
+                    continue;
+                };
+                let src = &mut block[..dst.len()];
+                match self.read_by_fingerprint(index, fp, src, None) {
+                    Some(place) => {
+                        dst.copy_from_slice(src);
+                        used.push((*fp, place));
+                    }
+                    None => return false,
+                }
+            }
+            if meta.piece_hash(p) != Some(&piece_hash(piece)) {
+                // One of them is not what its fingerprint says: none is
+                // trusted again.
+                self.counters.hash_mismatches.add(1);
+                for (fp, place) in &used {
+                    stale(index, fp, place);
+                }
+                return false;
+            }
+            let (lo, hi) = (offset.max(at), end.min(at + len as u64));
+            buf[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&piece[(lo - at) as usize..(hi - at) as usize]);
+        }
+        let n = buf.len() as u64;
+        self.counters.dedup_bytes.add(n);
+        let mut by_file = lock(&self.block_path.by_file);
+        if by_file.len() < MAX_BLOCK_PATH_FILES || by_file.contains_key(fh) {
+            *by_file.entry(fh.to_vec()).or_default() += n;
+        }
+        true
+    }
+
+    /// Notes that the block cache holds `fh`'s `offset..offset + len`,
+    /// whose blocks `meta` fingerprints (checked when used, not now).
+    pub fn note_held(&self, fh: &[u8], meta: &MetaFile, offset: u64, len: u64) {
+        let Some(indexer) = self.indexer.get() else {
+            return;
+        };
+        let bs = u64::from(meta.block_size);
+        let end = offset.saturating_add(len).min(meta.file_size);
+        let blocks: Vec<(u64, Fingerprint)> = (offset.div_ceil(bs)..end / bs)
+            .filter_map(|b| meta.block_fingerprint(b).map(|fp| (b * bs, *fp)))
+            .collect();
+        if !blocks.is_empty() {
+            let job = Job::Note {
+                fh: fh.to_vec(),
+                range: offset,
+                blocks,
+            };
+            indexer.send(job, &self.indexed);
+        }
+    }
+
+    /// The block cache let go of `fh`'s range at `offset`: its blocks
+    /// leave the index (on the indexer; never waits).
+    pub fn forget_held(&self, fh: &[u8], offset: u64) {
+        if let Some(indexer) = self.indexer.get() {
+            indexer.send(Job::ForgetRange(fh.to_vec(), offset), &self.indexed);
         }
     }
 }
@@ -241,7 +419,7 @@ impl CachedFile {
             // Only whole blocks: the last one's fingerprint is of fewer
             // bytes.
             let place = if (block + 1) * u64::from(bs) <= size {
-                self.copy_of(cache, index, &fp, &mut buf)
+                cache.read_by_fingerprint(index, &fp, &mut buf, Some(self))
             } else {
                 None
             };
@@ -254,45 +432,6 @@ impl CachedFile {
             }
         }
         Some(held)
-    }
-
-    /// Reads into `buf` a held block with fingerprint `fp`, and says where;
-    /// drops an index entry whose block is gone or holds other bytes.
-    fn copy_of(
-        &self,
-        cache: &FileCache,
-        index: &BlockIndex,
-        fp: &Fingerprint,
-        buf: &mut [u8],
-    ) -> Option<Place> {
-        let place = match index.find(fp) {
-            Ok(p) => p?,
-            Err(e) => {
-                tracing::debug!(error = %e, "dedup: index lookup failed");
-                return None;
-            }
-        };
-        let entry = if place.fh == self.fh {
-            None
-        } else {
-            match lock(&cache.files).get(&place.fh).cloned() {
-                Some(f) => Some(f),
-                None => {
-                    stale(index, fp, &place);
-                    return None;
-                }
-            }
-        };
-        let file = entry.as_deref().unwrap_or(self);
-        if !file.holds(place.offset, buf.len() as u64) {
-            return None;
-        }
-        if file.file.read_exact_at(buf, place.offset).is_err() || fingerprint(buf) != *fp {
-            cache.counters.dedup_rejected.add(1);
-            stale(index, fp, &place);
-            return None;
-        }
-        Some(place)
     }
 
     /// Checks `raw`, the range at `offset`, against the metadata's piece

@@ -94,14 +94,22 @@ enum MetaCmd {
         /// (with --no-hashes too).
         #[arg(long, requires = "compress")]
         no_repeats: bool,
-        /// With --compress, do not record the BLAKE3 hash of each non-zero
-        /// block (32 bytes per block), by which proxies copy blocks an
-        /// image shares with images they hold instead of fetching them:
-        /// the file stays in metadata format 1 or 2, which proxies older
-        /// than hashes read (they ignore a format 3 file and serve the
-        /// image without metadata).
+        /// With --compress, do not record block hashes (a fingerprint of
+        /// each non-zero block, 8 bytes, and a BLAKE3 hash of each 64 KiB,
+        /// 32 bytes), by which proxies copy blocks an image shares with
+        /// what they hold instead of fetching them: the file stays in
+        /// metadata format 1 or 2, which proxies older than hashes read
+        /// (they ignore a format 3 file and serve the image without
+        /// metadata).
         #[arg(long, requires = "compress")]
         no_hashes: bool,
+        /// Without --compress, record block hashes too (they are recorded
+        /// with --compress unless --no-hashes): a proxy with a block cache
+        /// then fills a block of the file (a disk image read block by
+        /// block) from blocks with the same content it holds, instead of
+        /// reading it upstream. Needs a --block-size of 64K or less.
+        #[arg(long, conflicts_with_all = ["compress", "no_hashes"])]
+        hashes: bool,
     },
     /// Print a metadata file, whether it still matches its file, and (with
     /// block hashes) how much of it a running proxy holds already.

@@ -12,7 +12,13 @@ pub(super) fn meta(cmd: MetaCmd, control: Option<PathBuf>) -> anyhow::Result<()>
             compress,
             no_repeats,
             no_hashes,
-        } => meta_gen(&paths, &block_size, compress, !no_repeats, !no_hashes),
+            hashes,
+        } => {
+            // Whole files get hashes unless told not to; files read block
+            // by block only when asked.
+            let hashes = if compress { !no_hashes } else { hashes };
+            meta_gen(&paths, &block_size, compress, !no_repeats, hashes)
+        }
         MetaCmd::Show { path } => meta_show(&path, control),
     }
 }
@@ -82,23 +88,26 @@ pub(super) fn meta_gen(
                 indicatif::HumanBytes(scanned.repeat_bytes()),
                 indicatif::HumanBytes(scanned.compressed_size)
             );
-            match &scanned.hashes {
-                Some(h) => {
-                    line += &format!(
-                        ", block hashes ({} block fingerprints, {} piece hashes)",
-                        h.fingerprints().len(),
-                        h.pieces().len()
-                    )
-                }
-                None if hashes => {
-                    line += &format!(
-                        ", no block hashes (more than {} would take; a larger --block-size \
-                         has fewer blocks)",
-                        indicatif::HumanBytes(gvfs_meta::MAX_META_LEN as u64)
-                    )
-                }
-                None => {}
+        }
+        match &scanned.hashes {
+            Some(h) => {
+                line += &format!(
+                    ", block hashes ({} block fingerprints, {} piece hashes)",
+                    h.fingerprints().len(),
+                    h.pieces().len()
+                )
             }
+            None if hashes && u64::from(bs) > gvfs_meta::format::HASH_PIECE => {
+                line += ", no block hashes (they need a --block-size of 64K or less)";
+            }
+            None if hashes => {
+                line += &format!(
+                    ", no block hashes (more than {} would take; a larger --block-size \
+                     has fewer blocks)",
+                    indicatif::HumanBytes(gvfs_meta::MAX_META_LEN as u64)
+                )
+            }
+            None => {}
         }
         line += &format!(" -> {}", written.display());
         lines.push(line);

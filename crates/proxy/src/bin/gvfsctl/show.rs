@@ -124,12 +124,13 @@ pub(super) fn print_stats(s: &Stats) {
         }
         if c.dedup_bytes + c.dedup_rejected + c.hash_mismatches + f.blocks_indexed > 0 {
             println!(
-                "  dedup       {} bytes copied from blocks held here instead of fetched ({} fetches not sent); {} held blocks were not what their fingerprint promised, {} pieces did not match their hash; {} blocks indexed ({} ranges not, the indexer being behind)",
+                "  dedup       {} bytes copied from blocks held here instead of fetched ({} fetches not sent); {} held blocks were not what their fingerprint promised, {} pieces did not match their hash; {} blocks indexed, {} taken out again ({} ranges not indexed, the indexer being behind)",
                 c.dedup_bytes,
                 c.dedup_fetches_saved,
                 c.dedup_rejected,
                 c.hash_mismatches,
                 f.blocks_indexed,
+                f.blocks_forgotten,
                 f.index_dropped
             );
             for d in &f.dedup_files {
@@ -205,8 +206,8 @@ pub(super) fn print_cache_stats(s: &Stats) {
         n.readahead_hits
     );
     println!(
-        "  served      {} bytes from the cache, {} bytes fetched upstream",
-        n.hit_bytes, n.fetched_bytes
+        "  served      {} bytes from the cache, {} bytes fetched upstream, {} bytes filled from blocks with the same content held here",
+        n.hit_bytes, n.fetched_bytes, n.held_fill_bytes
     );
     println!(
         "  dirty       {} bytes; {} bytes written back so far",
