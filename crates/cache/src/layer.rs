@@ -366,6 +366,9 @@ pub type ZeroHint = Arc<dyn Fn(&[u8], u64, u64) -> bool + Send + Sync>;
 /// others. Called from blocking threads; `dropped` under the store's lock,
 /// so it must not block.
 pub trait HeldElsewhere: Send + Sync {
+    /// Whether copies of `fh`'s blocks may be found at all (cheap; asked
+    /// before each miss).
+    fn knows(&self, fh: &[u8]) -> bool;
     /// Fills `buf` with the bytes of `fh` at `offset`, checked against the
     /// file's content hashes; false if it cannot (`buf` unspecified).
     fn read(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> bool;

@@ -267,6 +267,10 @@ struct HeldBlocks {
 }
 
 impl gvfs_cache::HeldElsewhere for HeldBlocks {
+    fn knows(&self, fh: &[u8]) -> bool {
+        self.table.has_content(fh)
+    }
+
     fn read(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> bool {
         self.table
             .content(fh)

@@ -251,6 +251,9 @@ impl CacheLayer {
     /// from the same content held elsewhere here, when it all is.
     async fn held_copy(&self, fh: &[u8], start: u64) -> Option<Vec<u8>> {
         let held = self.held_elsewhere.get()?.clone();
+        if !held.knows(fh) {
+            return None;
+        }
         let size = self.files().get(fh)?.upstream.as_ref()?.size;
         let len = self.block_size().min(size.checked_sub(start)?);
         if len == 0 {
