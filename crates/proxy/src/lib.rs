@@ -9,12 +9,14 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod check;
 pub mod config;
 pub mod control;
 pub mod drc;
 pub mod exit;
 pub mod front;
 pub mod metrics;
+pub mod notify;
 pub mod server;
 pub mod shutdown;
 pub mod stack;

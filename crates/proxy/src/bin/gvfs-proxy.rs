@@ -34,6 +34,13 @@ EXAMPLES:
   gvfs-proxy --listen 127.0.0.2:111 --upstream nfs://filer/export --export /images
   gvfs-proxy --upstream nfs://filer/export --cache-dir /var/cache/gvfs/vm1 --cache-size 8G
   gvfs-proxy --config /etc/gvfs/proxy.toml
+  gvfs-proxy --config /etc/gvfs/proxy.toml --check
+
+EXAMPLE CONFIGS (in the source tree):
+  examples/deploy/   a TOML file per role (image-server.toml, lan-proxy.toml, node.toml),
+                     their systemd units (Type=notify: READY=1 once serving), and a
+                     Prometheus scrape config (prometheus.yml)
+  cargo run --example site    a whole site on 127.0.0.1: image server, LAN proxy, two nodes
 
 TLS BETWEEN PROXIES:
   gvfsctl ca init /etc/gvfs/ca
@@ -75,6 +82,12 @@ struct Cli {
     /// NAME=pass or NAME=squash. Repeatable (a file's `[peers]` table).
     #[arg(long, value_name = "NAME=MAPPING", help_heading = "TLS")]
     map_peer: Vec<String>,
+
+    /// Check the configuration and exit: print the stack it would build and
+    /// what it would listen on (exit 0), or what is wrong (exit 2). Opens
+    /// nothing: files, addresses and the upstream are checked at start.
+    #[arg(long)]
+    check: bool,
 
     /// Do not look for metadata files (a file's `meta = false`).
     #[arg(long, conflicts_with = "meta", help_heading = "Metadata actions")]
@@ -148,6 +161,16 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         None => FileConfig::default(),
     };
     let cfg = Config::from_file_config(file.overridden_by(cli.settings()?)?)?;
+    if cli.check {
+        let what = match &cli.config {
+            Some(path) => path.display().to_string(),
+            None => "the command line".to_owned(),
+        };
+        println!("{what}: configuration OK");
+        print!("{}", gvfs_proxy::check::summary(&cfg));
+        println!("{}", gvfs_proxy::check::NOT_CHECKED);
+        return Ok(());
+    }
     let sample = matches!(cfg.upstream, UpstreamChoice::Sample(_));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -156,6 +179,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         gvfs_proxy::shutdown::cancel_on_signals(shutdown.clone()).map_err(ProxyError::Signals)?;
+        let stopping = shutdown.clone();
+        tokio::spawn(async move {
+            stopping.cancelled().await;
+            gvfs_proxy::notify::notify("STOPPING=1");
+        });
         gvfs_proxy::run(cfg, shutdown, |r| print_ready(r, sample)).await?;
         Ok(())
     })
@@ -202,6 +230,12 @@ fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
     println!("Stop with Ctrl-C (or SIGTERM).");
     use std::io::Write;
     let _ = std::io::stdout().flush();
+    // Under systemd (Type=notify): every listener is bound and the
+    // upstream answered.
+    gvfs_proxy::notify::notify(&format!(
+        "READY=1\nSTATUS=serving {} as {}",
+        r.upstream, r.export
+    ));
 }
 
 /// How to reach the NFS listener at `addr`.
