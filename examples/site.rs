@@ -1,0 +1,444 @@
+//! A whole gvfs site on 127.0.0.1, in one command:
+//!
+//! ```text
+//! cargo run --example site            # stop with Ctrl-C
+//! cargo run --example site -- --once  # do it all, then stop
+//! ```
+//!
+//! In a temporary directory it makes an origin with one small golden image
+//! (zero blocks, blocks repeated, data) and its metadata (`gvfsctl meta gen
+//! --compress`), a site CA and a certificate per proxy (`gvfsctl ca`), then
+//! starts, bottom first:
+//!
+//! ```text
+//!  node1        node2          gvfs-proxy --cache-dir: NFS clients mount these
+//!     \          /             mutual TLS 1.3 (gvfs://)
+//!      lan-proxy               gvfs-proxy --cache-dir --listen-tls: the site's cache
+//!          |                   mutual TLS 1.3 (the WAN, in a real site)
+//!     image-server             gvfs-proxy --listen-tls, upstream dir:ORIGIN
+//! ```
+//!
+//! It prints each proxy's command line and how to mount the nodes, reads
+//! the image through both nodes (libnfs' `nfs-cat` when installed, else
+//! gvfs' own NFS client) and checks every byte, shows `gvfsctl stats` of
+//! each proxy, then waits for Ctrl-C (SIGINT) or SIGTERM and stops the
+//! proxies, top first, each with SIGTERM. Runs as any user: every port is
+//! a free one on 127.0.0.1 and nothing is mounted.
+//!
+//! The proxies are the `gvfs-proxy` binary, built first (`examples/common`).
+
+mod common;
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use gvfs::data::compare_bytes;
+use gvfs::proxy::{Proxy, ProxyArgs, gvfsctl, gvfsctl_local, site_ca, stat};
+
+/// The golden image, in the origin.
+const IMAGE: &str = "images/golden.img";
+/// Its size: six 1 MiB chunks of compress-and-copy.
+const IMAGE_SIZE: usize = 6 << 20;
+/// The zero-map block size `gvfsctl meta gen` uses by default.
+const BLOCK: usize = 4096;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("site: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let mut once = false;
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--once" => once = true,
+            "-h" | "--help" => {
+                println!("usage: cargo run --example site [-- --once]");
+                return Ok(());
+            }
+            other => {
+                bail!("unknown argument {other:?} (usage: cargo run --example site [-- --once])")
+            }
+        }
+    }
+    common::catch_stop_signals()?;
+    common::build_binaries()?;
+    let work = tempfile::Builder::new().prefix("gvfs-site-").tempdir()?;
+    let mut site = Site::start(work.path())?;
+    let outcome = site.show_and_check();
+    if outcome.is_ok() && !once {
+        println!("\nThe site runs until Ctrl-C (or SIGTERM).");
+        common::wait_for_stop();
+        println!();
+    }
+    let stopped = site.stop();
+    outcome.and(stopped)?;
+    drop(work);
+    println!("site stopped; its directory is removed");
+    Ok(())
+}
+
+/// One proxy of the site.
+struct Tier {
+    name: &'static str,
+    proxy: Proxy,
+    metrics: SocketAddr,
+}
+
+/// The site's proxies, bottom first, and where its files are.
+struct Site {
+    tiers: Vec<Tier>,
+    origin: PathBuf,
+}
+
+impl Site {
+    fn start(work: &Path) -> Result<Self> {
+        let origin = work.join("origin");
+        let image = origin.join(IMAGE);
+        std::fs::create_dir_all(image.parent().context("the image has a directory")?)?;
+        std::fs::write(&image, golden_image())?;
+        let image_s = image.display().to_string();
+        println!(
+            "origin {}: {IMAGE}, {} MiB",
+            origin.display(),
+            IMAGE_SIZE >> 20
+        );
+        println!("$ gvfsctl meta gen --compress {image_s}");
+        gvfsctl_local(&["meta", "gen", "--compress", &image_s])?;
+        print!("{}", indent(&gvfsctl_local(&["meta", "show", &image_s])?));
+
+        let names = ["image-server", "lan-proxy", "node1", "node2"];
+        let ca = site_ca(work, &names)?;
+        println!("$ gvfsctl ca init {}", ca.display());
+        for name in names {
+            println!(
+                "$ gvfsctl ca issue --ca {} --name {name} --ip 127.0.0.1",
+                ca.display()
+            );
+        }
+        common::stop_requested()?;
+
+        let mut site = Self {
+            tiers: Vec::new(),
+            origin,
+        };
+        let server = ProxyArgs::dir(&site.origin)
+            .tls(&ca, "image-server")
+            .arg("--listen-tls")
+            .arg("127.0.0.1:0")
+            .arg("--map-peer")
+            .arg("lan-proxy=pass");
+        let server_tls = site.add(work, "image-server", server)?;
+        let lan = cached(
+            work,
+            "lan-proxy",
+            &format!("{server_tls}/export?name=image-server"),
+        )
+        .tls(&ca, "lan-proxy")
+        .arg("--listen-tls")
+        .arg("127.0.0.1:0")
+        .arg("--map-peer")
+        .arg("node1=pass")
+        .arg("--map-peer")
+        .arg("node2=pass");
+        let lan_tls = site.add(work, "lan-proxy", lan)?;
+        for node in ["node1", "node2"] {
+            let args =
+                cached(work, node, &format!("{lan_tls}/export?name=lan-proxy")).tls(&ca, node);
+            site.add(work, node, args)?;
+        }
+        Ok(site)
+    }
+
+    /// Starts the proxy `name` with `args` on free ports of 127.0.0.1;
+    /// returns its TLS listener's address (`127.0.0.1:0` when it has none).
+    fn add(&mut self, work: &Path, name: &'static str, args: ProxyArgs) -> Result<SocketAddr> {
+        common::stop_requested()?;
+        let metrics = free_port()?;
+        let args = args
+            .control(work.join("run").join(format!("{name}.sock")))
+            .arg("--metrics")
+            .arg(metrics.to_string())
+            .env("RUST_LOG", "warn");
+        let proxy = Proxy::spawn(args.clone()).with_context(|| format!("starting {name}"))?;
+        let tls: SocketAddr = match proxy.status()?["listen_tls"].as_str() {
+            Some(a) => a.parse()?,
+            None => SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let mut words = args.listen(proxy.addr()).to_args();
+        if let Some(i) = words.iter().position(|w| w == "--listen-tls")
+            && let Some(at) = words.get_mut(i + 1)
+        {
+            *at = tls.to_string();
+        }
+        let command = format!("gvfs-proxy {}", shell_words(&words));
+        println!("\n{name}: serving on {}\n  $ {command}", proxy.addr());
+        self.tiers.push(Tier {
+            name,
+            proxy,
+            metrics,
+        });
+        Ok(tls)
+    }
+
+    /// Prints how to use the site, reads the image through both nodes
+    /// (every byte checked), and prints each proxy's stats.
+    fn show_and_check(&self) -> Result<()> {
+        let golden = std::fs::read(self.origin.join(IMAGE))?;
+        println!(
+            "\nMount a node (any NFSv3 client; QEMU's nfs:// needs port 111, as root: --listen 127.0.0.N:111):"
+        );
+        for node in self.nodes() {
+            let p = &node.proxy;
+            println!("  {}:", node.name);
+            println!(
+                "    Linux:  sudo mount -t nfs -o vers=3,proto=tcp,port={0},mountport={0},nolock {1}:{2} /mnt/{3}",
+                p.port(),
+                p.ip(),
+                p.export(),
+                node.name
+            );
+            println!("    libnfs: nfs-cat '{}'", p.url(IMAGE));
+        }
+        for node in self.nodes() {
+            common::stop_requested()?;
+            let (bytes, client) = read_through(&node.proxy)?;
+            compare_bytes(&golden, &bytes)
+                .with_context(|| format!("{IMAGE} read through {}", node.name))?;
+            println!(
+                "read {IMAGE} through {} with {client}: {} bytes, the same as the origin's",
+                node.name,
+                bytes.len()
+            );
+        }
+        for tier in &self.tiers {
+            let control = tier.proxy.control_path();
+            println!(
+                "\n$ gvfsctl --control {} stats      # {}, metrics at http://{}/metrics",
+                control.display(),
+                tier.name,
+                tier.metrics
+            );
+            let out = gvfsctl(control, &["stats"])?;
+            ensure!(
+                out.status.success(),
+                "gvfsctl stats of {}: {}",
+                tier.name,
+                out.stderr_text()
+            );
+            print!("{}", indent(&out.stdout_text()));
+        }
+        println!("\n{}", self.story()?);
+        Ok(())
+    }
+
+    /// What the counters say about the image's way through the site.
+    fn story(&self) -> Result<String> {
+        let stats = |name: &str| -> Result<serde_json::Value> {
+            let tier = self
+                .tiers
+                .iter()
+                .find(|t| t.name == name)
+                .with_context(|| format!("no {name}"))?;
+            tier.proxy.cache_stats_all()
+        };
+        let (server, lan) = (stats("image-server")?, stats("lan-proxy")?);
+        let mib = |v: &serde_json::Value, k: &str| stat(v, k) as f64 / (1 << 20) as f64;
+        let mut s = String::from("What crossed each hop:\n");
+        writeln!(
+            s,
+            "  image-server -> lan-proxy: {} FETCHes, {:.2} MiB of file as {:.2} MiB (zstd, each \
+             repeated block once, zero chunks not at all)",
+            stat(&server, "ext.fetch_calls"),
+            mib(&server, "ext.raw_bytes"),
+            mib(&server, "ext.wire_bytes"),
+        )?;
+        writeln!(
+            s,
+            "  lan-proxy -> nodes: the image fetched {} time(s) for both nodes ({} of its chunks \
+             all zeros); {} of the nodes' FETCHes answered from its file cache, in the frames \
+             they came in",
+            stat(&lan, "file_cache.files_fetched"),
+            stat(&lan, "file_cache.zero_chunks"),
+            stat(&lan, "ext.from_file_cache"),
+        )?;
+        for node in self.nodes() {
+            let v = node.proxy.cache_stats_all()?;
+            writeln!(
+                s,
+                "  {} -> its client: {:.2} MiB read, {} READs answered from the image held whole \
+                 in its file cache",
+                node.name,
+                mib(&v, "status.read_bytes"),
+                stat(&v, "meta.copy_reads"),
+            )?;
+        }
+        Ok(s)
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = &Tier> {
+        self.tiers.iter().filter(|t| t.name.starts_with("node"))
+    }
+
+    /// Stops every proxy, top first (nodes, then what they read through),
+    /// each with SIGTERM; fails if one did not exit 0.
+    fn stop(&mut self) -> Result<()> {
+        let mut failed = Vec::new();
+        while let Some(mut tier) = self.tiers.pop() {
+            match tier.proxy.terminate() {
+                Ok(status) if status.success() => println!("{}: stopped ({status})", tier.name),
+                Ok(status) => {
+                    println!("{}: stopped ({status})", tier.name);
+                    failed.push(format!(
+                        "{} exited with {status}: {}",
+                        tier.name,
+                        tier.proxy.output()
+                    ));
+                }
+                Err(e) => failed.push(format!("{}: {e:#}", tier.name)),
+            }
+        }
+        ensure!(failed.is_empty(), "{}", failed.join("\n"));
+        Ok(())
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// A proxy with a small block cache (and file cache) in `work/NAME-cache`,
+/// in front of the gvfs:// upstream `peer` (`HOST:PORT/EXPORT?name=...`),
+/// answering attributes from replies up to a minute old (golden images
+/// do not change), as examples/deploy/'s LAN proxy and node do.
+fn cached(work: &Path, name: &str, peer: &str) -> ProxyArgs {
+    ProxyArgs::new(format!("gvfs://{peer}"))
+        .arg("--cache-dir")
+        .arg(work.join(format!("{name}-cache")).display().to_string())
+        .arg("--cache-size")
+        .arg("64M")
+        .arg("--file-cache-size")
+        .arg("256M")
+        .arg("--attr-timeout")
+        .arg("60")
+}
+
+/// The golden image: its fifth MiB all zeros (a chunk never sent); else
+/// 64 KiB regions, one in four all zeros, in the others every fifth 4 KiB
+/// block the same shared block (repeated blocks, sent once), the rest half
+/// data, half text (about 2:1 under zstd, like guest memory).
+fn golden_image() -> Vec<u8> {
+    const REGION: usize = 64 << 10;
+    const ZERO_CHUNK: usize = 4;
+    let shared: Vec<u8> = b"a block every VM of this image holds: kernel text, libc. "
+        .iter()
+        .copied()
+        .cycle()
+        .take(BLOCK)
+        .collect();
+    let mut image = vec![0u8; IMAGE_SIZE];
+    for (i, block) in image.chunks_mut(BLOCK).enumerate() {
+        let at = i * BLOCK;
+        if at >> 20 == ZERO_CHUNK || (at / REGION) % 4 == 3 {
+            continue;
+        }
+        if (at % REGION / BLOCK).is_multiple_of(5) {
+            block.copy_from_slice(&shared);
+            continue;
+        }
+        let half = BLOCK / 2;
+        gvfs::data::fill_at(7, at as u64, &mut block[..half]);
+        for (j, b) in block[half..].iter_mut().enumerate() {
+            *b = b"page cache of a guest. "[j % 23];
+        }
+    }
+    image
+}
+
+/// Reads [`IMAGE`] whole through `node`: with libnfs' `nfs-cat` when it
+/// is installed, else with gvfs' own NFS client (as this user).
+fn read_through(node: &Proxy) -> Result<(Vec<u8>, &'static str)> {
+    if gvfs::fuse::which("nfs-cat").is_some() {
+        return Ok((gvfs::libnfs::nfs_cat(&node.url(IMAGE))?, "nfs-cat (libnfs)"));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let bytes = rt.block_on(read_with_gvfs_client(node))?;
+    Ok((
+        bytes,
+        "gvfs' NFS client (apt-get install libnfs-utils for nfs-cat)",
+    ))
+}
+
+async fn read_with_gvfs_client(node: &Proxy) -> Result<Vec<u8>> {
+    use gvfs_nfs::nfs3_types::nfs3::{Nfs3Result, READ3args};
+    use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
+    // SAFETY: getuid and getgid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let cred = Credentials::unix(uid, gid);
+    let (a, give_up) = (node.addr(), Duration::from_secs(60));
+    let client = gvfs::nfsclient::NfsClient::mount(a, a, node.export(), cred, give_up).await?;
+    let file = client
+        .resolve(IMAGE)
+        .await?
+        .with_context(|| format!("{IMAGE} not found through the node"))?;
+    let mut bytes = Vec::new();
+    loop {
+        let reply = client
+            .call(NfsRequest::Read(READ3args {
+                file: file.clone(),
+                offset: bytes.len() as u64,
+                count: 1 << 20,
+            }))
+            .await?;
+        let NfsReply::Read(Nfs3Result::Ok(ok)) = reply else {
+            bail!("READ at {}: {:?}", bytes.len(), reply.status());
+        };
+        bytes.extend_from_slice(&ok.data);
+        if ok.eof || ok.data.is_empty() {
+            return Ok(bytes);
+        }
+        ensure!(
+            bytes.len() <= IMAGE_SIZE,
+            "the node sent more than {IMAGE_SIZE} bytes"
+        );
+    }
+}
+
+/// A free port of 127.0.0.1 (bound, then let go).
+fn free_port() -> Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// `words` as one shell line: the ones with characters a shell reads
+/// quoted.
+fn shell_words(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| {
+            if w.chars().any(|c| "?&*;|<>()$`\"' ".contains(c)) {
+                format!("'{w}'")
+            } else {
+                w.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` with every line indented by four spaces.
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("    {l}\n")).collect()
+}
