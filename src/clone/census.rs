@@ -19,9 +19,11 @@
 //!   WAN with it: from format 3, an 8-byte fingerprint per non-zero block
 //!   and a 32-byte BLAKE3 per 64 KiB piece.
 //!
-//! The disk is read by blocks, only what the guest touches, and its blocks
-//! are not deduplicated: its census says what the images' disks share, and
-//! is no part of the floor.
+//! The disk is read by blocks, only what the guest touches, and its
+//! metadata has no block hashes (they would cost more WAN bytes than the
+//! little a guest reads of its disk saves: `docs/BENCHMARKS.md`), so its
+//! blocks are not deduplicated: its census says what the images' disks
+//! share, and is no part of the floor.
 //!
 //! Pure Rust over the files (BLAKE3 of each block, as `gvfsctl meta gen
 //! --compress` records them); the copied files and the disks are counted
@@ -385,8 +387,8 @@ impl Census {
              each 1 MiB chunk's new blocks together, as the proxies send chunks); its metadata \
              files, which cross the WAN with it (an 8-byte fingerprint per non-zero 4 KiB \
              block and a 32-byte BLAKE3 per 64 KiB piece of the files a clone copies); and the disk's non-zero MiB, shared part and new MiB \
-             (the disk is read by blocks and its blocks are not deduplicated: no part of the \
-             floor).\n\n\
+             (the disk is read by blocks and its metadata has no block hashes, so its blocks \
+             are not deduplicated: no part of the floor).\n\n\
              | WAN-S2 clone | image | memory non-zero MiB | shared | own | state non-zero MiB (shared) | floor MiB raw | floor MiB zstd | metadata KiB | disk non-zero MiB | disk shared | disk new MiB |\n\
              |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
             self.secs

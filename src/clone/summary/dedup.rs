@@ -217,7 +217,8 @@ pub(super) fn dedup_markdown(outcome: &Outcome) -> String {
          32-byte BLAKE3 per 64 KiB piece of `mem` and `state`); WAN MiB and clone time of both; the dedup clone's WAN bytes over the \
          floor; and what the node's file cache copied from blocks it held in other images \
          instead of fetching them (`file_cache.dedup_bytes`, 0 from a proxy without it). The \
-         disk blocks QEMU reads cross the WAN too (through the block cache, not deduplicated).\n",
+         disk blocks QEMU reads cross the WAN too (through the block cache; the disk's \
+         metadata has no block hashes, so they are not deduplicated).\n",
     );
     out += &per_clone_table(records, census, Scenario::WanS2, Scenario::WanS2Dedup);
     let lazy = per_clone_table(
