@@ -414,6 +414,25 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
         "gvfsctl stats does not show the block cache's dedup:\n{text}"
     );
 
+    // Across a cascade: a LAN proxy that holds C fills D's shared pieces
+    // for a node that holds nothing.
+    let (lan_dir, node_dir, out3) = (
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    );
+    let lan = caching(server.upstream_url(), lan_dir.path(), &[])?;
+    copy_through(&lan, "c.img", &c, &out3.path().join("c"))?;
+    wait_indexed(&lan, BLOCKS).await?;
+    let fresh = caching(lan.upstream_url(), node_dir.path(), &[])?;
+    copy_through(&fresh, "d.img", &d, &out3.path().join("d"))?;
+    let s = lan.cache_stats_all()?;
+    ensure!(
+        n(&s, "cache.held_fill_bytes") >= (PIECES / 2 - 1) * PIECE
+            && n(&fresh.cache_stats_all()?, "cache.held_fill_bytes") == 0,
+        "the LAN proxy did not fill D from C for the node: {s}"
+    );
+
     // Blocks the block cache lets go leave the index with it: a node with
     // a 4 MiB cache holds a third of C, and indexes no more than that.
     let (small_dir, out2) = (tempfile::tempdir()?, tempfile::tempdir()?);
