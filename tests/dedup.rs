@@ -30,22 +30,40 @@ const WAIT: Duration = Duration::from_secs(30);
 /// A's block `j` and whose odd blocks are its own, each with
 /// compress-and-copy metadata (and so block hashes) beside it.
 fn images(g: &Ganesha) -> Result<(PathBuf, PathBuf)> {
-    let (a, b) = (g.export_dir().join("a.img"), g.export_dir().join("b.img"));
+    pair(g, ["a.img", "b.img"], BLOCK, BLOCKS, 1, "--compress")
+}
+
+/// Two images named `names` of `count` units of `unit` bytes: the first of
+/// its own data (from `seed`), the second's even unit `2j` the first's
+/// unit `j` and its odd units its own; each with metadata made by `gvfsctl
+/// meta gen FILE META_FLAG`, which must record block hashes.
+fn pair(
+    g: &Ganesha,
+    names: [&str; 2],
+    unit: u64,
+    count: u64,
+    seed: u64,
+    meta_flag: &str,
+) -> Result<(PathBuf, PathBuf)> {
+    let (a, b) = (g.export_dir().join(names[0]), g.export_dir().join(names[1]));
     let (fa, fb) = (File::create(&a)?, File::create(&b)?);
-    let mut block = vec![0u8; BLOCK as usize];
-    for i in 0..BLOCKS {
-        fill_at(1, i * BLOCK, &mut block);
-        fa.write_all_at(&block, i * BLOCK)?;
+    let mut buf = vec![0u8; unit as usize];
+    for i in 0..count {
+        fill_at(seed, i * unit, &mut buf);
+        fa.write_all_at(&buf, i * unit)?;
         if i % 2 == 0 {
-            fill_at(1, i / 2 * BLOCK, &mut block);
+            fill_at(seed, i / 2 * unit, &mut buf);
         } else {
-            fill_at(2, i * BLOCK, &mut block);
+            fill_at(seed + 1, i * unit, &mut buf);
         }
-        fb.write_all_at(&block, i * BLOCK)?;
+        fb.write_all_at(&buf, i * unit)?;
     }
     for p in [&a, &b] {
-        let said = gvfsctl(&["meta", "gen", &p.display().to_string(), "--compress"])?;
-        ensure!(said.contains("block hashes"), "meta gen said: {said}");
+        let said = gvfsctl(&["meta", "gen", &p.display().to_string(), meta_flag])?;
+        ensure!(
+            said.contains("block hashes") && said.contains("zstd") == (meta_flag == "--compress"),
+            "meta gen said: {said}"
+        );
     }
     Ok((a, b))
 }
@@ -342,27 +360,7 @@ const PIECE: u64 = 16 * BLOCK;
 /// compress-and-copy): D's even piece `2j` is C's piece `j`, its odd
 /// pieces its own.
 fn disks(g: &Ganesha) -> Result<(PathBuf, PathBuf)> {
-    let (c, d) = (g.export_dir().join("c.img"), g.export_dir().join("d.img"));
-    let (fc, fd) = (File::create(&c)?, File::create(&d)?);
-    let mut piece = vec![0u8; PIECE as usize];
-    for p in 0..PIECES {
-        fill_at(3, p * PIECE, &mut piece);
-        fc.write_all_at(&piece, p * PIECE)?;
-        if p % 2 == 0 {
-            fill_at(3, p / 2 * PIECE, &mut piece);
-        } else {
-            fill_at(4, p * PIECE, &mut piece);
-        }
-        fd.write_all_at(&piece, p * PIECE)?;
-    }
-    for p in [&c, &d] {
-        let said = gvfsctl(&["meta", "gen", &p.display().to_string(), "--hashes"])?;
-        ensure!(
-            said.contains("block hashes") && !said.contains("zstd"),
-            "meta gen said: {said}"
-        );
-    }
-    Ok((c, d))
+    pair(g, ["c.img", "d.img"], PIECE, PIECES, 3, "--hashes")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

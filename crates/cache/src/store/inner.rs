@@ -132,11 +132,23 @@ impl Inner {
         offset: u32,
         buf: &mut [u8],
     ) -> Result<bool> {
+        Ok(self.read_good(fh, block, offset, buf)?.is_some())
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of a block held with every
+    /// sub-block they touch valid and checked: its frame, or `None`.
+    fn read_good(
+        &mut self,
+        fh: &[u8],
+        block: u64,
+        offset: u32,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>> {
         self.check_range(offset, buf.len())?;
         let Some(id) = self.hit_at(fh, block, offset, buf.len()) else {
-            return Ok(false);
+            return Ok(None);
         };
-        Ok(self.read_checked(id, offset, buf, false)? == Checked::Good)
+        Ok((self.read_checked(id, offset, buf, false)? == Checked::Good).then_some(id))
     }
 
     pub(super) fn read_into(
@@ -146,22 +158,18 @@ impl Inner {
         offset: u32,
         buf: &mut [u8],
     ) -> Result<bool> {
-        self.check_range(offset, buf.len())?;
         if buf.is_empty() {
+            self.check_range(offset, 0)?;
             let hit = self.lookup(fh, block).is_some();
             if !hit {
                 self.stats.misses += 1;
             }
             return Ok(hit);
         }
-        let Some(id) = self.hit_at(fh, block, offset, buf.len()) else {
+        let Some(id) = self.read_good(fh, block, offset, buf)? else {
             self.stats.misses += 1;
             return Ok(false);
         };
-        if self.read_checked(id, offset, buf, false)? != Checked::Good {
-            self.stats.misses += 1;
-            return Ok(false);
-        }
         self.count_hit(id, buf.len());
         Ok(true)
     }
