@@ -182,7 +182,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         let stopping = shutdown.clone();
         tokio::spawn(async move {
             stopping.cancelled().await;
-            gvfs_proxy::notify::notify("STOPPING=1");
+            gvfs_proxy::notify::notify(&[gvfs_proxy::notify::NotifyState::Stopping]);
         });
         gvfs_proxy::run(cfg, shutdown, |r| print_ready(r, sample)).await?;
         Ok(())
@@ -232,10 +232,11 @@ fn print_ready(r: &gvfs_proxy::Ready, sample: bool) {
     let _ = std::io::stdout().flush();
     // Under systemd (Type=notify): every listener is bound and the
     // upstream answered.
-    gvfs_proxy::notify::notify(&format!(
-        "READY=1\nSTATUS=serving {} as {}",
-        r.upstream, r.export
-    ));
+    let status = format!("serving {} as {}", r.upstream, r.export);
+    gvfs_proxy::notify::notify(&[
+        gvfs_proxy::notify::NotifyState::Ready,
+        gvfs_proxy::notify::NotifyState::Status(&status),
+    ]);
 }
 
 /// How to reach the NFS listener at `addr`.
