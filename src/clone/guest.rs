@@ -548,7 +548,16 @@ impl Qemu {
         let log = dir.join("qemu.log");
         std::fs::remove_file(&qmp).ok();
         std::fs::remove_file(&requests).ok();
-        let mut cmd = Command::new("qemu-system-x86_64");
+        // A lazy clone's QEMU runs under `gvfsctl no-huge-pages`: its
+        // huge-page advice on guest RAM would make Linux read the mapped
+        // memory image 4 MiB around each first fault.
+        let mut cmd = if m.mapping == RamMapping::Private {
+            let mut c = Command::new(crate::proxy::gvfsctl_binary()?);
+            c.args(["no-huge-pages", "--", "qemu-system-x86_64"]);
+            c
+        } else {
+            Command::new("qemu-system-x86_64")
+        };
         cmd.args(["-accel", "tcg", "-machine", "pc,memory-backend=mem"])
             .args(["-m", &format!("{}M", m.ram_mib), "-smp", "1"])
             .args(["-display", "none", "-monitor", "none", "-nodefaults"])

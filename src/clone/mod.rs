@@ -377,7 +377,13 @@ impl<'a> Bench<'a> {
             args = args.tls(&self.ca, "node");
         }
         if let Some(m) = &mount {
-            args = args.arg("--mount").arg(m.path().display().to_string());
+            // No read-ahead: a guest's page fault asks for its page, and
+            // the node fetches the 64 KiB piece around it.
+            args = args
+                .arg("--mount")
+                .arg(m.path().display().to_string())
+                .arg("--mount-readahead")
+                .arg("0");
         }
         if dedup == Dedup::Off && self.no_dedup_flag {
             args = args.arg("--no-dedup");

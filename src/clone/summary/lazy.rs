@@ -225,18 +225,18 @@ pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
                 mib_of(f.mount_read_bytes),
             );
         }
-        out += "\nWhat bounds a lazy clone here: QEMU advises huge pages on guest RAM \
-                (`MADV_HUGEPAGE`), and Linux then reads a privately mapped file 4 MiB at a time \
-                at the first fault in each 2 MiB block (that block and the next), whatever the \
-                mount's read-ahead. Checked with a private mapping of a file on the FUSE mount \
-                (Linux 6.18): 4 MiB per first touch with `MADV_HUGEPAGE`, also with transparent \
-                huge pages set to never and with `PR_SET_THP_DISABLE`; 2 MiB with \
-                `MADV_RANDOM`; the one 4 KiB page with `MADV_NOHUGEPAGE` and \
-                `--mount-readahead 0`. So a resumed guest's \
-                scattered faults pull most of its memory image's data (the FUSE column above), \
-                where the pages it touches are a small part of it, and the learned working set \
-                is in those blocks too. The node fetches what each READ covers, in 64 KiB \
-                pieces; it cannot know which page of a 4 MiB READ the guest waits for.\n";
+        out += "\nHow a lazy clone's QEMU runs: under `gvfsctl no-huge-pages`, which makes \
+                its `MADV_HUGEPAGE` advice on guest RAM a no-op (a seccomp filter; QEMU is \
+                unchanged), with the node's mount at `--mount-readahead 0`. With that advice \
+                Linux reads a privately mapped file 4 MiB at a time at the first fault in each \
+                2 MiB block (that block and the next), whatever the mount's read-ahead \
+                (checked on Linux 6.18, also with transparent huge pages set to never and with \
+                `PR_SET_THP_DISABLE`), so a resumed guest's scattered faults pulled most of its \
+                memory image; without it a fault reads its 4 KiB page, and the node fetches the \
+                64 KiB piece around it. What bounds a lazy clone of an image never cloned \
+                before is then its faults, one at a time (one vCPU), each a WAN round trip \
+                behind the background stream on the same link; what bounds a learned one is \
+                the bytes of its working set.\n";
     }
     for note in &outcome.notes {
         out += &format!("\n{note}\n");

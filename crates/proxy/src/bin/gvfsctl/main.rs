@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 mod meta;
 use meta::meta;
 
+mod no_huge_pages;
+
 mod show;
 use show::{NOT_UNDERSTOOD, print_stats, print_status, wait_for_job};
 
@@ -24,7 +26,7 @@ use show::{NOT_UNDERSTOOD, print_stats, print_status, wait_for_job};
 node certificates (ca); make and show metadata files (meta)",
     after_help = "Without --control, gvfsctl uses the only gvfs-proxy control socket in \
 $XDG_RUNTIME_DIR (or /tmp); with several proxies running, name one with --control. \
-`ca` and `meta` work on local files and need no proxy."
+`ca`, `meta` and `no-huge-pages` work locally and need no proxy."
 )]
 struct Cli {
     /// The proxy's control socket (printed by gvfs-proxy at start).
@@ -69,6 +71,20 @@ enum Cmd {
     Meta {
         #[command(subcommand)]
         cmd: MetaCmd,
+    },
+    /// Run a command (a VM monitor) with `madvise(MADV_HUGEPAGE)` made a
+    /// no-op, for lazy clones: QEMU advises huge pages on all guest RAM,
+    /// and Linux then reads a privately mapped memory image 4 MiB at a
+    /// time around each first fault (whatever the mount's read-ahead), so
+    /// a guest mapping its RAM from a gvfs mount would pull most of the
+    /// image to touch a small part of it. A seccomp filter, kept across
+    /// exec and by every thread, answers that advice with success and does
+    /// nothing; the program is unchanged. Runs locally; no proxy needed.
+    #[command(name = "no-huge-pages")]
+    NoHugePages {
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
     },
 }
 
@@ -203,6 +219,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     let cmd = match cli.cmd {
         Cmd::Ca { cmd } => return ca(cmd),
         Cmd::Meta { cmd } => return meta(cmd, cli.control),
+        Cmd::NoHugePages { command } => return no_huge_pages::exec(&command),
         cmd => cmd,
     };
     let path = control_path(cli.control)?;
@@ -248,9 +265,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let started = ask("flush")?;
             wait_for_job(&ask, &started)?;
         }
-        Cmd::Ca { .. } => unreachable!("gvfsctl ca is handled before the control socket lookup"),
-        Cmd::Meta { .. } => {
-            unreachable!("gvfsctl meta is handled before the control socket lookup")
+        Cmd::Ca { .. } | Cmd::Meta { .. } | Cmd::NoHugePages { .. } => {
+            unreachable!("local commands are handled before the control socket lookup")
         }
     }
     Ok(())
