@@ -513,6 +513,10 @@ pub struct CachedFile {
     last_demand_ms: AtomicU64,
     /// Readers' own fetches under way.
     demand_in_flight: AtomicUsize,
+    /// Whether the background fetch follows a working-set profile: a
+    /// reader's fault then fetches only the pieces it needs (the profile
+    /// brings the rest of the working set); without one, the whole chunk.
+    profiled: AtomicBool,
     /// The order readers first touch chunks in, while it is learned.
     learning: Mutex<Option<Learning>>,
     /// The file's metadata when it has block hashes (for dedup).
@@ -803,6 +807,7 @@ impl FileCache {
             born: Instant::now(),
             last_demand_ms: AtomicU64::new(0),
             demand_in_flight: AtomicUsize::new(0),
+            profiled: AtomicBool::new(false),
             learning: Mutex::new(None),
             content: None,
             dedup_bytes: AtomicU64::new(0),

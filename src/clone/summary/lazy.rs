@@ -232,11 +232,14 @@ pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
                 2 MiB block (that block and the next), whatever the mount's read-ahead \
                 (checked on Linux 6.18, also with transparent huge pages set to never and with \
                 `PR_SET_THP_DISABLE`), so a resumed guest's scattered faults pulled most of its \
-                memory image; without it a fault reads its 4 KiB page, and the node fetches the \
-                64 KiB piece around it. What bounds a lazy clone of an image never cloned \
-                before is then its faults, one at a time (one vCPU), each a WAN round trip \
-                behind the background stream on the same link; what bounds a learned one is \
-                the bytes of its working set.\n";
+                memory image; without it a fault reads its 4 KiB page. The node then fetches, \
+                as demand, the 64 KiB piece around it when the image has a working-set profile \
+                (which brings the rest of what the guest touches), and its whole 1 MiB chunk \
+                when it has none (a guest never cloned before faults all over its memory, one \
+                fault at a time, each a WAN round trip behind the background stream on the \
+                same link: a chunk saves the faults near it). What bounds a lazy clone of an \
+                image never cloned before is those faults; what bounds a learned one is the \
+                bytes of its working set.\n";
     }
     for note in &outcome.notes {
         out += &format!("\n{note}\n");

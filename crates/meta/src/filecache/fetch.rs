@@ -565,8 +565,14 @@ impl CachedFile {
                 continue;
             }
             waiting = true;
+            // A reader of a file with no working-set profile (an image
+            // never cloned here) faults all over it: its fault brings the
+            // whole chunk, as a demand, so its next faults nearby find
+            // their bytes here. With a profile, only the pieces it needs.
+            let pieces_only = urgency == Urgency::Profile
+                || (urgency == Urgency::Demand && self.profiled.load(Ordering::Acquire));
             match state {
-                Chunk::Missing if urgency != Urgency::Background => {
+                Chunk::Missing if urgency != Urgency::Background && pieces_only => {
                     let need = span_of(want & !p.here & !p.fetching);
                     if need != 0 {
                         chunks.pieces.entry(idx).or_default().fetching |= need;
@@ -733,6 +739,7 @@ impl FileCache {
             born: Instant::now(),
             last_demand_ms: AtomicU64::new(0),
             demand_in_flight: AtomicUsize::new(0),
+            profiled: AtomicBool::new(false),
             learning: Mutex::new(learn.then(|| Learning::new(attrs.size))),
             content: zero
                 .filter(|m| m.hashes.is_some() && m.file_size == attrs.size)
@@ -797,6 +804,7 @@ impl FileCache {
     ) {
         let started = Instant::now();
         let plan = self.profile_plan(&entry, &source, &cred).await;
+        entry.profiled.store(!plan.is_empty(), Ordering::Release);
         let mut set = tokio::task::JoinSet::new();
         let (mut planned, mut next) = (0, 0);
         loop {

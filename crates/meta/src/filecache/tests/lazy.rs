@@ -54,17 +54,26 @@ async fn a_readers_own_fetch_goes_as_demand_and_is_counted_as_a_fault() {
     tokio::task::yield_now().await;
     fake.gate.add_permits(1 << 20);
     read_at(&c, &f, &fake, 30).await;
-    let fetched = lock(&fake.fetched).clone();
-    let demand: Vec<(u64, u32)> = fetched
-        .iter()
-        .filter(|(_, _, u)| *u == Urgency::Demand)
-        .map(|(o, c, _)| (*o, *c))
-        .collect();
-    // Only the piece the read needs, not its whole chunk.
-    assert_eq!(demand, vec![(30 * MIB as u64, PIECE)], "{fetched:?}");
+    let demand = |fake: &Fake| -> Vec<(u64, u32)> {
+        lock(&fake.fetched)
+            .iter()
+            .filter(|(_, _, u)| *u == Urgency::Demand)
+            .map(|(o, c, _)| (*o, *c))
+            .collect()
+    };
+    // No working-set profile: the whole chunk, for the faults near it.
+    assert_eq!(demand(&fake), vec![(30 * MIB as u64, CHUNK)]);
     let s = c.stats().counts;
     assert_eq!(s.faults_waited, 1);
     assert!(s.demand_wire_bytes > 0 && s.demand_wire_bytes < s.wire_bytes);
+    // With one (it brings the rest of the working set): only the piece
+    // the read needs.
+    f.profiled.store(true, Ordering::Release);
+    read_at(&c, &f, &fake, 33).await;
+    assert_eq!(
+        demand(&fake),
+        vec![(30 * MIB as u64, CHUNK), (33 * MIB as u64, PIECE)]
+    );
 }
 
 #[tokio::test]
