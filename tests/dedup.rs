@@ -68,6 +68,31 @@ fn pair(
     Ok((a, b))
 }
 
+/// Rewrites the metadata of `image` so that each `(i, j)` of `blocks`
+/// gives its i-th block fingerprint the fingerprint of `other`'s block
+/// `j`; its piece hashes stay its true ones.
+fn lie(g: &Ganesha, image: &str, other: &str, blocks: &[(usize, u64)]) -> Result<()> {
+    let read = |name: &str| -> Result<gvfs_meta::MetaFile> {
+        let path = g.export_dir().join(format!(".{name}.gvfsmeta"));
+        Ok(gvfs_meta::MetaFile::decode(&std::fs::read(path)?)?)
+    };
+    let (mut m, theirs) = (read(image)?, read(other)?);
+    let h = m.hashes.clone().context("hashes")?;
+    let mut fps = h.fingerprints().to_vec();
+    for &(i, j) in blocks {
+        fps[i] = *theirs.block_fingerprint(j).context("the other's block")?;
+    }
+    m.hashes = Some(std::sync::Arc::new(
+        gvfs_meta::format::BlockHashes::new(fps, h.pieces().to_vec(), &m.zero, m.file_size)
+            .context("same counts")?,
+    ));
+    std::fs::write(
+        g.export_dir().join(format!(".{image}.gvfsmeta")),
+        m.encode(),
+    )?;
+    Ok(())
+}
+
 fn caching(upstream: String, dir: &Path, extra: &[&str]) -> Result<Proxy> {
     let mut args = ProxyArgs::new(upstream)
         .arg("--cache-dir")
@@ -320,18 +345,7 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
     let (a, b) = images(&g)?;
     // B's metadata lies about its odd block 1 (its own bytes): it gives it
     // the fingerprint of A's block 7. Its piece hashes are B's true ones.
-    let meta_path = g.export_dir().join(".b.img.gvfsmeta");
-    let mut m = gvfs_meta::MetaFile::decode(&std::fs::read(&meta_path)?)?;
-    let a_meta =
-        gvfs_meta::MetaFile::decode(&std::fs::read(g.export_dir().join(".a.img.gvfsmeta"))?)?;
-    let h = m.hashes.clone().context("B has hashes")?;
-    let mut fps = h.fingerprints().to_vec();
-    fps[1] = *a_meta.block_fingerprint(7).context("A's block 7")?;
-    m.hashes = Some(std::sync::Arc::new(
-        gvfs_meta::format::BlockHashes::new(fps, h.pieces().to_vec(), &m.zero, m.file_size)
-            .context("same counts")?,
-    ));
-    std::fs::write(&meta_path, m.encode())?;
+    lie(&g, "b.img", "a.img", &[(1, 7)])?;
 
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
@@ -369,22 +383,8 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
     let (c, d) = disks(&g)?;
     // D's metadata lies about its own piece 1: its blocks get the
     // fingerprints of C's piece 90 (held), its piece hash stays D's.
-    let meta_path = g.export_dir().join(".d.img.gvfsmeta");
-    let mut m = gvfs_meta::MetaFile::decode(&std::fs::read(&meta_path)?)?;
-    let c_meta =
-        gvfs_meta::MetaFile::decode(&std::fs::read(g.export_dir().join(".c.img.gvfsmeta"))?)?;
-    let h = m.hashes.clone().context("D has hashes")?;
-    let mut fps = h.fingerprints().to_vec();
-    for i in 0..16 {
-        fps[16 + i] = *c_meta
-            .block_fingerprint(90 * 16 + i as u64)
-            .context("C's piece 90")?;
-    }
-    m.hashes = Some(std::sync::Arc::new(
-        gvfs_meta::format::BlockHashes::new(fps, h.pieces().to_vec(), &m.zero, m.file_size)
-            .context("same counts")?,
-    ));
-    std::fs::write(&meta_path, m.encode())?;
+    let blocks: Vec<(usize, u64)> = (0..16).map(|i| (16 + i, 90 * 16 + i as u64)).collect();
+    lie(&g, "d.img", "c.img", &blocks)?;
 
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
