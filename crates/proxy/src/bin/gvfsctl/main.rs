@@ -23,7 +23,8 @@ use show::{NOT_UNDERSTOOD, print_stats, print_status, wait_for_job};
     name = "gvfsctl",
     version,
     about = "Control a running gvfs-proxy (status, stats, writeback, flush); make a site CA and \
-node certificates (ca); make and show metadata files (meta)",
+node certificates (ca); make and show metadata files (meta); run a VM monitor for lazy clones \
+(no-huge-pages)",
     after_help = "Without --control, gvfsctl uses the only gvfs-proxy control socket in \
 $XDG_RUNTIME_DIR (or /tmp); with several proxies running, name one with --control. \
 `ca`, `meta` and `no-huge-pages` work locally and need no proxy."
