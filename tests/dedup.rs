@@ -366,6 +366,65 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
     Ok(())
 }
 
+/// A lazy reader's fault fetches a few 8 KiB pieces, less than a 64 KiB
+/// piece hash covers: held blocks must not go there unchecked. B's
+/// metadata lies about its block 1 (it names A's block 7, held), and B's
+/// working-set profile (beside it at the origin) names the 8 KiB at its
+/// start: the fault, and the profile's fetch, get B's true bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Result<()> {
+    if let Some(why) = gvfs::fuse::unavailable() {
+        eprintln!("skipping: {why}");
+        return Ok(());
+    }
+    let g = Ganesha::start()?;
+    let (a, b) = images(&g)?;
+    lie(&g, "b.img", "a.img", &[(1, 7)])?;
+    let m = std::fs::metadata(&b)?;
+    let time = |s: i64, ns: i64| (s as u32, ns as u32);
+    use std::os::unix::fs::MetadataExt;
+    let profile = gvfs_meta::Profile {
+        size: m.len(),
+        mtime: time(m.mtime(), m.mtime_nsec()),
+        ctime: time(m.ctime(), m.ctime_nsec()),
+        unit: gvfs_meta::filecache::PIECE,
+        parts: vec![0],
+    };
+    std::fs::write(g.export_dir().join(".b.img.gvfsprofile"), profile.record())?;
+
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;
+    let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mnt = gvfs::fuse::MountPoint::new()?;
+    let mount = mnt.path().display().to_string();
+    let node = caching(
+        server.upstream_url(),
+        dir.path(),
+        &["--mount", &mount, "--mount-readahead", "0"],
+    )?;
+    copy_through(&node, "a.img", &a, &out.path().join("a"))?;
+    wait_complete(&node, 1).await?;
+    wait_indexed(&node, BLOCKS).await?;
+
+    // A first fault far away starts B's fetch; once it follows the
+    // profile, the fault on block 1.
+    let f = File::open(mnt.path().join("b.img"))?;
+    let (mut got, mut want) = (vec![0u8; BLOCK as usize], vec![0u8; BLOCK as usize]);
+    f.read_exact_at(&mut got, 9 * MIB)?;
+    node.wait_stat("file_cache.profile_hits", 1, WAIT)?;
+    f.read_exact_at(&mut got, BLOCK)?;
+    File::open(&b)?.read_exact_at(&mut want, BLOCK)?;
+    ensure!(got == want, "B's block 1 through the mount is not B's");
+    let s = wait_complete(&node, 2).await?;
+    ensure!(
+        n(&s, "file_cache.profile_pieces") == 1,
+        "B's profile was not fetched first: {s}"
+    );
+    compare_files(&b, &mnt.path().join("b.img"))?;
+    drop(f);
+    drop(node);
+    Ok(())
+}
+
 /// Pieces of 64 KiB (the block cache's blocks) of each disk image.
 const PIECES: u64 = BLOCKS / 16;
 const PIECE: u64 = 16 * BLOCK;

@@ -132,7 +132,7 @@ fn read_page(file: &File, origin: &Path, offset: u64) -> Result<()> {
 }
 
 /// The first reads of a lazy clone's guest, scattered, chunk by chunk (7
-/// twice): the profile learned is the 64 KiB pieces at the start of
+/// twice): the profile learned is the 8 KiB pieces at the start of
 /// chunks 30, 7, 41, 12.
 const SCATTERED: [u64; 5] = [30, 7, 41, 7, 12];
 
@@ -312,7 +312,7 @@ async fn demand_reads_are_fetched_as_demand() -> Result<()> {
     // Both reads waited, and the far one fetched its bytes itself: with no
     // working-set profile for the image, its whole chunk (incompressible,
     // so a MiB on the wire), for the faults near it. (With a profile, only
-    // the 64 KiB pieces a read needs: the file cache's unit tests.)
+    // the 8 KiB pieces a read needs: the file cache's unit tests.)
     let s = node.stats()?;
     ensure!(
         n(&s, "file_cache.faults_waited") >= 2
@@ -352,7 +352,7 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
     ensure!(beside.is_file(), "no {}", beside.display());
     let shown = gvfsctl(&["meta", "show", &origin.display().to_string()])?;
     ensure!(
-        shown.contains("in 4 parts of 64.00 KiB")
+        shown.contains("in 4 parts of 8.00 KiB")
             && shown.contains("first touched at 30.00 MiB, 7.00 MiB, 41.00 MiB, 12.00 MiB"),
         "meta show:\n{shown}"
     );

@@ -236,7 +236,7 @@ impl Bench<'_> {
         let f = t.fetch.unwrap_or_default();
         notes.push(format!(
             "Lazy WAN-S1 learned's fresh node started {} whole-file fetches with a working-set \
-             profile (`file_cache.profile_hits`) and fetched {} pieces of 64 KiB first because \
+             profile (`file_cache.profile_hits`) and fetched {} pieces of 8 KiB first because \
              it named them ({:.1} MiB on the wire).",
             f.profile_hits,
             f.profile_pieces,

@@ -378,7 +378,7 @@ impl<'a> Bench<'a> {
         }
         if let Some(m) = &mount {
             // No read-ahead: a guest's page fault asks for its page, and
-            // the node fetches the 64 KiB piece around it.
+            // the node fetches the 8 KiB piece around it.
             args = args
                 .arg("--mount")
                 .arg(m.path().display().to_string())

@@ -199,24 +199,46 @@ pub(super) fn clone_one(
         .tempdir_in(work)
         .context("clone directory")?;
     let start = Instant::now();
-    let (ram, mapping, backing) = match procedure {
+    let (ram, mapping, copied, overlaid) = match procedure {
         Procedure::CopyFirst(source) => {
             for name in [CONFIG, MEM, STATE] {
                 source.copy(name, &dir.path().join(name), timeout)?;
             }
-            (dir.path().join(MEM), RamMapping::Shared, source.backing())
+            let copied = Instant::now();
+            guest::create_overlay(&source.backing(), &dir.path().join(DISK))?;
+            (
+                dir.path().join(MEM),
+                RamMapping::Shared,
+                copied,
+                Instant::now(),
+            )
         }
         Procedure::Lazy { files, backing } => {
-            for name in [CONFIG, STATE] {
-                std::fs::copy(files.join(name), dir.path().join(name))
-                    .with_context(|| format!("copying {name} from {}", files.display()))?;
-            }
-            (files.join(MEM), RamMapping::Private, backing.clone())
+            // The overlay is made while the two small files are copied.
+            let (copied, overlaid) = std::thread::scope(|scope| {
+                let overlay = scope.spawn(|| {
+                    guest::create_overlay(backing, &dir.path().join(DISK))?;
+                    Ok::<_, anyhow::Error>(Instant::now())
+                });
+                let copies = [CONFIG, STATE].map(|name| {
+                    let (from, to) = (files.join(name), dir.path().join(name));
+                    scope.spawn(move || {
+                        std::fs::copy(&from, &to)
+                            .with_context(|| format!("copying {name} from {}", files.display()))
+                    })
+                });
+                for c in copies {
+                    c.join().map_err(|_| anyhow::anyhow!("a copy panicked"))??;
+                }
+                let copied = Instant::now();
+                let overlaid = overlay
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("qemu-img panicked"))??;
+                Ok::<_, anyhow::Error>((copied, overlaid.max(copied)))
+            })?;
+            (files.join(MEM), RamMapping::Private, copied, overlaid)
         }
     };
-    let copied = Instant::now();
-    guest::create_overlay(&backing, &dir.path().join(DISK))?;
-    let overlaid = Instant::now();
     let resumed = guest::resume_clone(
         kit,
         dir.path(),

@@ -82,7 +82,7 @@ pub struct NodeFetch {
     /// Whole-file fetches that started with a working-set profile
     /// (`file_cache.profile_hits`).
     pub profile_hits: u64,
-    /// 64 KiB pieces fetched first because a profile named them
+    /// 8 KiB pieces fetched first because a profile named them
     /// (`file_cache.profile_pieces`).
     pub profile_pieces: u64,
     /// Bytes the node's FUSE mount answered READs with: what the kernel

@@ -79,7 +79,7 @@
 //! uses FETCH from then on.
 //!
 //! FETCH_DEMAND is FETCH_REPEATS for bytes a reader waits for now (a lazy
-//! clone's guest faulting on its memory: usually a few 64 KiB pieces of a
+//! clone's guest faulting on its memory: usually a few 8 KiB pieces of a
 //! chunk, not the whole chunk), not a chunk a background stream fetches
 //! ahead: a proxy that fetches them from its own upstream in turn asks
 //! with FETCH_DEMAND too, and holds back its background stream

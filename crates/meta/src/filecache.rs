@@ -81,8 +81,12 @@ pub const WINDOW: usize = 8;
 /// reader waits for is queued behind no more than these.
 pub const UNDER_DEMAND: usize = 2;
 /// Runs of pieces fetched at once first, because a working-set profile
-/// names them.
-pub const PROFILE_WINDOW: usize = 8;
+/// names them (a guest's first touches are scattered: mostly one piece
+/// each, so about a bandwidth-delay product of them in flight) ...
+pub const PROFILE_WINDOW: usize = 96;
+/// ... and at most these bytes of them (a reader's fault the profile
+/// missed is queued behind no more on the link).
+pub const PROFILE_BYTES: u64 = 1 << 20;
 /// How long after a reader's own fetch the background stream stays at
 /// [`UNDER_DEMAND`].
 const DEMAND_HOLD_MS: u64 = 300;
@@ -92,15 +96,23 @@ pub use learn::{LEARN_QUIET, PROFILE_WAIT};
 pub use read::Asked;
 
 /// The unit readers' own fetches and profiles go by: a page fault of a
-/// lazy clone fetches the pieces its read covers, not its whole chunk.
-pub const PIECE: u32 = 64 << 10;
+/// lazy clone whose image has a working-set profile fetches the pieces its
+/// read covers, not its whole chunk, and a profile names pieces. Two of a
+/// guest's 4 KiB pages: a resuming guest touches about one page in each
+/// of the 64 KiB around it, so a larger piece multiplies the bytes it
+/// waits for.
+pub const PIECE: u32 = 8 << 10;
+
+/// A set of the pieces of one chunk (bit `i`: bytes `i * PIECE..` of it).
+type Mask = u128;
+const _: () = assert!(CHUNK / PIECE == Mask::BITS);
 
 /// Which pieces of a chunk that is not whole yet are here, and which are
-/// being fetched (bit `i`: bytes `i * PIECE..` of the chunk).
+/// being fetched.
 #[derive(Debug, Default, Clone, Copy)]
 struct Pieces {
-    here: u16,
-    fetching: u16,
+    here: Mask,
+    fetching: Mask,
 }
 
 /// The state of a file's chunks, and the pieces of those not whole yet.

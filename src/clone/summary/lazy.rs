@@ -193,7 +193,7 @@ pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
                 scenario, and lazy WAN-S1's first warm one): seconds from the clone's start; WAN \
                 MiB from its start; the node proxy's file cache over the clone (until the memory \
                 image was whole there, for a clone new to the node): MiB received for bytes a \
-                read was waiting for, for 64 KiB pieces a working-set profile named, by the \
+                read was waiting for, for 8 KiB pieces a working-set profile named, by the \
                 background stream, and in all; reads that waited and their waits summed; \
                 whole-file fetches that started with a profile and the pieces it named; MiB \
                 the node's FUSE mount read for the guest's page faults:\n\n\
@@ -233,8 +233,9 @@ pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
                 (checked on Linux 6.18, also with transparent huge pages set to never and with \
                 `PR_SET_THP_DISABLE`), so a resumed guest's scattered faults pulled most of its \
                 memory image; without it a fault reads its 4 KiB page. The node then fetches, \
-                as demand, the 64 KiB piece around it when the image has a working-set profile \
-                (which brings the rest of what the guest touches), and its whole 1 MiB chunk \
+                as demand, the 8 KiB piece around it when the image has a working-set profile \
+                (which brings the rest of what the guest touches: its pieces in the order the \
+                guest first touched them, up to 96 or 1 MiB of them in flight), and its whole 1 MiB chunk \
                 when it has none (a guest never cloned before faults all over its memory, one \
                 fault at a time, each a WAN round trip behind the background stream on the \
                 same link: a chunk saves the faults near it). What bounds a lazy clone of an \

@@ -393,15 +393,21 @@ impl CachedFile {
 
     /// The blocks of `offset..offset + count` held here already, read and
     /// their fingerprints checked (blocking I/O); `None` without hashes,
-    /// dedup, or a range on a piece.
+    /// dedup, or a range of whole pieces (a fetch of a few file-cache
+    /// pieces inside one: held blocks go only where a piece hash checks
+    /// them).
     pub(super) fn held_blocks(&self, cache: &FileCache, offset: u64, count: u32) -> Option<Held> {
         let meta = self.content.as_deref()?;
         let index = cache.blocks.get()?;
         let bs = meta.block_size;
-        if !offset.is_multiple_of(HASH_PIECE) || count == 0 {
+        let size = self.size();
+        let end = offset + u64::from(count);
+        if !offset.is_multiple_of(HASH_PIECE)
+            || count == 0
+            || !(end.is_multiple_of(HASH_PIECE) || end == size)
+        {
             return None;
         }
-        let size = self.size();
         let first = offset / u64::from(bs);
         let n = count.div_ceil(bs) as usize;
         let mut held = Held {

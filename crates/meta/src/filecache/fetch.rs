@@ -53,7 +53,7 @@ impl CachedFile {
     /// Claims the pieces of `mask` in chunk `idx` that are neither here nor
     /// being fetched, as one run (those between them too), if the chunk is
     /// not being fetched whole.
-    pub(super) fn claim_pieces(&self, idx: usize, mask: u16) -> Option<u16> {
+    pub(super) fn claim_pieces(&self, idx: usize, mask: Mask) -> Option<Mask> {
         let mut chunks = lock(&self.chunks);
         if chunks.get(idx) != Some(&Chunk::Missing) {
             return None;
@@ -74,13 +74,13 @@ impl CachedFile {
         source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         idx: usize,
-        mask: u16,
+        mask: Mask,
         urgency: Urgency,
     ) -> Result<(), FileCacheError> {
         let (start, len) = self.chunk_range(idx);
         let from = start + u64::from(mask.trailing_zeros() * PIECE);
-        let to =
-            (start + u64::from((16 - mask.leading_zeros()) * PIECE)).min(start + u64::from(len));
+        let to = (start + u64::from((Mask::BITS - mask.leading_zeros()) * PIECE))
+            .min(start + u64::from(len));
         // Every piece: the chunk in one frame, kept as a whole one is.
         let whole = (mask == all_pieces(len)).then_some(idx);
         let result = if to > from {
@@ -156,7 +156,11 @@ impl CachedFile {
     }
 
     /// The pieces of chunk `idx` that are neither here nor on their way,
-    /// then waits for those on their way.
+    /// in one FETCH of the run from the first to the last of them (the
+    /// pieces between that are here already are fetched again, the same
+    /// bytes of the same version: a chunk a profile left a few pieces of
+    /// costs one round trip, not one per gap), then waits for those on
+    /// their way.
     async fn fetch_rest(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -170,11 +174,22 @@ impl CachedFile {
         let all = all_pieces(len);
         let ours = all & !pieces.here & !pieces.fetching;
         let mut rx = self.changed.subscribe();
-        for (first, n) in runs(ours) {
-            let from = start + u64::from(first * PIECE);
-            let to = (from + u64::from(n * PIECE)).min(start + u64::from(len));
-            self.fetch_range(cache, source, cred, from, (to - from) as u32, urgency, None)
-                .await?;
+        let run = span_of(ours);
+        if run != 0 {
+            let from = start + u64::from(run.trailing_zeros() * PIECE);
+            let to = (start + u64::from((Mask::BITS - run.leading_zeros()) * PIECE))
+                .min(start + u64::from(len));
+            let whole = (run == all).then_some(idx);
+            self.fetch_range(
+                cache,
+                source,
+                cred,
+                from,
+                (to - from) as u32,
+                urgency,
+                whole,
+            )
+            .await?;
         }
         loop {
             if let Some(why) = self.failure() {
@@ -534,6 +549,13 @@ impl CachedFile {
                 .counters
                 .fault_wait_micros
                 .add(waited.elapsed().as_micros() as u64);
+            tracing::debug!(
+                offset,
+                len,
+                since_ms = self.born.elapsed().as_millis() as u64,
+                waited_us = waited.elapsed().as_micros() as u64,
+                "file cache: a reader waited for its bytes"
+            );
         }
         Ok(())
     }
@@ -546,7 +568,7 @@ impl CachedFile {
         offset: u64,
         end: u64,
         urgency: Urgency,
-    ) -> (Vec<(usize, Option<u16>)>, bool) {
+    ) -> (Vec<(usize, Option<Mask>)>, bool) {
         let size = self.size();
         let (first, last) = chunks_of(offset, end);
         let mut fetch = Vec::new();
@@ -597,17 +619,17 @@ pub(super) fn chunk_len(size: u64, idx: usize) -> u32 {
 }
 
 /// Pieces `a..=b` as a mask.
-fn span_bits(a: u32, b: u32) -> u16 {
-    let upto = if b >= 15 {
-        u32::MAX
+fn span_bits(a: u32, b: u32) -> Mask {
+    let upto = if b + 1 >= Mask::BITS {
+        Mask::MAX
     } else {
-        (1u32 << (b + 1)) - 1
+        (1 << (b + 1)) - 1
     };
-    (upto & !((1u32 << a) - 1)) as u16
+    upto & !((1 << a) - 1)
 }
 
 /// Every piece of a chunk of `len` bytes.
-pub(super) fn all_pieces(len: u32) -> u16 {
+pub(super) fn all_pieces(len: u32) -> Mask {
     if len == 0 {
         0
     } else {
@@ -616,7 +638,7 @@ pub(super) fn all_pieces(len: u32) -> u16 {
 }
 
 /// The pieces of chunk `idx` (of `len` bytes) that `offset..end` touches.
-pub(super) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> u16 {
+pub(super) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> Mask {
     let start = idx as u64 * u64::from(CHUNK);
     let lo = offset.max(start) - start;
     let hi = end.min(start + u64::from(len)).saturating_sub(start);
@@ -630,30 +652,12 @@ pub(super) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> u16 {
 }
 
 /// The one run of pieces holding every piece of `mask`.
-fn span_of(mask: u16) -> u16 {
+fn span_of(mask: Mask) -> Mask {
     if mask == 0 {
         0
     } else {
-        span_bits(mask.trailing_zeros(), 15 - mask.leading_zeros())
+        span_bits(mask.trailing_zeros(), Mask::BITS - 1 - mask.leading_zeros())
     }
-}
-
-/// The runs of consecutive pieces in `mask`: (first, how many).
-fn runs(mask: u16) -> Vec<(u32, u32)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < 16 {
-        if mask & (1 << i) != 0 {
-            let first = i;
-            while i < 16 && mask & (1 << i) != 0 {
-                i += 1;
-            }
-            out.push((first, i - first));
-        } else {
-            i += 1;
-        }
-    }
-    out
 }
 
 impl FileCache {
@@ -805,8 +809,16 @@ impl FileCache {
         let started = Instant::now();
         let plan = self.profile_plan(&entry, &source, &cred).await;
         entry.profiled.store(!plan.is_empty(), Ordering::Release);
+        tracing::debug!(
+            file = %entry.path.display(),
+            runs = plan.len(),
+            since_ms = entry.born.elapsed().as_millis() as u64,
+            "file cache: whole-file fetch starts"
+        );
         let mut set = tokio::task::JoinSet::new();
         let (mut planned, mut next) = (0, 0);
+        // Bytes of profile pieces in flight.
+        let mut profile_bytes = 0;
         loop {
             loop {
                 let window = if planned < plan.len() {
@@ -816,7 +828,10 @@ impl FileCache {
                 } else {
                     WINDOW
                 };
-                if set.len() >= window || entry.failure().is_some() {
+                if set.len() >= window
+                    || (planned < plan.len() && !set.is_empty() && profile_bytes >= PROFILE_BYTES)
+                    || entry.failure().is_some()
+                {
                     break;
                 }
                 let mut claimed = None;
@@ -839,26 +854,30 @@ impl FileCache {
                     (self.clone(), entry.clone(), source.clone(), cred.clone());
                 match pieces {
                     Some(mask) => {
-                        self.counters
-                            .profile_pieces
-                            .add(u64::from(mask.count_ones()));
+                        let n = mask.count_ones();
+                        self.counters.profile_pieces.add(u64::from(n));
+                        let bytes = u64::from(n * PIECE);
+                        profile_bytes += bytes;
                         set.spawn(async move {
-                            entry
+                            let _ = entry
                                 .fetch_pieces(&cache, &source, &cred, idx, mask, Urgency::Profile)
-                                .await
+                                .await;
+                            bytes
                         });
                     }
                     None => {
                         set.spawn(async move {
-                            entry
+                            let _ = entry
                                 .fetch_chunk(&cache, &source, &cred, idx, Urgency::Background)
-                                .await
+                                .await;
+                            0
                         });
                     }
                 }
             }
-            if set.join_next().await.is_none() {
-                break;
+            match set.join_next().await {
+                Some(done) => profile_bytes -= done.unwrap_or(0).min(profile_bytes),
+                None => break,
             }
         }
         // Chunks that readers fetched themselves may still be arriving.

@@ -94,7 +94,7 @@ impl FileCache {
         entry: &Arc<CachedFile>,
         source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
-    ) -> Vec<(usize, u16)> {
+    ) -> Vec<(usize, Mask)> {
         let attrs = entry.attrs();
         let kept = self.profiles.get().and_then(|p| p.get(&entry.fh, &attrs));
         let profile = match kept {
@@ -132,7 +132,7 @@ impl FileCache {
             }
         }
         let size = entry.size();
-        let mut plan: Vec<(usize, u16)> = Vec::new();
+        let mut plan: Vec<(usize, Mask)> = Vec::new();
         for (from, to) in p.ranges() {
             if to <= from {
                 continue;
@@ -217,7 +217,7 @@ impl FileCache {
 /// How far behind the furthest piece touched so far a copy's next piece
 /// may be: the kernel's read-ahead sends a reader's READs several at once,
 /// and they run (and are noted) in any order (8 MiB of pieces).
-const COPY_SLACK: u32 = 128;
+const COPY_SLACK: u32 = (8 << 20) / PIECE;
 
 /// Whether pieces were first touched in file order, give or take
 /// [`COPY_SLACK`]: a reader copying the file. A guest's faults jump back
@@ -238,12 +238,18 @@ mod copy_tests {
 
     #[test]
     fn a_copy_is_read_in_file_order_give_or_take_its_read_ahead() {
+        // In pieces of 64 KiB's bytes.
+        let at = |kib: &[u32]| {
+            kib.iter()
+                .map(|k| k * 64 * 1024 / PIECE)
+                .collect::<Vec<_>>()
+        };
         // Concurrent READs of a sequential reader, noted out of order.
-        assert!(copied(&[0, 16, 48, 32, 64, 96, 80, 112]));
+        assert!(copied(&at(&[0, 16, 48, 32, 64, 96, 80, 112])));
         assert!(copied(&(0..500).collect::<Vec<u32>>()));
         // A guest's faults jump back further.
-        assert!(!copied(&[480, 112, 656, 192]));
-        assert!(!copied(&[0, 16, 400, 32]));
+        assert!(!copied(&at(&[480, 112, 656, 192])));
+        assert!(!copied(&at(&[0, 16, 400, 32])));
         // One piece tells nothing.
         assert!(!copied(&[7]));
     }

@@ -205,3 +205,99 @@ async fn a_reader_of_the_whole_file_teaches_nothing() {
     assert!(lock(&fake.put).is_empty());
     assert_eq!(c.stats().counts.profiles_discarded, 1);
 }
+
+/// A cache learning nothing, with `fake`'s profile set to `parts` (in
+/// pieces), and the fetch of it started: nothing passes the gate yet.
+fn with_profile(len: usize, parts: Vec<u32>) -> (tempfile::TempDir, Arc<FileCache>, Arc<Fake>) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let c = reopen(dir.path(), &index());
+    c.keep_profiles(crate::Profiles::new(index()));
+    let fake = Fake::new(content(len), false);
+    *lock(&fake.profile) = Some(Profile::of(&fake.attrs, PIECE, parts));
+    (dir, c, fake)
+}
+
+#[tokio::test]
+async fn a_profile_is_fetched_many_pieces_at_once_but_so_many_bytes_at_most() {
+    let per = CHUNK / PIECE;
+    // Scattered single pieces: a bandwidth-delay product of them.
+    let single: Vec<u32> = (0..200).map(|i| (i % 8) * per + i / 8 * 4).collect();
+    // Runs of 8 pieces (64 KiB): PROFILE_BYTES of them.
+    let runs: Vec<u32> = (0..40 * 8)
+        .map(|i| (i / 8 % 8) * per + i / 64 * 16 + i % 8)
+        .collect();
+    for (parts, want) in [
+        (single, PROFILE_WINDOW),
+        (runs, (PROFILE_BYTES / u64::from(8 * PIECE)) as usize),
+    ] {
+        let (_dir, c, fake) = with_profile(8 * MIB, parts);
+        let f = start(&c, &fake, b"fw", false);
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(fake.calls.load(Ordering::Relaxed), want as u64);
+        assert!(
+            lock(&fake.fetched)
+                .iter()
+                .all(|(_, _, u)| *u == Urgency::Profile)
+        );
+        fake.gate.add_permits(1 << 20);
+        let (all, _) = f
+            .read(
+                &c,
+                &src(&fake),
+                &Credentials::default(),
+                0,
+                8 * CHUNK,
+                Urgency::Background,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(all == fake.data);
+    }
+}
+
+#[tokio::test]
+async fn the_rest_of_a_chunk_a_profile_left_pieces_of_comes_in_one_fetch() {
+    let per = CHUNK / PIECE;
+    // Chunk 3: its first two pieces and its last one; chunk 5: two in
+    // the middle.
+    let parts = vec![
+        3 * per,
+        3 * per + 1,
+        4 * per - 1,
+        5 * per + 10,
+        5 * per + 20,
+    ];
+    let (_dir, c, fake) = with_profile(8 * MIB, parts);
+    fake.gate.add_permits(1 << 20);
+    let f = start(&c, &fake, b"fr", false);
+    let (all, _) = f
+        .read(
+            &c,
+            &src(&fake),
+            &Credentials::default(),
+            0,
+            8 * CHUNK,
+            Urgency::Background,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(all == fake.data);
+    let of_chunk = |idx: u64| -> Vec<(u64, u32)> {
+        let at = idx * u64::from(CHUNK);
+        lock(&fake.fetched)
+            .iter()
+            .filter(|(o, _, u)| {
+                *u == Urgency::Background && (at..at + u64::from(CHUNK)).contains(o)
+            })
+            .map(|(o, c, _)| (*o, *c))
+            .collect()
+    };
+    let at = |p: u32| u64::from(p) * u64::from(PIECE);
+    // The pieces between those here, in one run ...
+    assert_eq!(of_chunk(3), vec![(at(3 * per + 2), (per - 3) * PIECE)]);
+    // ... and the whole chunk around two pieces in its middle (the two
+    // again), not three runs.
+    assert_eq!(of_chunk(5), vec![(5 * u64::from(CHUNK), CHUNK)]);
+}

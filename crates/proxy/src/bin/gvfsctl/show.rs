@@ -118,8 +118,12 @@ pub(super) fn print_stats(s: &Stats) {
                 c.fault_wait_micros as f64 / 1e3 / c.faults_waited.max(1) as f64
             );
             println!(
-                "  profiles    {} fetches started with one ({} pieces of 64 KiB fetched first); {} learned and sent upstream, {} not kept (a copy)",
-                c.profile_hits, c.profile_pieces, c.profiles_sent, c.profiles_discarded
+                "  profiles    {} fetches started with one ({} pieces of {} KiB fetched first); {} learned and sent upstream, {} not kept (a copy)",
+                c.profile_hits,
+                c.profile_pieces,
+                gvfs_meta::filecache::PIECE >> 10,
+                c.profiles_sent,
+                c.profiles_discarded
             );
         }
         if c.dedup_bytes + c.dedup_rejected + c.hash_mismatches + f.blocks_indexed > 0 {
