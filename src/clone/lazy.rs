@@ -2,10 +2,11 @@
 //! copying it first.
 //!
 //! **A lazy clone** copies only `vm.json` and the small `state` (plain file
-//! copies from the node proxy's FUSE mount, `gvfs-proxy --mount`), makes
-//! the qcow2 overlay on the golden disk as a copy-first clone does (`nfs://`
-//! through the node proxy's NFS listener), and starts QEMU with its RAM
-//! mapped from the golden `mem` on the mount, private and read-only
+//! copies from the node proxy's FUSE mount, `gvfs-proxy --mount`), making
+//! the qcow2 overlay meanwhile, on the golden disk on the same mount (QEMU
+//! then reads the disk as a local file, where the kernel keeps its pages,
+//! not through its own NFS client), and starts QEMU with its RAM mapped
+//! from the golden `mem` on the mount, private and read-only
 //! ([`RamMapping::Private`]). Pages of `mem` are read through the mount,
 //! so through the node proxy's file cache, when the guest first touches
 //! them; the proxy goes on fetching the rest of the file in the

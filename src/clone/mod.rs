@@ -160,9 +160,10 @@ impl Node {
             .mount
             .as_ref()
             .context("a lazy clone needs a node proxy with a FUSE mount")?;
+        let files = mount.path().join(image_dir(image));
         Ok(Procedure::Lazy {
-            files: mount.path().join(image_dir(image)),
-            backing: self.source(image).backing(),
+            backing: Source::Local(files.clone()).backing(),
+            files,
         })
     }
 
