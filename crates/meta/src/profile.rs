@@ -1,6 +1,6 @@
 //! Working-set profiles: which parts of a file held whole (a VM's memory
 //! image) a lazy clone's guest touched, in the order it first touched them
-//! (parts of 64 KiB, the file cache's `PIECE`, as learned; any power of two
+//! (parts of 8 KiB, the file cache's `PIECE`, as learned; any power of two
 //! from 4 KiB to a chunk is read).
 //!
 //! The proxy whose clients read the file learns the profile (see
@@ -42,7 +42,7 @@ use gvfs_nfs::xdr::{XdrError, XdrReader, put_opaque, put_u32};
 use crate::MetaIndex;
 use crate::ext::{CHUNK, FHSIZE, end, get_u64, put_u64};
 
-/// Most parts a profile names (4 GiB of a file at 64 KiB).
+/// Most parts a profile names (512 MiB of working set at 8 KiB).
 pub const MAX_PROFILE_PARTS: usize = 65_536;
 /// The smallest part a profile may name.
 pub const MIN_UNIT: u32 = 4096;

@@ -77,26 +77,10 @@ impl CachedFile {
         mask: Mask,
         urgency: Urgency,
     ) -> Result<(), FileCacheError> {
-        let (start, len) = self.chunk_range(idx);
-        let from = start + u64::from(mask.trailing_zeros() * PIECE);
-        let to = (start + u64::from((Mask::BITS - mask.leading_zeros()) * PIECE))
-            .min(start + u64::from(len));
-        // Every piece: the chunk in one frame, kept as a whole one is.
-        let whole = (mask == all_pieces(len)).then_some(idx);
-        let result = if to > from {
-            self.fetch_range(
-                cache,
-                source,
-                cred,
-                from,
-                (to - from) as u32,
-                urgency,
-                whole,
-            )
-            .await
-        } else {
-            Ok(())
-        };
+        let (_, len) = self.chunk_range(idx);
+        let result = self
+            .fetch_run(cache, source, cred, idx, mask, urgency)
+            .await;
         {
             let mut chunks = lock(&self.chunks);
             let whole = chunks.get(idx).is_some_and(|c| c.here());
@@ -170,27 +154,12 @@ impl CachedFile {
         pieces: Pieces,
         urgency: Urgency,
     ) -> Result<(), FileCacheError> {
-        let (start, len) = self.chunk_range(idx);
+        let (_, len) = self.chunk_range(idx);
         let all = all_pieces(len);
         let ours = all & !pieces.here & !pieces.fetching;
         let mut rx = self.changed.subscribe();
-        let run = span_of(ours);
-        if run != 0 {
-            let from = start + u64::from(run.trailing_zeros() * PIECE);
-            let to = (start + u64::from((Mask::BITS - run.leading_zeros()) * PIECE))
-                .min(start + u64::from(len));
-            let whole = (run == all).then_some(idx);
-            self.fetch_range(
-                cache,
-                source,
-                cred,
-                from,
-                (to - from) as u32,
-                urgency,
-                whole,
-            )
+        self.fetch_run(cache, source, cred, idx, span_of(ours), urgency)
             .await?;
-        }
         loop {
             if let Some(why) = self.failure() {
                 return Err(why);
@@ -208,6 +177,38 @@ impl CachedFile {
             }
             rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
         }
+    }
+
+    /// Fetches the pieces of chunk `idx` from the first of `run` to the
+    /// last (nothing when it is empty); all of them in one frame, kept as
+    /// a whole chunk's is.
+    async fn fetch_run(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        idx: usize,
+        run: Mask,
+        urgency: Urgency,
+    ) -> Result<(), FileCacheError> {
+        let (start, len) = self.chunk_range(idx);
+        let from = start + u64::from(run.trailing_zeros() * PIECE);
+        let to = (start + u64::from((Mask::BITS - run.leading_zeros()) * PIECE))
+            .min(start + u64::from(len));
+        if run == 0 || to <= from {
+            return Ok(());
+        }
+        let whole = (run == all_pieces(len)).then_some(idx);
+        self.fetch_range(
+            cache,
+            source,
+            cred,
+            from,
+            (to - from) as u32,
+            urgency,
+            whole,
+        )
+        .await
     }
 
     /// Fetches `offset..offset + count` (inside one chunk) and writes it

@@ -217,6 +217,23 @@ fn with_profile(len: usize, parts: Vec<u32>) -> (tempfile::TempDir, Arc<FileCach
     (dir, c, fake)
 }
 
+/// Reads all of `f` (as the background stream does) and checks it.
+async fn read_all(c: &Arc<FileCache>, f: &Arc<CachedFile>, fake: &Arc<Fake>) {
+    let len = fake.data.len() as u32;
+    let (all, _) = f
+        .read(
+            c,
+            &src(fake),
+            &Credentials::default(),
+            0,
+            len,
+            Urgency::Background,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(all == fake.data);
+}
+
 #[tokio::test]
 async fn a_profile_is_fetched_many_pieces_at_once_but_so_many_bytes_at_most() {
     let per = CHUNK / PIECE;
@@ -242,18 +259,7 @@ async fn a_profile_is_fetched_many_pieces_at_once_but_so_many_bytes_at_most() {
                 .all(|(_, _, u)| *u == Urgency::Profile)
         );
         fake.gate.add_permits(1 << 20);
-        let (all, _) = f
-            .read(
-                &c,
-                &src(&fake),
-                &Credentials::default(),
-                0,
-                8 * CHUNK,
-                Urgency::Background,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(all == fake.data);
+        read_all(&c, &f, &fake).await;
     }
 }
 
@@ -272,18 +278,7 @@ async fn the_rest_of_a_chunk_a_profile_left_pieces_of_comes_in_one_fetch() {
     let (_dir, c, fake) = with_profile(8 * MIB, parts);
     fake.gate.add_permits(1 << 20);
     let f = start(&c, &fake, b"fr", false);
-    let (all, _) = f
-        .read(
-            &c,
-            &src(&fake),
-            &Credentials::default(),
-            0,
-            8 * CHUNK,
-            Urgency::Background,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(all == fake.data);
+    read_all(&c, &f, &fake).await;
     let of_chunk = |idx: u64| -> Vec<(u64, u32)> {
         let at = idx * u64::from(CHUNK);
         lock(&fake.fetched)
