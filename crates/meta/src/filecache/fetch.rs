@@ -158,7 +158,12 @@ impl CachedFile {
         let all = all_pieces(len);
         let ours = all & !pieces.here & !pieces.fetching;
         let mut rx = self.changed.subscribe();
-        self.fetch_run(cache, source, cred, idx, span_of(ours), urgency)
+        let mut run = span_of(ours);
+        if self.content.is_some() {
+            // Whole hashed pieces: checked, and open to held blocks.
+            run = hashed_pieces_around(run) & all;
+        }
+        self.fetch_run(cache, source, cred, idx, run, urgency)
             .await?;
         loop {
             if let Some(why) = self.failure() {
@@ -652,6 +657,18 @@ pub(super) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> Mask {
     )
 }
 
+/// The pieces of the metadata's hashed pieces (`HASH_PIECE`) that
+/// `run` touches.
+fn hashed_pieces_around(run: Mask) -> Mask {
+    if run == 0 {
+        return 0;
+    }
+    let per = (crate::format::HASH_PIECE / u64::from(PIECE)) as u32;
+    let first = run.trailing_zeros() / per * per;
+    let last = (Mask::BITS - 1 - run.leading_zeros()) / per * per + per - 1;
+    span_bits(first, last.min(Mask::BITS - 1))
+}
+
 /// The one run of pieces holding every piece of `mask`.
 fn span_of(mask: Mask) -> Mask {
     if mask == 0 {
@@ -920,5 +937,20 @@ impl FileCache {
             secs = started.elapsed().as_secs_f64(),
             "file cache: fetched a whole file"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_widens_to_the_hashed_pieces_it_touches() {
+        assert_eq!(hashed_pieces_around(0), 0);
+        // Pieces 2..=126 of 8 KiB: hashed pieces 0..=15 (all 128).
+        assert_eq!(hashed_pieces_around(span_bits(2, 126)), Mask::MAX);
+        // Piece 9 alone: its hashed piece, pieces 8..=15.
+        assert_eq!(hashed_pieces_around(1 << 9), span_bits(8, 15));
+        assert_eq!(hashed_pieces_around(span_bits(16, 23)), span_bits(16, 23));
     }
 }
