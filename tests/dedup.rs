@@ -419,6 +419,12 @@ async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Res
         n(&s, "file_cache.profile_pieces") == 1,
         "B's profile was not fetched first: {s}"
     );
+    // The rest of chunk 0 came in whole hashed pieces, held blocks and
+    // all: the lie was caught by the hash and that chunk fetched again.
+    ensure!(
+        n(&s, "file_cache.hash_mismatches") == 1 && n(&s, "file_cache.dedup_rejected") == 1,
+        "the rest of chunk 0 was not checked with held blocks in it: {s}"
+    );
     compare_files(&b, &mnt.path().join("b.img"))?;
     drop(f);
     drop(node);
