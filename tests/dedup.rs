@@ -82,8 +82,11 @@ fn lie(g: &Ganesha, image: &str, other: &str, blocks: &[(usize, u64)]) -> Result
     for &(i, j) in blocks {
         fps[i] = *theirs.block_fingerprint(j).context("the other's block")?;
     }
+    let pieces = (0..m.file_size.div_ceil(gvfs_meta::format::HASH_PIECE))
+        .map(|p| m.piece_hash(p).copied().context("a piece's hash"))
+        .collect::<Result<Vec<_>>>()?;
     m.hashes = Some(std::sync::Arc::new(
-        gvfs_meta::format::BlockHashes::new(fps, h.pieces().to_vec(), &m.zero, m.file_size)
+        gvfs_meta::format::BlockHashes::new(fps, pieces, &m.zero, m.block_size, m.file_size)
             .context("same counts")?,
     ));
     std::fs::write(

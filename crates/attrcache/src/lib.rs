@@ -8,9 +8,11 @@
 //! timeout set, this layer (just above the block cache, below the metadata
 //! layer, so its patches stay on top) answers:
 //! - NULL at once (it pings the server the client talks to: this proxy);
-//! - the root handle (MNT), GETATTR, LOOKUP, ACCESS, FSINFO and PATHCONF
-//!   from a successful reply to the same arguments and the same caller's
-//!   credentials at most the timeout ago;
+//! - the root handle (MNT), GETATTR, LOOKUP, ACCESS, FSINFO, PATHCONF and
+//!   FSSTAT from a successful reply to the same arguments and the same
+//!   caller's credentials at most the timeout ago (FSSTAT's free space as
+//!   stale as attributes may be: a VM monitor asks for it whenever it opens
+//!   its memory file, a round trip across a WAN);
 //! - GETATTR also from the attributes a LOOKUP or ACCESS reply carried for
 //!   that object (and a LOOKUP's for its directory), as a client's
 //!   attribute cache takes them: opening a file costs LOOKUP and ACCESS,
@@ -70,7 +72,12 @@ pub const LIST_GRACE: Duration = Duration::from_millis(100);
 fn cacheable(p: NfsProc) -> bool {
     matches!(
         p,
-        NfsProc::Getattr | NfsProc::Lookup | NfsProc::Access | NfsProc::Fsinfo | NfsProc::Pathconf
+        NfsProc::Getattr
+            | NfsProc::Lookup
+            | NfsProc::Access
+            | NfsProc::Fsinfo
+            | NfsProc::Pathconf
+            | NfsProc::Fsstat
     )
 }
 
@@ -84,7 +91,6 @@ fn read_only(p: NfsProc) -> bool {
                 | NfsProc::Readlink
                 | NfsProc::Readdir
                 | NfsProc::Readdirplus
-                | NfsProc::Fsstat
         )
 }
 

@@ -1,12 +1,14 @@
 //! The metadata file `.NAME.gvfsmeta` that sits beside `NAME` (the GVFS
 //! paper, section 3.2.2): what the image server knows about a file that NFS
 //! cannot say. All integers are little-endian. Format version 1; 2 when the
-//! file has repeated blocks; 3 when it has block hashes.
+//! file has repeated blocks; 4 when it has block hashes (3, still read, is
+//! 4 with the hashes of zero pieces too).
 //!
 //! ```text
 //!  off   len field
 //!    0     8 magic "GVFSMETA"
-//!    8     4 format version (1; 2 with the repeat list; 3 with both lists)
+//!    8     4 format version (1; 2 with the repeat list; 4 (or 3) with the
+//!            hash lists too)
 //!   12     4 block size: a power of two, 4 KiB..=1 MiB
 //!   16     8 file size in bytes when scanned
 //!   24     8 file mtime, seconds since the epoch
@@ -18,18 +20,20 @@
 //!   52     8 zstd-compressed size of the whole file (0 = unknown)
 //!   60     4 R, the number of zero-map runs
 //!   64   4*R zero-map runs (u32 each), see below
-//! versions 2 and 3:
+//! versions 2, 3 and 4:
 //! 64+4R    4 P, the number of repeats (at least 1 in version 2)
 //! 68+4R  20*P repeats: u64 to, u64 from, u32 len (in blocks), see below
-//! version 3 only:
+//! versions 3 and 4:
 //!   ..     4 H, the number of block fingerprints: the file's non-zero blocks
 //!   ..   8*H each non-zero block's fingerprint, in block order, see below
-//!   ..     4 Q, the number of piece hashes: ceil(file size / 64 KiB)
-//!   ..  32*Q the BLAKE3 of each 64 KiB piece of the file, see below
+//!   ..     4 Q, the number of piece hashes: in version 4, the 64 KiB pieces
+//!            of the file that are not zero pieces (see below); in
+//!            version 3, all of them (ceil(file size / 64 KiB))
+//!   ..  32*Q the BLAKE3 of each of those pieces, in file order, see below
 //! end-4    4 CRC32 (IEEE, crc32fast) of every byte before it
 //! ```
 //! The file is exactly `68 + 4R` bytes (version 1), `72 + 4R + 20P`
-//! (version 2) or `80 + 4R + 20P + 8H + 32Q` (version 3), and at most
+//! (version 2) or `80 + 4R + 20P + 8H + 32Q` (versions 3 and 4), and at most
 //! [`MAX_META_LEN`]. A file is written in the oldest version that holds
 //! what it says, so proxies that only know version 1 read a file with no
 //! repeats and no hashes; a proxy that does not know a version refuses the
@@ -58,7 +62,11 @@
 //! for every block the zero map does not call zero, in block order: it
 //! finds a candidate among the blocks a proxy holds. A *piece hash* is the
 //! 32-byte BLAKE3 of each 64 KiB piece of the file (the last one up to the
-//! end), zeros included: every range a proxy assembles from held blocks is
+//! end). A *zero piece* is one all of whose blocks the zero map calls zero:
+//! its hash, that of as many zero bytes, is not written (version 4; a
+//! mostly empty memory image's metadata is then mostly its fingerprints),
+//! and one written in version 3 is not read. Every range a proxy assembles
+//! from held blocks is
 //! checked against the piece hashes before a byte of it is used, so a
 //! fingerprint that matches other bytes (by chance, by a damaged disk, or
 //! by a peer's design) costs a fetch, never wrong bytes. Eight bytes a
@@ -73,7 +81,10 @@ pub const META_VERSION: u32 = 1;
 /// Format version of a file with repeats.
 pub const META_VERSION_REPEATS: u32 = 2;
 /// Format version of a file with block hashes.
-pub const META_VERSION_HASHES: u32 = 3;
+pub const META_VERSION_HASHES: u32 = 4;
+/// Format version of a file with block hashes, the zero pieces' too (read,
+/// not written).
+pub const META_VERSION_ALL_HASHES: u32 = 3;
 /// Bytes of a piece hash (BLAKE3).
 pub const HASH_LEN: usize = 32;
 /// A piece's content hash.
@@ -380,42 +391,95 @@ pub struct MetaFile {
 }
 
 /// A file's block fingerprints and piece hashes, with what it takes to
-/// find a block's fingerprint among them.
+/// find a block's fingerprint or a piece's hash among them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockHashes {
     fingerprints: Vec<Fingerprint>,
+    /// The hashes of the pieces that are not zero pieces, in file order.
     pieces: Vec<PieceHash>,
     /// Zero blocks before each zero range of the map they go with, and
     /// after the last one.
     zeros_before: Vec<u64>,
+    /// The runs of zero pieces, half-open and sorted.
+    zero_pieces: Vec<(u64, u64)>,
+    /// Zero pieces before each run of them, and after the last one.
+    zero_pieces_before: Vec<u64>,
+    /// The hash of a zero piece, and of the last piece's zeros.
+    zero_hash: PieceHash,
+    last_zero_hash: PieceHash,
+    /// Pieces of the file, zero pieces included.
+    piece_count: u64,
 }
 
 impl BlockHashes {
-    /// The `fingerprints` of the non-zero blocks of `zero`, in block
-    /// order, and the hashes of the `pieces` of a file of `size` bytes;
-    /// `None` unless there is exactly one of each for each.
+    /// The `fingerprints` of the non-zero blocks of `zero` (blocks of
+    /// `block_size` bytes), in block order, and the hashes of all the
+    /// `pieces` of a file of `size` bytes (those of zero pieces are left
+    /// out); `None` unless there is exactly one of each for each.
     pub fn new(
         fingerprints: Vec<Fingerprint>,
         pieces: Vec<PieceHash>,
         zero: &ZeroMap,
+        block_size: u32,
         size: u64,
     ) -> Option<Self> {
+        Self::from_list(fingerprints, pieces, zero, block_size, size, true)
+    }
+
+    /// As [`BlockHashes::new`], with the hashes of every piece (`all`)
+    /// or of the pieces that are not zero pieces only.
+    fn from_list(
+        fingerprints: Vec<Fingerprint>,
+        pieces: Vec<PieceHash>,
+        zero: &ZeroMap,
+        block_size: u32,
+        size: u64,
+        all: bool,
+    ) -> Option<Self> {
+        let piece_count = size.div_ceil(HASH_PIECE);
+        let zero_pieces = zero_piece_runs(zero, block_size, size);
+        let pieces: Vec<PieceHash> = if all {
+            if pieces.len() as u64 != piece_count {
+                return None;
+            }
+            let mut runs_left = zero_pieces.iter().peekable();
+            (0u64..)
+                .zip(pieces)
+                .filter(|(p, _)| {
+                    while runs_left.next_if(|r| r.1 <= *p).is_some() {}
+                    runs_left.peek().is_none_or(|r| r.0 > *p)
+                })
+                .map(|(_, h)| h)
+                .collect()
+        } else {
+            pieces
+        };
+        let zeros: u64 = zero_pieces.iter().map(|(a, b)| b - a).sum();
         if fingerprints.len() as u64 != zero.blocks() - zero.zero_blocks()
-            || pieces.len() as u64 != size.div_ceil(HASH_PIECE)
+            || pieces.len() as u64 != piece_count - zeros
         {
             return None;
         }
-        let mut zeros_before = Vec::with_capacity(zero.zero_ranges().len() + 1);
-        let mut n = 0;
-        for &(a, b) in zero.zero_ranges() {
-            zeros_before.push(n);
-            n += b - a;
-        }
-        zeros_before.push(n);
+        let counts_before = |ranges: &[(u64, u64)]| {
+            let mut before = Vec::with_capacity(ranges.len() + 1);
+            let mut n = 0;
+            for &(a, b) in ranges {
+                before.push(n);
+                n += b - a;
+            }
+            before.push(n);
+            before
+        };
+        let last_len = size - piece_count.saturating_sub(1) * HASH_PIECE;
         Some(Self {
             fingerprints,
             pieces,
-            zeros_before,
+            zeros_before: counts_before(zero.zero_ranges()),
+            zero_pieces_before: counts_before(&zero_pieces),
+            zero_pieces,
+            zero_hash: piece_hash(&[0; HASH_PIECE as usize]),
+            last_zero_hash: piece_hash(&vec![0; last_len as usize]),
+            piece_count,
         })
     }
 
@@ -424,10 +488,41 @@ impl BlockHashes {
         &self.fingerprints
     }
 
-    /// The piece hashes, in file order.
+    /// The hashes of the pieces that are not zero pieces, in file order.
     pub fn pieces(&self) -> &[PieceHash] {
         &self.pieces
     }
+
+    /// The hash of piece `piece`.
+    fn piece(&self, piece: u64) -> Option<&PieceHash> {
+        let i = self.zero_pieces.partition_point(|r| r.1 <= piece);
+        if self.zero_pieces.get(i).is_some_and(|r| r.0 <= piece) {
+            return Some(if piece + 1 == self.piece_count {
+                &self.last_zero_hash
+            } else {
+                &self.zero_hash
+            });
+        }
+        let rank = piece - self.zero_pieces_before.get(i)?;
+        self.pieces.get(usize::try_from(rank).ok()?)
+    }
+}
+
+/// The runs of zero pieces of a file of `size` bytes whose blocks of
+/// `block_size` bytes `zero` maps: pieces all of whose bytes lie in one
+/// run of zero blocks.
+fn zero_piece_runs(zero: &ZeroMap, block_size: u32, size: u64) -> Vec<(u64, u64)> {
+    let bs = u64::from(block_size);
+    let last = size.div_ceil(HASH_PIECE);
+    zero.zero_ranges()
+        .iter()
+        .filter_map(|&(a, b)| {
+            let (from, to) = (a.saturating_mul(bs), b.saturating_mul(bs));
+            let first = from.div_ceil(HASH_PIECE);
+            let end = if to >= size { last } else { to / HASH_PIECE };
+            (first < end).then_some((first, end))
+        })
+        .collect()
 }
 
 /// The BLAKE3 of `bytes`: a piece's hash.
@@ -503,15 +598,19 @@ impl MetaFile {
         }
         if let Some(h) = &self.hashes {
             let data = self.blocks() - self.zero.zero_blocks();
+            let zero_pieces = zero_piece_runs(&self.zero, bs, self.file_size);
+            let zeros: u64 = zero_pieces.iter().map(|(a, b)| b - a).sum();
             if h.fingerprints.len() as u64 != data
-                || h.pieces.len() as u64 != self.file_size.div_ceil(HASH_PIECE)
+                || h.pieces.len() as u64 + zeros != self.file_size.div_ceil(HASH_PIECE)
+                || h.zero_pieces != zero_pieces
                 || h.zeros_before.len() != self.zero.zero_ranges().len() + 1
             {
                 return Err(MetaError::Invalid(format!(
                     "{} block fingerprints for {data} non-zero blocks, or {} piece hashes \
-                     for a file of {} bytes",
+                     for the {} pieces that are not zero of a file of {} bytes",
                     h.fingerprints.len(),
                     h.pieces.len(),
+                    self.file_size.div_ceil(HASH_PIECE) - zeros,
                     self.file_size
                 )));
             }
@@ -668,10 +767,9 @@ impl MetaFile {
     }
 
     /// The hash of piece `piece` (bytes `piece * HASH_PIECE..`), if the
-    /// file has hashes.
+    /// file has hashes (a zero piece's too).
     pub fn piece_hash(&self, piece: u64) -> Option<&PieceHash> {
-        let h = self.hashes.as_deref()?;
-        h.pieces.get(usize::try_from(piece).ok()?)
+        self.hashes.as_deref()?.piece(piece)
     }
 
     /// Decodes and checks a metadata file. Every length is checked against
@@ -714,7 +812,7 @@ impl MetaFile {
             }
             total = runs_end + 4 + REPEAT_LEN * repeat_count + 4;
         }
-        if version == META_VERSION_HASHES {
+        if version >= META_VERSION_ALL_HASHES {
             let at = total - 4;
             let blocks = u32_at(at)?;
             let pieces_at = at + 4 + FINGERPRINT_LEN * blocks;
@@ -792,15 +890,21 @@ impl MetaFile {
                     h
                 })
                 .collect();
-            let hashes = BlockHashes::new(fingerprints, piece_list, &meta.zero, meta.file_size)
-                .ok_or_else(|| {
-                    MetaError::Invalid(format!(
-                        "{blocks} block fingerprints for {} non-zero blocks, or {pieces} piece \
-                         hashes for {} pieces",
-                        meta.blocks() - meta.zero.zero_blocks(),
-                        meta.file_size.div_ceil(HASH_PIECE)
-                    ))
-                })?;
+            let (zero, bs, size) = (&meta.zero, meta.block_size, meta.file_size);
+            let all = version == META_VERSION_ALL_HASHES;
+            let hashes = BlockHashes::from_list(fingerprints, piece_list, zero, bs, size, all);
+            let hashes = hashes.ok_or_else(|| {
+                MetaError::Invalid(format!(
+                    "{blocks} block fingerprints for {} non-zero blocks, or {pieces} piece \
+                     hashes in version {version} for a file of {} pieces, {} of them zero",
+                    meta.blocks() - meta.zero.zero_blocks(),
+                    size.div_ceil(HASH_PIECE),
+                    zero_piece_runs(zero, bs, size)
+                        .iter()
+                        .map(|(a, b)| b - a)
+                        .sum::<u64>()
+                ))
+            })?;
             meta.hashes = Some(std::sync::Arc::new(hashes));
         }
         meta.validate()?;

@@ -171,8 +171,8 @@ pub fn scan(
         if (after.len(), times(&after)) != (size, times(&before)) {
             return Err(changed(path));
         }
-        meta.hashes =
-            BlockHashes::new(fingerprints, pieces, &meta.zero, size).map(std::sync::Arc::new);
+        meta.hashes = BlockHashes::new(fingerprints, pieces, &meta.zero, block_size, size)
+            .map(std::sync::Arc::new);
     }
     Ok(meta)
 }
@@ -711,7 +711,7 @@ mod tests {
         let meta = scan(&path, 4096, Actions::default(), false, true, &mut |_| {}).expect("scan");
         assert!(!meta.actions.compress);
         let back = MetaFile::decode(&meta.encode()).expect("decode");
-        assert_eq!(back.version(), 3);
+        assert_eq!(back.version(), 4);
         assert!(back.hashes.is_some());
         for (b, block) in data.chunks(4096).enumerate() {
             let fp = back.block_fingerprint(b as u64);

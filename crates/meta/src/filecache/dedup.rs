@@ -12,7 +12,7 @@ use super::*;
 use crate::dedup::{BlockIndex, Place};
 use crate::ext::Have;
 use crate::format::{Fingerprint, HASH_PIECE, fingerprint, piece_hash};
-use fetch::{chunk_len, piece_mask};
+use pieces::{chunk_len, piece_mask};
 
 /// The blocks of a range held here already.
 pub(super) struct Held {

@@ -4,6 +4,7 @@
 
 use super::*;
 use dedup::Held;
+use pieces::{all_pieces, chunk_len, hashed_pieces_around, piece_mask, span_of};
 
 /// A range to fetch, and why.
 #[derive(Debug, Clone, Copy)]
@@ -522,14 +523,17 @@ impl CachedFile {
             // (and the background fetch, which has passed them) must not
             // depend on this one, whose client may go away mid-fetch.
             let mut tasks = Vec::with_capacity(fetch.len());
-            for (idx, pieces) in fetch {
+            for Planned { idx, pieces, wait } in fetch {
                 let (me, cache, source, cred) =
                     (self.clone(), cache.clone(), source.clone(), cred.clone());
                 let demand = urgency == Urgency::Demand;
                 if demand {
                     self.demand_in_flight.fetch_add(1, Ordering::AcqRel);
                 }
-                tasks.push(tokio::spawn(async move {
+                if !wait {
+                    self.behind_in_flight.fetch_add(1, Ordering::AcqRel);
+                }
+                let task = tokio::spawn(async move {
                     let r = match pieces {
                         Some(mask) => {
                             me.fetch_pieces(&cache, &source, &cred, idx, mask, urgency)
@@ -542,8 +546,16 @@ impl CachedFile {
                             .store(me.born.elapsed().as_millis() as u64 + 1, Ordering::Release);
                         me.demand_in_flight.fetch_sub(1, Ordering::AcqRel);
                     }
+                    if !wait {
+                        me.behind_in_flight.fetch_sub(1, Ordering::AcqRel);
+                        me.changed.send_modify(|v| *v += 1);
+                    }
                     r
-                }));
+                });
+                // A failure of one not waited for fails the entry.
+                if wait {
+                    tasks.push(task);
+                }
             }
             for t in tasks {
                 t.await
@@ -569,15 +581,10 @@ impl CachedFile {
     /// What `offset..end` still needs: fetches to start, claimed here
     /// (a chunk's pieces for a reader, else one whole chunk), and whether
     /// some of it is on its way.
-    fn plan_range(
-        &self,
-        offset: u64,
-        end: u64,
-        urgency: Urgency,
-    ) -> (Vec<(usize, Option<Mask>)>, bool) {
+    fn plan_range(&self, offset: u64, end: u64, urgency: Urgency) -> (Vec<Planned>, bool) {
         let size = self.size();
         let (first, last) = chunks_of(offset, end);
-        let mut fetch = Vec::new();
+        let mut fetch: Vec<Planned> = Vec::new();
         let mut waiting = false;
         let mut chunks = lock(&self.chunks);
         let last = last.min(chunks.len().saturating_sub(1));
@@ -593,23 +600,38 @@ impl CachedFile {
                 continue;
             }
             waiting = true;
-            // A reader of a file with no working-set profile (an image
-            // never cloned here) faults all over it: its fault brings the
-            // whole chunk, as a demand, so its next faults nearby find
-            // their bytes here. With a profile, only the pieces it needs.
-            let pieces_only = urgency == Urgency::Profile
-                || (urgency == Urgency::Demand && self.profiled.load(Ordering::Acquire));
+            // A reader fetches the pieces it needs. A reader of a file
+            // with no working-set profile (an image never cloned here)
+            // faults all over it: the rest of the chunk comes right behind
+            // its pieces (not waited for), so its next faults nearby find
+            // their bytes here, and the background stream goes on after
+            // it. With a profile, the profile brings the rest.
+            let demand = urgency == Urgency::Demand;
+            let pieces = urgency == Urgency::Profile || demand;
+            let rest = demand && !self.profiled.load(Ordering::Acquire);
+            if demand {
+                self.follow.store(idx + 2, Ordering::Release);
+            }
+            let whole_planned = fetch.iter().any(|f| f.pieces.is_none());
             match state {
-                Chunk::Missing if urgency != Urgency::Background && pieces_only => {
+                Chunk::Missing if pieces => {
                     let need = span_of(want & !p.here & !p.fetching);
                     if need != 0 {
                         chunks.pieces.entry(idx).or_default().fetching |= need;
-                        fetch.push((idx, Some(need)));
+                        fetch.push(Planned::waited(idx, Some(need)));
+                    }
+                    if rest && !whole_planned {
+                        chunks[idx] = Chunk::InFlight;
+                        fetch.push(Planned {
+                            idx,
+                            pieces: None,
+                            wait: false,
+                        });
                     }
                 }
-                Chunk::Missing if !fetch.iter().any(|(_, p)| p.is_none()) => {
+                Chunk::Missing if !whole_planned => {
                     chunks[idx] = Chunk::InFlight;
-                    fetch.push((idx, None));
+                    fetch.push(Planned::waited(idx, None));
                 }
                 _ => {}
             }
@@ -618,63 +640,22 @@ impl CachedFile {
     }
 }
 
-/// Bytes of chunk `idx` of a file of `size` bytes.
-pub(super) fn chunk_len(size: u64, idx: usize) -> u32 {
-    let start = idx as u64 * u64::from(CHUNK);
-    size.saturating_sub(start).min(u64::from(CHUNK)) as u32
+/// A fetch a reader's wait starts.
+struct Planned {
+    idx: usize,
+    /// The pieces, claimed; `None`: the chunk (claimed whole).
+    pieces: Option<Mask>,
+    /// Whether the reader waits for it to end, not only for its bytes.
+    wait: bool,
 }
 
-/// Pieces `a..=b` as a mask.
-fn span_bits(a: u32, b: u32) -> Mask {
-    let upto = if b + 1 >= Mask::BITS {
-        Mask::MAX
-    } else {
-        (1 << (b + 1)) - 1
-    };
-    upto & !((1 << a) - 1)
-}
-
-/// Every piece of a chunk of `len` bytes.
-pub(super) fn all_pieces(len: u32) -> Mask {
-    if len == 0 {
-        0
-    } else {
-        span_bits(0, (len - 1) / PIECE)
-    }
-}
-
-/// The pieces of chunk `idx` (of `len` bytes) that `offset..end` touches.
-pub(super) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> Mask {
-    let start = idx as u64 * u64::from(CHUNK);
-    let lo = offset.max(start) - start;
-    let hi = end.min(start + u64::from(len)).saturating_sub(start);
-    if hi <= lo {
-        return 0;
-    }
-    span_bits(
-        (lo / u64::from(PIECE)) as u32,
-        ((hi - 1) / u64::from(PIECE)) as u32,
-    )
-}
-
-/// The pieces of the metadata's hashed pieces (`HASH_PIECE`) that
-/// `run` touches.
-fn hashed_pieces_around(run: Mask) -> Mask {
-    if run == 0 {
-        return 0;
-    }
-    let per = (crate::format::HASH_PIECE / u64::from(PIECE)) as u32;
-    let first = run.trailing_zeros() / per * per;
-    let last = (Mask::BITS - 1 - run.leading_zeros()) / per * per + per - 1;
-    span_bits(first, last.min(Mask::BITS - 1))
-}
-
-/// The one run of pieces holding every piece of `mask`.
-fn span_of(mask: Mask) -> Mask {
-    if mask == 0 {
-        0
-    } else {
-        span_bits(mask.trailing_zeros(), Mask::BITS - 1 - mask.leading_zeros())
+impl Planned {
+    fn waited(idx: usize, pieces: Option<Mask>) -> Self {
+        Planned {
+            idx,
+            pieces,
+            wait: true,
+        }
     }
 }
 
@@ -761,6 +742,8 @@ impl FileCache {
             born: Instant::now(),
             last_demand_ms: AtomicU64::new(0),
             demand_in_flight: AtomicUsize::new(0),
+            behind_in_flight: AtomicUsize::new(0),
+            follow: AtomicUsize::new(0),
             profiled: AtomicBool::new(false),
             learning: Mutex::new(learn.then(|| Learning::new(attrs.size))),
             content: zero
@@ -815,9 +798,10 @@ impl FileCache {
 
     /// The background fetch of a whole file: first the chunks of its
     /// working-set profile, if one is known ([`PROFILE_WINDOW`] in
-    /// flight), then the rest in file order ([`WINDOW`] in flight, or
-    /// [`UNDER_DEMAND`] while readers fetch chunks of their own); then
-    /// sync and record it.
+    /// flight), then the rest in file order, going on from the chunk after
+    /// a reader's latest fetch ([`WINDOW`] in flight, or [`UNDER_DEMAND`]
+    /// while readers fetch chunks of their own), then what that passed
+    /// over; then sync and record it.
     pub(super) async fn fetch_all(
         self: Arc<Self>,
         entry: Arc<CachedFile>,
@@ -834,10 +818,12 @@ impl FileCache {
             "file cache: whole-file fetch starts"
         );
         let mut set = tokio::task::JoinSet::new();
-        let (mut planned, mut next) = (0, 0);
+        let (mut planned, mut next, mut followed) = (0, 0, 0);
         // Bytes of profile pieces in flight.
         let mut profile_bytes = 0;
+        let mut rx = entry.changed.subscribe();
         loop {
+            let mut exhausted = false;
             loop {
                 let window = if planned < plan.len() {
                     PROFILE_WINDOW
@@ -846,7 +832,10 @@ impl FileCache {
                 } else {
                     WINDOW
                 };
-                if set.len() >= window
+                // The rests of chunks readers fetch behind their pieces
+                // take the background's place on the link.
+                let behind = entry.behind_in_flight.load(Ordering::Acquire);
+                if set.len() + behind >= window
                     || (planned < plan.len() && !set.is_empty() && profile_bytes >= PROFILE_BYTES)
                     || entry.failure().is_some()
                 {
@@ -858,14 +847,23 @@ impl FileCache {
                     claimed = entry.claim_pieces(idx, mask).map(|need| (idx, Some(need)));
                     planned += 1;
                 }
+                // Where a reader faulted last, then on from there;
+                // what that passed over, from the start when at the end.
+                let follow = entry.follow.load(Ordering::Acquire);
+                if follow != followed {
+                    (followed, next) = (follow, follow - 1);
+                }
                 let (idx, pieces) = match claimed {
                     Some(c) => c,
-                    None => match entry.claim_next(next) {
+                    None => match entry.claim_next(next).or_else(|| entry.claim_next(0)) {
                         Some(idx) => {
                             next = idx + 1;
                             (idx, None)
                         }
-                        None => break,
+                        None => {
+                            exhausted = true;
+                            break;
+                        }
                     },
                 };
                 let (cache, entry, source, cred) =
@@ -892,6 +890,13 @@ impl FileCache {
                         });
                     }
                 }
+            }
+            if set.is_empty() && !exhausted && entry.failure().is_none() {
+                // Held back by readers' fetches: on when something arrives.
+                if rx.changed().await.is_err() {
+                    break;
+                }
+                continue;
             }
             match set.join_next().await {
                 Some(done) => profile_bytes -= done.unwrap_or(0).min(profile_bytes),
@@ -937,20 +942,5 @@ impl FileCache {
             secs = started.elapsed().as_secs_f64(),
             "file cache: fetched a whole file"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_run_widens_to_the_hashed_pieces_it_touches() {
-        assert_eq!(hashed_pieces_around(0), 0);
-        // Pieces 2..=126 of 8 KiB: hashed pieces 0..=15 (all 128).
-        assert_eq!(hashed_pieces_around(span_bits(2, 126)), Mask::MAX);
-        // Piece 9 alone: its hashed piece, pieces 8..=15.
-        assert_eq!(hashed_pieces_around(1 << 9), span_bits(8, 15));
-        assert_eq!(hashed_pieces_around(span_bits(16, 23)), span_bits(16, 23));
     }
 }

@@ -140,7 +140,7 @@ impl FileCache {
             let (first, last) = chunks_of(from, to);
             for idx in first..=last {
                 let mask =
-                    super::fetch::piece_mask(idx, super::fetch::chunk_len(size, idx), from, to);
+                    super::pieces::piece_mask(idx, super::pieces::chunk_len(size, idx), from, to);
                 match plan.last_mut() {
                     // The next part of the same chunk joins its run.
                     Some((i, m)) if *i == idx && (*m << 1 | *m) & mask != 0 => *m |= mask,

@@ -514,18 +514,18 @@ fn hashed() -> MetaFile {
         .map(|&b| [b; FINGERPRINT_LEN])
         .collect();
     m.hashes = Some(std::sync::Arc::new(
-        BlockHashes::new(fps, vec![[9; HASH_LEN]], &m.zero, m.file_size)
+        BlockHashes::new(fps, vec![[9; HASH_LEN]], &m.zero, m.block_size, m.file_size)
             .expect("one per data block and piece"),
     ));
     m
 }
 
 #[test]
-fn hashes_round_trip_as_version_3_and_name_each_data_block() {
+fn hashes_round_trip_as_version_4_and_name_each_data_block() {
     let m = hashed();
     let bytes = m.encode();
     assert_eq!(bytes.len(), m.encoded_len());
-    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 3);
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 4);
     assert_eq!(bytes.len(), 80 + 4 * m.zero.runs().len() + 8 * 5 + 32);
     let back = MetaFile::decode(&bytes).expect("decodes");
     assert_eq!(back, m);
@@ -562,15 +562,84 @@ fn hashes_round_trip_as_version_3_and_name_each_data_block() {
     assert!(big.validate().is_err());
 }
 
+/// A file of 5 pieces and a short sixth whose pieces 1..=2 and 5 are
+/// zero pieces (piece 3 has one data block), with distinct piece hashes.
+fn mostly_zero() -> (MetaFile, Vec<PieceHash>) {
+    let per = HASH_PIECE / 4096;
+    let size = 5 * HASH_PIECE + 3 * 4096;
+    let mut zero = ZeroMap::new(size.div_ceil(4096));
+    zero.set_zero_range(per, 4 * per - 1);
+    zero.set_zero_range(4 * per + 1, 5 * per + 3);
+    let mut m = MetaFile {
+        file_size: size,
+        zero,
+        ..sample()
+    };
+    let data = m.blocks() - m.zero.zero_blocks();
+    let fps = (0..data).map(|i| [i as u8; FINGERPRINT_LEN]).collect();
+    let all: Vec<PieceHash> = (0..6u8).map(|i| [i + 1; HASH_LEN]).collect();
+    let h = BlockHashes::new(fps, all.clone(), &m.zero, m.block_size, size).expect("counts");
+    m.hashes = Some(std::sync::Arc::new(h));
+    (m, all)
+}
+
+#[test]
+fn zero_pieces_hashes_are_implied_not_written() {
+    let (m, all) = mostly_zero();
+    let h = m.hashes.as_deref().expect("hashes");
+    assert_eq!(h.pieces(), &[all[0], all[3], all[4]]);
+    let bytes = m.encode();
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 4);
+    assert_eq!(bytes.len(), m.encoded_len());
+    let back = MetaFile::decode(&bytes).expect("decodes");
+    assert_eq!(back, m);
+    let zero_piece = piece_hash(&[0; HASH_PIECE as usize]);
+    let want = [
+        all[0],
+        zero_piece,
+        zero_piece,
+        all[3],
+        all[4],
+        piece_hash(&[0; 3 * 4096]),
+    ];
+    for (p, want) in want.iter().enumerate() {
+        assert_eq!(back.piece_hash(p as u64), Some(want), "piece {p}");
+    }
+    assert_eq!(back.piece_hash(6), None);
+
+    // Version 3 wrote every piece's hash: read, the zero pieces' left out.
+    let v4_hashes = 3 * HASH_LEN + 4;
+    let mut v3 = bytes[..bytes.len() - 4 - v4_hashes].to_vec();
+    v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+    v3.extend_from_slice(&6u32.to_le_bytes());
+    for h in &all {
+        v3.extend_from_slice(h);
+    }
+    let crc = crc32fast::hash(&v3);
+    v3.extend_from_slice(&crc.to_le_bytes());
+    assert_eq!(MetaFile::decode(&v3).expect("version 3 decodes"), m);
+
+    // Version 4 with every piece's hash, checksum made good: refused.
+    let mut wrong = v3.clone();
+    wrong[8..12].copy_from_slice(&4u32.to_le_bytes());
+    let n = wrong.len() - 4;
+    let crc = crc32fast::hash(&wrong[..n]);
+    wrong[n..].copy_from_slice(&crc.to_le_bytes());
+    assert!(matches!(
+        MetaFile::decode(&wrong),
+        Err(MetaError::Invalid(_))
+    ));
+}
+
 #[test]
 fn a_hash_list_of_the_wrong_length_is_refused() {
     let m = hashed();
     let fps = |n| vec![[0; FINGERPRINT_LEN]; n];
     let one = || vec![[0; HASH_LEN]];
-    assert!(BlockHashes::new(fps(4), one(), &m.zero, m.file_size).is_none());
-    assert!(BlockHashes::new(fps(6), one(), &m.zero, m.file_size).is_none());
-    assert!(BlockHashes::new(fps(5), vec![], &m.zero, m.file_size).is_none());
-    assert!(BlockHashes::new(fps(5), one(), &m.zero, m.file_size).is_some());
+    assert!(BlockHashes::new(fps(4), one(), &m.zero, m.block_size, m.file_size).is_none());
+    assert!(BlockHashes::new(fps(6), one(), &m.zero, m.block_size, m.file_size).is_none());
+    assert!(BlockHashes::new(fps(5), vec![], &m.zero, m.block_size, m.file_size).is_none());
+    assert!(BlockHashes::new(fps(5), one(), &m.zero, m.block_size, m.file_size).is_some());
     // A file claiming 4 fingerprints for 5 data blocks, checksum made good.
     let bytes = m.encode();
     let fp_at = bytes.len() - 4 - HASH_LEN - 4 - 5 * FINGERPRINT_LEN;
@@ -590,9 +659,9 @@ fn a_hash_list_of_the_wrong_length_is_refused() {
     ));
     // A newer version than this proxy knows is refused by name.
     let mut bytes = m.encode();
-    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
     assert!(matches!(
         MetaFile::decode(&resign(bytes)),
-        Err(MetaError::Version(4))
+        Err(MetaError::Version(5))
     ));
 }

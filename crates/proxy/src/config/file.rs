@@ -125,8 +125,8 @@ pub struct ServerSection {
     /// The mount's read-ahead: how much a sequential reader or a page
     /// fault of a mapped file asks for at once. 0 suits a node that maps
     /// VM memory images (lazy clones): a page fault then reads its page,
-    /// and the node fetches the 8 KiB piece around it when the image has a
-    /// learned working set (its 1 MiB chunk when not) [default: 1M].
+    /// and the node fetches the 8 KiB piece around it (without a learned
+    /// working set, the rest of its 1 MiB chunk behind it) [default: 1M].
     #[arg(long, value_name = "SIZE", help_heading = "FUSE")]
     pub mount_readahead: Option<String>,
 }

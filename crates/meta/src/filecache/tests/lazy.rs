@@ -7,6 +7,10 @@ use crate::Profile;
 
 const MIB: usize = CHUNK as usize;
 
+fn state(f: &CachedFile, idx: usize) -> Chunk {
+    lock(&f.chunks)[idx]
+}
+
 fn learning_cache(data: Vec<u8>) -> (tempfile::TempDir, Arc<FileCache>, Arc<Fake>) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let index = index();
@@ -55,25 +59,110 @@ async fn a_readers_own_fetch_goes_as_demand_and_is_counted_as_a_fault() {
     fake.gate.add_permits(1 << 20);
     read_at(&c, &f, &fake, 30).await;
     let demand = |fake: &Fake| -> Vec<(u64, u32)> {
-        lock(&fake.fetched)
+        let mut d: Vec<(u64, u32)> = lock(&fake.fetched)
             .iter()
             .filter(|(_, _, u)| *u == Urgency::Demand)
             .map(|(o, c, _)| (*o, *c))
-            .collect()
+            .collect();
+        d.sort_unstable();
+        d
     };
-    // No working-set profile: the whole chunk, for the faults near it.
-    assert_eq!(demand(&fake), vec![(30 * MIB as u64, CHUNK)]);
+    // No working-set profile: the piece the read needs, and the rest of
+    // its chunk behind it, for the faults near it.
+    let at = 30 * MIB as u64;
+    while state(&f, 30) != Chunk::Present {
+        tokio::task::yield_now().await;
+    }
+    let piece = u64::from(PIECE);
+    assert_eq!(
+        demand(&fake),
+        vec![(at, PIECE), (at + piece, CHUNK - PIECE)]
+    );
     let s = c.stats().counts;
     assert_eq!(s.faults_waited, 1);
     assert!(s.demand_wire_bytes > 0 && s.demand_wire_bytes < s.wire_bytes);
     // With one (it brings the rest of the working set): only the piece
     // the read needs.
+    let (_dir, fake, c, f) = started(b"fp", content(len), false, None, false);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
     f.profiled.store(true, Ordering::Release);
+    // The background's window, then the reader's piece.
+    fake.gate.add_permits(WINDOW + 1);
     read_at(&c, &f, &fake, 33).await;
+    assert_eq!(demand(&fake), vec![(33 * MIB as u64, PIECE)]);
+    fake.gate.add_permits(1 << 20);
+}
+
+/// A file of `mibs` chunks whose background stream has claimed its
+/// window and waits (no permits), and a reader of chunk `chunk`, once its
+/// piece and the rest of its chunk have been asked for.
+async fn fault_behind_the_window(
+    mibs: usize,
+    chunk: usize,
+) -> (
+    tempfile::TempDir,
+    Arc<Fake>,
+    Arc<FileCache>,
+    Arc<CachedFile>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (dir, fake, c, f) = started(b"fw", content(mibs * MIB), false, None, false);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let reader = {
+        let (c, f, fake) = (c.clone(), f.clone(), fake.clone());
+        tokio::spawn(async move { read_at(&c, &f, &fake, chunk).await })
+    };
+    while fake.calls.load(Ordering::Relaxed) < WINDOW as u64 + 2 {
+        tokio::task::yield_now().await;
+    }
+    (dir, fake, c, f, reader)
+}
+
+#[tokio::test]
+async fn a_reader_waits_for_its_piece_not_for_the_rest_of_its_chunk() {
+    let (_dir, fake, _c, f, reader) = fault_behind_the_window(16, 12).await;
+    let at = 12 * MIB as u64;
+    let asked: Vec<(u64, u32)> = lock(&fake.fetched)[WINDOW..]
+        .iter()
+        .map(|(o, c, _)| (*o, *c))
+        .collect();
     assert_eq!(
-        demand(&fake),
-        vec![(30 * MIB as u64, CHUNK), (33 * MIB as u64, PIECE)]
+        asked,
+        vec![(at, PIECE), (at + u64::from(PIECE), CHUNK - PIECE)]
     );
+    // The background's window and the piece through (in the order they
+    // asked), not the rest: the reader has its bytes.
+    fake.gate.add_permits(WINDOW + 1);
+    tokio::time::timeout(std::time::Duration::from_secs(10), reader)
+        .await
+        .unwrap_or_else(|_| panic!("the reader waited for the rest of its chunk"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(state(&f, 12), Chunk::Present);
+    fake.gate.add_permits(1 << 20);
+}
+
+#[tokio::test]
+async fn the_background_stream_goes_on_after_a_readers_fault() {
+    let (_dir, fake, c, f, reader) = fault_behind_the_window(40, 30).await;
+    fake.gate.add_permits(1 << 20);
+    reader.await.unwrap_or_else(|e| panic!("{e}"));
+    while !f.complete() {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    read_all(&c, &f, &fake).await;
+    let background: Vec<u64> = lock(&fake.fetched)
+        .iter()
+        .filter(|(_, _, u)| *u == Urgency::Background)
+        .map(|(o, _, _)| *o / MIB as u64)
+        .collect();
+    // The first window, then on from chunk 31 to the end, then what
+    // that passed over.
+    let want: Vec<u64> = (0..WINDOW as u64).chain(31..40).chain(8..30).collect();
+    assert_eq!(background, want);
 }
 
 #[tokio::test]
@@ -120,18 +209,7 @@ async fn a_known_profile_is_fetched_first_and_a_stale_one_is_not() {
         let plan = vec![17 * per + 2, 3 * per, 3 * per + 1, 21 * per + 5];
         *lock(&fake.profile) = Some(Profile::of(&attrs(len as u64, mtime), PIECE, plan.clone()));
         let f = start(&c, &fake, b"fp", false);
-        let (all, _) = f
-            .read(
-                &c,
-                &src(&fake),
-                &Credentials::default(),
-                0,
-                len as u32,
-                Urgency::Background,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(all == fake.data);
+        read_all(&c, &f, &fake).await;
         let fetched = lock(&fake.fetched).clone();
         let first: Vec<(u64, u32)> = fetched
             .iter()

@@ -92,7 +92,7 @@ pub(super) fn meta_gen(
         match &scanned.hashes {
             Some(h) => {
                 line += &format!(
-                    ", block hashes ({} block fingerprints, {} piece hashes)",
+                    ", block hashes ({} block fingerprints, {} hashes of pieces not all zero)",
                     h.fingerprints().len(),
                     h.pieces().len()
                 )
@@ -266,7 +266,7 @@ pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result
     );
     match &m.hashes {
         Some(h) => println!(
-            "block hashes:    {} block fingerprints, {} piece hashes (BLAKE3: blocks shared \
+            "block hashes:    {} block fingerprints, {} hashes of pieces not all zero (BLAKE3: blocks shared \
              with other images are copied, not fetched)",
             h.fingerprints().len(),
             h.pieces().len()
