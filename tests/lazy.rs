@@ -310,10 +310,16 @@ async fn demand_reads_are_fetched_as_demand() -> Result<()> {
     read_page(&f, &origin, 0)?;
     read_page(&f, &origin, 22 * CHUNK + 4096)?;
     // Both reads waited, and the far one fetched its bytes itself: with no
-    // working-set profile for the image, its whole chunk (incompressible,
-    // so a MiB on the wire), for the faults near it. (With a profile, only
-    // the 8 KiB pieces a read needs: the file cache's unit tests.)
-    let s = node.stats()?;
+    // working-set profile for the image, its 8 KiB piece, then behind it
+    // the rest of its chunk (incompressible, so a MiB on the wire in all),
+    // for the faults near it. (With a profile, only the pieces a read
+    // needs: the file cache's unit tests.)
+    let mut s = node.stats()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while n(&s, "file_cache.demand_wire_bytes") < CHUNK && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        s = node.stats()?;
+    }
     ensure!(
         n(&s, "file_cache.faults_waited") >= 2
             && n(&s, "file_cache.fault_wait_micros") > 0

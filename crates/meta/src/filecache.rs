@@ -111,6 +111,8 @@ pub use read::Asked;
 /// of the 64 KiB around it, so a larger piece multiplies the bytes it
 /// waits for.
 pub const PIECE: u32 = 8 << 10;
+/// Pieces in a run of the rest of a chunk fetched behind a reader's.
+const STREAM_RUN: u32 = 64;
 
 /// A set of the pieces of one chunk (bit `i`: bytes `i * PIECE..` of it).
 type Mask = u128;
@@ -122,6 +124,9 @@ const _: () = assert!(CHUNK / PIECE == Mask::BITS);
 struct Pieces {
     here: Mask,
     fetching: Mask,
+    /// Whether the rest of the chunk is being fetched behind a reader's
+    /// pieces, a run at a time (the background stream leaves it).
+    streaming: bool,
 }
 
 /// The state of a file's chunks, and the pieces of those not whole yet.

@@ -20,11 +20,9 @@ impl CachedFile {
     /// Claims the first chunk at or after `from` that nobody fetches yet.
     pub(super) fn claim_next(&self, from: usize) -> Option<usize> {
         let mut chunks = lock(&self.chunks);
-        let idx = chunks
-            .iter()
-            .skip(from)
-            .position(|c| *c == Chunk::Missing)?
-            + from;
+        let idx = (from..chunks.len()).find(|&i| {
+            chunks[i] == Chunk::Missing && !chunks.pieces.get(&i).is_some_and(|p| p.streaming)
+        })?;
         chunks[idx] = Chunk::InFlight;
         Some(idx)
     }
@@ -138,6 +136,57 @@ impl CachedFile {
                 Err(why)
             }
         }
+    }
+
+    /// The rest of chunk `idx`, which a reader fetched pieces of, a run
+    /// of at most [`STREAM_RUN`] pieces at a time from the reader's on,
+    /// then from the chunk's start: what a reader faults on next in the
+    /// chunk is queued behind no more than a run, or fetched by the reader
+    /// itself (measured against the whole rest in one FETCH: never-cloned
+    /// lazy clones 5.18 -> 4.82 s to running, 8.98 -> 8.91 s to their
+    /// answer; runs of 32 pieces ran in 4.82 s but answered in 10.17 s).
+    async fn stream_rest(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        idx: usize,
+    ) -> Result<(), FileCacheError> {
+        let (_, len) = self.chunk_range(idx);
+        let all = all_pieces(len);
+        let first = lock(&self.chunks)
+            .pieces
+            .get(&idx)
+            .map_or(0, |p| p.fetching.trailing_zeros() / STREAM_RUN);
+        let runs = Mask::BITS / STREAM_RUN;
+        let mut result = Ok(());
+        for i in 0..runs {
+            let r = (first + i) % runs;
+            let window = pieces::span_bits(r * STREAM_RUN, r * STREAM_RUN + STREAM_RUN - 1) & all;
+            if window == 0 {
+                continue;
+            }
+            let Some(mut run) = self.claim_pieces(idx, window) else {
+                if lock(&self.chunks).get(idx) != Some(&Chunk::Missing) {
+                    break;
+                }
+                continue;
+            };
+            if self.content.is_some() {
+                // Whole hashed pieces: checked, and open to held blocks.
+                run = hashed_pieces_around(run) & all;
+            }
+            result = self
+                .fetch_pieces(cache, source, cred, idx, run, Urgency::Demand)
+                .await;
+            if result.is_err() {
+                break;
+            }
+        }
+        if let Some(p) = lock(&self.chunks).pieces.get_mut(&idx) {
+            p.streaming = false;
+        }
+        result
     }
 
     /// The pieces of chunk `idx` that are neither here nor on their way,
@@ -539,6 +588,7 @@ impl CachedFile {
                             me.fetch_pieces(&cache, &source, &cred, idx, mask, urgency)
                                 .await
                         }
+                        None if !wait => me.stream_rest(&cache, &source, &cred, idx).await,
                         None => me.fetch_chunk(&cache, &source, &cred, idx, urgency).await,
                     };
                     if demand {
@@ -620,8 +670,9 @@ impl CachedFile {
                         chunks.pieces.entry(idx).or_default().fetching |= need;
                         fetch.push(Planned::waited(idx, Some(need)));
                     }
-                    if rest && !whole_planned {
-                        chunks[idx] = Chunk::InFlight;
+                    let p = chunks.pieces.entry(idx).or_default();
+                    if rest && !p.streaming {
+                        p.streaming = true;
                         fetch.push(Planned {
                             idx,
                             pieces: None,

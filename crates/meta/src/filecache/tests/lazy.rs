@@ -73,10 +73,14 @@ async fn a_readers_own_fetch_goes_as_demand_and_is_counted_as_a_fault() {
     while state(&f, 30) != Chunk::Present {
         tokio::task::yield_now().await;
     }
-    let piece = u64::from(PIECE);
+    let (piece, run) = (u64::from(PIECE), u64::from(STREAM_RUN * PIECE));
     assert_eq!(
         demand(&fake),
-        vec![(at, PIECE), (at + piece, CHUNK - PIECE)]
+        vec![
+            (at, PIECE),
+            (at + piece, STREAM_RUN * PIECE - PIECE),
+            (at + run, STREAM_RUN * PIECE)
+        ]
     );
     let s = c.stats().counts;
     assert_eq!(s.faults_waited, 1);
@@ -130,9 +134,13 @@ async fn a_reader_waits_for_its_piece_not_for_the_rest_of_its_chunk() {
         .iter()
         .map(|(o, c, _)| (*o, *c))
         .collect();
+    // The rest in runs, one at a time: the first from the piece on.
     assert_eq!(
         asked,
-        vec![(at, PIECE), (at + u64::from(PIECE), CHUNK - PIECE)]
+        vec![
+            (at, PIECE),
+            (at + u64::from(PIECE), STREAM_RUN * PIECE - PIECE)
+        ]
     );
     // The background's window and the piece through (in the order they
     // asked), not the rest: the reader has its bytes.
