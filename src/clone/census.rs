@@ -17,7 +17,8 @@
 //!   1 MiB chunks at level 3);
 //! - the size of its metadata file (`.NAME.gvfsmeta`), which crosses the
 //!   WAN with it: from format 3, an 8-byte fingerprint per non-zero block
-//!   and a 32-byte BLAKE3 per 64 KiB piece.
+//!   and a 32-byte BLAKE3 per 64 KiB piece (from format 4, per piece that
+//!   is not all zero blocks).
 //!
 //! The disk is read by blocks, only what the guest touches, and its
 //! metadata has no block hashes (they would cost more WAN bytes than the
@@ -386,7 +387,7 @@ impl Census {
              in no image cloned before and not earlier in this one, raw and compressed (zstd -3, \
              each 1 MiB chunk's new blocks together, as the proxies send chunks); its metadata \
              files, which cross the WAN with it (an 8-byte fingerprint per non-zero 4 KiB \
-             block and a 32-byte BLAKE3 per 64 KiB piece of the files a clone copies); and the disk's non-zero MiB, shared part and new MiB \
+             block and a 32-byte BLAKE3 per 64 KiB piece not all zero of the files a clone copies); and the disk's non-zero MiB, shared part and new MiB \
              (the disk is read by blocks and its metadata has no block hashes, so its blocks \
              are not deduplicated: no part of the floor).\n\n\
              | WAN-S2 clone | image | memory non-zero MiB | shared | own | state non-zero MiB (shared) | floor MiB raw | floor MiB zstd | metadata KiB | disk non-zero MiB | disk shared | disk new MiB |\n\

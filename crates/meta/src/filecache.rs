@@ -75,6 +75,7 @@ mod learn;
 mod pieces;
 mod read;
 mod record;
+mod rest;
 mod writeback;
 
 use record::{decode_record, encode_record};

@@ -214,7 +214,7 @@ pub(super) fn dedup_markdown(outcome: &Outcome) -> String {
          clone: the census floor (the compressed bytes of the memory image and device state no \
          image cloned before holds, 0 for an image brought before); the image's metadata \
          files, which cross the WAN too (an 8-byte fingerprint per non-zero 4 KiB block and a \
-         32-byte BLAKE3 per 64 KiB piece of `mem` and `state`); WAN MiB and clone time of both; the dedup clone's WAN bytes over the \
+         32-byte BLAKE3 per 64 KiB piece not all zero of `mem` and `state`); WAN MiB and clone time of both; the dedup clone's WAN bytes over the \
          floor; and what the node's file cache copied from blocks it held in other images \
          instead of fetching them (`file_cache.dedup_bytes`, 0 from a proxy without it). The \
          disk blocks QEMU reads cross the WAN too (through the block cache; the disk's \

@@ -4,7 +4,7 @@
 
 use super::*;
 use dedup::Held;
-use pieces::{all_pieces, chunk_len, hashed_pieces_around, piece_mask, span_of};
+use pieces::{all_pieces, chunk_len, piece_mask, span_of};
 
 /// A range to fetch, and why.
 #[derive(Debug, Clone, Copy)]
@@ -138,106 +138,10 @@ impl CachedFile {
         }
     }
 
-    /// The rest of chunk `idx`, which a reader fetched pieces of, a run
-    /// of at most [`STREAM_RUN`] pieces at a time from the reader's on,
-    /// then from the chunk's start: what a reader faults on next in the
-    /// chunk is queued behind no more than a run, or fetched by the reader
-    /// itself (measured against the whole rest in one FETCH: never-cloned
-    /// lazy clones 5.18 -> 4.82 s to running, 8.98 -> 8.91 s to their
-    /// answer; runs of 32 pieces ran in 4.82 s but answered in 10.17 s).
-    async fn stream_rest(
-        self: &Arc<Self>,
-        cache: &Arc<FileCache>,
-        source: &Arc<dyn ChunkSource>,
-        cred: &Credentials,
-        idx: usize,
-    ) -> Result<(), FileCacheError> {
-        let (_, len) = self.chunk_range(idx);
-        let all = all_pieces(len);
-        let first = lock(&self.chunks)
-            .pieces
-            .get(&idx)
-            .map_or(0, |p| p.fetching.trailing_zeros() / STREAM_RUN);
-        let runs = Mask::BITS / STREAM_RUN;
-        let mut result = Ok(());
-        for i in 0..runs {
-            let r = (first + i) % runs;
-            let window = pieces::span_bits(r * STREAM_RUN, r * STREAM_RUN + STREAM_RUN - 1) & all;
-            if window == 0 {
-                continue;
-            }
-            let Some(mut run) = self.claim_pieces(idx, window) else {
-                if lock(&self.chunks).get(idx) != Some(&Chunk::Missing) {
-                    break;
-                }
-                continue;
-            };
-            if self.content.is_some() {
-                // Whole hashed pieces: checked, and open to held blocks.
-                run = hashed_pieces_around(run) & all;
-            }
-            result = self
-                .fetch_pieces(cache, source, cred, idx, run, Urgency::Demand)
-                .await;
-            if result.is_err() {
-                break;
-            }
-        }
-        if let Some(p) = lock(&self.chunks).pieces.get_mut(&idx) {
-            p.streaming = false;
-        }
-        result
-    }
-
-    /// The pieces of chunk `idx` that are neither here nor on their way,
-    /// in one FETCH of the run from the first to the last of them (the
-    /// pieces between that are here already are fetched again, the same
-    /// bytes of the same version: a chunk a profile left a few pieces of
-    /// costs one round trip, not one per gap), then waits for those on
-    /// their way.
-    async fn fetch_rest(
-        self: &Arc<Self>,
-        cache: &Arc<FileCache>,
-        source: &Arc<dyn ChunkSource>,
-        cred: &Credentials,
-        idx: usize,
-        pieces: Pieces,
-        urgency: Urgency,
-    ) -> Result<(), FileCacheError> {
-        let (_, len) = self.chunk_range(idx);
-        let all = all_pieces(len);
-        let ours = all & !pieces.here & !pieces.fetching;
-        let mut rx = self.changed.subscribe();
-        let mut run = span_of(ours);
-        if self.content.is_some() {
-            // Whole hashed pieces: checked, and open to held blocks.
-            run = hashed_pieces_around(run) & all;
-        }
-        self.fetch_run(cache, source, cred, idx, run, urgency)
-            .await?;
-        loop {
-            if let Some(why) = self.failure() {
-                return Err(why);
-            }
-            let here = {
-                let chunks = lock(&self.chunks);
-                chunks.get(idx).is_some_and(|c| c.here())
-                    || chunks
-                        .pieces
-                        .get(&idx)
-                        .is_some_and(|p| (p.here | ours) & all == all)
-            };
-            if here {
-                return Ok(());
-            }
-            rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
-        }
-    }
-
     /// Fetches the pieces of chunk `idx` from the first of `run` to the
     /// last (nothing when it is empty); all of them in one frame, kept as
     /// a whole chunk's is.
-    async fn fetch_run(
+    pub(super) async fn fetch_run(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
         source: &Arc<dyn ChunkSource>,

@@ -1,0 +1,104 @@
+//! The rest of a chunk that pieces of have been fetched: behind a
+//! reader's pieces, a run at a time (`stream_rest`), or, once the
+//! background stream claims the chunk, in one FETCH (`fetch_rest`).
+
+use super::*;
+use pieces::{all_pieces, hashed_pieces_around, span_bits, span_of};
+
+impl CachedFile {
+    /// The rest of chunk `idx`, which a reader fetched pieces of, a run
+    /// of at most [`STREAM_RUN`] pieces at a time from the reader's on,
+    /// then from the chunk's start: what a reader faults on next in the
+    /// chunk is queued behind no more than a run, or fetched by the reader
+    /// itself (measured against the whole rest in one FETCH: never-cloned
+    /// lazy clones 5.18 -> 4.82 s to running, 8.98 -> 8.91 s to their
+    /// answer; runs of 32 pieces ran in 4.82 s but answered in 10.17 s).
+    pub(super) async fn stream_rest(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        idx: usize,
+    ) -> Result<(), FileCacheError> {
+        let (_, len) = self.chunk_range(idx);
+        let all = all_pieces(len);
+        let first = lock(&self.chunks)
+            .pieces
+            .get(&idx)
+            .map_or(0, |p| p.fetching.trailing_zeros() / STREAM_RUN);
+        let runs = Mask::BITS / STREAM_RUN;
+        let mut result = Ok(());
+        for i in 0..runs {
+            let r = (first + i) % runs;
+            let window = span_bits(r * STREAM_RUN, r * STREAM_RUN + STREAM_RUN - 1) & all;
+            if window == 0 {
+                continue;
+            }
+            let Some(mut run) = self.claim_pieces(idx, window) else {
+                if lock(&self.chunks).get(idx) != Some(&Chunk::Missing) {
+                    break;
+                }
+                continue;
+            };
+            if self.content.is_some() {
+                // Whole hashed pieces: checked, and open to held blocks.
+                run = hashed_pieces_around(run) & all;
+            }
+            result = self
+                .fetch_pieces(cache, source, cred, idx, run, Urgency::Demand)
+                .await;
+            if result.is_err() {
+                break;
+            }
+        }
+        if let Some(p) = lock(&self.chunks).pieces.get_mut(&idx) {
+            p.streaming = false;
+        }
+        result
+    }
+
+    /// The pieces of chunk `idx` that are neither here nor on their way,
+    /// in one FETCH of the run from the first to the last of them (the
+    /// pieces between that are here already are fetched again, the same
+    /// bytes of the same version: a chunk a profile left a few pieces of
+    /// costs one round trip, not one per gap), then waits for those on
+    /// their way.
+    pub(super) async fn fetch_rest(
+        self: &Arc<Self>,
+        cache: &Arc<FileCache>,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+        idx: usize,
+        pieces: Pieces,
+        urgency: Urgency,
+    ) -> Result<(), FileCacheError> {
+        let (_, len) = self.chunk_range(idx);
+        let all = all_pieces(len);
+        let ours = all & !pieces.here & !pieces.fetching;
+        let mut rx = self.changed.subscribe();
+        let mut run = span_of(ours);
+        if self.content.is_some() {
+            // Whole hashed pieces: checked, and open to held blocks.
+            run = hashed_pieces_around(run) & all;
+        }
+        self.fetch_run(cache, source, cred, idx, run, urgency)
+            .await?;
+        loop {
+            if let Some(why) = self.failure() {
+                return Err(why);
+            }
+            let here = {
+                let chunks = lock(&self.chunks);
+                chunks.get(idx).is_some_and(|c| c.here())
+                    || chunks
+                        .pieces
+                        .get(&idx)
+                        .is_some_and(|p| (p.here | ours) & all == all)
+            };
+            if here {
+                return Ok(());
+            }
+            rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
+        }
+    }
+}
