@@ -72,9 +72,9 @@ fn pair(
 /// gives its i-th block fingerprint the fingerprint of `other`'s block
 /// `j`; its piece hashes stay its true ones.
 fn lie(g: &Ganesha, image: &str, other: &str, blocks: &[(usize, u64)]) -> Result<()> {
-    let read = |name: &str| -> Result<gvfs_meta::MetaFile> {
+    let read = |name: &str| -> Result<gvfs_metafile::MetaFile> {
         let path = g.export_dir().join(format!(".{name}.gvfsmeta"));
-        Ok(gvfs_meta::MetaFile::decode(&std::fs::read(path)?)?)
+        Ok(gvfs_metafile::MetaFile::decode(&std::fs::read(path)?)?)
     };
     let (mut m, theirs) = (read(image)?, read(other)?);
     let h = m.hashes.clone().context("hashes")?;
@@ -82,11 +82,11 @@ fn lie(g: &Ganesha, image: &str, other: &str, blocks: &[(usize, u64)]) -> Result
     for &(i, j) in blocks {
         fps[i] = *theirs.block_fingerprint(j).context("the other's block")?;
     }
-    let pieces = (0..m.file_size.div_ceil(gvfs_meta::format::HASH_PIECE))
+    let pieces = (0..m.file_size.div_ceil(gvfs_metafile::hashes::HASH_PIECE))
         .map(|p| m.piece_hash(p).copied().context("a piece's hash"))
         .collect::<Result<Vec<_>>>()?;
     m.hashes = Some(std::sync::Arc::new(
-        gvfs_meta::format::BlockHashes::new(fps, pieces, &m.zero, m.block_size, m.file_size)
+        gvfs_metafile::BlockHashes::new(fps, pieces, &m.zero, m.block_size, m.file_size)
             .context("same counts")?,
     ));
     std::fs::write(
@@ -386,11 +386,11 @@ async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Res
     let m = std::fs::metadata(&b)?;
     let time = |s: i64, ns: i64| (s as u32, ns as u32);
     use std::os::unix::fs::MetadataExt;
-    let profile = gvfs_meta::Profile {
+    let profile = gvfs_ext::Profile {
         size: m.len(),
         mtime: time(m.mtime(), m.mtime_nsec()),
         ctime: time(m.ctime(), m.ctime_nsec()),
-        unit: gvfs_meta::filecache::PIECE,
+        unit: gvfs_filecache::PIECE,
         parts: vec![0],
     };
     std::fs::write(g.export_dir().join(".b.img.gvfsprofile"), profile.record())?;

@@ -23,7 +23,7 @@ use gvfs::fuse::{self, MountPoint};
 use gvfs::nfsclient::NfsClient;
 use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
 use gvfs::{Ganesha, Proxy, ProxyArgs};
-use gvfs_meta::ext::{ChunkSource, ExtClient};
+use gvfs_ext::{ChunkSource, ExtClient};
 use gvfs_nfs::Credentials;
 use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
 use gvfs_wanlink::{LinkConfig, WanLink};

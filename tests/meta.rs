@@ -215,14 +215,14 @@ fn times(path: &Path) -> Result<(u64, Time, Time)> {
 fn forge_all_zeros(image: &Path, meta_path: &Path) -> Result<()> {
     let (size, mtime, ctime) = times(image)?;
     let block_size = 64 * 1024;
-    let mut zero = gvfs_meta::ZeroMap::new(gvfs_meta::block_count(size, block_size));
+    let mut zero = gvfs_metafile::ZeroMap::new(gvfs_metafile::block_count(size, block_size));
     zero.set_zero_range(0, zero.blocks());
-    let forged = gvfs_meta::MetaFile {
+    let forged = gvfs_metafile::MetaFile {
         block_size,
         file_size: size,
         mtime,
         ctime,
-        actions: gvfs_meta::Actions::default(),
+        actions: gvfs_metafile::Actions::default(),
         compressed_size: 0,
         zero,
         repeats: Vec::new(),

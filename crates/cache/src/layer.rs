@@ -25,7 +25,7 @@
 //! * **Coherence**: each file's upstream size, mtime and ctime are
 //!   remembered from every reply that carries them; when they change
 //!   behind our back for a file without dirty data, its clean blocks are
-//!   dropped. Session semantics beyond that (DESIGN.md, "Consistency").
+//!   dropped. Session semantics beyond that (docs/ARCHITECTURE.md, section 3: session semantics).
 //!
 //! Cached data is served without asking upstream for permission, as the
 //! GVFS paper's per-user proxies do: run one proxy per user or trust

@@ -1,5 +1,5 @@
 //! The gvfs block cache: a hashed set-associative write-back disk cache of
-//! NFS blocks (DESIGN.md, "block cache"; the GVFS paper, section 3.2.1).
+//! NFS blocks (docs/ARCHITECTURE.md, "The stack"; the GVFS paper, section 3.2.1).
 //!
 //! This crate is the synchronous storage core: [`Geometry`] cuts the
 //! capacity into banks (files) of sets of frames; [`format`](mod@format) specifies the

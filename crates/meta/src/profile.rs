@@ -1,353 +1,100 @@
-//! Working-set profiles: which parts of a file held whole (a VM's memory
-//! image) a lazy clone's guest touched, in the order it first touched them
-//! (parts of 8 KiB, the file cache's `PIECE`, as learned; any power of two
-//! from 4 KiB to a chunk is read).
+//! Working-set profiles kept at the origin, beside the image they order,
+//! as `.NAME.gvfsprofile` (the bytes of a kept profile, `profile.rs`): the
+//! proxy next to the image server writes the profiles it is sent there,
+//! so that they outlive every proxy's restart, reach every site, and
+//! `gvfsctl meta show` finds them beside the image.
 //!
-//! The proxy whose clients read the file learns the profile (see
-//! `filecache/learn.rs`) and sends it upstream with PROFILE_PUT; every
-//! proxy on the way keeps it in its [`MetaIndex`] (sled when the proxy has
-//! a cache directory, so it survives a restart) and passes it on, up to the
-//! proxy next to the image server. A proxy that starts fetching a file
-//! whole asks its upstream for the file's profile (PROFILE_GET, answered
-//! from the first proxy on the way that has it) and fetches the profile's
-//! parts first, many at once.
-//!
-//! A profile names the version of the file it was learned on (size, mtime,
-//! ctime) and is used, kept and answered only for that version: a changed
-//! image drops it. It only orders fetches: a wrong one (a lying peer, a
-//! guest that behaves differently) costs bytes fetched early, never wrong
-//! bytes, and every index is checked against the file's size before use.
-//!
-//! The bytes, on the wire (XDR) and in the index:
-//!
-//! ```text
-//! struct profile {
-//!     uint64  size;          /* the version it describes */
-//!     nfstime3 mtime;
-//!     nfstime3 ctime;
-//!     uint32  unit;          /* bytes per part: a power of two, 4 KiB to CHUNK */
-//!     uint32  parts<MAX_PROFILE_PARTS>;  /* part numbers (offset / unit),
-//!                                           first touched first, each once
-//!                                           and below ceil(size / unit) */
-//! };
-//! index record: "GVWS", uint32 version 1, profile, uint32 CRC32 (IEEE) of
-//! every byte before it; under the key 'p' + the file handle.
-//! ```
+//! Writing one is best effort, as the caller (CREATE and a FILE_SYNC
+//! WRITE; a caller who may not write the directory keeps the profile only
+//! in the proxies' indexes). Reading one trusts nothing but its CRC and
+//! the version it names: a profile only orders fetches.
 
-use std::sync::Arc;
+use super::*;
+use gvfs_ext::profile::{MAX_PROFILE_LEN, Profile, profile_name};
 
-use gvfs_nfs::nfs3_types::nfs3::fattr3;
-use gvfs_nfs::xdr::{XdrError, XdrReader, put_opaque, put_u32};
+impl MetaLayer {
+    fn profile_place(&self, fh: &[u8]) -> Option<(Vec<u8>, String)> {
+        let known = self.files().get(fh).and_then(|e| e.name.clone());
+        let (dir, name) = known.or_else(|| self.indexed_name(fh))?;
+        Some((dir, profile_name(&name)?))
+    }
 
-use crate::MetaIndex;
-use crate::ext::{CHUNK, FHSIZE, end, get_u64, put_u64};
-
-/// Most parts a profile names (512 MiB of working set at 8 KiB).
-pub const MAX_PROFILE_PARTS: usize = 65_536;
-/// The smallest part a profile may name.
-pub const MIN_UNIT: u32 = 4096;
-
-const RECORD_MAGIC: [u8; 4] = *b"GVWS";
-const RECORD_VERSION: u32 = 1;
-
-/// A file's learned working set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Profile {
-    /// The size of the version it was learned on.
-    pub size: u64,
-    /// That version's mtime (seconds, nanoseconds).
-    pub mtime: (u32, u32),
-    /// That version's ctime.
-    pub ctime: (u32, u32),
-    /// Bytes per part.
-    pub unit: u32,
-    /// Part numbers (offset / `unit`), first touched first, each once.
-    pub parts: Vec<u32>,
-}
-
-impl Profile {
-    /// A profile of the version with attributes `a`, in parts of `unit`.
-    pub fn of(a: &fattr3, unit: u32, parts: Vec<u32>) -> Self {
-        Self {
-            size: a.size,
-            mtime: (a.mtime.seconds, a.mtime.nseconds),
-            ctime: (a.ctime.seconds, a.ctime.nseconds),
-            unit,
-            parts,
+    /// Writes `p` beside the file `fh` at the origin.
+    pub async fn write_profile(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+        p: &Profile,
+    ) -> Result<(), String> {
+        let (dir, name) = self
+            .profile_place(fh)
+            .ok_or("the file's name is not known here")?;
+        let create = NfsRequest::Create(CREATE3args {
+            where_: diropargs3 {
+                dir: nfs_fh3 {
+                    data: Opaque::owned(dir),
+                },
+                name: filename3::from(name.clone().into_bytes()),
+            },
+            how: createhow3::UNCHECKED(sattr3 {
+                mode: Nfs3Option::Some(0o644),
+                size: Nfs3Option::Some(0),
+                ..Default::default()
+            }),
+        });
+        let pfh = match self.inner.call(cx, create).await {
+            Ok(NfsReply::Create(Nfs3Result::Ok(ok))) => match ok.obj {
+                Nfs3Option::Some(h) => h,
+                Nfs3Option::None => return Err("CREATE returned no handle".into()),
+            },
+            Ok(other) => return Err(format!("CREATE {name}: {:?}", other.status())),
+            Err(e) => return Err(format!("CREATE {name}: {e}")),
+        };
+        let bytes = p.record();
+        let write = NfsRequest::Write(WRITE3args {
+            file: pfh,
+            offset: 0,
+            count: bytes.len() as u32,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::owned(bytes),
+        });
+        match self.inner.call(cx, write).await {
+            Ok(NfsReply::Write(Nfs3Result::Ok(_))) => Ok(()),
+            Ok(other) => Err(format!("WRITE {name}: {:?}", other.status())),
+            Err(e) => Err(format!("WRITE {name}: {e}")),
         }
     }
 
-    /// The byte ranges of its parts, in its order.
-    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let unit = u64::from(self.unit);
-        self.parts.iter().map(move |&p| {
-            let start = u64::from(p) * unit;
-            (start, (start + unit).min(self.size))
-        })
-    }
-
-    /// Whether it describes the version of the file with attributes `a`.
-    pub fn describes(&self, a: &fattr3) -> bool {
-        self.size == a.size
-            && self.mtime == (a.mtime.seconds, a.mtime.nseconds)
-            && self.ctime == (a.ctime.seconds, a.ctime.nseconds)
-    }
-
-    /// File bytes its parts hold.
-    pub fn bytes(&self) -> u64 {
-        self.ranges().map(|(a, b)| b.saturating_sub(a)).sum()
-    }
-
-    /// Appends the XDR `profile`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        put_u64(out, self.size);
-        for (s, ns) in [self.mtime, self.ctime] {
-            put_u32(out, s);
-            put_u32(out, ns);
-        }
-        put_u32(out, self.unit);
-        put_u32(out, self.parts.len() as u32);
-        for &c in &self.parts {
-            put_u32(out, c);
-        }
-    }
-
-    /// Reads an XDR `profile`: a unit of 4 KiB to [`CHUNK`], a power of
-    /// two; at most [`MAX_PROFILE_PARTS`] parts (the count is checked
-    /// before anything is allocated), each inside the file and named once.
-    pub fn decode_from(r: &mut XdrReader<'_>) -> Result<Self, XdrError> {
-        let size = get_u64(r)?;
-        let mtime = (r.u32()?, r.u32()?);
-        let ctime = (r.u32()?, r.u32()?);
-        let unit = r.u32()?;
-        if !unit.is_power_of_two() || !(MIN_UNIT..=CHUNK).contains(&unit) {
-            return Err(XdrError::InvalidValue(unit));
-        }
-        let n = r.u32()? as usize;
-        if n > MAX_PROFILE_PARTS {
-            return Err(XdrError::TooLong {
-                len: n,
-                limit: MAX_PROFILE_PARTS,
-            });
-        }
-        if r.rest().len() < n * 4 {
-            return Err(XdrError::Truncated);
-        }
-        let count = size.div_ceil(u64::from(unit));
-        let mut seen = std::collections::HashSet::with_capacity(n);
-        let mut parts = Vec::with_capacity(n);
-        for _ in 0..n {
-            let c = r.u32()?;
-            if u64::from(c) >= count || !seen.insert(c) {
-                return Err(XdrError::InvalidValue(c));
-            }
-            parts.push(c);
-        }
-        Ok(Self {
-            size,
-            mtime,
-            ctime,
-            unit,
-            parts,
-        })
-    }
-
-    /// The bytes of a kept profile: in the index, and in the
-    /// `.NAME.gvfsprofile` file beside the image at the origin.
-    pub fn record(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(40 + 4 * self.parts.len());
-        out.extend_from_slice(&RECORD_MAGIC);
-        put_u32(&mut out, RECORD_VERSION);
-        self.encode(&mut out);
-        let crc = crc32fast::hash(&out);
-        put_u32(&mut out, crc);
-        out
-    }
-
-    /// A kept profile's bytes, if they are whole (magic, version, CRC).
-    pub fn from_record(bytes: &[u8]) -> Option<Self> {
-        let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
-        if crc32fast::hash(body).to_be_bytes() != crc || !body.starts_with(&RECORD_MAGIC) {
-            return None;
-        }
-        let mut r = XdrReader::new(&body[4..]);
-        if r.u32().ok()? != RECORD_VERSION {
-            return None;
-        }
-        let p = Self::decode_from(&mut r).ok()?;
-        end(&r).ok()?;
-        Some(p)
-    }
-}
-
-/// The suffix of the file beside an image at the origin that keeps its
-/// profile: `.NAME.gvfsprofile`.
-pub const PROFILE_SUFFIX: &str = ".gvfsprofile";
-
-/// The largest profile file read: a record of [`MAX_PROFILE_PARTS`].
-pub const MAX_PROFILE_LEN: usize = 52 + 4 * MAX_PROFILE_PARTS;
-
-/// The name of the profile file beside `name`, if `name` can have one.
-pub fn profile_name(name: &str) -> Option<String> {
-    let meta = crate::meta_name(name)?;
-    let n = format!(".{name}{PROFILE_SUFFIX}");
-    (meta.len() < n.len()
-        && n.len() <= crate::format::MAX_NAME_LEN
-        && !name.ends_with(PROFILE_SUFFIX))
-    .then_some(n)
-}
-
-/// PROFILE_PUT's arguments: `opaque fh<64>; profile profile;`.
-pub fn encode_put(out: &mut Vec<u8>, fh: &[u8], p: &Profile) {
-    put_opaque(out, fh);
-    p.encode(out);
-}
-
-/// Decodes PROFILE_PUT's arguments.
-pub fn decode_put(bytes: &[u8]) -> Result<(Vec<u8>, Profile), XdrError> {
-    let mut r = XdrReader::new(bytes);
-    let fh = r.opaque(FHSIZE)?.to_vec();
-    let p = Profile::decode_from(&mut r)?;
-    end(&r)?;
-    Ok((fh, p))
-}
-
-/// Decodes PROFILE_GET's arguments: `opaque fh<64>;`.
-pub fn decode_get(bytes: &[u8]) -> Result<Vec<u8>, XdrError> {
-    let mut r = XdrReader::new(bytes);
-    let fh = r.opaque(FHSIZE)?.to_vec();
-    end(&r)?;
-    Ok(fh)
-}
-
-/// PROFILE_GET's results: `nfsstat3 status;` then, for NFS3_OK, the
-/// profile (NFS3ERR_NOENT: none known).
-pub fn encode_get_res(out: &mut Vec<u8>, p: Option<&Profile>) {
-    match p {
-        Some(p) => {
-            put_u32(out, 0);
-            p.encode(out);
-        }
-        None => put_u32(out, 2),
-    }
-}
-
-/// Decodes PROFILE_GET's results.
-pub fn decode_get_res(bytes: &[u8]) -> Result<Option<Profile>, XdrError> {
-    let mut r = XdrReader::new(bytes);
-    if r.u32()? != 0 {
-        return Ok(None);
-    }
-    let p = Profile::decode_from(&mut r)?;
-    end(&r)?;
-    Ok(Some(p))
-}
-
-/// The profiles a proxy keeps, in its index.
-pub struct Profiles {
-    index: Arc<dyn MetaIndex>,
-}
-
-impl std::fmt::Debug for Profiles {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Profiles").finish()
-    }
-}
-
-fn key(fh: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + fh.len());
-    k.push(b'p');
-    k.extend_from_slice(fh);
-    k
-}
-
-impl Profiles {
-    /// Profiles kept in `index`.
-    pub fn new(index: Arc<dyn MetaIndex>) -> Arc<Self> {
-        Arc::new(Self { index })
-    }
-
-    /// The profile kept for `fh` if it describes the version with
-    /// attributes `a`; one that does not (the file changed), or whose
-    /// record does not load, is dropped.
-    pub fn get(&self, fh: &[u8], a: &fattr3) -> Option<Profile> {
-        let bytes = self.index.get(&key(fh)).ok()??;
-        match Profile::from_record(&bytes) {
-            Some(p) if p.describes(a) => Some(p),
-            _ => {
-                let _ = self.index.remove(&key(fh));
-                None
-            }
-        }
-    }
-
-    /// The profile kept for `fh`, whatever version it describes.
-    pub fn peek(&self, fh: &[u8]) -> Option<Profile> {
-        Profile::from_record(&self.index.get(&key(fh)).ok()??)
-    }
-
-    /// Keeps `p` for `fh`, replacing any other.
-    pub fn put(&self, fh: &[u8], p: &Profile) {
-        if let Err(e) = self.index.put(&key(fh), &p.record()) {
-            tracing::debug!(error = %e, "cannot keep a working-set profile");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::MemIndex;
-
-    fn attrs(size: u64, mtime: u32) -> fattr3 {
-        gvfs_nfs::testing::file_attrs(size, mtime)
-    }
-
-    #[test]
-    fn a_profile_round_trips_and_refuses_parts_outside_the_file() {
-        let a = attrs(5 * u64::from(CHUNK) + 1, 7);
-        let p = Profile::of(&a, CHUNK, vec![5, 0, 3]);
-        let mut buf = Vec::new();
-        encode_put(&mut buf, b"handle", &p);
-        assert_eq!(decode_put(&buf).expect("decodes"), (b"handle".to_vec(), p));
-
-        for bad in [vec![6], vec![1, 1]] {
-            let mut buf = Vec::new();
-            encode_put(&mut buf, b"h", &Profile::of(&a, CHUNK, bad.clone()));
-            assert!(decode_put(&buf).is_err(), "{bad:?} was accepted");
-        }
-        // A count over the cap is refused before anything is allocated.
-        let mut buf = Vec::new();
-        put_opaque(&mut buf, b"h");
-        put_u64(&mut buf, u64::MAX);
-        buf.extend_from_slice(&[0; 16]);
-        put_u32(&mut buf, 65536);
-        put_u32(&mut buf, u32::MAX);
-        assert!(matches!(decode_put(&buf), Err(XdrError::TooLong { .. })));
-    }
-
-    #[test]
-    fn a_kept_profile_is_answered_only_for_its_version() {
-        let profiles = Profiles::new(Arc::new(MemIndex::new(16)));
-        let a = attrs(10 * u64::from(CHUNK), 1);
-        profiles.put(b"fh", &Profile::of(&a, CHUNK, vec![2, 9]));
-        assert_eq!(profiles.get(b"fh", &a).map(|p| p.parts), Some(vec![2, 9]));
-        let changed = attrs(10 * u64::from(CHUNK), 2);
-        assert_eq!(profiles.get(b"fh", &changed), None);
-        // Dropped: not even the old version finds it now.
-        assert_eq!(profiles.get(b"fh", &a), None);
-    }
-
-    #[test]
-    fn a_damaged_record_is_dropped() {
-        let index = Arc::new(MemIndex::new(16));
-        let profiles = Profiles::new(index.clone());
-        let a = attrs(4 * u64::from(CHUNK), 1);
-        profiles.put(b"fh", &Profile::of(&a, CHUNK, vec![1]));
-        let mut rec = index.get(&key(b"fh")).expect("get").expect("kept");
-        let last = rec.len() - 5;
-        rec[last] ^= 1;
-        index.put(&key(b"fh"), &rec).expect("put");
-        assert_eq!(profiles.get(b"fh", &a), None);
+    /// The profile beside the file `fh` at the origin, if there is one for
+    /// its version `attrs`.
+    pub async fn read_profile(
+        &self,
+        cx: &CallContext,
+        fh: &[u8],
+        attrs: &fattr3,
+    ) -> Option<Profile> {
+        let (dir, name) = self.profile_place(fh)?;
+        let lookup = NfsRequest::Lookup(LOOKUP3args {
+            what: diropargs3 {
+                dir: nfs_fh3 {
+                    data: Opaque::owned(dir),
+                },
+                name: filename3::from(name.into_bytes()),
+            },
+        });
+        let pfh = match self.inner.call(cx, lookup).await {
+            Ok(NfsReply::Lookup(Nfs3Result::Ok(ok))) => ok.object,
+            _ => return None,
+        };
+        let read = NfsRequest::Read(READ3args {
+            file: pfh,
+            offset: 0,
+            count: MAX_PROFILE_LEN as u32 + 1,
+        });
+        let bytes = match self.inner.call(cx, read).await {
+            Ok(NfsReply::Read(Nfs3Result::Ok(ok))) if ok.data.len() <= MAX_PROFILE_LEN => ok.data,
+            _ => return None,
+        };
+        Profile::from_record(&bytes).filter(|p| p.version().describes(attrs))
     }
 }

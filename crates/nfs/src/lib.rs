@@ -27,9 +27,11 @@ pub mod rpc;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod version;
 pub mod xdr;
 
 pub use nfs3_types;
 pub use proc::{NfsProc, NfsReply, NfsRequest};
 pub use rpc::Credentials;
 pub use service::{BoxFuture, CallContext, LayerFailure, NfsService, ServiceError};
+pub use version::{FileVersion, same_version};

@@ -89,6 +89,21 @@ impl<'a> XdrReader<'a> {
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
 
+    /// Reads a big-endian `u64` (XDR's unsigned hyper, RFC 4506 section 4.5).
+    pub fn u64(&mut self) -> Result<u64, XdrError> {
+        let hi = u64::from(self.u32()?);
+        Ok(hi << 32 | u64::from(self.u32()?))
+    }
+
+    /// `Ok` when every byte was read, else [`XdrError::Trailing`]: what a
+    /// decoder of a whole message says at its end.
+    pub fn end(&self) -> Result<(), XdrError> {
+        match self.rest().len() {
+            0 => Ok(()),
+            n => Err(XdrError::Trailing(n)),
+        }
+    }
+
     /// Reads variable-length opaque data of at most `limit` bytes, skipping
     /// its padding, without copying.
     pub fn opaque(&mut self, limit: usize) -> Result<&'a [u8], XdrError> {
@@ -111,6 +126,11 @@ impl<'a> XdrReader<'a> {
 
 /// Appends a big-endian `u32`.
 pub fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_be_bytes());
+}
+
+/// Appends a big-endian `u64` (XDR's unsigned hyper).
+pub fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_be_bytes());
 }
 

@@ -14,6 +14,7 @@ pub mod config;
 pub mod control;
 pub mod drc;
 pub mod exit;
+pub mod ext_server;
 pub mod front;
 pub mod metrics;
 pub mod notify;

@@ -19,10 +19,11 @@ use std::sync::Arc;
 
 use gvfs_attrcache::AttrCache;
 use gvfs_cache::{CacheLayer, ZeroHint};
-use gvfs_meta::{
-    ChunkSource, CopyPath, ExtClient, ExtServer, FileCache, MetaFiles, MetaIndex, MetaLayer,
-    Profiles,
-};
+use gvfs_ext::{ChunkSource, ExtClient};
+use gvfs_filecache::{FileCache, MetaIndex, Profiles};
+use gvfs_meta::{CopyPath, MetaFiles, MetaLayer};
+
+use crate::ext_server::ExtServer;
 use gvfs_nfs::net::client::RpcClient;
 use gvfs_nfs::{CallContext, Credentials, NfsService};
 
@@ -89,7 +90,7 @@ impl Stack {
         let profiles = Profiles::new(
             index
                 .clone()
-                .unwrap_or_else(|| Arc::new(gvfs_meta::MemIndex::new(MEMORY_PROFILES))),
+                .unwrap_or_else(|| Arc::new(gvfs_filecache::MemIndex::new(MEMORY_PROFILES))),
         );
         if let Some(files) = &files {
             files.keep_profiles(profiles.clone());
@@ -99,7 +100,7 @@ impl Stack {
         if let (Some(files), Some(index), Some(c)) = (&files, &index, &cfg.cache)
             && c.dedup
         {
-            files.keep_blocks(gvfs_meta::dedup::BlockIndex::new(index.clone()));
+            files.keep_blocks(gvfs_filecache::BlockIndex::new(index.clone()));
             // And the block cache's: its misses are filled from blocks
             // with the same content held in either cache.
             if let (Some(cache), Some(table)) = (&cache, &meta_files) {
@@ -415,14 +416,14 @@ fn zero_hint(table: Option<&Arc<MetaFiles>>) -> Option<ZeroHint> {
 fn open_meta_index(cfg: &Config) -> Arc<dyn MetaIndex> {
     if let Some(c) = &cfg.cache {
         let path = c.dir.join("meta.sled");
-        match gvfs_meta::SledIndex::open(&path) {
+        match gvfs_filecache::SledIndex::open(&path) {
             Ok(i) => return Arc::new(i),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "metadata index not opened; keeping it in memory")
             }
         }
     }
-    Arc::new(gvfs_meta::MemIndex::new(65_536))
+    Arc::new(gvfs_filecache::MemIndex::new(65_536))
 }
 
 /// Opens the file cache (whole files fetched by compress-and-copy) in

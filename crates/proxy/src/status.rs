@@ -28,11 +28,11 @@ pub struct Stats {
     /// The metadata layer.
     pub meta: Option<gvfs_meta::MetaStats>,
     /// The file cache (compress-and-copy).
-    pub file_cache: Option<gvfs_meta::FileCacheStats>,
+    pub file_cache: Option<gvfs_filecache::FileCacheStats>,
     /// The attribute cache.
     pub attr_cache: Option<gvfs_attrcache::AttrCacheStats>,
     /// The extension program, answering other proxies.
-    pub ext: gvfs_meta::ExtStats,
+    pub ext: crate::ext_server::ExtStats,
     /// The write-back job.
     pub writeback: writeback::JobState,
 }
@@ -191,8 +191,8 @@ impl StatusSource {
                 let mut stats = f.stats();
                 if let Some(meta) = &self.stack.meta {
                     for d in &mut stats.dedup_files {
-                        d.name = gvfs_meta::filecache::parse_handle(&d.fh)
-                            .and_then(|fh| meta.name_of(&fh));
+                        d.name =
+                            gvfs_filecache::parse_handle(&d.fh).and_then(|fh| meta.name_of(&fh));
                     }
                 }
                 stats
@@ -219,8 +219,8 @@ impl StatusSource {
         for h in list {
             let bytes = h
                 .as_str()
-                .and_then(gvfs_meta::filecache::parse_handle)
-                .and_then(|b| <gvfs_meta::format::Fingerprint>::try_from(b.as_slice()).ok())
+                .and_then(gvfs_filecache::parse_handle)
+                .and_then(|b| <gvfs_metafile::Fingerprint>::try_from(b.as_slice()).ok())
                 .ok_or(CommandError::BadArgument(
                     "a fingerprint is not 16 hex digits",
                 ))?;

@@ -1,4 +1,4 @@
-//! Mutually authenticated TLS 1.3 between gvfs proxies (DESIGN.md, "Between
+//! Mutually authenticated TLS 1.3 between gvfs proxies (docs/ARCHITECTURE.md, "Between
 //! proxies").
 //!
 //! A site runs its own small certificate authority ([`pki`]): every proxy

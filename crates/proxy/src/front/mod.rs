@@ -98,7 +98,7 @@ pub struct FrontEnd {
     port: u16,
     drc: Drc,
     mounts: mount::MountTable,
-    ext: Option<Arc<gvfs_meta::ExtServer>>,
+    ext: Option<Arc<crate::ext_server::ExtServer>>,
     stats: FrontStats,
 }
 
@@ -127,7 +127,7 @@ impl FrontEnd {
     }
 
     /// Also answers the gvfs extension program with `ext`.
-    pub fn with_ext(mut self, ext: Arc<gvfs_meta::ExtServer>) -> Self {
+    pub fn with_ext(mut self, ext: Arc<crate::ext_server::ExtServer>) -> Self {
         self.ext = Some(ext);
         self
     }
@@ -175,13 +175,15 @@ impl FrontEnd {
                 self.stats.portmap_calls.fetch_add(1, Ordering::Relaxed);
                 Some(self.portmap(&hdr, args).into())
             }
-            gvfs_meta::ext::PROGRAM if self.ext.is_some() => {
+            gvfs_ext::PROGRAM if self.ext.is_some() => {
                 self.stats.ext_calls.fetch_add(1, Ordering::Relaxed);
                 let ext = self.ext.as_ref()?;
                 Some(
                     match ext.handle(&cx, hdr.vers, hdr.proc_, args).await {
                         Ok(results) => rpc::reply_record(hdr.xid, ReplyStatus::Success, &results),
-                        Err(gvfs_meta::ExtRefusal::Rpc(status)) => self.error(hdr.xid, status),
+                        Err(crate::ext_server::ExtRefusal::Rpc(status)) => {
+                            self.error(hdr.xid, status)
+                        }
                     }
                     .into(),
                 )
@@ -434,16 +436,16 @@ pub fn reply_size_hint(msg: &[u8]) -> usize {
                 r.u32()?.min(MAX_DATA)
             }
             // Every FETCH answers with up to a chunk.
-            (gvfs_meta::ext::PROGRAM, _, p)
+            (gvfs_ext::PROGRAM, _, p)
                 if [
-                    gvfs_meta::ext::PROC_FETCH,
-                    gvfs_meta::ext::PROC_FETCH_REPEATS,
-                    gvfs_meta::ext::PROC_FETCH_DEMAND,
-                    gvfs_meta::ext::PROC_FETCH_HAVE,
+                    gvfs_ext::PROC_FETCH,
+                    gvfs_ext::PROC_FETCH_REPEATS,
+                    gvfs_ext::PROC_FETCH_DEMAND,
+                    gvfs_ext::PROC_FETCH_HAVE,
                 ]
                 .contains(&p) =>
             {
-                gvfs_meta::ext::CHUNK + gvfs_meta::ext::MAX_FRAME_SLACK
+                gvfs_ext::CHUNK + gvfs_ext::MAX_FRAME_SLACK
             }
             _ => 0,
         })

@@ -436,7 +436,7 @@ fn reply_size_hints_follow_the_counts_calls_ask_for() {
     assert_eq!(reply_size_hint(&cut[..cut.len() - 4]), SMALL_REPLY);
     // Every kind of FETCH may answer with a whole chunk; the other
     // extension calls are small.
-    use gvfs_meta::ext;
+    use gvfs_ext as ext;
     let chunk = (ext::CHUNK + ext::MAX_FRAME_SLACK) as usize + SMALL_REPLY;
     for p in [
         ext::PROC_FETCH,

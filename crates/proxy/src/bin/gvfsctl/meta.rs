@@ -35,19 +35,19 @@ pub(super) fn meta_gen(
         .and_then(|n| u32::try_from(n).ok())
         .filter(|n| {
             n.is_power_of_two()
-                && (gvfs_meta::MIN_BLOCK_SIZE..=gvfs_meta::MAX_BLOCK_SIZE).contains(n)
+                && (gvfs_metafile::MIN_BLOCK_SIZE..=gvfs_metafile::MAX_BLOCK_SIZE).contains(n)
         })
         .with_context(|| {
             format!("--block-size {block_size:?}: expected a power of two from 4K to 1M")
         })?;
     let actions = if compress {
-        gvfs_meta::Actions::COMPRESS_AND_COPY
+        gvfs_metafile::Actions::COMPRESS_AND_COPY
     } else {
-        gvfs_meta::Actions::default()
+        gvfs_metafile::Actions::default()
     };
     // Pick the files first, so the progress bar knows the total.
     let files = files_to_scan(paths)?;
-    let work = |size| gvfs_meta::scan_work(size, actions, repeats, hashes);
+    let work = |size| gvfs_metafile::scan_work(size, actions, repeats, hashes);
     let bar = indicatif::ProgressBar::new(files.iter().map(|f| work(f.1)).sum());
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -60,11 +60,11 @@ pub(super) fn meta_gen(
     let mut lines = Vec::new();
     for (path, size) in files {
         bar.set_message(path.display().to_string());
-        let scanned = gvfs_meta::scan(path, bs, actions, repeats, hashes, &mut |n| {
+        let scanned = gvfs_metafile::scan(path, bs, actions, repeats, hashes, &mut |n| {
             bar.set_position(done + n)
         })
         .with_context(|| format!("scanning {}", path.display()))?;
-        let written = gvfs_meta::write_beside(path, &scanned)
+        let written = gvfs_metafile::write_beside(path, &scanned)
             .with_context(|| format!("writing the metadata of {}", path.display()))?;
         if let Err(why) = trusted_beside(path, &written) {
             let _ = std::fs::remove_file(&written);
@@ -97,14 +97,14 @@ pub(super) fn meta_gen(
                     h.pieces().len()
                 )
             }
-            None if hashes && u64::from(bs) > gvfs_meta::format::HASH_PIECE => {
+            None if hashes && u64::from(bs) > gvfs_metafile::hashes::HASH_PIECE => {
                 line += ", no block hashes (they need a --block-size of 64K or less)";
             }
             None if hashes => {
                 line += &format!(
                     ", no block hashes (more than {} would take; a larger --block-size \
                      has fewer blocks)",
-                    indicatif::HumanBytes(gvfs_meta::MAX_META_LEN as u64)
+                    indicatif::HumanBytes(gvfs_metafile::MAX_META_LEN as u64)
                 )
             }
             None => {}
@@ -123,16 +123,16 @@ pub(super) fn meta_gen(
 /// rule in `gvfs_meta::trust`, judged from the local attributes.
 pub(super) fn trusted_beside(file: &Path, meta: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
-    let own = |p: &Path| -> anyhow::Result<gvfs_meta::trust::Ownership> {
+    let own = |p: &Path| -> anyhow::Result<gvfs_metafile::trust::Ownership> {
         let m = std::fs::symlink_metadata(p).with_context(|| format!("{}", p.display()))?;
-        Ok(gvfs_meta::trust::Ownership {
+        Ok(gvfs_metafile::trust::Ownership {
             regular: m.is_file(),
             uid: m.uid(),
             gid: m.gid(),
             mode: m.mode(),
         })
     };
-    gvfs_meta::trust::check(&own(meta)?, &own(file)?)?;
+    gvfs_metafile::trust::check(&own(meta)?, &own(file)?)?;
     Ok(())
 }
 
@@ -144,11 +144,11 @@ pub(super) fn files_to_scan(paths: &[PathBuf]) -> anyhow::Result<Vec<(&PathBuf, 
     for path in paths {
         let md = std::fs::symlink_metadata(path).with_context(|| format!("{}", path.display()))?;
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if gvfs_meta::is_meta_name(name) || name.ends_with(gvfs_meta::META_SUFFIX) {
+        if gvfs_metafile::is_meta_name(name) || name.ends_with(gvfs_metafile::META_SUFFIX) {
             eprintln!("gvfsctl: skipping {}: a metadata file", path.display());
         } else if !md.is_file() {
             eprintln!("gvfsctl: skipping {}: not a regular file", path.display());
-        } else if gvfs_meta::meta_name(name).is_none() {
+        } else if gvfs_metafile::meta_name(name).is_none() {
             bail!(
                 "{}: the name cannot have a metadata file (not UTF-8, or too long)",
                 path.display()
@@ -171,7 +171,7 @@ pub(super) fn files_to_scan(paths: &[PathBuf]) -> anyhow::Result<Vec<(&PathBuf, 
     Ok(files)
 }
 
-pub(super) fn zero_summary(m: &gvfs_meta::MetaFile) -> String {
+pub(super) fn zero_summary(m: &gvfs_metafile::MetaFile) -> String {
     let (zero, blocks) = (m.zero.zero_blocks(), m.zero.blocks());
     let pct = if blocks == 0 {
         0.0
@@ -192,10 +192,10 @@ pub(super) fn meta_paths(path: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
         .and_then(|n| n.to_str())
         .with_context(|| format!("{}: no UTF-8 file name", path.display()))?;
     let dir = path.parent().unwrap_or(Path::new(""));
-    let (file, meta_path, meta) = match gvfs_meta::described_name(name) {
+    let (file, meta_path, meta) = match gvfs_metafile::described_name(name) {
         Some(described) => (dir.join(described), path.to_path_buf(), name.to_string()),
         None => {
-            let m = gvfs_meta::meta_name(name)
+            let m = gvfs_metafile::meta_name(name)
                 .with_context(|| format!("{}: cannot have a metadata file", path.display()))?;
             (path.to_path_buf(), dir.join(&m), m)
         }
@@ -218,16 +218,16 @@ pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result
     let len = std::fs::metadata(&meta_path)
         .with_context(|| format!("{}", meta_path.display()))?
         .len();
-    if len > gvfs_meta::MAX_META_LEN as u64 {
+    if len > gvfs_metafile::MAX_META_LEN as u64 {
         bail!(
             "{}: {len} bytes, over the {} byte limit for metadata files",
             meta_path.display(),
-            gvfs_meta::MAX_META_LEN
+            gvfs_metafile::MAX_META_LEN
         );
     }
     let bytes = std::fs::read(&meta_path).with_context(|| format!("{}", meta_path.display()))?;
-    let m =
-        gvfs_meta::MetaFile::decode(&bytes).with_context(|| format!("{}", meta_path.display()))?;
+    let m = gvfs_metafile::MetaFile::decode(&bytes)
+        .with_context(|| format!("{}", meta_path.display()))?;
     let a = m.actions;
     let actions: Vec<&str> = [
         (a.compress, "compress"),
@@ -299,14 +299,19 @@ pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result
                 )
             };
             let (mtime, ctime) = (t(f.mtime(), f.mtime_nsec()), t(f.ctime(), f.ctime_nsec()));
-            if !m.matches(f.len(), mtime, ctime, false) {
+            let now = gvfs_nfs::FileVersion {
+                size: f.len(),
+                mtime,
+                ctime,
+            };
+            if !m.file_version().same_but_ctime(&now) {
                 format!(
                     "no: stale, the file is now {} bytes, mtime {} (a proxy ignores this \
                      metadata; regenerate it with `gvfsctl meta gen`)",
                     f.len(),
                     time(mtime)
                 )
-            } else if m.matches(f.len(), mtime, ctime, true) {
+            } else if m.file_version() == now {
                 "yes (size, mtime and ctime)".to_string()
             } else {
                 format!(
@@ -336,7 +341,7 @@ pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result
 
 /// How many of `hashes` the running proxy (at `control`, or the one found)
 /// holds a block of: what a node would copy instead of fetch.
-fn shared(hashes: &[gvfs_meta::format::Fingerprint], bs: u32, control: Option<PathBuf>) -> String {
+fn shared(hashes: &[gvfs_metafile::Fingerprint], bs: u32, control: Option<PathBuf>) -> String {
     let path = match super::control_path(control) {
         Ok(p) => p,
         Err(why) => return format!("no proxy asked ({why:#})"),
@@ -375,7 +380,7 @@ fn shared(hashes: &[gvfs_meta::format::Fingerprint], bs: u32, control: Option<Pa
 /// clones of it learned.
 fn working_set(file: &Path) -> String {
     let name = file.file_name().and_then(|n| n.to_str());
-    let Some(pname) = name.and_then(gvfs_meta::profile::profile_name) else {
+    let Some(pname) = name.and_then(gvfs_ext::profile::profile_name) else {
         return "none".into();
     };
     let path = file.with_file_name(&pname);
@@ -387,14 +392,14 @@ fn working_set(file: &Path) -> String {
         Ok(f) => {
             use std::io::Read;
             let mut bytes = Vec::new();
-            let limit = gvfs_meta::profile::MAX_PROFILE_LEN as u64 + 1;
+            let limit = gvfs_ext::profile::MAX_PROFILE_LEN as u64 + 1;
             if let Err(e) = f.take(limit).read_to_end(&mut bytes) {
                 return format!("{}: {e}", path.display());
             }
             bytes
         }
     };
-    let Some(p) = gvfs_meta::Profile::from_record(&bytes) else {
+    let Some(p) = gvfs_ext::Profile::from_record(&bytes) else {
         return format!("{pname} is damaged (ignored by proxies)");
     };
     let current = std::fs::metadata(file).ok().is_some_and(|m| {

@@ -121,7 +121,7 @@ pub(super) fn print_stats(s: &Stats) {
                 "  profiles    {} fetches started with one ({} pieces of {} KiB fetched first); {} learned and sent upstream, {} not kept (a copy)",
                 c.profile_hits,
                 c.profile_pieces,
-                gvfs_meta::filecache::PIECE >> 10,
+                gvfs_filecache::PIECE >> 10,
                 c.profiles_sent,
                 c.profiles_discarded
             );

@@ -1,0 +1,357 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use gvfs_metafile::ByteRepeat;
+use gvfs_nfs::Credentials;
+use gvfs_nfs::FileVersion;
+use gvfs_nfs::net::client::RpcClient;
+use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
+use gvfs_nfs::rpc::ReplyStatus;
+use gvfs_nfs::xdr::XdrError;
+
+use super::*;
+
+fn attrs() -> fattr3 {
+    gvfs_nfs::testing::file_attrs(1 << 20, 7)
+}
+
+#[test]
+fn args_round_trip_and_caps() {
+    let a = FetchArgs {
+        fh: vec![7; 33],
+        offset: 5 << 32 | 9,
+        count: CHUNK,
+        have: None,
+    };
+    let mut b = Vec::new();
+    a.encode(&mut b);
+    assert_eq!(FetchArgs::decode(&b), Ok(a.clone()));
+    let mut big = a.clone();
+    big.count = CHUNK + 1;
+    let mut b = Vec::new();
+    big.encode(&mut b);
+    assert!(FetchArgs::decode(&b).is_err());
+    let mut long = a;
+    long.fh = vec![1; 65];
+    let mut b = Vec::new();
+    long.encode(&mut b);
+    assert!(FetchArgs::decode(&b).is_err());
+}
+
+#[test]
+fn results_round_trip_and_refuse_lies() {
+    let raw: Vec<u8> = (0..CHUNK).map(|i| (i / 4096) as u8 & 3).collect();
+    let (codec, data) = compress(&raw, 3);
+    assert_eq!(codec, Codec::Zstd);
+    let ok = FetchOk {
+        attrs: attrs(),
+        raw_len: CHUNK,
+        eof: true,
+        codec,
+        data,
+        repeats: Vec::new(),
+    };
+    let mut b = Vec::new();
+    encode_fetch_res(&mut b, &Ok(ok.clone()));
+    let back = decode_fetch_res(&b).unwrap_or_else(|e| panic!("{e}"));
+    let back = back.unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(back.eof);
+    assert_eq!(decompress(back).ok(), Some(raw.clone()));
+    // A frame announcing fewer bytes than it holds is refused.
+    let mut short = ok.clone();
+    short.raw_len = CHUNK / 2;
+    assert!(matches!(
+        decompress(short),
+        Err(ChunkError::BadFrame { .. })
+    ));
+    // A stored chunk whose length disagrees is refused at decode.
+    let mut b = Vec::new();
+    let lie = FetchOk {
+        codec: Codec::Stored,
+        data: vec![1; 10],
+        raw_len: 11,
+        ..ok
+    };
+    encode_fetch_res(&mut b, &Ok(lie));
+    assert!(decode_fetch_res(&b).is_err());
+    // Errors carry only the status.
+    let mut b = Vec::new();
+    encode_fetch_res(&mut b, &Err(nfsstat3::NFS3ERR_STALE));
+    assert!(matches!(
+        decode_fetch_res(&b),
+        Ok(Err(nfsstat3::NFS3ERR_STALE))
+    ));
+    // Truncations never panic and never succeed.
+    let mut b = Vec::new();
+    encode_fetch_res(
+        &mut b,
+        &Ok(FetchOk {
+            attrs: attrs(),
+            raw_len: 3,
+            eof: false,
+            codec: Codec::Stored,
+            data: vec![1, 2, 3],
+            repeats: Vec::new(),
+        }),
+    );
+    for cut in 0..b.len() {
+        assert!(decode_fetch_res(&b[..cut]).is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn guarded_store_args_round_trip() {
+    let mut a = StoreArgs::new(vec![3; 20], 1 << 20, &[7u8; 5000], 3);
+    let mut plain = Vec::new();
+    a.encode(&mut plain);
+    a.guard = Some(FileVersion::of(&attrs()));
+    let mut b = Vec::new();
+    a.encode(&mut b);
+    assert_eq!(b.len(), plain.len() + GUARD_LEN);
+    assert_eq!(StoreArgs::decode_guarded(&b), Ok(a.clone()));
+    assert!(StoreArgs::decode(&b).is_err(), "STORE refuses a guard");
+    assert!(StoreArgs::decode_guarded(&plain).is_err());
+    assert!(StoreArgs::decode_guarded(&b[..10]).is_err());
+    let mut other = attrs();
+    assert!(FileVersion::of(&other).describes(&attrs()));
+    other.ctime.nseconds += 1;
+    assert!(!FileVersion::of(&other).describes(&attrs()));
+}
+
+#[test]
+fn store_round_trip_and_refuse_lies() {
+    let raw: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let a = StoreArgs::new(vec![3; 20], 1 << 20, &raw, 3);
+    assert_eq!(a.codec, Codec::Zstd);
+    let mut b = Vec::new();
+    a.encode(&mut b);
+    let back = StoreArgs::decode(&b).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back, a);
+    assert_eq!(back.raw().ok(), Some(raw));
+    for cut in 0..b.len() {
+        assert!(StoreArgs::decode(&b[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut big = a.clone();
+    big.raw_len = CHUNK + 1;
+    let mut b = Vec::new();
+    big.encode(&mut b);
+    assert!(StoreArgs::decode(&b).is_err());
+    let mut lie = a;
+    lie.raw_len -= 1;
+    assert!(matches!(lie.raw(), Err(ChunkError::BadFrame { .. })));
+    let mut b = Vec::new();
+    encode_store_res(&mut b, &Ok(attrs()));
+    assert!(matches!(decode_store_res(&b), Ok(Ok(_))));
+    let mut b = Vec::new();
+    encode_store_res(&mut b, &Err(nfsstat3::NFS3ERR_NOSPC));
+    assert!(matches!(
+        decode_store_res(&b),
+        Ok(Err(nfsstat3::NFS3ERR_NOSPC))
+    ));
+}
+
+#[test]
+fn incompressible_chunks_travel_stored() {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let raw: Vec<u8> = (0..65_536)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let (codec, data) = compress(&raw, 3);
+    assert_eq!(codec, Codec::Stored);
+    assert_eq!(data, raw);
+}
+
+/// A loopback server of RPC records that counts the calls it gets and
+/// answers each with `status`, or never when `status` is `None`.
+async fn counting_server(
+    status: Option<ReplyStatus>,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    answering_server(move |_| status.map(|s| (s, Vec::new()))).await
+}
+
+/// A loopback server of RPC records that counts the calls it gets and
+/// answers each as `answer` says for its procedure number (never, for
+/// `None`).
+async fn answering_server(
+    answer: impl Fn(u32) -> Option<(ReplyStatus, Vec<u8>)> + Send + Sync + 'static,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let answer = Arc::new(answer);
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let counted = counted.clone();
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut head = [0u8; 4];
+                while s.read_exact(&mut head).await.is_ok() {
+                    let len = (u32::from_be_bytes(head) & 0x7fff_ffff) as usize;
+                    let mut call = vec![0; len.min(1 << 16)];
+                    if s.read_exact(&mut call).await.is_err() || call.len() < 4 {
+                        return;
+                    }
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let word = |i: usize| {
+                        call.get(i..i + 4)
+                            .map_or(0, |w| u32::from_be_bytes(w.try_into().unwrap()))
+                    };
+                    let xid = word(0);
+                    if let Some((status, results)) = answer(word(20)) {
+                        let reply = gvfs_nfs::rpc::reply_record(xid, status, &results);
+                        if s.write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, calls)
+}
+
+fn client_of(addr: std::net::SocketAddr, probe_timeout: Duration) -> ExtClient {
+    let cfg = gvfs_nfs::net::client::ClientConfig {
+        // A hard mount: the call itself never gives up.
+        give_up_after: None,
+        ..Default::default()
+    };
+    let rpc = RpcClient::new(gvfs_nfs::net::client::TcpConnector { addr }, cfg);
+    ExtClient::with_probe_timeout(rpc, probe_timeout)
+}
+
+#[tokio::test]
+async fn the_probe_is_asked_once_by_callers_at_once_and_remembered() {
+    use std::sync::atomic::Ordering;
+    for (status, speaks) in [
+        (ReplyStatus::Success, true),
+        (ReplyStatus::ProgUnavail, false),
+    ] {
+        let (addr, calls) = counting_server(Some(status)).await;
+        let ext = client_of(addr, PROBE_TIMEOUT);
+        let (a, b) = tokio::join!(ext.supported(), ext.supported());
+        assert_eq!((a, b), (speaks, speaks), "{status:?}");
+        assert_eq!(ext.supported().await, speaks);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{status:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_without_fetch_repeats_is_asked_with_fetch_from_then_on() {
+    use std::sync::atomic::Ordering;
+    let raw = vec![7u8; 4096];
+    let (codec, data) = compress(&raw, 3);
+    let ok = FetchOk {
+        attrs: attrs(),
+        raw_len: 4096,
+        eof: false,
+        codec,
+        data,
+        repeats: Vec::new(),
+    };
+    let mut res = Vec::new();
+    encode_fetch_res(&mut res, &Ok(ok));
+    let (addr, calls) = answering_server(move |proc_| match proc_ {
+        PROC_FETCH => Some((ReplyStatus::Success, res.clone())),
+        _ => Some((ReplyStatus::ProcUnavail, Vec::new())),
+    })
+    .await;
+    let ext = client_of(addr, PROBE_TIMEOUT);
+    let args = FetchArgs {
+        fh: vec![1; 8],
+        offset: 0,
+        count: 4096,
+        have: None,
+    };
+    let cred = Credentials::default();
+    for (i, want_calls) in [(0, 2), (1, 3)] {
+        let got = ext
+            .fetch(&cred, &args, Urgency::Background)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(decompress(got).ok(), Some(raw.clone()), "fetch {i}");
+        assert_eq!(calls.load(Ordering::SeqCst), want_calls, "fetch {i}");
+    }
+}
+
+#[test]
+fn repeat_lists_round_trip_capped_and_checked() {
+    let raw = vec![0u8; 8192];
+    let (codec, data) = compress(&raw, 3);
+    let mut ok = FetchOk {
+        attrs: attrs(),
+        raw_len: 8192,
+        eof: false,
+        codec,
+        data,
+        repeats: vec![ByteRepeat {
+            to: 1_000_000 + 4096,
+            from: 10,
+            len: 4096,
+        }],
+    };
+    let mut b = Vec::new();
+    encode_fetch_repeats_res(&mut b, &Ok(ok.clone()));
+    let back = decode_fetch_repeats_res(&b).unwrap_or_else(|e| panic!("{e}"));
+    let back = back.unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(back.repeats, ok.repeats);
+    assert!(back.check_repeats(1_000_000).is_ok());
+    // Outside the chunk, from after to, or overlapping: refused.
+    assert!(matches!(
+        back.check_repeats(1_000_000 + 8192),
+        Err(ChunkError::RepeatOutside { .. })
+    ));
+    ok.repeats[0].from = 1_000_000 + 1;
+    assert!(ok.check_repeats(1_000_000).is_err());
+    ok.repeats = vec![
+        ByteRepeat {
+            to: 1_000_000 + 4096,
+            from: 0,
+            len: 4096,
+        },
+        ByteRepeat {
+            to: 1_000_000 + 4096,
+            from: 0,
+            len: 10,
+        },
+    ];
+    assert!(ok.check_repeats(1_000_000).is_err());
+    // A list longer than the cap is refused before it is read.
+    ok.repeats = vec![
+        ByteRepeat {
+            to: 0,
+            from: 0,
+            len: 1
+        };
+        MAX_REPEATS + 1
+    ];
+    let mut b = Vec::new();
+    encode_fetch_repeats_res(&mut b, &Ok(ok));
+    assert!(matches!(
+        decode_fetch_repeats_res(&b),
+        Err(XdrError::TooLong { .. })
+    ));
+    for cut in 0..b.len() {
+        assert!(decode_fetch_repeats_res(&b[..cut]).is_err(), "cut at {cut}");
+    }
+}
+
+#[tokio::test]
+async fn a_probe_without_an_answer_gives_up_and_is_asked_again() {
+    use std::sync::atomic::Ordering;
+    let (addr, calls) = counting_server(None).await;
+    let ext = client_of(addr, Duration::from_millis(200));
+    // Without the probe's own timeout this would wait forever: fail.
+    let twice = async { (ext.supported().await, ext.supported().await) };
+    let answers = tokio::time::timeout(Duration::from_secs(10), twice).await;
+    assert_eq!(answers, Ok((false, false)), "the probe never gave up");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

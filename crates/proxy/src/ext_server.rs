@@ -1,0 +1,660 @@
+//! [`ExtServer`]: the answering side of the extension program, run by
+//! every gvfs-proxy.
+//!
+//! A FETCH is answered from the best place this proxy has:
+//! - its file cache, when its own upstream speaks the extension too (a LAN
+//!   proxy in the middle): the whole file is fetched once into the cache,
+//!   however many client proxies ask at once, and each chunk is served as
+//!   soon as it has arrived, in the frame it came in (kept, so the chunk is
+//!   neither compressed again nor decompressed for each client); chunks the
+//!   file's zero map (found by this proxy's metadata layer) says are zeros
+//!   are not fetched;
+//! - its upstream's extension, forwarded as it came, when it has no file
+//!   cache;
+//! - otherwise (the proxy next to a plain NFS server) by reading the chunk
+//!   through its own layers (block cache, zero maps) and compressing it.
+//!
+//! FETCH calls are independent, so chunks are read and compressed in
+//! parallel: as many at once as the client keeps in flight, compression on
+//! the blocking pool.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gvfs_nfs::layer::{Calls, lock};
+use gvfs_nfs::nfs3_types::nfs3::*;
+use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_nfs::rpc::ReplyStatus;
+use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
+
+use gvfs_ext::{
+    self as ext, CHUNK, ChunkSource, FetchArgs, FetchOk, LEVEL, StoreArgs, Urgency, compress,
+    encode_fetch_repeats_res, encode_fetch_res, encode_store_res, profile,
+};
+use gvfs_filecache::{Asked, FileCache, Profiles, same_version};
+use gvfs_meta::MetaLayer;
+
+/// How long a file-cache entry is trusted without asking upstream for the
+/// file's attributes again, for FETCHes that do not start a file.
+const RECHECK: Duration = Duration::from_secs(3);
+/// The longest a PROFILE_PUT or PROFILE_GET runs here, its calls below
+/// and upstream included.
+const PROFILE_CALL: Duration = Duration::from_secs(10);
+/// Most (file, caller) read checks remembered.
+const MAX_CHECKED: usize = 4096;
+
+/// When each (file, caller) last passed a read check.
+type ReadChecks = HashMap<(Vec<u8>, Vec<u32>), Instant>;
+
+gvfs_nfs::counters! {
+    /// Counters, for `gvfsctl stats` and the metrics endpoint.
+    pub struct Counters => ExtStats {
+        /// FETCH and FETCH_REPEATS calls answered.
+        fetch_calls,
+        /// File bytes those answers held.
+        raw_bytes,
+        /// Bytes sent for them (after compression).
+        wire_bytes,
+        /// Answered from the file cache.
+        from_file_cache,
+        /// Forwarded to the upstream's extension.
+        forwarded,
+        /// Read through the layers below and compressed here.
+        compressed_here,
+        /// STORE calls answered (chunks written back by client proxies).
+        store_calls,
+        /// Bytes received for them (compressed).
+        stored_wire_bytes,
+        /// File bytes they held.
+        stored_raw_bytes,
+        /// FETCH and STORE calls that failed.
+        errors,
+        /// FETCH_DEMAND calls answered (a reader downstream waited).
+        demand_calls,
+        /// Working-set profiles kept (PROFILE_PUT).
+        profiles_stored,
+        /// Working-set profiles answered (PROFILE_GET).
+        profiles_served,
+        /// Working-set profiles written beside their image at the origin.
+        profiles_written,
+        /// FETCH_HAVE calls answered (the caller held some blocks).
+        have_calls,
+        /// File bytes sent as zeros because the caller held them (a proxy
+        /// that keeps a chunk's frame sends it as it is).
+        have_bytes,
+    }
+}
+
+/// The extension program's server side.
+pub struct ExtServer {
+    inner: Arc<dyn NfsService>,
+    files: Option<Arc<FileCache>>,
+    upstream: Option<Arc<dyn ChunkSource>>,
+    /// This proxy's metadata layer: the zero maps of files it fetches whole.
+    meta: Option<Arc<MetaLayer>>,
+    /// Where working-set profiles are kept.
+    profiles: Option<Arc<Profiles>>,
+    /// Callers whose right to read a file was checked (FETCH at offset 0
+    /// asks upstream), by (file, caller): their next chunks within
+    /// [`RECHECK`] are not asked again.
+    checked: Mutex<ReadChecks>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for ExtServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtServer")
+            .field("inner", &self.inner.describe())
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+/// Why an extension call produced no results.
+#[derive(Debug)]
+pub enum ExtRefusal {
+    /// Answer with this RPC status.
+    Rpc(ReplyStatus),
+}
+
+impl ExtServer {
+    /// A server reading through `inner`, with this proxy's file cache, its
+    /// upstream's extension and its metadata layer when it has them.
+    pub fn new(
+        inner: Arc<dyn NfsService>,
+        files: Option<Arc<FileCache>>,
+        upstream: Option<Arc<dyn ChunkSource>>,
+        meta: Option<Arc<MetaLayer>>,
+        profiles: Option<Arc<Profiles>>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            files,
+            upstream,
+            meta,
+            profiles,
+            checked: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ExtStats {
+        self.counters.snapshot()
+    }
+
+    /// Runs one call of the program and returns its XDR results.
+    pub async fn handle(
+        &self,
+        cx: &CallContext,
+        vers: u32,
+        proc_: u32,
+        args: &[u8],
+    ) -> Result<Vec<u8>, ExtRefusal> {
+        if let Some(status) = ext::rpc_refusal(vers, proc_) {
+            return Err(ExtRefusal::Rpc(status));
+        }
+        if proc_ == ext::PROC_NULL {
+            return Ok(Vec::new());
+        }
+        if proc_ == ext::PROC_PROFILE_PUT || proc_ == ext::PROC_PROFILE_GET {
+            return self.profile_call(cx, proc_, args).await;
+        }
+        if proc_ == ext::PROC_STORE || proc_ == ext::PROC_STORE_GUARDED {
+            let decoded = if proc_ == ext::PROC_STORE {
+                StoreArgs::decode(args)
+            } else {
+                StoreArgs::decode_guarded(args)
+            };
+            let Ok(store) = decoded else {
+                return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+            };
+            self.counters.store_calls.add(1);
+            self.counters.stored_wire_bytes.add(store.data.len() as u64);
+            let res = self.store(cx, store).await;
+            if res.is_err() {
+                self.counters.errors.add(1);
+            }
+            let mut out = Vec::new();
+            encode_store_res(&mut out, &res);
+            return Ok(out);
+        }
+        let decoded = if proc_ == ext::PROC_FETCH_HAVE {
+            ext::decode_have_args(args)
+        } else {
+            FetchArgs::decode(args).map(|f| (f, false))
+        };
+        let Ok((fetch, demand)) = decoded else {
+            return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+        };
+        if fetch.have.is_some() {
+            self.counters.have_calls.add(1);
+        }
+        let repeats = proc_ != ext::PROC_FETCH;
+        let urgency = if proc_ == ext::PROC_FETCH_DEMAND || demand {
+            self.counters.demand_calls.add(1);
+            Urgency::Demand
+        } else {
+            Urgency::Background
+        };
+        self.counters.fetch_calls.add(1);
+        let upstream_speaks = match &self.upstream {
+            Some(u) => u.supported().await,
+            None => false,
+        };
+        let res = match (&self.files, &self.upstream) {
+            (Some(files), Some(up)) if upstream_speaks => {
+                self.counters.from_file_cache.add(1);
+                self.via_file_cache(cx, files, up.clone(), &fetch, repeats, urgency)
+                    .await
+            }
+            (None, Some(up)) if upstream_speaks && repeats => {
+                // Asked of the upstream with FETCH_REPEATS, or FETCH if it
+                // does not know it; answered as it came.
+                self.counters.forwarded.add(1);
+                up.fetch(&cx.cred, &fetch, urgency).await.map_err(|e| {
+                    tracing::warn!(error = %e, "forwarding FETCH_REPEATS failed");
+                    match e {
+                        ext::FetchError::Nfs(st) => st,
+                        _ => nfsstat3::NFS3ERR_IO,
+                    }
+                })
+            }
+            (None, Some(up)) if upstream_speaks => {
+                self.counters.forwarded.add(1);
+                return match up.forward(&cx.cred, args).await {
+                    Ok(bytes) => {
+                        if let Ok(Ok(ok)) = ext::decode_fetch_res(&bytes) {
+                            self.count(&ok);
+                        }
+                        Ok(bytes)
+                    }
+                    Err(e) => {
+                        // Counted as an error by encode.
+                        tracing::warn!(error = %e, "forwarding FETCH failed");
+                        Ok(self.encode(&Err(nfsstat3::NFS3ERR_IO), false))
+                    }
+                };
+            }
+            _ => {
+                self.counters.compressed_here.add(1);
+                self.read_below(cx, &fetch, repeats).await
+            }
+        };
+        Ok(self.encode(&res, repeats))
+    }
+
+    /// PROFILE_PUT or PROFILE_GET, from a caller that may read the file:
+    /// kept or answered here for the file's current version, and passed
+    /// on to (or asked of) the upstream's extension when it has one.
+    async fn profile_call(
+        &self,
+        cx: &CallContext,
+        proc_: u32,
+        args: &[u8],
+    ) -> Result<Vec<u8>, ExtRefusal> {
+        let mut out = Vec::new();
+        if proc_ == ext::PROC_PROFILE_PUT {
+            let Ok((fh, p)) = profile::decode_put(args) else {
+                return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+            };
+            // Its calls below (may it read, the origin's file) are bounded
+            // as the caller's wait is: a profile is never waited out.
+            let status = tokio::time::timeout(PROFILE_CALL, self.profile_put(cx, &fh, &p))
+                .await
+                .unwrap_or(nfsstat3::NFS3ERR_JUKEBOX);
+            gvfs_nfs::xdr::encode_into(&mut out, &status);
+        } else {
+            let Ok(fh) = profile::decode_get(args) else {
+                return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+            };
+            let p = tokio::time::timeout(PROFILE_CALL, self.profile_get(cx, &fh))
+                .await
+                .ok()
+                .flatten();
+            if p.is_some() {
+                self.counters.profiles_served.add(1);
+            }
+            profile::encode_get_res(&mut out, p.as_ref());
+        }
+        Ok(out)
+    }
+
+    async fn upstream_speaks(&self) -> Option<&Arc<dyn ChunkSource>> {
+        let up = self.upstream.as_ref()?;
+        up.supported().await.then_some(up)
+    }
+
+    async fn profile_put(&self, cx: &CallContext, fh: &[u8], p: &profile::Profile) -> nfsstat3 {
+        let attrs = match self.may_read(cx, fh).await {
+            Ok(a) => a,
+            Err(st) => return st,
+        };
+        if !p.version().describes(&attrs) {
+            return nfsstat3::NFS3ERR_STALE;
+        }
+        let Some(profiles) = &self.profiles else {
+            return nfsstat3::NFS3ERR_NOTSUPP;
+        };
+        profiles.put(fh, p);
+        self.counters.profiles_stored.add(1);
+        if let Some(up) = self.upstream_speaks().await {
+            let sent = tokio::time::timeout(
+                gvfs_filecache::PROFILE_WAIT,
+                up.put_profile(&cx.cred, fh, p),
+            )
+            .await;
+            if !matches!(sent, Ok(Ok(()))) {
+                tracing::debug!("a working-set profile was not passed upstream");
+            }
+        } else if let Some(meta) = &self.meta {
+            // The last proxy before the image server: kept beside the image.
+            match meta.write_profile(cx, fh, p).await {
+                Ok(()) => self.counters.profiles_written.add(1),
+                Err(why) => tracing::info!(
+                    %why,
+                    "a working-set profile is kept in this proxy only, not at the origin"
+                ),
+            }
+        }
+        nfsstat3::NFS3_OK
+    }
+
+    async fn profile_get(&self, cx: &CallContext, fh: &[u8]) -> Option<profile::Profile> {
+        let attrs = self.may_read(cx, fh).await.ok()?;
+        if let Some(p) = self.profiles.as_ref().and_then(|ps| ps.get(fh, &attrs)) {
+            return Some(p);
+        }
+        let p = match self.upstream_speaks().await {
+            Some(up) => {
+                let asked = tokio::time::timeout(
+                    gvfs_filecache::PROFILE_WAIT,
+                    up.get_profile(&cx.cred, fh),
+                )
+                .await;
+                asked.ok()?.ok()??
+            }
+            None => self.meta.as_ref()?.read_profile(cx, fh, &attrs).await?,
+        };
+        if !p.version().describes(&attrs) {
+            return None;
+        }
+        if let Some(profiles) = &self.profiles {
+            profiles.put(fh, &p);
+        }
+        Some(p)
+    }
+
+    fn count(&self, ok: &FetchOk) {
+        self.counters.raw_bytes.add(u64::from(ok.raw_len));
+        self.counters.wire_bytes.add(ok.data.len() as u64);
+    }
+
+    /// Counts an answer and encodes it as FETCH's results, or with
+    /// `repeats` as FETCH_REPEATS'.
+    fn encode(&self, res: &Result<FetchOk, nfsstat3>, repeats: bool) -> Vec<u8> {
+        match res {
+            Ok(ok) => self.count(ok),
+            Err(_) => self.counters.errors.add(1),
+        }
+        let mut out = Vec::new();
+        if repeats {
+            encode_fetch_repeats_res(&mut out, res);
+        } else {
+            encode_fetch_res(&mut out, res);
+        }
+        out
+    }
+
+    async fn getattr(&self, cx: &CallContext, fh: &[u8]) -> Result<fattr3, nfsstat3> {
+        match self.inner.getattr(cx, fh).await {
+            Ok(Nfs3Result::Ok(ok)) => Ok(ok.obj_attributes),
+            Ok(Nfs3Result::Err((st, _))) => Err(st),
+            Err(e) => Err(e.nfsstat()),
+        }
+    }
+
+    /// The file's attributes, when the caller may read it: the file cache
+    /// serves everyone, so each stream (a FETCH at offset 0) asks upstream.
+    async fn may_read(&self, cx: &CallContext, fh: &[u8]) -> Result<fattr3, nfsstat3> {
+        let req = NfsRequest::Access(ACCESS3args {
+            object: nfs_fh3 {
+                data: Opaque::owned(fh.to_vec()),
+            },
+            access: ACCESS3_READ,
+        });
+        match self.inner.call(cx, req).await {
+            Ok(NfsReply::Access(Nfs3Result::Ok(ok))) => {
+                if ok.access & ACCESS3_READ == 0 {
+                    return Err(nfsstat3::NFS3ERR_ACCES);
+                }
+                match ok.obj_attributes {
+                    Nfs3Option::Some(a) => Ok(a),
+                    Nfs3Option::None => self.getattr(cx, fh).await,
+                }
+            }
+            Ok(other) => Err(other.status()),
+            Err(e) => Err(e.nfsstat()),
+        }
+    }
+
+    /// A chunk from this proxy's file cache, fetching the whole file into
+    /// it (once, for everyone) when it is not there.
+    async fn via_file_cache(
+        &self,
+        cx: &CallContext,
+        files: &Arc<FileCache>,
+        up: Arc<dyn ChunkSource>,
+        args: &FetchArgs,
+        repeats: bool,
+        urgency: Urgency,
+    ) -> Result<FetchOk, nfsstat3> {
+        files.keep_frames();
+        let cached = files.get(&args.fh);
+        let who = (args.fh.clone(), cx.cred.key());
+        // Only this caller's own check counts: another peer's would let
+        // anyone with the handle read chunks past the first.
+        let trust = args.offset != 0
+            && cached.is_some()
+            && lock(&self.checked)
+                .get(&who)
+                .is_some_and(|at| at.elapsed() < RECHECK);
+        let entry = match cached {
+            Some(f) if trust => f,
+            _ => {
+                let attrs = self.may_read(cx, &args.fh).await?;
+                if attrs.type_ != ftype3::NF3REG {
+                    return Err(nfsstat3::NFS3ERR_INVAL);
+                }
+                let zero = match &self.meta {
+                    Some(m) => m.meta_of_version(cx, &args.fh, &attrs).await,
+                    None => None,
+                };
+                let f = files
+                    .start(
+                        &args.fh,
+                        &attrs,
+                        zero.as_deref(),
+                        up.clone(),
+                        &cx.cred,
+                        false,
+                    )
+                    .map_err(|why| {
+                        tracing::warn!(%why, "cannot hold a file for FETCH");
+                        nfsstat3::NFS3ERR_IO
+                    })?;
+                let mut checked = lock(&self.checked);
+                if checked.len() >= MAX_CHECKED {
+                    checked.retain(|_, at| at.elapsed() < RECHECK);
+                    if checked.len() >= MAX_CHECKED {
+                        checked.clear();
+                    }
+                }
+                checked.insert(who, Instant::now());
+                f
+            }
+        };
+        // The attributes of the version the bytes belong to: once this
+        // proxy's clients wrote to the file, its local ones, so a client
+        // proxy holding chunks of upstream's version sees a new version
+        // and does not mix them (a FETCH that ran into a WRITE fails).
+        let (frame, raw_len, eof, attrs) = entry
+            .read_frame(
+                files,
+                &up,
+                &cx.cred,
+                args.offset,
+                args.count,
+                Asked::new(repeats, urgency),
+                args.have.as_ref(),
+            )
+            .await
+            .map_err(|why| {
+                tracing::warn!(%why, "FETCH from the file cache failed");
+                nfsstat3::NFS3ERR_IO
+            })?;
+        self.counters.have_bytes.add(frame.left_out);
+        Ok(FetchOk {
+            attrs,
+            raw_len,
+            eof,
+            codec: frame.codec,
+            data: frame.data,
+            repeats: frame.repeats,
+        })
+    }
+
+    /// A STORE: the chunk decompressed and written through the layers
+    /// below, durably (FILE_SYNC, or a COMMIT when a layer answered
+    /// UNSTABLE), before it is acknowledged.
+    ///
+    /// With a guard (STORE_GUARDED), the file's attributes are read first
+    /// and nothing is written unless they are the guard's (else
+    /// NFS3ERR_NOT_SYNC); the answer is then a GETATTR after the write, so
+    /// that it is what the caller's next guard is compared with. The check
+    /// and the write are two calls: a change at the origin between them
+    /// is not seen.
+    async fn store(&self, cx: &CallContext, args: StoreArgs) -> Result<fattr3, nfsstat3> {
+        let fh = args.fh.clone();
+        let offset = args.offset;
+        let guard = args.guard;
+        if let Some(g) = &guard {
+            let now = self.getattr(cx, &fh).await?;
+            if !g.describes(&now) {
+                tracing::warn!(
+                    fh = ?fh,
+                    "refusing a write-back: the file changed since the writer's copy was \
+                     fetched (size {} mtime {:?} ctime {:?}, expected size {} mtime {:?} \
+                     ctime {:?})",
+                    now.size,
+                    now.mtime,
+                    now.ctime,
+                    g.size,
+                    g.mtime,
+                    g.ctime
+                );
+                return Err(nfsstat3::NFS3ERR_NOT_SYNC);
+            }
+        }
+        let raw = tokio::task::spawn_blocking(move || args.raw())
+            .await
+            .map_err(|_| nfsstat3::NFS3ERR_SERVERFAULT)?
+            .map_err(|why| {
+                tracing::warn!(%why, "refusing a STORE");
+                nfsstat3::NFS3ERR_INVAL
+            })?;
+        let count = raw.len() as u32;
+        let file = nfs_fh3 {
+            data: Opaque::owned(fh.clone()),
+        };
+        let req = NfsRequest::Write(WRITE3args {
+            file: file.clone(),
+            offset,
+            count,
+            stable: stable_how::FILE_SYNC,
+            data: Opaque::owned(raw),
+        });
+        let (mut attrs, committed) = match self.inner.call(cx, req).await {
+            Ok(NfsReply::Write(Nfs3Result::Ok(ok))) => {
+                if ok.count != count {
+                    return Err(nfsstat3::NFS3ERR_IO);
+                }
+                let attrs = match ok.file_wcc.after {
+                    Nfs3Option::Some(a) => Some(a),
+                    Nfs3Option::None => None,
+                };
+                (attrs, !matches!(ok.committed, stable_how::UNSTABLE))
+            }
+            Ok(other) => return Err(other.status()),
+            Err(e) => return Err(e.nfsstat()),
+        };
+        if !committed {
+            let req = NfsRequest::Commit(COMMIT3args {
+                file,
+                offset,
+                count,
+            });
+            match self.inner.call(cx, req).await {
+                Ok(NfsReply::Commit(Nfs3Result::Ok(ok))) => {
+                    if let Nfs3Option::Some(a) = ok.file_wcc.after {
+                        attrs = Some(a);
+                    }
+                }
+                Ok(other) => return Err(other.status()),
+                Err(e) => return Err(e.nfsstat()),
+            }
+        }
+        self.counters.stored_raw_bytes.add(u64::from(count));
+        match attrs {
+            Some(a) if guard.is_none() => Ok(a),
+            _ => self.getattr(cx, &fh).await,
+        }
+    }
+
+    /// A chunk read through the layers below and compressed here; with
+    /// `repeats`, the ranges the file's metadata says repeat earlier bytes
+    /// are sent as zeros and listed.
+    async fn read_below(
+        &self,
+        cx: &CallContext,
+        args: &FetchArgs,
+        repeats: bool,
+    ) -> Result<FetchOk, nfsstat3> {
+        let mut data: Vec<u8> = Vec::new();
+        let mut attrs = None;
+        let mut eof = false;
+        while !eof && (data.len() as u32) < args.count {
+            let want = args.count - data.len() as u32;
+            let req = NfsRequest::Read(READ3args {
+                file: nfs_fh3 {
+                    data: Opaque::owned(args.fh.clone()),
+                },
+                offset: args.offset + data.len() as u64,
+                count: want.min(CHUNK),
+            });
+            match self.inner.call(cx, req).await {
+                Ok(NfsReply::Read(Nfs3Result::Ok(ok))) => {
+                    let Nfs3Option::Some(a) = ok.file_attributes else {
+                        return Err(nfsstat3::NFS3ERR_SERVERFAULT);
+                    };
+                    // Every piece must come from one version of the file.
+                    if attrs.as_ref().is_some_and(|b| !same_version(&a, b)) {
+                        return Err(nfsstat3::NFS3ERR_JUKEBOX);
+                    }
+                    attrs = Some(a);
+                    let n = ok.data.len().min(want as usize);
+                    data.extend_from_slice(&ok.data[..n]);
+                    eof = ok.eof || n == 0;
+                }
+                Ok(other) => return Err(other.status()),
+                Err(e) => return Err(e.nfsstat()),
+            }
+        }
+        let attrs = match attrs {
+            Some(a) => a,
+            None => self.getattr(cx, &args.fh).await?,
+        };
+        eof = eof || args.offset + data.len() as u64 >= attrs.size;
+        // Only a whole chunk lists repeats: a reader's piece would wait
+        // for their sources, anywhere before it in the file.
+        let whole = args.offset.is_multiple_of(u64::from(CHUNK))
+            && (args.count >= CHUNK
+                || args.offset.saturating_add(u64::from(args.count)) >= attrs.size);
+        let listed = match &self.meta {
+            Some(m) if repeats && whole => match m.meta_of_version(cx, &args.fh, &attrs).await {
+                Some(meta) => meta.repeats_in(args.offset, data.len() as u64),
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        for r in &listed {
+            let at = (r.to - args.offset) as usize;
+            data[at..at + r.len as usize].fill(0);
+        }
+        if let Some(have) = &args.have {
+            self.counters.have_bytes.add(have.zero_in(&mut data));
+        }
+        Self::package(attrs, data, eof, listed).await
+    }
+
+    async fn package(
+        attrs: fattr3,
+        raw: Vec<u8>,
+        eof: bool,
+        repeats: Vec<gvfs_metafile::ByteRepeat>,
+    ) -> Result<FetchOk, nfsstat3> {
+        let raw_len = raw.len() as u32;
+        let (codec, data) = tokio::task::spawn_blocking(move || compress(&raw, LEVEL))
+            .await
+            .map_err(|_| nfsstat3::NFS3ERR_SERVERFAULT)?;
+        Ok(FetchOk {
+            attrs,
+            raw_len,
+            eof,
+            codec,
+            data,
+            repeats,
+        })
+    }
+}
