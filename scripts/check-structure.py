@@ -26,16 +26,38 @@
    tests/ and crates/*/tests/. Long files are hard to review and to hold in
    one head; split them by concern.
 
+Known problems: scripts/check-structure.known lists the circles and oversize
+files that existed when the check came in, one a line (`#` comments and
+blank lines allowed):
+    circle DIR: FILE FILE...   DIR is the target's folder as in the report
+                               (relative to the root), the FILEs its files
+                               relative to DIR (the set counts, not the order)
+    size PATH                  PATH relative to the root
+The list may only shrink. A listed problem passes; a problem not listed
+fails, and so does a listed one that no longer exists (a stale line), so
+fixing a problem forces removing its line. A circle whose set of files
+changed is a new problem (and its old line is stale). --write-known
+rewrites the file from the current tree: use it to drop fixed problems,
+never to let a new one in (review its diff: only removed lines).
+
 Usage:
     scripts/check-structure.py                 both checks (CI: scripts/test.sh)
     scripts/check-structure.py --only circles  only the import circles
     scripts/check-structure.py --only sizes    only the file sizes
-    scripts/check-structure.py --root DIR      check another workspace
+    scripts/check-structure.py --root DIR      check another workspace (default:
+                                               the one this script is in)
+    scripts/check-structure.py --known FILE    another known-problems file (default:
+                                               check-structure.known next to this
+                                               script, whatever --root is)
+    scripts/check-structure.py --write-known   rewrite the known file from the tree
+                                               at --root, then exit 0
     scripts/check-structure.py --self-test     check the checker on a fake crate
 
-Each problem is one line `path:line: ...` (a circle also gets one header
-line `dir: import circle N ...` listing its files), then a summary line.
-Exit status: 0 clean, 1 problems found, 2 usage or internal error.
+Each new problem is one line `path:line: ...` (a circle also gets one header
+line `dir: import circle N ...` listing its files), each stale known line
+one line `known-file:line: stale ...`, then a summary line.
+Exit status: 0 clean (only known problems), 1 new problems or stale known
+lines, 2 usage or internal error (a malformed known file included).
 Python 3.11+, standard library only.
 """
 
@@ -641,11 +663,117 @@ def find_oversize(root: Path, pkgs: list[Package], test_decls: set[Path]) -> lis
     return out
 
 
+# ---------------------------------------------------------------- known problems
+
+KNOWN_FILE = Path(__file__).resolve().with_name("check-structure.known")
+KNOWN_HEADER = """\
+# Known problems for scripts/check-structure.py: the import circles and
+# oversize files that existed when the check was introduced.
+#
+# This list may only shrink. The check fails on a problem not listed here
+# AND on a listed problem that no longer exists, so that fixing one forces
+# removing its line. A circle whose set of files changed counts as new (and
+# its old line as stale). Do not add lines: fix new problems instead.
+#
+# One problem a line:
+#   circle DIR: FILE FILE...  an import circle of the crate target in DIR,
+#                             its files relative to DIR
+#   size PATH                 a file over its size limit
+# Regenerate from the tree with scripts/check-structure.py --write-known
+# (then check the diff only removes lines).
+"""
+
+
+class KnownError(Exception):
+    """A malformed known-problems file."""
+
+
+def known_line(kind: str, where: str, files: list[str] | None = None) -> str:
+    """The canonical line of one problem: `circle DIR: F...` or `size PATH`."""
+    if kind == "circle":
+        return f"circle {where}: " + " ".join(sorted(set(files or ())))
+    return f"size {where}"
+
+
+def parse_known(text: str, name: str) -> dict[str, int]:
+    """{canonical line: line number} of a known-problems file."""
+    out: dict[str, int] = {}
+    for ln, raw in enumerate(text.splitlines(), 1):
+        s = raw.strip()
+        if not s or s.startswith("#"):
+            continue
+        kind, _, rest = s.partition(" ")
+        rest = rest.strip()
+        if kind == "circle" and ":" in rest:
+            where, _, files = rest.partition(":")
+            names = files.split()
+            if where.strip() and " " not in where.strip() and len(set(names)) >= 2:
+                line = known_line("circle", where.strip(), names)
+            else:
+                line = None
+        elif kind == "size" and rest and len(rest.split()) == 1:
+            line = known_line("size", rest)
+        else:
+            line = None
+        if line is None:
+            raise KnownError(f"{name}:{ln}: not `circle DIR: FILE FILE...` nor `size PATH`: {s}")
+        if line in out:
+            raise KnownError(f"{name}:{ln}: same problem as line {out[line]}: {s}")
+        out[line] = ln
+    return out
+
+
+def read_known(path: Path | None) -> dict[str, int]:
+    if path is None:
+        return {}
+    if not path.is_file():
+        print(f"warning: no known-problems file {path}: every problem counts as new",
+              file=sys.stderr)
+        return {}
+    return parse_known(path.read_text(encoding="utf-8"), str(path))
+
+
+def render_known(lines: list[str]) -> str:
+    circles = sorted(line for line in lines if line.startswith("circle "))
+    sizes = sorted(line for line in lines if line.startswith("size "))
+    body = "".join(f"{line}\n" for line in circles)
+    if circles and sizes:
+        body += "\n"
+    body += "".join(f"{line}\n" for line in sizes)
+    return KNOWN_HEADER + ("\n" + body if body else "")
+
+
 # ---------------------------------------------------------------- main
 
-def run(root: Path, only: str | None, out=sys.stdout):
-    """Runs the checks; prints problems; returns (circles, oversize)."""
+@dataclass
+class Result:
+    new_circles: list  # [Circle]
+    new_oversize: list  # [(path, line, message)]
+    known_circles: list
+    known_oversize: list
+    stale: list  # [(line number, known line)]
+    current: list  # known lines of every problem found
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.new_circles or self.new_oversize or self.stale)
+
+
+def circle_base(c: Circle) -> Path:
+    """The folder a circle's files are shown relative to."""
+    base = c.target.root_file.parent
+    if c.target.kind in ("lib", "bin") and base.name == "bin":
+        base = base.parent
+    return base
+
+
+def run(root: Path, only: str | None, out=sys.stdout, known_path: Path | None = None,
+        known_name: str | None = None) -> Result:
+    """Runs the checks against the known problems in known_path (none if
+    None); prints new problems and stale known lines; returns the Result."""
     root = root.resolve()
+    known = read_known(known_path)
+    known_name = known_name or (str(known_path) if known_path else "known")
     warnings: list[str] = []
     pkgs = load_packages(root)
     targets = [t for p in pkgs for t in package_targets(p, warnings.append)]
@@ -658,25 +786,50 @@ def run(root: Path, only: str | None, out=sys.stdout):
     def rel(p: Path) -> str:
         return os.path.relpath(p, root)
 
-    for n, c in enumerate(circles, 1):
-        base = c.target.root_file.parent
-        if c.target.kind in ("lib", "bin") and base.name == "bin":
-            base = base.parent
+    def circle_key(c: Circle) -> str:
+        base = circle_base(c)
+        return known_line("circle", rel(base), [os.path.relpath(f, base) for f in c.files])
+
+    current: list[str] = []
+    new_circles, known_circles, new_oversize, known_oversize = [], [], [], []
+    for c in circles:
+        key = circle_key(c)
+        current.append(key)
+        (known_circles if key in known else new_circles).append(c)
+    for o in oversize:
+        key = known_line("size", str(o[0]))
+        current.append(key)
+        (known_oversize if key in known else new_oversize).append(o)
+    kinds = {"circles": ("circle ",), "sizes": ("size ",), None: ("circle ", "size ")}[only]
+    found = set(current)
+    stale = sorted((ln, line) for line, ln in known.items()
+                   if line.startswith(kinds) and line not in found)
+
+    for n, c in enumerate(new_circles, 1):
+        base = circle_base(c)
         short = lambda p: os.path.relpath(p, base)  # noqa: E731
-        print(f"{rel(base)}: import circle {n} in {c.target.label}, {len(c.files)} files: "
+        print(f"{rel(base)}: import circle {n} in {c.target.label}, {len(c.files)} files"
+              " (new: not in the known problems): "
               + " ".join(short(f) for f in c.files), file=out)
         for a, b, line, text in c.edges:
             print(f"{rel(a)}:{line}: circle {n}: {short(a)} -> {short(b)} ({text})", file=out)
-    for path, line, msg in oversize:
+    for path, line, msg in new_oversize:
         print(f"{path}:{line}: {msg}", file=out)
+    for ln, line in stale:
+        print(f"{known_name}:{ln}: stale: `{line}` is no longer found"
+              " (fixed, or for a circle its files changed): remove this line", file=out)
     checked = []
     if only in (None, "circles"):
-        checked.append(f"{len(circles)} import circle(s) in {len(targets)} crate targets")
+        checked.append(f"{len(new_circles)} new import circle(s) ({len(known_circles)} known)"
+                       f" in {len(targets)} crate targets")
     if only in (None, "sizes"):
-        checked.append(f"{len(oversize)} file(s) over the size limit")
-    verdict = "FAILED" if circles or oversize else "OK"
+        checked.append(f"{len(new_oversize)} new file(s) over the size limit"
+                       f" ({len(known_oversize)} known)")
+    checked.append(f"{len(stale)} stale known line(s)")
+    result = Result(new_circles, new_oversize, known_circles, known_oversize, stale, current)
+    verdict = "FAILED" if result.failed else "OK"
     print(f"check-structure: {verdict}: " + ", ".join(checked), file=out)
-    return circles, oversize
+    return result
 
 
 def self_test() -> int:
@@ -764,7 +917,8 @@ def self_test() -> int:
             (root / name).write_text(text)
         import io
         buf = io.StringIO()
-        circles, oversize = run(root, None, out=buf)
+        res = run(root, None, out=buf)
+        circles, oversize = res.new_circles, res.new_oversize
         got = {frozenset(str(f.relative_to(root)) for f in c.files) for c in circles}
         want = {
             frozenset({"crates/demo/src/a.rs", "crates/demo/src/b.rs"}),
@@ -799,27 +953,130 @@ def self_test() -> int:
             problems.append(f"sizes: got {sorted(got_sizes)}, want {sorted(want_sizes)}")
         if not buf.getvalue().rstrip().splitlines()[-1].startswith("check-structure: FAILED"):
             problems.append("summary line missing")
+        problems += known_self_test(root, res.current)
     for p in problems:
         print(f"self-test: {p}", file=sys.stderr)
     print("self-test: " + ("FAILED" if problems else "OK"))
     return 1 if problems else 0
 
 
+def known_self_test(root: Path, current: list[str]) -> list[str]:
+    """The known-problems file on the fake workspace at root, whose problems
+    (as known lines) are `current`."""
+    problems: list[str] = []
+    want_lines = {
+        "circle crates/demo/src: a.rs b.rs",
+        "circle crates/demo/src: m1.rs m2.rs",
+        "circle crates/demo/src: parent.rs parent/child.rs",
+        "circle crates/clean/src: cli.rs main.rs",
+        "size crates/demo/src/big.rs",
+        "size crates/demo/tests/long.rs",
+        "size crates/demo/src/long_tests.rs",
+    }
+    if set(current) != want_lines:
+        problems.append(f"known lines: got {sorted(current)}, want {sorted(want_lines)}")
+    known = root / "check-structure.known"
+
+    def check(name: str, text: str, only: str | None = None, new_circles: set = frozenset(),
+              new_sizes: set = frozenset(), stale: set = frozenset()) -> None:
+        import io
+        known.write_text(text)
+        buf = io.StringIO()
+        try:
+            r = run(root, only, out=buf, known_path=known)
+        except KnownError as e:
+            problems.append(f"known file, {name}: {e}")
+            return
+        got = (
+            {" ".join(os.path.relpath(f, root) for f in c.files) for c in r.new_circles},
+            {str(o[0]) for o in r.new_oversize},
+            {line for _, line in r.stale},
+        )
+        want = (set(new_circles), set(new_sizes), set(stale))
+        if got != want:
+            problems.append(f"known file, {name}: got new circles, new sizes, stale {got},"
+                            f" want {want}")
+        verdict = "FAILED" if any(want) else "OK"
+        if not buf.getvalue().rstrip().splitlines()[-1].startswith(f"check-structure: {verdict}"):
+            problems.append(f"known file, {name}: summary line not {verdict}")
+
+    full = render_known(current)
+    # As --write-known writes it: every problem listed passes.
+    check("all listed", full)
+    # Listed in another order, with comments, blanks and extra spaces: the same.
+    check("listed loosely",
+          "# comment\n\n  circle crates/demo/src:   b.rs a.rs  \n"
+          "circle crates/demo/src: m2.rs m1.rs\n"
+          "circle crates/demo/src: parent/child.rs parent.rs\n"
+          "circle crates/clean/src: main.rs cli.rs\n"
+          "size crates/demo/src/big.rs\nsize crates/demo/tests/long.rs\n"
+          "size crates/demo/src/long_tests.rs\n")
+    # An unlisted circle or file fails.
+    check("circle not listed", full.replace("circle crates/clean/src: cli.rs main.rs\n", ""),
+          new_circles={"crates/clean/src/cli.rs crates/clean/src/main.rs"})
+    check("size not listed", full.replace("size crates/demo/src/big.rs\n", ""),
+          new_sizes={"crates/demo/src/big.rs"})
+    # A line whose problem is gone fails, circle or size.
+    gone = "circle crates/demo/src: gone.rs lib.rs"
+    check("stale circle", full + gone + "\n", stale={gone})
+    check("stale size", full + "size crates/demo/src/ok_len.rs\n",
+          stale={"size crates/demo/src/ok_len.rs"})
+    # A circle listed with another set of files: new, and its line stale.
+    more = "circle crates/demo/src: a.rs b.rs lib.rs"
+    check("circle with other files", full.replace("circle crates/demo/src: a.rs b.rs\n", more + "\n"),
+          new_circles={"crates/demo/src/a.rs crates/demo/src/b.rs"}, stale={more})
+    fewer = "circle crates/demo/src: parent.rs"
+    try:
+        parse_known(fewer + "\n", "known")
+        problems.append("known file: a circle of one file was accepted")
+    except KnownError:
+        pass
+    # --only: the lines of the other check are neither used nor stale.
+    check("only circles", full + "size crates/demo/src/ok_len.rs\n", only="circles")
+    check("only sizes", full + gone + "\n", only="sizes")
+    # Malformed lines and duplicates are errors, not problems.
+    for bad in ("circle crates/demo/src a.rs b.rs", "sizes crates/demo/src/big.rs",
+                "size a.rs b.rs", "size crates/demo/src/big.rs\nsize  crates/demo/src/big.rs",
+                "circle crates/demo/src: a.rs b.rs\ncircle crates/demo/src: b.rs a.rs"):
+        try:
+            parse_known(bad + "\n", "known")
+            problems.append(f"known file: malformed text accepted: {bad!r}")
+        except KnownError:
+            pass
+    # --write-known's text parses back to the same problems.
+    if set(parse_known(full, "known")) != set(current):
+        problems.append("known file: --write-known text does not parse back")
+    return problems
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("circles", "sizes"))
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
+    ap.add_argument("--known", type=Path, default=KNOWN_FILE)
+    ap.add_argument("--write-known", action="store_true")
     ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()
+    if args.write_known and args.only:
+        ap.error("--write-known writes both checks' problems: leave out --only")
     try:
         if args.self_test:
             return self_test()
-        circles, oversize = run(args.root, args.only)
+        if args.write_known:
+            import io
+            res = run(args.root, None, out=io.StringIO(), known_path=None)
+            args.known.write_text(render_known(res.current), encoding="utf-8")
+            print(f"check-structure: wrote {len(res.current)} known problem(s) to {args.known}")
+            return 0
+        res = run(args.root, args.only, known_path=args.known)
+    except KnownError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except Exception:  # a bug here, not a problem in the code checked
         import traceback
         traceback.print_exc()
         return 2
-    return 1 if circles or oversize else 0
+    return 1 if res.failed else 0
 
 
 if __name__ == "__main__":
