@@ -22,7 +22,7 @@
 //! * **Committed bits.** `sync` fsyncs data and tags, then records in each
 //!   changed tag which dirty sub-blocks are now durable ("committed"), then
 //!   fsyncs again. On open after an unclean shutdown, a sub-block whose CRC
-//!   does not match is judged ([`recovery`]'s `judge`): bytes that match the
+//!   does not match is judged (`judge` in [`recovery`]): bytes that match the
 //!   frame's older tag go back to it (the newest write never landed); a
 //!   committed sub-block of an unsynced bank that the tags show was being
 //!   rewritten is kept dirty (its mismatch is an in-flight overwrite, whose
