@@ -225,10 +225,7 @@ impl WarmSetup {
             .tempdir_in(work)?;
         let cache_args = |a: ProxyArgs| {
             a.env("RUST_LOG", "warn")
-                .arg("--cache-dir")
-                .arg(cache.path().display().to_string())
-                .arg("--cache-size")
-                .arg(cache_size_for(size))
+                .cache(cache.path(), &cache_size_for(size))
         };
         let want_qemu = s.clients.contains(&CopyClient::Qemu);
         let (proxy, qemu) = if want_qemu {

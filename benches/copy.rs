@@ -130,8 +130,7 @@ fn fetch(
         .tempdir()?;
     let client = Proxy::spawn(
         ProxyArgs::new(server.upstream_url_at(link.local_addr()))
-            .arg("--cache-dir")
-            .arg(cache.path().display().to_string())
+            .cache_dir(cache.path())
             .env("RUST_LOG", "warn"),
     )?;
     let reads_before = server.calls("READ")?;

@@ -108,11 +108,10 @@ fn way(
         .prefix("gvfs-bench-cache-")
         .tempdir()?;
     let mut args = ProxyArgs::new(server.upstream_url_at(link.local_addr()))
-        .arg("--cache-dir")
-        .arg(cache.path().display().to_string())
+        .cache_dir(cache.path())
         .env("RUST_LOG", "warn");
     if !dedup {
-        args = args.arg("--no-dedup");
+        args = args.no_dedup();
     }
     let node = Proxy::spawn(args)?;
     let timeout = Duration::from_secs(3600);

@@ -112,13 +112,9 @@ fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
     let mut proxy = Proxy::spawn(
         ProxyArgs::dir(&origin)
             .listen(SocketAddr::from((ADDR, 111)))
-            .arg("--cache-dir")
-            .arg(cache.display().to_string())
-            .arg("--cache-size")
-            .arg(cache_size)
-            .arg("--no-writeback-on-exit")
-            .arg("--mount")
-            .arg(mnt.path().display().to_string()),
+            .cache(&cache, &cache_size)
+            .no_writeback_on_exit()
+            .mount(mnt.path()),
     )?;
     let pid = proxy.pid().context("the proxy's pid")?;
     let url = |name: &str| nfs_url(proxy.ip(), proxy.port(), proxy.port(), proxy.export(), name);

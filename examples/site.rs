@@ -324,14 +324,9 @@ impl Drop for Site {
 /// do not change), as examples/deploy/'s LAN proxy and node do.
 fn cached(work: &Path, name: &str, peer: &str) -> ProxyArgs {
     ProxyArgs::new(format!("gvfs://{peer}"))
-        .arg("--cache-dir")
-        .arg(work.join(format!("{name}-cache")).display().to_string())
-        .arg("--cache-size")
-        .arg("64M")
-        .arg("--file-cache-size")
-        .arg("256M")
-        .arg("--attr-timeout")
-        .arg("60")
+        .cache(&work.join(format!("{name}-cache")), "64M")
+        .file_cache_size("256M")
+        .attr_timeout(60)
 }
 
 /// The golden image: its fifth MiB all zeros (a chunk never sent); else

@@ -24,7 +24,7 @@ sudo_ apt-get update -qq
 # and Debian's kernel, which it fetches itself with `apt-get download`; its
 # chart needs a TTF font. The kernel NFS client suite (tests/kernel.rs) boots
 # the same kernel and busybox, with a mount helper built by `gcc -static`.
-# The FUSE front end's tests (tests/fuse.rs) mount through /dev/fuse and
+# The FUSE front end's tests (tests/fuse_*.rs) mount through /dev/fuse and
 # clear mounts with fusermount3 (Debian's fuse3).
 sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${backports[@]}" \
   nfs-ganesha nfs-ganesha-vfs libnfs-utils qemu-utils qemu-block-extra \

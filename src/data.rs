@@ -13,6 +13,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
+/// A mebibyte.
+pub const MIB: usize = 1 << 20;
+
 /// Chunk size for streaming writes and comparisons.
 const CHUNK: usize = 1 << 20;
 

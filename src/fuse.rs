@@ -10,14 +10,21 @@
 //! `ENOTCONN`) until `fusermount3 -u DIR` clears it: [`MountPoint`]'s
 //! `Drop` does that, so a failed test leaves no mount behind.
 //!
+//! [`mounted`] starts a proxy with its mount and checks it is a live FUSE
+//! mount; [`require_fuse!`](crate::require_fuse) skips a test on a machine
+//! without FUSE. [`Mapping`] maps a file on the mount as a VM maps its
+//! memory; [`errno_of`] and [`errno_name`] compare and word failed calls.
+//!
 //! For the mount's upstream going away, [`WanLinkProcess`] runs the
 //! `gvfs-wanlink` binary and cuts and restores it through its stdin;
 //! [`listening_tcp_ports`] tells which TCP ports a process listens on.
 
 use std::collections::BTreeSet;
 use std::ffi::CString;
+use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -29,13 +36,63 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::process;
-use crate::proxy::proxy_binary;
+use crate::proxy::{Proxy, ProxyArgs, proxy_binary};
 
 /// `f_type` of a FUSE file system in `statfs(2)` (`FUSE_SUPER_MAGIC`).
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
-/// How long `fusermount3` or `umount` may take.
-const TOOL_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long `fusermount3` or `umount` may take when a [`MountPoint`]
+/// unmounts.
+const UNMOUNT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long one program run on a mount (`dd`, `qemu-img`, `qemu-io`,
+/// `setpriv`, `fusermount3 -u`) may take in a test.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Returns from the test (passing) with a message when FUSE is missing
+/// (see [`unavailable`]); for `#[test]` functions returning
+/// `anyhow::Result<()>`.
+#[macro_export]
+macro_rules! require_fuse {
+    () => {
+        if let Some(why) = $crate::fuse::unavailable() {
+            eprintln!("skipping: {why}");
+            return Ok(());
+        }
+    };
+}
+
+/// Starts a proxy with `args` and `--mount` on `mnt`; fails unless the
+/// mount is a live FUSE mount by the time the proxy says it listens.
+pub fn mounted(args: ProxyArgs, mnt: &MountPoint) -> Result<Proxy> {
+    let p = Proxy::spawn(args.mount(mnt.path()))?;
+    ensure!(
+        mnt.is_mounted()?,
+        "{} is not a mount point after the proxy printed `listening on`; output:\n{}",
+        mnt.path().display(),
+        p.output()
+    );
+    let ty = fs_type(mnt.path())?;
+    ensure!(
+        ty == FUSE_SUPER_MAGIC,
+        "{} is mounted with f_type {ty:#x}, not FUSE's",
+        mnt.path().display()
+    );
+    Ok(p)
+}
+
+/// The errno of an I/O result, or `None` when it succeeded.
+pub fn errno_of<T>(r: &std::io::Result<T>) -> Option<i32> {
+    r.as_ref().err().map(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+/// An errno as the C library words it (`None`: "success"), for messages.
+pub fn errno_name(e: Option<i32>) -> String {
+    match e {
+        None => "success".into(),
+        Some(e) => std::io::Error::from_raw_os_error(e).to_string(),
+    }
+}
 
 /// Why FUSE cannot be used on this machine (`/dev/fuse` or `fusermount3`
 /// missing), or `None` when it can. Tests skip only for these reasons.
@@ -105,7 +162,7 @@ impl MountPoint {
     pub fn unmount(&self) -> Result<()> {
         process::run_ok(
             Command::new("fusermount3").arg("-u").arg(&self.path),
-            TOOL_TIMEOUT,
+            UNMOUNT_TIMEOUT,
         )?;
         Ok(())
     }
@@ -121,12 +178,12 @@ impl Drop for MountPoint {
                 .arg("-u")
                 .arg("-z")
                 .arg(&self.path),
-            TOOL_TIMEOUT,
+            UNMOUNT_TIMEOUT,
         );
         if is_mounted(&self.path).unwrap_or(true) {
             let _ = process::run(
                 Command::new("umount").arg("-l").arg(&self.path),
-                TOOL_TIMEOUT,
+                UNMOUNT_TIMEOUT,
             );
         }
     }
@@ -166,6 +223,56 @@ fn unescape_mount_path(s: &str) -> Vec<u8> {
         }
     }
     out
+}
+
+/// A memory mapping of a file, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    /// `mmap(NULL, len, prot, flags, f, 0)`.
+    pub fn new(f: &File, len: usize, prot: i32, flags: i32) -> Result<Self> {
+        // SAFETY: a new mapping of an open descriptor; checked below.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, f.as_raw_fd(), 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mmap");
+        }
+        Ok(Self { ptr, len })
+    }
+
+    /// Copies `bytes` to the start of the mapping (as many as fit); the
+    /// mapping must be writable (`PROT_WRITE`).
+    pub fn write(&self, bytes: &[u8]) {
+        let n = bytes.len().min(self.len);
+        // SAFETY: the mapping is writable and at least `n` bytes long.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.cast::<u8>(), n) };
+    }
+
+    /// A copy of the whole mapping.
+    pub fn read(&self) -> Vec<u8> {
+        // SAFETY: the mapping is readable and `len` bytes long.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }.to_vec()
+    }
+
+    /// `msync(MS_SYNC)` of the whole mapping.
+    pub fn msync(&self) -> Result<()> {
+        // SAFETY: the whole mapping.
+        let rc = unsafe { libc::msync(self.ptr, self.len, libc::MS_SYNC) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).context("msync");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
 }
 
 /// `statfs(2)` of `path`: its `f_type`.

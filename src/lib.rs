@@ -19,6 +19,9 @@
 //!   TLS for a long time, every byte checked).
 //! - [`rpc_client`]: a synchronous RPC client and raw MOUNT/READDIR probes.
 //! - [`tmpfs`]: a small tmpfs that fills up, for full-disk tests.
+//! - [`fuse`]: the FUSE front end: mount points that clean up after
+//!   themselves, a proxy with its mount, calls as another user.
+//! - [`tree`]: an expected directory tree, checked against a real one.
 //!
 //! The fixtures are synchronous (all but [`nfsclient`]): tests call them
 //! from plain `#[test]` functions.
@@ -41,7 +44,8 @@ pub mod proxy;
 pub mod rpc_client;
 pub mod soak;
 pub mod tmpfs;
+pub mod tree;
 
 pub use ganesha::{Ganesha, Squash};
 pub use portmap::Portmapper;
-pub use proxy::{Proxy, ProxyArgs};
+pub use proxy::{Proxy, ProxyArgs, WritePolicy};

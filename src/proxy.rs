@@ -119,15 +119,160 @@ impl ProxyArgs {
 
     /// `--cert --key --ca`: certificate `name` of the site CA in `ca`
     /// (made by [`site_ca`]).
-    pub fn tls(mut self, ca: &Path, name: &str) -> Self {
-        for (flag, file) in [
-            ("--cert", format!("{name}.pem")),
-            ("--key", format!("{name}-key.pem")),
-            ("--ca", "ca.pem".to_owned()),
-        ] {
-            self = self.arg(flag).arg(ca.join(file).display().to_string());
-        }
-        self
+    pub fn tls(self, ca: &Path, name: &str) -> Self {
+        self.tls_files(
+            &ca.join(format!("{name}.pem")),
+            &ca.join(format!("{name}-key.pem")),
+            &ca.join("ca.pem"),
+        )
+    }
+
+    /// `--cert CERT --key KEY --ca CA`: this node's certificate and key
+    /// (PEM), and the CA certificate peers' must chain to.
+    pub fn tls_files(self, cert: &Path, key: &Path, ca: &Path) -> Self {
+        self.flag("--cert", cert.display().to_string())
+            .flag("--key", key.display().to_string())
+            .flag("--ca", ca.display().to_string())
+    }
+
+    /// Appends `flag` and its `value`.
+    fn flag(self, flag: &str, value: impl Into<String>) -> Self {
+        self.arg(flag).arg(value)
+    }
+
+    /// `--config PATH`: a TOML file of options.
+    pub fn config(self, path: &Path) -> Self {
+        self.flag("--config", path.display().to_string())
+    }
+
+    /// `--cache-dir DIR --cache-size SIZE`: a block cache of `size` (`64M`)
+    /// in `dir`, and so a file cache in `DIR/files`; what most tests of a
+    /// caching proxy start.
+    pub fn cache(self, dir: &Path, size: &str) -> Self {
+        self.cache_dir(dir).cache_size(size)
+    }
+
+    /// `--cache-dir DIR`: keep a block cache (and a file cache in
+    /// `DIR/files`).
+    pub fn cache_dir(self, dir: &Path) -> Self {
+        self.flag("--cache-dir", dir.display().to_string())
+    }
+
+    /// `--cache-size SIZE`: the block cache's capacity (`64M`, `1G`).
+    pub fn cache_size(self, size: &str) -> Self {
+        self.flag("--cache-size", size)
+    }
+
+    /// `--cache-banks N`: bank files of the block cache.
+    pub fn cache_banks(self, n: u32) -> Self {
+        self.flag("--cache-banks", n.to_string())
+    }
+
+    /// `--cache-ways N`: the block cache's frames per set.
+    pub fn cache_ways(self, n: u32) -> Self {
+        self.flag("--cache-ways", n.to_string())
+    }
+
+    /// `--block-size SIZE`: the block cache's block (`4K` to `1M`).
+    pub fn block_size(self, size: &str) -> Self {
+        self.flag("--block-size", size)
+    }
+
+    /// `--write-policy POLICY`.
+    pub fn write_policy(self, policy: WritePolicy) -> Self {
+        self.flag("--write-policy", policy.as_str())
+    }
+
+    /// `--readahead N`: most blocks the block cache reads ahead (0: none).
+    pub fn readahead(self, blocks: u32) -> Self {
+        self.flag("--readahead", blocks.to_string())
+    }
+
+    /// `--no-writeback-on-exit`: SIGTERM leaves dirty data in the cache.
+    pub fn no_writeback_on_exit(self) -> Self {
+        self.arg("--no-writeback-on-exit")
+    }
+
+    /// `--meta`: use metadata files found upstream (without a cache dir or
+    /// a TLS port, where it is not on by default).
+    pub fn meta(self) -> Self {
+        self.arg("--meta")
+    }
+
+    /// `--no-meta`: ignore metadata files.
+    pub fn no_meta(self) -> Self {
+        self.arg("--no-meta")
+    }
+
+    /// `--file-cache-size SIZE`: most bytes of whole files kept by
+    /// compress-and-copy.
+    pub fn file_cache_size(self, size: &str) -> Self {
+        self.flag("--file-cache-size", size)
+    }
+
+    /// `--no-dedup`: fetch blocks that held images share instead of
+    /// copying them.
+    pub fn no_dedup(self) -> Self {
+        self.arg("--no-dedup")
+    }
+
+    /// `--mount DIR`: mount the export at `dir` through FUSE too.
+    pub fn mount(self, dir: &Path) -> Self {
+        self.flag("--mount", dir.display().to_string())
+    }
+
+    /// `--mount-readahead SIZE`: the FUSE mount's read-ahead (`0`, `1M`).
+    pub fn mount_readahead(self, size: &str) -> Self {
+        self.flag("--mount-readahead", size)
+    }
+
+    /// `--upstream-timeout SECS`: give up on an upstream call after
+    /// `secs` (0 waits forever).
+    pub fn upstream_timeout(self, secs: u64) -> Self {
+        self.flag("--upstream-timeout", secs.to_string())
+    }
+
+    /// `--connect-timeout SECS`: one upstream connection attempt.
+    pub fn connect_timeout(self, secs: u64) -> Self {
+        self.flag("--connect-timeout", secs.to_string())
+    }
+
+    /// `--attr-timeout SECS`: answer attribute calls from replies at most
+    /// `secs` old.
+    pub fn attr_timeout(self, secs: u64) -> Self {
+        self.flag("--attr-timeout", secs.to_string())
+    }
+
+    /// `--listen-tls ADDR`: accept gvfs:// peers over TLS there.
+    pub fn listen_tls(self, addr: SocketAddr) -> Self {
+        self.flag("--listen-tls", addr.to_string())
+    }
+
+    /// `--map-peer NAME=MAPPING`: how calls from the peer whose
+    /// certificate is `name` are mapped (`pass`, `squash`, ...).
+    pub fn map_peer(self, name: &str, mapping: &str) -> Self {
+        self.flag("--map-peer", format!("{name}={mapping}"))
+    }
+
+    /// `--max-connections N`: client connections served at once.
+    pub fn max_connections(self, n: usize) -> Self {
+        self.flag("--max-connections", n.to_string())
+    }
+
+    /// `--max-pending-connections N`: connections not yet through their
+    /// first call at once.
+    pub fn max_pending_connections(self, n: usize) -> Self {
+        self.flag("--max-pending-connections", n.to_string())
+    }
+
+    /// `--buffer-memory SIZE`: most memory for call records and replies.
+    pub fn buffer_memory(self, size: &str) -> Self {
+        self.flag("--buffer-memory", size)
+    }
+
+    /// `--metrics ADDR`: serve Prometheus metrics there.
+    pub fn metrics(self, addr: SocketAddr) -> Self {
+        self.flag("--metrics", addr.to_string())
     }
 
     /// Sets an environment variable for the proxy.
@@ -155,6 +300,25 @@ impl ProxyArgs {
         }
         args.extend(self.extra.iter().cloned());
         args
+    }
+}
+
+/// The block cache's `--write-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePolicy {
+    /// `write-back`: writes stay in the cache until written back.
+    WriteBack,
+    /// `write-through`: every write goes upstream before it is answered.
+    WriteThrough,
+}
+
+impl WritePolicy {
+    /// The option's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WriteBack => "write-back",
+            Self::WriteThrough => "write-through",
+        }
     }
 }
 
@@ -269,17 +433,18 @@ pub fn stat(v: &serde_json::Value, path: &str) -> u64 {
     path.split('.').fold(v, |v, k| &v[k]).as_u64().unwrap_or(0)
 }
 
-/// Spawns `n` proxies in a chain in front of `upstream`, each with `extra`
-/// arguments; the last one returned is the one clients talk to.
-pub fn chain(upstream: &str, n: usize, extra: &[&str]) -> Result<Vec<Proxy>> {
+/// Spawns `n` proxies in a chain in front of `upstream`, the arguments of
+/// each made by `configure` (`|a| a` for none); the last one returned is
+/// the one clients talk to.
+pub fn chain(
+    upstream: &str,
+    n: usize,
+    configure: impl Fn(ProxyArgs) -> ProxyArgs,
+) -> Result<Vec<Proxy>> {
     let mut proxies: Vec<Proxy> = Vec::new();
     let mut up = upstream.to_string();
     for _ in 0..n {
-        let mut args = ProxyArgs::new(up);
-        for a in extra {
-            args = args.arg(*a);
-        }
-        let p = Proxy::spawn(args)?;
+        let p = Proxy::spawn(configure(ProxyArgs::new(up)))?;
         up = p.upstream_url();
         proxies.push(p);
     }
@@ -344,6 +509,12 @@ impl Proxy {
             }
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Waits until the file cache has completed `files` whole files
+    /// (`file_cache.files_complete`), and returns the stats it saw then.
+    pub fn wait_files_complete(&self, files: u64, timeout: Duration) -> Result<serde_json::Value> {
+        self.wait_stat("file_cache.files_complete", files, timeout)
     }
 
     /// Runs `gvfsctl writeback --wait` and fails unless it succeeded.
@@ -595,6 +766,36 @@ mod tests {
                 "--control",
                 "/tmp/c.sock",
                 "--allow-remote"
+            ]
+        );
+    }
+
+    #[test]
+    fn typed_options_spell_their_flags() {
+        let a = ProxyArgs::dir(Path::new("/o"))
+            .cache(Path::new("/c"), "64M")
+            .cache_banks(2)
+            .write_policy(WritePolicy::WriteThrough)
+            .no_writeback_on_exit()
+            .map_peer("node1", "pass")
+            .upstream_timeout(3)
+            .to_args();
+        assert_eq!(
+            a[4..],
+            [
+                "--cache-dir",
+                "/c",
+                "--cache-size",
+                "64M",
+                "--cache-banks",
+                "2",
+                "--write-policy",
+                "write-through",
+                "--no-writeback-on-exit",
+                "--map-peer",
+                "node1=pass",
+                "--upstream-timeout",
+                "3"
             ]
         );
     }

@@ -313,11 +313,7 @@ fn upstream_down_then_back_delays_the_client_without_an_error() -> Result<()> {
 fn upstream_never_back_gives_a_clean_error_and_the_proxy_lives_on() -> Result<()> {
     let mut g = Ganesha::start()?;
     std::fs::write(g.export_dir().join("f"), b"x")?;
-    let p = Proxy::spawn(
-        ProxyArgs::new(g.upstream_url())
-            .arg("--upstream-timeout")
-            .arg("3"),
-    )?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).upstream_timeout(3))?;
     ensure!(nfs_cat(&p.url("f"))? == b"x");
     g.stop()?;
     let start = Instant::now();

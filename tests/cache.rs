@@ -3,7 +3,7 @@
 //! tiny cache, coherence with the origin, a warm restart, signals, and the
 //! metrics endpoint.
 
-use std::path::Path;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -18,18 +18,6 @@ use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 
 const MIB: u64 = 1 << 20;
 
-/// A proxy with a block cache in `dir` in front of `upstream` (an
-/// `nfs://` URL: ganesha's, or another proxy's).
-fn cached(upstream: String, dir: &Path, extra: &[&str]) -> Result<Proxy> {
-    let mut args = ProxyArgs::new(upstream)
-        .arg("--cache-dir")
-        .arg(dir.display().to_string());
-    for a in extra {
-        args = args.arg(*a);
-    }
-    Proxy::spawn(args)
-}
-
 fn n(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or(0)
 }
@@ -38,7 +26,7 @@ fn n(v: &serde_json::Value, k: &str) -> u64 {
 fn write_back_reaches_ganesha_only_on_writeback_and_byte_identical() -> Result<()> {
     let g = Ganesha::start()?;
     let cache = tempfile::tempdir()?;
-    let p = cached(g.upstream_url(), cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     let local = tempfile::tempdir()?;
     let src = local.path().join("img.bin");
     write_random_file(&src, 1, 24 * MIB + 4095)?;
@@ -111,7 +99,11 @@ async fn kill_9_after_commit_loses_no_committed_byte() -> Result<()> {
     let g = Ganesha::start()?;
     for trial in 0..trials {
         let cache = tempfile::tempdir()?;
-        let mut p = cached(g.upstream_url(), cache.path(), &["--no-writeback-on-exit"])?;
+        let mut p = Proxy::spawn(
+            ProxyArgs::new(g.upstream_url())
+                .cache_dir(cache.path())
+                .no_writeback_on_exit(),
+        )?;
         let c = NfsClient::of_proxy(&p, Duration::from_secs(1)).await?;
         let name = format!("crash-{trial}.bin");
         let fh = c.create(&name).await?;
@@ -125,7 +117,7 @@ async fn kill_9_after_commit_loses_no_committed_byte() -> Result<()> {
         p.kill();
         let committed = writer.await?;
         // Restart on the same cache, write back, check every committed byte.
-        let p = cached(g.upstream_url(), cache.path(), &[])?;
+        let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
         p.write_back()
             .with_context(|| format!("trial {trial}: write-back after the crash"))?;
         let upstream = std::fs::read(g.export_dir().join(&name))?;
@@ -155,7 +147,11 @@ async fn partial_writes_need_no_read_and_their_size_survives_a_crash() -> Result
     let f = g.export_dir().join("part.bin");
     write_random_file(&f, 9, MIB)?;
     let mut want = std::fs::read(&f)?;
-    let mut p = cached(g.upstream_url(), cache.path(), &["--no-writeback-on-exit"])?;
+    let mut p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache_dir(cache.path())
+            .no_writeback_on_exit(),
+    )?;
     let c = NfsClient::of_proxy(&p, Duration::from_secs(5)).await?;
     let fh = c.resolve("part.bin").await?.context("part.bin")?;
     let edits: [(u64, Vec<u8>); 4] = [
@@ -180,7 +176,7 @@ async fn partial_writes_need_no_read_and_their_size_survives_a_crash() -> Result
         "partial writes read from upstream: {stats}"
     );
     p.kill();
-    let p = cached(g.upstream_url(), cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     let c = NfsClient::of_proxy(&p, Duration::from_secs(5)).await?;
     let fh = c.resolve("part.bin").await?.context("part.bin")?;
     let size = match c
@@ -208,19 +204,12 @@ async fn partial_writes_need_no_read_and_their_size_survives_a_crash() -> Result
 fn a_tiny_cache_evicts_and_writes_dirty_victims_back() -> Result<()> {
     let g = Ganesha::start()?;
     let cache = tempfile::tempdir()?;
-    let p = cached(
-        g.upstream_url(),
-        cache.path(),
-        &[
-            "--cache-size",
-            "1M",
-            "--cache-banks",
-            "1",
-            "--cache-ways",
-            "2",
-            "--block-size",
-            "64K",
-        ],
+    let p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache(cache.path(), "1M")
+            .cache_banks(1)
+            .cache_ways(2)
+            .block_size("64K"),
     )?;
     let local = tempfile::tempdir()?;
     let src = local.path().join("big.bin");
@@ -242,7 +231,7 @@ fn a_tiny_cache_evicts_and_writes_dirty_victims_back() -> Result<()> {
 fn a_change_at_the_origin_drops_cached_blocks() -> Result<()> {
     let g = Ganesha::start()?;
     let cache = tempfile::tempdir()?;
-    let p = cached(g.upstream_url(), cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     let f = g.export_dir().join("f.bin");
     write_random_file(&f, 1, 3 * MIB)?;
     ensure!(nfs_cat(&p.url("f.bin"))? == std::fs::read(&f)?);
@@ -259,7 +248,11 @@ fn a_restarted_proxy_serves_from_its_warm_cache() -> Result<()> {
     let cache = tempfile::tempdir()?;
     let f = g.export_dir().join("warm.bin");
     write_random_file(&f, 3, 6 * MIB)?;
-    let mut p = cached(g.upstream_url(), cache.path(), &["--readahead", "0"])?;
+    let mut p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache_dir(cache.path())
+            .readahead(0),
+    )?;
     ensure!(nfs_cat(&p.url("warm.bin"))? == std::fs::read(&f)?);
     let first = p.cache_stats()?;
     ensure!(
@@ -267,7 +260,11 @@ fn a_restarted_proxy_serves_from_its_warm_cache() -> Result<()> {
         "first pass fetched {first}"
     );
     p.terminate()?;
-    let p = cached(g.upstream_url(), cache.path(), &["--readahead", "0"])?;
+    let p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache_dir(cache.path())
+            .readahead(0),
+    )?;
     ensure!(nfs_cat(&p.url("warm.bin"))? == std::fs::read(&f)?);
     let second = p.cache_stats()?;
     ensure!(
@@ -282,7 +279,7 @@ fn a_restarted_proxy_serves_from_its_warm_cache() -> Result<()> {
 fn sigusr1_writes_back_and_sigterm_writes_back_on_exit() -> Result<()> {
     let g = Ganesha::start()?;
     let cache = tempfile::tempdir()?;
-    let mut p = cached(g.upstream_url(), cache.path(), &[])?;
+    let mut p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     let local = tempfile::tempdir()?;
     for (name, seed) in [("a.bin", 1u64), ("b.bin", 2)] {
         write_random_file(&local.path().join(name), seed, 2 * MIB + 1)?;
@@ -317,10 +314,10 @@ fn metrics_endpoint_serves_the_cache_counters() -> Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let p = cached(
-        g.upstream_url(),
-        cache.path(),
-        &["--metrics", &format!("127.0.0.1:{port}")],
+    let p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache_dir(cache.path())
+            .metrics(SocketAddr::from(([127, 0, 0, 1], port))),
     )?;
     std::fs::write(g.export_dir().join("m"), b"metrics")?;
     ensure!(nfs_cat(&p.url("m"))? == b"metrics");
@@ -348,10 +345,10 @@ fn a_directory_read_with_its_first_lookup_answers_the_next_names() -> Result<()>
     }
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let cache = tempfile::tempdir()?;
-    let client = cached(
-        server.upstream_url(),
-        cache.path(),
-        &["--attr-timeout", "60"],
+    let client = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .cache_dir(cache.path())
+            .attr_timeout(60),
     )?;
     let upstream = |proc_: &str| -> Result<u64> { Ok(n(&server.status()?["nfs_calls"], proc_)) };
     compare_file_with(&nfs_cat(&client.url("img1/vm.json"))?, &dir.join("vm.json"))?;
@@ -395,10 +392,10 @@ fn attribute_cache_answers_repeat_sessions_locally_and_empties_on_writes() -> Re
     write_random_file(&src, 31, 3 << 20)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let dir = tempfile::tempdir()?;
-    let client = cached(
-        server.upstream_url(),
-        dir.path(),
-        &["--cache-size", "64M", "--attr-timeout", "60"],
+    let client = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .cache(dir.path(), "64M")
+            .attr_timeout(60),
     )?;
     let calls = |p: &Proxy| -> Result<u64> {
         let s = p.status()?;

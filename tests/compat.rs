@@ -37,7 +37,7 @@ use gvfs::libnfs::{nfs_cat, nfs_cp};
 use gvfs::nfsclient::NfsClient;
 use gvfs::process;
 use gvfs::proxy::stat as n;
-use gvfs::{Proxy, ProxyArgs};
+use gvfs::{Proxy, ProxyArgs, WritePolicy};
 use gvfs_nfs::nfs3_types::nfs3::stable_how;
 
 const KIB: u64 = 1 << 10;
@@ -207,28 +207,15 @@ impl Spec {
 /// geometry must match the banks'): a small block cache (8 MiB in 2 banks,
 /// 8-way, 64 KiB blocks), write-back, the metadata layer and its file cache.
 fn caching_args(upstream: String, cache_dir: &Path) -> ProxyArgs {
-    let mut args = ProxyArgs::new(upstream);
-    for a in [
-        "--cache-dir",
-        &cache_dir.display().to_string(),
-        "--cache-size",
-        "8M",
-        "--cache-banks",
-        "2",
-        "--cache-ways",
-        "8",
-        "--block-size",
-        "64K",
-        "--write-policy",
-        "write-back",
-        "--no-writeback-on-exit",
-        "--meta",
-        "--file-cache-size",
-        "64M",
-    ] {
-        args = args.arg(a);
-    }
-    args
+    ProxyArgs::new(upstream)
+        .cache(cache_dir, "8M")
+        .cache_banks(2)
+        .cache_ways(8)
+        .block_size("64K")
+        .write_policy(WritePolicy::WriteBack)
+        .no_writeback_on_exit()
+        .meta()
+        .file_cache_size("64M")
 }
 
 /// A filesystem image loop-mounted at a directory; unmounted when dropped.

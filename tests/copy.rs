@@ -54,32 +54,24 @@ async fn lan_across_a_wan(g: &Ganesha, dir: &Path) -> Result<(Proxy, WanLink, Pr
         LinkConfig::from_rtt(Duration::from_millis(2), None),
     )
     .await?;
-    let lan = caching(server.upstream_url_at(link.local_addr()), dir)?;
+    let lan =
+        Proxy::spawn(ProxyArgs::new(server.upstream_url_at(link.local_addr())).cache(dir, "64M"))?;
     Ok((server, link, lan))
 }
 
-/// A proxy with a small block cache (and so a file cache) in `dir`.
-fn caching(upstream: String, dir: &Path) -> Result<Proxy> {
-    Proxy::spawn(caching_args(upstream, dir))
-}
+/// How long a whole-file fetch may take.
+const WAIT: Duration = Duration::from_secs(15);
 
-fn caching_args(upstream: String, dir: &Path) -> ProxyArgs {
-    ProxyArgs::new(upstream)
-        .arg("--cache-dir")
-        .arg(dir.display().to_string())
-        .arg("--cache-size")
-        .arg("64M")
-}
-
-/// [`caching`] in front of `server`, listening on 127.0.0.`last`:111,
-/// where QEMU finds NFS (through PORTMAP on port 111 of the address given).
+/// A proxy with a small block cache (and so a file cache) in `dir`,
+/// listening on 127.0.0.`last`:111 in front of `server`, where QEMU finds
+/// NFS (through PORTMAP on port 111 of the address given).
 fn caching_for_qemu(server: &Proxy, dir: &Path, last: u8) -> Result<Proxy> {
     let at = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)), 111);
-    Proxy::spawn(caching_args(server.upstream_url(), dir).listen(at))
-}
-
-async fn wait_complete(p: &Proxy, files: u64) -> Result<serde_json::Value> {
-    p.wait_stat("file_cache.files_complete", files, Duration::from_secs(15))
+    Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .cache(dir, "64M")
+            .listen(at),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +90,9 @@ async fn a_256_mib_image_comes_as_one_compressed_stream_and_is_served_before_it_
     )
     .await?;
     let cache = tempfile::tempdir()?;
-    let client = caching(server.upstream_url_at(link.local_addr()), cache.path())?;
+    let client = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url_at(link.local_addr())).cache(cache.path(), "64M"),
+    )?;
 
     // The first READ is answered while the rest of the file is on its way.
     let nfs = NfsClient::of_proxy(&client, Duration::from_secs(60)).await?;
@@ -129,7 +123,7 @@ async fn a_256_mib_image_comes_as_one_compressed_stream_and_is_served_before_it_
     nfs_cp(&client.url("mem.raw"), &back.display().to_string())?;
     compare_files(&src, &back).context("compress-and-copy bytes")?;
 
-    let s = wait_complete(&client, 1).await?;
+    let s = client.wait_files_complete(1, WAIT)?;
     let chunks = n(&s, "file_cache.chunks_fetched");
     let zero = n(&s, "file_cache.zero_chunks");
     // Every byte once: the first READ's pieces and the rest of their
@@ -186,18 +180,18 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
 
     // Node A warms the LAN proxy.
     let a_dir = tempfile::tempdir()?;
-    let node_a = caching(lan.upstream_url(), a_dir.path())?;
+    let node_a = Proxy::spawn(ProxyArgs::new(lan.upstream_url()).cache(a_dir.path(), "64M"))?;
     let to_a = local.path().join("a-from-a");
     nfs_cp(&node_a.url("a.raw"), &to_a.display().to_string())?;
     compare_files(&a_img, &to_a).context("node A's copy")?;
-    wait_complete(&lan, 1).await?;
+    lan.wait_files_complete(1, WAIT)?;
     let wan_before = link.stats().downstream_bytes + link.stats().upstream_bytes;
     let fetches_before = n(&server.cache_stats_all()?, "ext.fetch_calls");
     let reads_before = server.calls("READ")?;
 
     // Node B gets the same image from the LAN proxy alone.
     let b_dir = tempfile::tempdir()?;
-    let node_b = caching(lan.upstream_url(), b_dir.path())?;
+    let node_b = Proxy::spawn(ProxyArgs::new(lan.upstream_url()).cache(b_dir.path(), "64M"))?;
     let to_b = local.path().join("a-from-b");
     nfs_cp(&node_b.url("a.raw"), &to_b.display().to_string())?;
     compare_files(&a_img, &to_b).context("node B's copy")?;
@@ -220,7 +214,9 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
     let mut dirs = Vec::new();
     for _ in 0..8 {
         let d = tempfile::tempdir()?;
-        nodes.push(caching(lan.upstream_url(), d.path())?);
+        nodes.push(Proxy::spawn(
+            ProxyArgs::new(lan.upstream_url()).cache(d.path(), "64M"),
+        )?);
         dirs.push(d);
     }
     let fetches_before = n(&server.cache_stats_all()?, "ext.fetch_calls");
@@ -272,12 +268,12 @@ async fn a_lan_proxy_fetches_no_chunks_the_zero_map_says_are_zeros() -> Result<(
     let lan_dir = tempfile::tempdir()?;
     let (server, _link, lan) = lan_across_a_wan(&g, lan_dir.path()).await?;
     let node_dir = tempfile::tempdir()?;
-    let node = caching(lan.upstream_url(), node_dir.path())?;
+    let node = Proxy::spawn(ProxyArgs::new(lan.upstream_url()).cache(node_dir.path(), "64M"))?;
     let local = tempfile::tempdir()?;
     let to = local.path().join("z");
     nfs_cp(&node.url("z.raw"), &to.display().to_string())?;
     compare_files(&path, &to).context("the node's copy")?;
-    let l = wait_complete(&lan, 1).await?;
+    let l = lan.wait_files_complete(1, WAIT)?;
     let up = server.cache_stats_all()?;
     ensure!(
         n(&l, "file_cache.zero_chunks") == 16 && n(&up, "ext.fetch_calls") == 8,
@@ -335,7 +331,7 @@ async fn repeated_blocks_cross_the_wan_once_and_every_proxy_gets_them_whole() ->
     ensure!(runs()? > 0, "meta gen --compress found no repeats");
     // The image server's proxy reads the metadata (it would by default
     // with --listen-tls); a LAN proxy across a WAN link; a node behind it.
-    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).meta())?;
     let link = WanLink::start(
         "127.0.0.1:0".parse()?,
         server.addr(),
@@ -346,15 +342,21 @@ async fn repeated_blocks_cross_the_wan_once_and_every_proxy_gets_them_whole() ->
     // itself (its own test is tests/dedup.rs).
     let lan_dir = tempfile::tempdir()?;
     let lan = Proxy::spawn(
-        caching_args(server.upstream_url_at(link.local_addr()), lan_dir.path()).arg("--no-dedup"),
+        ProxyArgs::new(server.upstream_url_at(link.local_addr()))
+            .cache(lan_dir.path(), "64M")
+            .no_dedup(),
     )?;
     let node_dir = tempfile::tempdir()?;
-    let node = Proxy::spawn(caching_args(lan.upstream_url(), node_dir.path()).arg("--no-dedup"))?;
+    let node = Proxy::spawn(
+        ProxyArgs::new(lan.upstream_url())
+            .cache(node_dir.path(), "64M")
+            .no_dedup(),
+    )?;
     let local = tempfile::tempdir()?;
     let to = local.path().join("rep");
     nfs_cp(&node.url("rep.raw"), &to.display().to_string())?;
     compare_files(&path, &to).context("the node's copy")?;
-    let l = wait_complete(&lan, 1).await?;
+    let l = lan.wait_files_complete(1, WAIT)?;
     let wan = link.stats();
     ensure!(
         n(&l, "file_cache.repeat_bytes") == repeated,
@@ -368,20 +370,23 @@ async fn repeated_blocks_cross_the_wan_once_and_every_proxy_gets_them_whole() ->
     );
     // The LAN proxy hands the chunks on as they came, compressing none;
     // the node fills the repeats itself.
-    let nd = wait_complete(&node, 1).await?;
+    let nd = node.wait_files_complete(1, WAIT)?;
     ensure!(
         n(&nd, "file_cache.repeat_bytes") == repeated && n(&l, "file_cache.frames_made") == 0,
         "node: {nd}, LAN: {l}"
     );
     // A node straight behind the image server fills them itself.
     let direct_dir = tempfile::tempdir()?;
-    let direct =
-        Proxy::spawn(caching_args(server.upstream_url(), direct_dir.path()).arg("--no-dedup"))?;
+    let direct = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .cache(direct_dir.path(), "64M")
+            .no_dedup(),
+    )?;
     ensure!(
         nfs_cat(&direct.url("rep.raw"))? == std::fs::read(&path)?,
         "direct copy"
     );
-    let d = wait_complete(&direct, 1).await?;
+    let d = direct.wait_files_complete(1, WAIT)?;
     ensure!(n(&d, "file_cache.repeat_bytes") == repeated, "direct: {d}");
     Ok(())
 }
@@ -396,7 +401,7 @@ async fn writes_to_a_held_file_stay_local_until_written_back_compressed() -> Res
     let cache = tempfile::tempdir()?;
     let client = caching_for_qemu(&server, cache.path(), 41)?;
     ensure!(nfs_cat(&client.url("wb.raw"))? == original, "first read");
-    wait_complete(&client, 1).await?;
+    client.wait_files_complete(1, WAIT)?;
 
     // QEMU writes into the image: at 3 MiB and over its last page (a raw
     // image cannot grow through QEMU; growing is covered in crates/meta).
@@ -480,7 +485,7 @@ async fn a_client_reads_its_writes_after_a_write_back_without_asking_for_attribu
     let cache = tempfile::tempdir()?;
     let client = caching_for_qemu(&server, cache.path(), 42)?;
     ensure!(nfs_cat(&client.url("rb.raw"))? == original, "first read");
-    wait_complete(&client, 1).await?;
+    client.wait_files_complete(1, WAIT)?;
 
     // One QEMU session writes into the zero block, waits while the proxy
     // writes back, then reads the block again: no GETATTR or LOOKUP in
@@ -538,12 +543,12 @@ async fn a_create_that_truncates_a_held_file_lets_the_whole_copy_go() -> Result<
     let src = image(&g, "tr.raw", 8 * MIB, 23)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let cache = tempfile::tempdir()?;
-    let client = caching(server.upstream_url(), cache.path())?;
+    let client = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(cache.path(), "64M"))?;
     ensure!(
         nfs_cat(&client.url("tr.raw"))? == std::fs::read(&src)?,
         "first read"
     );
-    wait_complete(&client, 1).await?;
+    client.wait_files_complete(1, WAIT)?;
 
     // CREATE UNCHECKED with size 0 over the held file, then a WRITE.
     let nfs = NfsClient::of_proxy(&client, Duration::from_secs(60)).await?;
@@ -595,12 +600,12 @@ async fn lookup_and_readdirplus_give_a_held_file_its_local_size() -> Result<()> 
     let src = image(&g, "gr.raw", size, 24)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let cache = tempfile::tempdir()?;
-    let client = caching(server.upstream_url(), cache.path())?;
+    let client = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(cache.path(), "64M"))?;
     ensure!(
         nfs_cat(&client.url("gr.raw"))? == std::fs::read(&src)?,
         "first read"
     );
-    wait_complete(&client, 1).await?;
+    client.wait_files_complete(1, WAIT)?;
 
     // Grow the held file by a page: the write stays in the file cache.
     let nfs = NfsClient::of_proxy(&client, Duration::from_secs(60)).await?;
@@ -676,9 +681,9 @@ async fn a_write_to_a_held_file_that_upstream_would_refuse_is_refused_here() -> 
     let original = std::fs::read(&src)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let cache = tempfile::tempdir()?;
-    let client = caching(server.upstream_url(), cache.path())?;
+    let client = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(cache.path(), "64M"))?;
     ensure!(nfs_cat(&client.url("ro.raw"))? == original, "first read");
-    wait_complete(&client, 1).await?;
+    client.wait_files_complete(1, WAIT)?;
 
     // Another user, who may read the image (0644, root's) but not write it.
     let a = client.addr();

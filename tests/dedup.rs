@@ -96,18 +96,6 @@ fn lie(g: &Ganesha, image: &str, other: &str, blocks: &[(usize, u64)]) -> Result
     Ok(())
 }
 
-fn caching(upstream: String, dir: &Path, extra: &[&str]) -> Result<Proxy> {
-    let mut args = ProxyArgs::new(upstream)
-        .arg("--cache-dir")
-        .arg(dir.display().to_string())
-        .arg("--cache-size")
-        .arg("64M");
-    for a in extra {
-        args = args.arg(*a);
-    }
-    Proxy::spawn(args)
-}
-
 /// Copies `name` through `proxy` with nfs-cp and checks it against the
 /// origin's `want`.
 fn copy_through(proxy: &Proxy, name: &str, want: &Path, to: &Path) -> Result<()> {
@@ -120,10 +108,6 @@ fn copy_through(proxy: &Proxy, name: &str, want: &Path, to: &Path) -> Result<()>
 async fn wait_indexed(p: &Proxy, blocks: u64) -> Result<()> {
     p.wait_stat("file_cache.blocks_indexed", blocks, WAIT)
         .map(drop)
-}
-
-async fn wait_complete(p: &Proxy, files: u64) -> Result<serde_json::Value> {
-    p.wait_stat("file_cache.files_complete", files, WAIT)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,17 +126,15 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
         tempfile::tempdir()?,
         tempfile::tempdir()?,
     );
-    let lan = caching(
-        server.upstream_url_at(link.local_addr()),
-        lan_dir.path(),
-        &[],
+    let lan = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url_at(link.local_addr())).cache(lan_dir.path(), "64M"),
     )?;
-    let node = caching(lan.upstream_url(), node_dir.path(), &[])?;
+    let node = Proxy::spawn(ProxyArgs::new(lan.upstream_url()).cache(node_dir.path(), "64M"))?;
     let wan = || link.stats().downstream_bytes + link.stats().upstream_bytes;
 
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
-    wait_complete(&lan, 1).await?;
-    wait_complete(&node, 1).await?;
+    lan.wait_files_complete(1, WAIT)?;
+    node.wait_files_complete(1, WAIT)?;
     wait_indexed(&lan, BLOCKS).await?;
     wait_indexed(&node, BLOCKS).await?;
     let wan_a = wan();
@@ -167,8 +149,8 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
         "gvfsctl meta show:\n{shown}"
     );
     copy_through(&node, "b.img", &b, &out.path().join("b"))?;
-    let lan_stats = wait_complete(&lan, 2).await?;
-    let node_stats = wait_complete(&node, 2).await?;
+    let lan_stats = lan.wait_files_complete(2, WAIT)?;
+    let node_stats = node.wait_files_complete(2, WAIT)?;
     let wan_b = wan() - wan_a;
 
     // Each hop copied B's shared half from A.
@@ -200,10 +182,14 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
 
     // With dedup off, a node fetches every block, and gets the same bytes.
     let off_dir = tempfile::tempdir()?;
-    let off = caching(lan.upstream_url(), off_dir.path(), &["--no-dedup"])?;
+    let off = Proxy::spawn(
+        ProxyArgs::new(lan.upstream_url())
+            .cache(off_dir.path(), "64M")
+            .no_dedup(),
+    )?;
     copy_through(&off, "a.img", &a, &out.path().join("a2"))?;
     copy_through(&off, "b.img", &b, &out.path().join("b2"))?;
-    let s = wait_complete(&off, 2).await?;
+    let s = off.wait_files_complete(2, WAIT)?;
     ensure!(
         n(&s, "file_cache.dedup_bytes") == 0 && n(&s, "file_cache.raw_bytes") >= 2 * BLOCKS * BLOCK,
         "--no-dedup still copied held blocks: {s}"
@@ -236,9 +222,9 @@ async fn held_blocks_serve_after_a_restart_and_rotted_ones_are_fetched() -> Resu
     let (a, b) = images(&g)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mut node = caching(server.upstream_url(), dir.path(), &[])?;
+    let mut node = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(dir.path(), "64M"))?;
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
-    wait_complete(&node, 1).await?;
+    node.wait_files_complete(1, WAIT)?;
     wait_indexed(&node, BLOCKS).await?;
     node.terminate()?;
 
@@ -253,10 +239,10 @@ async fn held_blocks_serve_after_a_restart_and_rotted_ones_are_fetched() -> Resu
 
     // After the restart the index still finds A's blocks; the rotted ones
     // fail their hash and are fetched, and B is right.
-    let node = caching(server.upstream_url(), dir.path(), &[])?;
+    let node = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(dir.path(), "64M"))?;
     copy_through(&node, "b.img", &b, &out.path().join("b"))?;
     // (A was restored, not fetched: B is this process's first fetch.)
-    let s = wait_complete(&node, 1).await?;
+    let s = node.wait_files_complete(1, WAIT)?;
     ensure!(
         n(&s, "file_cache.dedup_rejected") == 64
             && n(&s, "file_cache.dedup_bytes") == SHARED - 64 * BLOCK,
@@ -285,10 +271,10 @@ async fn a_node_without_hashes_or_with_an_older_format_fetches_everything() -> R
     ensure!(!said.contains("block hashes"), "meta gen said: {said}");
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let node = caching(server.upstream_url(), dir.path(), &[])?;
+    let node = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(dir.path(), "64M"))?;
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
     copy_through(&node, "b.img", &b, &out.path().join("b"))?;
-    let s = wait_complete(&node, 2).await?;
+    let s = node.wait_files_complete(2, WAIT)?;
     ensure!(
         n(&s, "file_cache.dedup_bytes") == 0 && n(&s, "meta.copy_reads") > 0,
         "B without hashes: {s}"
@@ -298,19 +284,19 @@ async fn a_node_without_hashes_or_with_an_older_format_fetches_everything() -> R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result<()> {
-    if let Some(why) = gvfs::fuse::unavailable() {
-        eprintln!("skipping: {why}");
-        return Ok(());
-    }
+    gvfs::require_fuse!();
     let g = Ganesha::start()?;
     let (a, b) = images(&g)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let mnt = gvfs::fuse::MountPoint::new()?;
-    let mount = mnt.path().display().to_string();
-    let node = caching(server.upstream_url(), dir.path(), &["--mount", &mount])?;
+    let node = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .cache(dir.path(), "64M")
+            .mount(mnt.path()),
+    )?;
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
-    wait_complete(&node, 1).await?;
+    node.wait_files_complete(1, WAIT)?;
     wait_indexed(&node, BLOCKS).await?;
 
     // Page faults far apart in B, as a guest's: each reader fetches the
@@ -335,7 +321,7 @@ async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result
         "the faults were not asked as demand with the held blocks named"
     );
     // And the whole of B arrives right.
-    wait_complete(&node, 2).await?;
+    node.wait_files_complete(2, WAIT)?;
     compare_files(&b, &mnt.path().join("b.img"))?;
     drop(f);
     drop(node);
@@ -352,12 +338,12 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
 
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let node = caching(server.upstream_url(), dir.path(), &[])?;
+    let node = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(dir.path(), "64M"))?;
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
-    wait_complete(&node, 1).await?;
+    node.wait_files_complete(1, WAIT)?;
     wait_indexed(&node, BLOCKS).await?;
     copy_through(&node, "b.img", &b, &out.path().join("b"))?;
-    let s = wait_complete(&node, 2).await?;
+    let s = node.wait_files_complete(2, WAIT)?;
     // The first chunk failed its piece hash with A's block in it, came
     // again whole, and the rest of B's shared blocks were copied.
     ensure!(
@@ -376,10 +362,7 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
 /// start: the fault, and the profile's fetch, get B's true bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Result<()> {
-    if let Some(why) = gvfs::fuse::unavailable() {
-        eprintln!("skipping: {why}");
-        return Ok(());
-    }
+    gvfs::require_fuse!();
     let g = Ganesha::start()?;
     let (a, b) = images(&g)?;
     lie(&g, "b.img", "a.img", &[(1, 7)])?;
@@ -395,17 +378,17 @@ async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Res
     };
     std::fs::write(g.export_dir().join(".b.img.gvfsprofile"), profile.record())?;
 
-    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).meta())?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let mnt = gvfs::fuse::MountPoint::new()?;
-    let mount = mnt.path().display().to_string();
-    let node = caching(
-        server.upstream_url(),
-        dir.path(),
-        &["--mount", &mount, "--mount-readahead", "0"],
+    let node = Proxy::spawn(
+        ProxyArgs::new(server.upstream_url())
+            .cache(dir.path(), "64M")
+            .mount(mnt.path())
+            .mount_readahead("0"),
     )?;
     copy_through(&node, "a.img", &a, &out.path().join("a"))?;
-    wait_complete(&node, 1).await?;
+    node.wait_files_complete(1, WAIT)?;
     wait_indexed(&node, BLOCKS).await?;
 
     // A first fault far away starts B's fetch; once it follows the
@@ -417,7 +400,7 @@ async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Res
     f.read_exact_at(&mut got, BLOCK)?;
     File::open(&b)?.read_exact_at(&mut want, BLOCK)?;
     ensure!(got == want, "B's block 1 through the mount is not B's");
-    let s = wait_complete(&node, 2).await?;
+    let s = node.wait_files_complete(2, WAIT)?;
     ensure!(
         n(&s, "file_cache.profile_pieces") == 1,
         "B's profile was not fetched first: {s}"
@@ -456,7 +439,7 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
 
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let node = caching(server.upstream_url(), dir.path(), &[])?;
+    let node = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(dir.path(), "64M"))?;
     copy_through(&node, "c.img", &c, &out.path().join("c"))?;
     wait_indexed(&node, BLOCKS).await?;
     let before = n(&node.cache_stats_all()?, "cache.fetched_bytes");
@@ -487,10 +470,10 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
         tempfile::tempdir()?,
         tempfile::tempdir()?,
     );
-    let lan = caching(server.upstream_url(), lan_dir.path(), &[])?;
+    let lan = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(lan_dir.path(), "64M"))?;
     copy_through(&lan, "c.img", &c, &out3.path().join("c"))?;
     wait_indexed(&lan, BLOCKS).await?;
-    let fresh = caching(lan.upstream_url(), node_dir.path(), &[])?;
+    let fresh = Proxy::spawn(ProxyArgs::new(lan.upstream_url()).cache(node_dir.path(), "64M"))?;
     copy_through(&fresh, "d.img", &d, &out3.path().join("d"))?;
     let s = lan.cache_stats_all()?;
     ensure!(
@@ -504,12 +487,8 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
     let (small_dir, out2) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let small = Proxy::spawn(
         ProxyArgs::new(server.upstream_url())
-            .arg("--cache-dir")
-            .arg(small_dir.path().display().to_string())
-            .arg("--cache-size")
-            .arg("4M")
-            .arg("--cache-banks")
-            .arg("1"),
+            .cache(small_dir.path(), "4M")
+            .cache_banks(1),
     )?;
     copy_through(&small, "c.img", &c, &out2.path().join("c"))?;
     let s = small.cache_stats_all()?;

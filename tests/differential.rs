@@ -853,7 +853,7 @@ async fn run_workload(
 async fn random_workload_matches_ganesha_through_a_three_proxy_chain() -> Result<()> {
     let direct = Ganesha::start()?;
     let behind = Ganesha::start()?;
-    let proxies = chain(&behind.upstream_url(), 3, &["--upstream-timeout", "30"])?;
+    let proxies = chain(&behind.upstream_url(), 3, |a| a.upstream_timeout(30))?;
     let front = proxies.last().context("no proxy")?.addr();
     run_workload(&direct, front, behind.export_dir(), &[], default_seed()).await
 }

@@ -3,7 +3,7 @@
 //! write-back that would overwrite a change made at the origin, a kept
 //! copy of a file changed while the proxy was down, and a full disk.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -30,21 +30,8 @@ fn image(g: &Ganesha, name: &str, seed: u64) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A proxy with a block cache (and so a file cache) in `dir`.
-fn caching(upstream: String, dir: &Path) -> Result<Proxy> {
-    Proxy::spawn(
-        ProxyArgs::new(upstream)
-            .arg("--cache-dir")
-            .arg(dir.display().to_string())
-            .arg("--cache-size")
-            .arg("16M"),
-    )
-}
-
-async fn wait_complete(p: &Proxy, files: u64) -> Result<()> {
-    p.wait_stat("file_cache.files_complete", files, Duration::from_secs(15))
-        .map(drop)
-}
+/// How long a whole-file fetch may take.
+const WAIT: Duration = Duration::from_secs(15);
 
 /// A WRITE (FILE_SYNC unless `unstable`) of `data` at `offset`: its status.
 async fn write(
@@ -100,9 +87,9 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() -> Result
     let src = image(&g, "shared.raw", 41)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let cache = tempfile::tempdir()?;
-    let client = caching(server.upstream_url(), cache.path())?;
+    let client = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(cache.path(), "16M"))?;
     ensure!(nfs_cat(&client.url("shared.raw"))? == std::fs::read(&src)?);
-    wait_complete(&client, 1).await?;
+    client.wait_files_complete(1, WAIT)?;
 
     let nfs = NfsClient::of_proxy(&client, Duration::from_secs(30)).await?;
     let fh = nfs.resolve("shared.raw").await?.context("shared.raw")?;
@@ -155,11 +142,11 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
     let src = image(&g, "kept.raw", 31)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let lan_dir = tempfile::tempdir()?;
-    let mut lan = caching(server.upstream_url(), lan_dir.path())?;
+    let mut lan = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(lan_dir.path(), "16M"))?;
     let node_dir = tempfile::tempdir()?;
-    let node = caching(lan.upstream_url(), node_dir.path())?;
+    let node = Proxy::spawn(ProxyArgs::new(lan.upstream_url()).cache(node_dir.path(), "16M"))?;
     ensure!(nfs_cat(&node.url("kept.raw"))? == std::fs::read(&src)?);
-    wait_complete(&lan, 1).await?;
+    lan.wait_files_complete(1, WAIT)?;
     drop(node);
     lan.terminate()?;
     // The image changes at the origin while the LAN proxy is down: same
@@ -167,7 +154,7 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
     gvfs::data::write_at(&src, 3 * MIB + 100, b"changed while the LAN proxy was down")?;
     let want = std::fs::read(&src)?;
 
-    let lan = caching(server.upstream_url(), lan_dir.path())?;
+    let lan = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(lan_dir.path(), "16M"))?;
     let s = lan.cache_stats_all()?;
     ensure!(
         n(&s, "file_cache.cached_bytes") == 4 * MIB,
@@ -218,9 +205,9 @@ async fn a_full_file_cache_disk_answers_nospc_and_recovers() -> Result<()> {
     // The file cache's directory, on an 8 MiB disk of its own.
     let files = cache.path().join("files");
     let tmpfs = Tmpfs::mount_at(&files, "8m")?;
-    let client = caching(server.upstream_url(), cache.path())?;
+    let client = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(cache.path(), "16M"))?;
     ensure!(nfs_cat(&client.url("full.raw"))? == want);
-    wait_complete(&client, 1).await?;
+    client.wait_files_complete(1, WAIT)?;
     let nfs = NfsClient::of_proxy(&client, Duration::from_secs(30)).await?;
     let fh = nfs.resolve("full.raw").await?.context("full.raw")?;
 

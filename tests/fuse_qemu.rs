@@ -94,21 +94,10 @@ impl Setup {
         let cache = tempfile::tempdir()?;
         let local = tempfile::tempdir()?;
         let mnt = MountPoint::new()?;
-        let proxy = Proxy::spawn(
-            ProxyArgs::dir(origin.path())
-                .arg("--cache-dir")
-                .arg(cache.path().display().to_string())
-                .arg("--cache-size")
-                .arg("256M")
-                .arg("--mount")
-                .arg(mnt.path().display().to_string()),
+        let proxy = fuse::mounted(
+            ProxyArgs::dir(origin.path()).cache(cache.path(), "256M"),
+            &mnt,
         )?;
-        ensure!(
-            mnt.is_mounted()? && fuse::fs_type(mnt.path())? == fuse::FUSE_SUPER_MAGIC,
-            "{} is not a FUSE mount after the proxy printed `listening on`; output:\n{}",
-            mnt.path().display(),
-            proxy.output()
-        );
         Ok(Self {
             origin,
             local,

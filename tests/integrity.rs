@@ -19,19 +19,6 @@ use gvfs_nfs::nfs3_types::nfs3::stable_how;
 const KIB: usize = 1024;
 const MIB: u64 = 1 << 20;
 
-/// A proxy with a small block cache in `dir` in front of `g`.
-fn cached(g: &Ganesha, dir: &Path, extra: &[&str]) -> Result<Proxy> {
-    let mut args = ProxyArgs::new(g.upstream_url())
-        .arg("--cache-dir")
-        .arg(dir.display().to_string())
-        .arg("--cache-size")
-        .arg("16M");
-    for a in extra {
-        args = args.arg(*a);
-    }
-    Proxy::spawn(args)
-}
-
 fn n(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or(0)
 }
@@ -70,12 +57,12 @@ fn rotten_clean_bytes_are_fetched_again_not_served() -> Result<()> {
     let image = g.export_dir().join("img.bin");
     write_random_file(&image, 21, 2 * MIB)?;
     let want = std::fs::read(&image)?;
-    let mut p = cached(&g, cache.path(), &[])?;
+    let mut p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache(cache.path(), "16M"))?;
     ensure!(nfs_cat(&p.url("img.bin"))? == want, "first read");
     // Stopped cleanly, so the next start does not check the banks.
     p.terminate()?;
     rot(cache.path(), &want[64 * KIB..68 * KIB])?;
-    let p = cached(&g, cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache(cache.path(), "16M"))?;
     ensure!(
         nfs_cat(&p.url("img.bin"))? == want,
         "a byte that rotted in the cache was served"
@@ -90,8 +77,11 @@ fn rotten_clean_bytes_are_fetched_again_not_served() -> Result<()> {
 async fn rotten_dirty_bytes_are_not_written_back_and_clients_are_told() -> Result<()> {
     let g = Ganesha::start()?;
     let cache = tempfile::tempdir()?;
-    let opts = ["--no-writeback-on-exit"];
-    let mut p = cached(&g, cache.path(), &opts)?;
+    let mut p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache(cache.path(), "16M")
+            .no_writeback_on_exit(),
+    )?;
     let c = NfsClient::of_proxy(&p, Duration::from_secs(30)).await?;
     let fh = c.create("dirty.bin").await?;
     let data = random_bytes_at(22, 0, 256 * KIB);
@@ -100,7 +90,11 @@ async fn rotten_dirty_bytes_are_not_written_back_and_clients_are_told() -> Resul
     p.terminate()?;
     let rotten = 128 * KIB..132 * KIB;
     rot(cache.path(), &data[rotten.clone()])?;
-    let p = cached(&g, cache.path(), &opts)?;
+    let p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache(cache.path(), "16M")
+            .no_writeback_on_exit(),
+    )?;
     let c = NfsClient::of_proxy(&p, Duration::from_secs(30)).await?;
     let fh = c.resolve("dirty.bin").await?.context("dirty.bin")?;
     // Writing back finds the rotten sub-block and leaves it out.
@@ -138,8 +132,11 @@ async fn rotten_dirty_bytes_are_not_written_back_and_clients_are_told() -> Resul
 async fn a_deleted_bank_file_changes_the_verifier_and_is_reported() -> Result<()> {
     let g = Ganesha::start()?;
     let cache = tempfile::tempdir()?;
-    let opts = ["--no-writeback-on-exit"];
-    let mut p = cached(&g, cache.path(), &opts)?;
+    let mut p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache(cache.path(), "16M")
+            .no_writeback_on_exit(),
+    )?;
     let c = NfsClient::of_proxy(&p, Duration::from_secs(30)).await?;
     let fh = c.create("spread.bin").await?;
     // 2 MiB in 64 KiB blocks lands in every bank.
@@ -153,7 +150,11 @@ async fn a_deleted_bank_file_changes_the_verifier_and_is_reported() -> Result<()
     let banks = bank_files(cache.path())?;
     ensure!(banks.len() > 1, "{banks:?}");
     std::fs::remove_file(&banks[1])?;
-    let p = cached(&g, cache.path(), &opts)?;
+    let p = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache(cache.path(), "16M")
+            .no_writeback_on_exit(),
+    )?;
     let c = NfsClient::of_proxy(&p, Duration::from_secs(30)).await?;
     let fh = c.resolve("spread.bin").await?.context("spread.bin")?;
     let after = c.commit(&fh).await?;
@@ -187,8 +188,11 @@ async fn recovered_dirty_data_is_written_back_as_its_writer() -> Result<()> {
     }
     let user = Credentials::unix(1000, 1000);
     for (round, keep_record) in [(0u64, true), (1, false)] {
-        let opts = ["--no-writeback-on-exit"];
-        let mut p = cached(&g, cache.path(), &opts)?;
+        let mut p = Proxy::spawn(
+            ProxyArgs::new(g.upstream_url())
+                .cache(cache.path(), "16M")
+                .no_writeback_on_exit(),
+        )?;
         let a = p.addr();
         let c = NfsClient::mount(a, a, p.export(), user.clone(), Duration::from_secs(30)).await?;
         let fh = c.resolve(name).await?.context(name)?;
@@ -200,7 +204,11 @@ async fn recovered_dirty_data_is_written_back_as_its_writer() -> Result<()> {
             // Without the record, the file's owner writes it back.
             std::fs::remove_file(cache.path().join("writers"))?;
         }
-        let p = cached(&g, cache.path(), &opts)?;
+        let p = Proxy::spawn(
+            ProxyArgs::new(g.upstream_url())
+                .cache(cache.path(), "16M")
+                .no_writeback_on_exit(),
+        )?;
         p.write_back().context("write-back after the crash")?;
         let origin = std::fs::read(&path)?;
         ensure!(
@@ -221,18 +229,12 @@ fn a_full_disk_under_the_cache_loses_nothing() -> Result<()> {
     let g = Ganesha::start()?;
     let disk = Tmpfs::mount("40m")?;
     let cache = disk.path().join("cache");
-    let too_big = Proxy::spawn(
-        ProxyArgs::new(g.upstream_url())
-            .arg("--cache-dir")
-            .arg(cache.display().to_string())
-            .arg("--cache-size")
-            .arg("64M"),
-    );
+    let too_big = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache(&cache, "64M"));
     match too_big {
         Ok(p) => bail!("a 64 MiB cache started on a 40 MiB disk\n{}", p.output()),
         Err(e) => ensure!(format!("{e:#}").contains("no room"), "{e:#}"),
     }
-    let p = cached(&g, &cache, &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache(&cache, "16M"))?;
     disk.fill()?;
     let local = tempfile::tempdir()?;
     let src = local.path().join("big.bin");

@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use gvfs::kernel::{self, GuestReport, NfsClientKit, Server, Workload};
 use gvfs::proxy::stat;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs::{Ganesha, Proxy, ProxyArgs, WritePolicy};
 
 /// Boots the guest on `server`; fails unless every step passed.
 fn workload(server: &Server, what: Workload, label: &str) -> Result<GuestReport> {
@@ -52,10 +52,8 @@ fn cache_proxy_at(listen: SocketAddr, upstream: String, dir: &Path) -> Result<Pr
     Proxy::spawn(
         ProxyArgs::new(upstream)
             .listen(listen)
-            .arg("--cache-dir")
-            .arg(dir.display().to_string())
-            .arg("--write-policy")
-            .arg("write-back"),
+            .cache_dir(dir)
+            .write_policy(WritePolicy::WriteBack),
     )
 }
 

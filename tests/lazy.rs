@@ -22,6 +22,7 @@ use gvfs::data::{compare_bytes, compare_files, write_sparse_file};
 use gvfs::fuse::{self, MountPoint};
 use gvfs::nfsclient::NfsClient;
 use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::require_fuse;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_ext::{ChunkSource, ExtClient};
 use gvfs_nfs::Credentials;
@@ -42,16 +43,6 @@ const PAGE: usize = 4096;
 const LEARN_WAIT: Duration = Duration::from_secs(15);
 /// How long a whole-file fetch over loopback may take.
 const FETCH_WAIT: Duration = Duration::from_secs(30);
-
-/// Returns from the test (passing) with a message when FUSE is missing.
-macro_rules! require_fuse {
-    () => {
-        if let Some(why) = gvfs::fuse::unavailable() {
-            eprintln!("skipping: {why}");
-            return Ok(());
-        }
-    };
-}
 
 /// Writes a sparse image of `size` bytes at `path`: data (for `seed`) in
 /// every chunk but `zeros`, then its metadata with `meta gen --compress`.
@@ -89,21 +80,7 @@ impl Node {
     fn start(upstream: String) -> Result<Self> {
         let cache = tempfile::Builder::new().prefix("gvfs-lazy-").tempdir()?;
         let mnt = MountPoint::new()?;
-        let proxy = Proxy::spawn(
-            ProxyArgs::new(upstream)
-                .arg("--cache-dir")
-                .arg(cache.path().display().to_string())
-                .arg("--cache-size")
-                .arg("64M")
-                .arg("--mount")
-                .arg(mnt.path().display().to_string()),
-        )?;
-        ensure!(
-            mnt.is_mounted()? && fuse::fs_type(mnt.path())? == fuse::FUSE_SUPER_MAGIC,
-            "{} is not a FUSE mount once the proxy listens; output:\n{}",
-            mnt.path().display(),
-            proxy.output()
-        );
+        let proxy = fuse::mounted(ProxyArgs::new(upstream).cache(cache.path(), "64M"), &mnt)?;
         Ok(Self {
             proxy,
             mnt,
@@ -197,9 +174,7 @@ async fn scattered_reads_are_learned_and_the_next_node_fetches_them_first() -> R
     let node2 = Node::start(server.upstream_url())?;
     let f = File::open(node2.path("golden.mem"))?;
     read_page(&f, &origin, 100)?;
-    let s = node2
-        .proxy
-        .wait_stat("file_cache.files_complete", 1, FETCH_WAIT)?;
+    let s = node2.proxy.wait_files_complete(1, FETCH_WAIT)?;
     ensure!(
         n(&s, "file_cache.profile_hits") == 1
             && n(&s, "file_cache.profile_pieces") == 4
@@ -244,9 +219,7 @@ async fn a_changed_image_drops_its_profile() -> Result<()> {
     let node = Node::start(server.upstream_url())?;
     let f = File::open(node.path("golden.mem"))?;
     read_page(&f, &origin, 30 * CHUNK)?;
-    let s = node
-        .proxy
-        .wait_stat("file_cache.files_complete", 1, FETCH_WAIT)?;
+    let s = node.proxy.wait_files_complete(1, FETCH_WAIT)?;
     ensure!(
         n(&s, "file_cache.profile_hits") == 0 && n(&s, "file_cache.profile_pieces") == 0,
         "a profile of the old version ordered the new one's fetch: {s}"
@@ -347,7 +320,7 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
     let g = Ganesha::start()?;
     let origin = g.export_dir().join("golden.mem");
     image(&origin, IMAGE_SIZE, &ZERO_CHUNKS, 83)?;
-    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).meta())?;
     drop(learn_scattered(&server, &origin, "golden.mem")?);
     let up = server.cache_stats_all()?;
     ensure!(
@@ -368,13 +341,11 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
     );
     drop(server);
 
-    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).arg("--meta"))?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).meta())?;
     let node = Node::start(server.upstream_url())?;
     let f = File::open(node.path("golden.mem"))?;
     read_page(&f, &origin, 100)?;
-    let s = node
-        .proxy
-        .wait_stat("file_cache.files_complete", 1, FETCH_WAIT)?;
+    let s = node.proxy.wait_files_complete(1, FETCH_WAIT)?;
     ensure!(
         n(&s, "file_cache.profile_hits") == 1 && n(&s, "file_cache.profile_pieces") == 4,
         "the restarted image server did not hand on the kept profile: {s}"

@@ -97,7 +97,7 @@ fn a_resent_remove_is_answered_not_rerun_on_the_dir_origin() -> Result<()> {
 #[test]
 fn a_resent_remove_is_answered_not_rerun_through_a_chain_to_ganesha() -> Result<()> {
     let g = Ganesha::start()?;
-    let proxies = chain(&g.upstream_url(), 2, &[])?;
+    let proxies = chain(&g.upstream_url(), 2, |a| a)?;
     resent_remove_succeeds_each_time(proxies.last().context("no proxy")?, g.export_dir())
 }
 
@@ -117,10 +117,8 @@ fn idle_and_half_sent_connections_do_not_lock_out_a_new_client() -> Result<()> {
     std::fs::write(origin.path().join("f"), b"served anyway")?;
     let p = Proxy::spawn(
         ProxyArgs::dir(origin.path())
-            .arg("--max-connections")
-            .arg("4")
-            .arg("--max-pending-connections")
-            .arg("4"),
+            .max_connections(4)
+            .max_pending_connections(4),
     )?;
     let null = NfsRequest::Null(gvfs_nfs::nfs3_types::xdr_codec::Void);
     // Four clients fill the limit: each makes one call, then goes quiet;
@@ -213,11 +211,7 @@ fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Resu
     let origin = tempfile::tempdir()?;
     gvfs::data::write_random_file(&origin.path().join("big"), 8, 16 * MIB)?;
     std::fs::write(origin.path().join("small"), b"still served")?;
-    let p = Proxy::spawn(
-        ProxyArgs::dir(origin.path())
-            .arg("--buffer-memory")
-            .arg(format!("{BUDGET}")),
-    )?;
+    let p = Proxy::spawn(ProxyArgs::dir(origin.path()).buffer_memory(&BUDGET.to_string()))?;
     let root = root_of(&p)?;
     let mut s = connect(p.addr())?;
     let lookup = NfsRequest::Lookup(LOOKUP3args {
@@ -321,11 +315,7 @@ fn a_toml_config_file_configures_the_proxy() -> Result<()> {
     // The fixture passes --upstream on the command line; pass the config
     // and let the command line's --upstream point at the same directory,
     // so only the export name comes from the file.
-    let p = Proxy::spawn(
-        ProxyArgs::dir(origin.path())
-            .arg("--config")
-            .arg(cfg.display().to_string()),
-    )?;
+    let p = Proxy::spawn(ProxyArgs::dir(origin.path()).config(&cfg))?;
     let url = format!(
         "nfs://127.0.0.1/images/hello?version=3&nfsport={0}&mountport={0}",
         p.port()

@@ -37,16 +37,6 @@ fn make_image(path: &Path, seed: u64) -> Result<u64> {
     Ok(size)
 }
 
-fn caching_proxy(g: &Ganesha, cache: &Path, extra: &[&str]) -> Result<Proxy> {
-    let mut args = ProxyArgs::new(g.upstream_url())
-        .arg("--cache-dir")
-        .arg(cache.display().to_string());
-    for a in extra {
-        args = args.arg(*a);
-    }
-    Proxy::spawn(args)
-}
-
 #[test]
 fn zero_blocks_are_answered_locally_and_the_bytes_are_identical() -> Result<()> {
     let g = Ganesha::start()?;
@@ -64,7 +54,7 @@ fn zero_blocks_are_answered_locally_and_the_bytes_are_identical() -> Result<()> 
     let want = std::fs::read(&image)?;
 
     let with = tempfile::tempdir()?;
-    let p = caching_proxy(&g, with.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(with.path()))?;
     let got = nfs_cat(&p.url("mem.img"))?;
     compare_file_with(&got, &image).context("read with metadata")?;
     let stats = p.cache_stats_all()?;
@@ -96,7 +86,11 @@ fn zero_blocks_are_answered_locally_and_the_bytes_are_identical() -> Result<()> 
 
     // Without metadata: the same bytes, and the zeros are fetched.
     let without = tempfile::tempdir()?;
-    let q = caching_proxy(&g, without.path(), &["--no-meta"])?;
+    let q = Proxy::spawn(
+        ProxyArgs::new(g.upstream_url())
+            .cache_dir(without.path())
+            .no_meta(),
+    )?;
     ensure!(nfs_cat(&q.url("mem.img"))? == want, "read without metadata");
     ensure!(
         n(&q.cache_stats_all()?["cache"], "fetched_bytes") >= size - 64 * 1024,
@@ -128,7 +122,7 @@ fn bad_metadata_is_ignored_with_a_warning_and_the_data_stays_right() -> Result<(
     for (what, bytes) in cases {
         std::fs::write(&meta_path, &bytes)?;
         let cache = tempfile::tempdir()?;
-        let p = caching_proxy(&g, cache.path(), &[])?;
+        let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
         let got = nfs_cat(&p.url("vm.img"))?;
         ensure!(got == want, "{what}: wrong bytes");
         let stats = p.cache_stats_all()?;
@@ -149,7 +143,7 @@ fn bad_metadata_is_ignored_with_a_warning_and_the_data_stays_right() -> Result<(
     gvfs::data::write_at(&image, 5 * MIB, b"no longer zero")?;
     let want = std::fs::read(&image)?;
     let cache = tempfile::tempdir()?;
-    let p = caching_proxy(&g, cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     ensure!(nfs_cat(&p.url("vm.img"))? == want, "stale: wrong bytes");
     let stats = p.cache_stats_all()?;
     ensure!(n(&stats["meta"], "meta_rejected") == 1, "stale: {stats}");
@@ -170,7 +164,7 @@ async fn a_lookup_finds_the_metadata_before_any_read() -> Result<()> {
     make_image(&image, 3)?;
     gvfsctl(&["meta", "gen", &image.display().to_string()])?;
     let cache = tempfile::tempdir()?;
-    let p = caching_proxy(&g, cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     let nfs = gvfs::nfsclient::NfsClient::of_proxy(&p, std::time::Duration::from_secs(30)).await?;
     ensure!(nfs.lookup(&nfs.root, "early.img").await?.is_some());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -254,7 +248,7 @@ fn forged_metadata_from_another_user_is_not_trusted() -> Result<()> {
         chown(&meta_path, Some(uid), Some(gid))?;
         std::fs::set_permissions(&meta_path, std::fs::Permissions::from_mode(mode))?;
         let cache = tempfile::tempdir()?;
-        let p = caching_proxy(&g, cache.path(), &[])?;
+        let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
         let got = nfs_cat(&p.url("root.img"))?;
         compare_file_with(&got, &image)
             .with_context(|| format!("forged metadata {uid}:{gid} {mode:o} was believed"))?;
@@ -285,7 +279,7 @@ fn forged_metadata_from_another_user_is_not_trusted() -> Result<()> {
         m.gid()
     );
     let cache = tempfile::tempdir()?;
-    let p = caching_proxy(&g, cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     ensure!(nfs_cat(&p.url("root.img"))? == want, "owner's metadata");
     let stats = p.cache_stats_all()?;
     let meta = &stats["meta"];
@@ -321,7 +315,7 @@ fn a_change_with_its_mtime_put_back_makes_metadata_stale() -> Result<()> {
     let want = std::fs::read(&image)?;
 
     let cache = tempfile::tempdir()?;
-    let p = caching_proxy(&g, cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     compare_file_with(&nfs_cat(&p.url("put-back.img"))?, &image)
         .context("read through metadata whose mtime was put back")?;
     let stats = p.cache_stats_all()?;
@@ -338,7 +332,7 @@ fn a_change_with_its_mtime_put_back_makes_metadata_stale() -> Result<()> {
 
     gvfsctl(&["meta", "gen", &image.display().to_string()])?;
     let cache = tempfile::tempdir()?;
-    let p = caching_proxy(&g, cache.path(), &[])?;
+    let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     ensure!(nfs_cat(&p.url("put-back.img"))? == want, "regenerated");
     let stats = p.cache_stats_all()?;
     ensure!(

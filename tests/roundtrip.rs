@@ -93,14 +93,14 @@ fn libnfs_round_trips_through_a_proxy_to_ganesha() -> Result<()> {
 #[test]
 fn libnfs_round_trips_through_three_proxies_to_ganesha() -> Result<()> {
     let g = Ganesha::start()?;
-    let proxies = chain(&g.upstream_url(), 3, &[])?;
+    let proxies = chain(&g.upstream_url(), 3, |a| a)?;
     round_trip(proxies.last().context("no proxy")?, g.export_dir())
 }
 
 #[test]
 fn libnfs_round_trips_through_three_proxies_to_the_dir_origin() -> Result<()> {
     let origin = tempfile::tempdir()?;
-    let proxies = chain(&format!("dir:{}", origin.path().display()), 3, &[])?;
+    let proxies = chain(&format!("dir:{}", origin.path().display()), 3, |a| a)?;
     round_trip(proxies.last().context("no proxy")?, origin.path())
 }
 
@@ -110,7 +110,7 @@ fn libnfs_round_trips_through_three_proxies_to_the_dir_origin() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_offset_writes_and_reads_through_the_chain() -> Result<()> {
     let g = Ganesha::start()?;
-    let proxies = chain(&g.upstream_url(), 3, &[])?;
+    let proxies = chain(&g.upstream_url(), 3, |a| a)?;
     let front: SocketAddr = proxies.last().context("no proxy")?.addr();
     let c = NfsClient::mount(
         front,

@@ -108,20 +108,16 @@ impl Pki {
     }
 }
 
-fn with_files(f: gvfs_tunnel::TlsFiles, mut p: ProxyArgs) -> ProxyArgs {
-    for (flag, path) in [("--cert", f.cert), ("--key", f.key), ("--ca", f.ca)] {
-        p = p.arg(flag).arg(path.display().to_string());
-    }
-    p
+fn with_files(f: gvfs_tunnel::TlsFiles, p: ProxyArgs) -> ProxyArgs {
+    p.tls_files(&f.cert, &f.key, &f.ca)
 }
 
-/// The image-server proxy: in front of `upstream`, accepting TLS peers.
-fn image_server(pki: &Pki, upstream: String, extra: &[&str]) -> Result<(Proxy, SocketAddr)> {
-    let mut args = pki.args("image-server", ProxyArgs::new(upstream));
-    args = args.arg("--listen-tls").arg("127.0.0.1:0");
-    for a in extra {
-        args = args.arg(*a);
-    }
+/// The image-server proxy: `args` (in front of its upstream), accepting
+/// TLS peers.
+fn image_server(pki: &Pki, args: ProxyArgs) -> Result<(Proxy, SocketAddr)> {
+    let args = pki
+        .args("image-server", args)
+        .listen_tls(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
     let p = Proxy::spawn(args)?;
     let tls = p.status()?["listen_tls"]
         .as_str()
@@ -142,7 +138,10 @@ fn tls_count(p: &Proxy, what: &str) -> Result<u64> {
 fn a_chain_over_tls_serves_libnfs_and_qemu_byte_for_byte() -> Result<()> {
     let pki = Pki::with(&["image-server", "node1"])?;
     let g = Ganesha::start()?;
-    let (server, tls) = image_server(&pki, g.upstream_url(), &["--map-peer", "node1=pass"])?;
+    let (server, tls) = image_server(
+        &pki,
+        ProxyArgs::new(g.upstream_url()).map_peer("node1", "pass"),
+    )?;
     let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 31)), 111);
     let client = Proxy::spawn(pki.args("node1", ProxyArgs::new(gvfs_url(tls)).listen(listen)))?;
     // libnfs: write through the tunnel, read back, compare at the origin.
@@ -199,7 +198,7 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
     let site = tempfile::tempdir()?;
     std::fs::write(site.path().join("f"), b"secret")?;
     let origin = format!("dir:{}", site.path().display());
-    let (server, tls) = image_server(&pki, origin.clone(), &[])?;
+    let (server, tls) = image_server(&pki, ProxyArgs::new(origin.clone()))?;
     let mut refusals = 0;
 
     let rt = tokio::runtime::Runtime::new()?;
@@ -226,7 +225,7 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
     let e = refused_client(pki.args("node1", ProxyArgs::new(url)))?;
     ensure!(e.contains("upstream"), "wrong name: {e}");
     // A server whose certificate the site CA did not sign.
-    let (rogue_server, rogue_tls) = image_server(&rogue, origin, &[])?;
+    let (rogue_server, rogue_tls) = image_server(&rogue, ProxyArgs::new(origin))?;
     let e = refused_client(pki.args("node1", ProxyArgs::new(gvfs_url(rogue_tls))))?;
     ensure!(e.contains("upstream"), "rogue server: {e}");
     drop(rogue_server);
@@ -281,8 +280,9 @@ fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
     let origin = format!("dir:{}", site.path().display());
     let (server, tls) = image_server(
         &pki,
-        origin,
-        &["--max-connections", "8", "--map-peer", "node1=pass"],
+        ProxyArgs::new(origin)
+            .max_connections(8)
+            .map_peer("node1", "pass"),
     )?;
     // A hundred sockets that never start a handshake, far more than the
     // served connections and than the budget of new ones.
@@ -296,14 +296,7 @@ fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
     }
     // A client proxy checks its upstream within twice --connect-timeout at
     // start, so it starts only if its handshake is not held up.
-    let client = Proxy::spawn(
-        pki.args(
-            "node1",
-            ProxyArgs::new(gvfs_url(tls))
-                .arg("--connect-timeout")
-                .arg("3"),
-        ),
-    )?;
+    let client = Proxy::spawn(pki.args("node1", ProxyArgs::new(gvfs_url(tls)).connect_timeout(3)))?;
     ensure!(nfs_cat(&client.url("f"))? == b"through the crowd");
     let st = server.status()?;
     let conns = &st["connections"];
@@ -338,7 +331,7 @@ fn a_client_proxy_refused_by_tls_exits_at_once_with_the_reason() -> Result<()> {
     let pki = Pki::with(&["image-server"])?;
     let site = tempfile::tempdir()?;
     let origin = format!("dir:{}", site.path().display());
-    let (_server, tls) = image_server(&pki, origin, &[])?;
+    let (_server, tls) = image_server(&pki, ProxyArgs::new(origin))?;
     // Another site's CA, and one that happens to have our CA's name.
     let rogue = Pki::named("another site CA")?;
     rogue.issue("intruder")?;
@@ -406,15 +399,10 @@ fn peers_are_mapped_to_their_configured_identities_at_the_origin() -> Result<()>
     let origin = format!("dir:{}", site.path().display());
     let (_server, tls) = image_server(
         &pki,
-        origin,
-        &[
-            "--map-peer",
-            "node1=fixed:1234:5678",
-            "--map-peer",
-            "node2=range:0-100",
-            "--map-peer",
-            "node3=range:500-600",
-        ],
+        ProxyArgs::new(origin)
+            .map_peer("node1", "fixed:1234:5678")
+            .map_peer("node2", "range:0-100")
+            .map_peer("node3", "range:500-600"),
     )?;
     let local = tempfile::tempdir()?;
     let src = local.path().join("small.bin");
@@ -606,7 +594,10 @@ fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
 async fn a_20_second_outage_delays_a_large_read_and_write_without_errors() -> Result<()> {
     let pki = Pki::with(&["image-server", "node1"])?;
     let g = Ganesha::start()?;
-    let (_server, tls) = image_server(&pki, g.upstream_url(), &["--map-peer", "node1=pass"])?;
+    let (_server, tls) = image_server(
+        &pki,
+        ProxyArgs::new(g.upstream_url()).map_peer("node1", "pass"),
+    )?;
     let link = gvfs_wanlink::WanLink::start(
         "127.0.0.1:0".parse()?,
         tls,
@@ -653,7 +644,7 @@ async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Re
     write_random_file(&image, 3, 4 * MIB)?;
     let want = std::fs::read(&image)?;
     let origin = format!("dir:{}", site.path().display());
-    let (_server, tls) = image_server(&pki, origin, &["--map-peer", "node1=pass"])?;
+    let (_server, tls) = image_server(&pki, ProxyArgs::new(origin).map_peer("node1", "pass"))?;
     let link = gvfs_wanlink::WanLink::start(
         "127.0.0.1:0".parse()?,
         tls,
@@ -664,8 +655,7 @@ async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Re
     let cache = tempfile::tempdir()?;
     let client = Proxy::spawn(
         pki.args("node1", ProxyArgs::new(url))
-            .arg("--cache-dir")
-            .arg(cache.path().display().to_string()),
+            .cache_dir(cache.path()),
     )?;
     let c = gvfs::nfsclient::NfsClient::of_proxy(&client, Duration::from_secs(10)).await?;
     let fh = c.resolve("img.bin").await?.context("img.bin")?;
@@ -741,18 +731,15 @@ fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
     let image = g.export_dir().join("mem.raw");
     gvfs::data::write_memory_image(&image, 12 * MIB + 4096, 9)?;
     pki.gvfsctl(&["meta", "gen", &image.display().to_string(), "--compress"])?;
-    let (server, tls) = image_server(&pki, g.upstream_url(), &["--map-peer", "node1=pass"])?;
-    let cache = tempfile::tempdir()?;
-    let client = Proxy::spawn(
-        pki.args(
-            "node1",
-            ProxyArgs::new(gvfs_url(tls))
-                .arg("--cache-dir")
-                .arg(cache.path().display().to_string())
-                .arg("--cache-size")
-                .arg("64M"),
-        ),
+    let (server, tls) = image_server(
+        &pki,
+        ProxyArgs::new(g.upstream_url()).map_peer("node1", "pass"),
     )?;
+    let cache = tempfile::tempdir()?;
+    let client = Proxy::spawn(pki.args(
+        "node1",
+        ProxyArgs::new(gvfs_url(tls)).cache(cache.path(), "64M"),
+    ))?;
     let local = tempfile::tempdir()?;
     let back = local.path().join("mem.raw");
     nfs_cp(&client.url("mem.raw"), &back.display().to_string())?;

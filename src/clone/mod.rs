@@ -287,10 +287,8 @@ impl<'a> Bench<'a> {
         let server = Proxy::spawn(
             ProxyArgs::new(ganesha.upstream_url())
                 .tls(&ca, "image-server")
-                .arg("--listen-tls")
-                .arg("127.0.0.1:0")
-                .arg("--map-peer")
-                .arg("node=pass")
+                .listen_tls(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+                .map_peer("node", "pass")
                 .env("RUST_LOG", "warn"),
         )?;
         let server_tls = server.status()?["listen_tls"]
@@ -364,12 +362,8 @@ impl<'a> Bench<'a> {
         let cache = tempfile::Builder::new().prefix("gvfs-node-").tempdir()?;
         let mount = mount.then(MountPoint::new).transpose()?;
         let mut args = ProxyArgs::new(upstream.clone())
-            .arg("--cache-dir")
-            .arg(cache.path().display().to_string())
-            .arg("--cache-size")
-            .arg("2G")
-            .arg("--attr-timeout")
-            .arg(ATTR_TIMEOUT_SECS.to_string())
+            .cache(cache.path(), "2G")
+            .attr_timeout(ATTR_TIMEOUT_SECS)
             .env("RUST_LOG", "warn");
         if let Some(ip) = ip {
             args = args.listen(SocketAddr::from((ip, 111)));
@@ -380,14 +374,10 @@ impl<'a> Bench<'a> {
         if let Some(m) = &mount {
             // No read-ahead: a guest's page fault asks for its page, and
             // the node fetches the 8 KiB piece around it.
-            args = args
-                .arg("--mount")
-                .arg(m.path().display().to_string())
-                .arg("--mount-readahead")
-                .arg("0");
+            args = args.mount(m.path()).mount_readahead("0");
         }
         if dedup == Dedup::Off && self.no_dedup_flag {
-            args = args.arg("--no-dedup");
+            args = args.no_dedup();
         }
         let node = Node {
             proxy: Proxy::spawn(args)?,

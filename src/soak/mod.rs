@@ -24,7 +24,7 @@ pub mod sample;
 pub mod workload;
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -37,7 +37,7 @@ use crate::bench::{loadavg, machine_busy_secs};
 use crate::data::{fill_at, write_random_file};
 use crate::nfsclient::NfsClient;
 use crate::proxy::stat;
-use crate::{Ganesha, Proxy, ProxyArgs};
+use crate::{Ganesha, Proxy, ProxyArgs, WritePolicy};
 use sample::{Sample, Sampler};
 use workload::{Client, ClientEnd, ClientKind, Plan, SharedFile, Tally};
 
@@ -203,10 +203,8 @@ pub fn run(s: &Settings) -> Result<Outcome> {
 
     let mut image_args = ProxyArgs::new(ganesha.upstream_url())
         .tls(&ca, "image-server")
-        .arg("--listen-tls")
-        .arg("127.0.0.1:0")
-        .arg("--map-peer")
-        .arg("lan=pass")
+        .listen_tls(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .map_peer("lan", "pass")
         .env("RUST_LOG", "warn");
     if let Some(b) = &s.image_server_binary {
         image_args = image_args.binary(b);
@@ -224,14 +222,9 @@ pub fn run(s: &Settings) -> Result<Outcome> {
     let lan = Proxy::spawn(
         lan_args
             .tls(&ca, "lan")
-            .arg("--cache-dir")
-            .arg(cache.display().to_string())
-            .arg("--cache-size")
-            .arg(&s.cache_size)
-            .arg("--block-size")
-            .arg(&s.block_size)
-            .arg("--write-policy")
-            .arg("write-back")
+            .cache(&cache, &s.cache_size)
+            .block_size(&s.block_size)
+            .write_policy(WritePolicy::WriteBack)
             .env("RUST_LOG", "warn"),
     )
     .context("starting the LAN proxy")?;
