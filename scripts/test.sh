@@ -30,7 +30,8 @@ sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${backports[@]}
   nfs-ganesha nfs-ganesha-vfs libnfs-utils qemu-utils qemu-block-extra \
   qemu-system-x86 busybox-static e2fsprogs fonts-dejavu-core gcc libc6-dev fuse3 >/dev/null
 
-# No import circles between a crate's files, no source file over 800 lines.
+# No new import circle between a crate's files and no new source file over
+# 800 lines (scripts/check-structure.known lists the old ones; it only shrinks).
 python3 scripts/check-structure.py
 # The protocol core stays sans-IO: it builds without its tokio side.
 cargo check --locked -p gvfs-nfs --no-default-features
