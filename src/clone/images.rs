@@ -1,0 +1,78 @@
+//! The golden images of a run: built one per directory (`vm1`, `vm2`, ...)
+//! with their metadata files, and counted ([`census`]) when there are two
+//! or more to share anything.
+
+use super::*;
+
+/// The directory of golden image `image` (`vm1`, `vm2`, ...).
+pub(super) fn image_dir(image: usize) -> String {
+    format!("vm{image}")
+}
+
+/// Builds the golden images of `settings` in `root` (`vm1`, `vm2`, ...),
+/// each with its metadata files (compress-and-copy with block hashes for
+/// `mem` and `state`, a zero map for the disk).
+pub(super) fn build_images(kit: &GuestKit, root: &Path, settings: &Settings) -> Result<()> {
+    for image in 1..=settings.images {
+        let dir = root.join(image_dir(image));
+        let t = Instant::now();
+        guest::build_golden(kit, &dir, image as u64, settings.size)
+            .with_context(|| format!("building golden image {image}"))?;
+        for (file, compress) in [(MEM, true), (STATE, true), (DISK, false)] {
+            let p = dir.join(file).display().to_string();
+            let mut args = vec!["meta", "gen", p.as_str()];
+            if compress {
+                args.push("--compress");
+            }
+            gvfsctl_local(&args)?;
+        }
+        eprintln!(
+            "golden image {image}: built in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// The images in the order WAN-S2 clones them (image 1 first), then any it
+/// does not clone.
+fn clone_order(settings: &Settings) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..settings.clones)
+        .map(|i| (i % settings.images) + 1)
+        .collect();
+    order.extend(1..=settings.images);
+    let mut seen = std::collections::BTreeSet::new();
+    order.retain(|&i| seen.insert(i));
+    order
+}
+
+/// The census of the golden images in `root` ([`census`]), when there are
+/// two or more to share anything.
+pub(super) fn take_census(root: &Path, settings: &Settings) -> Result<Option<Census>> {
+    if settings.images < 2 {
+        return Ok(None);
+    }
+    let images: Vec<(usize, PathBuf)> = clone_order(settings)
+        .into_iter()
+        .map(|i| (i, root.join(image_dir(i))))
+        .collect();
+    let census = Census::take(&images).context("the census of the golden images")?;
+    eprintln!("census of the golden images: {:.1} s", census.secs);
+    Ok(Some(census))
+}
+
+/// Builds the golden images of `settings` (in a temporary directory, no
+/// NFS server, no proxy) and counts them ([`census`]); runs no scenario.
+pub fn run_census(settings: &Settings) -> Result<Census> {
+    ensure!(
+        settings.images >= 2,
+        "a census needs two images or more, to share anything"
+    );
+    let kit = GuestKit::prepare(&guest::kit_dir()).context("preparing the guest kit")?;
+    let root = tempfile::Builder::new()
+        .prefix("gvfs-census-")
+        .tempdir()
+        .context("a directory for the golden images")?;
+    build_images(&kit, root.path(), settings)?;
+    take_census(root.path(), settings)?.context("no census")
+}
