@@ -744,16 +744,15 @@ fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
     let back = local.path().join("mem.raw");
     nfs_cp(&client.url("mem.raw"), &back.display().to_string())?;
     compare_files(&image, &back).context("compress-and-copy through the tunnel")?;
-    let (c, s) = (client.cache_stats_all()?, server.cache_stats_all()?);
-    let stat = gvfs::proxy::stat;
-    let chunks = stat(&c, "file_cache.chunks_fetched");
+    let (c, s) = (client.stats()?, server.stats()?);
+    let chunks = c.file_cache.counts.chunks_fetched;
     ensure!(
-        stat(&c, "meta.copy_reads") > 0 && chunks + stat(&c, "file_cache.zero_chunks") == 13,
+        c.meta.copy_reads > 0 && chunks + c.file_cache.counts.zero_chunks == 13,
         "the client did not fetch the image whole: {c}"
     );
     // The client reaches the image server only over TLS.
     ensure!(
-        stat(&s, "ext.fetch_calls") == chunks && tls_count(&server, "tls_accepted")? >= 1,
+        s.ext.fetch_calls == chunks && tls_count(&server, "tls_accepted")? >= 1,
         "image server: {s}"
     );
     Ok(())
