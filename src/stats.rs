@@ -13,6 +13,7 @@ use std::fmt;
 use anyhow::{Context, Result};
 use gvfs_attrcache::AttrCacheStats;
 use gvfs_cache::LayerStats;
+use gvfs_fuse::FuseStats;
 use gvfs_meta::{ExtStats, FileCacheStats, MetaStats};
 use gvfs_proxy::status::Status;
 
@@ -50,6 +51,15 @@ impl Stats {
             ext: typed.ext,
             json,
         })
+    }
+
+    /// The FUSE mount's counters (`status.mount`); fails when the proxy
+    /// has no mount.
+    pub fn mount(&self) -> Result<&FuseStats> {
+        self.status
+            .mount
+            .as_ref()
+            .with_context(|| format!("no mount in gvfsctl stats: {self}"))
     }
 
     /// The snapshot as JSON, as the proxy sent it.
