@@ -52,7 +52,7 @@ use gvfs::data::{compare_files, fill_at, write_random_file};
 use gvfs::libnfs::CopyClient;
 use gvfs::nfsclient::NfsClient;
 use gvfs::process;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs::{Ganesha, Proxy, ProxyArgs, WritePolicy};
 use gvfs_nfs::nfs3_types::nfs3::{Nfs3Result, READ3args};
 use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
 use gvfs_wanlink::{LinkConfig, WanLink};
@@ -499,17 +499,19 @@ impl Wan {
         )
     }
 
-    fn cached_proxy(&self, cache: &Path, size: u64, extra: &[&str]) -> Result<Proxy> {
-        let mut a = ProxyArgs::new(self.upstream_url())
-            .env("RUST_LOG", "warn")
-            .arg("--cache-dir")
-            .arg(cache.display().to_string())
-            .arg("--cache-size")
-            .arg(cache_size_for(size));
-        for e in extra {
-            a = a.arg(*e);
-        }
-        Proxy::spawn(a)
+    /// A proxy with a block cache in `cache` big enough for `size` bytes,
+    /// its arguments finished by `configure`.
+    fn cached_proxy(
+        &self,
+        cache: &Path,
+        size: u64,
+        configure: impl FnOnce(ProxyArgs) -> ProxyArgs,
+    ) -> Result<Proxy> {
+        Proxy::spawn(configure(
+            ProxyArgs::new(self.upstream_url())
+                .env("RUST_LOG", "warn")
+                .cache(cache, &cache_size_for(size)),
+        ))
     }
 
     /// Part 2: cold reads through fresh caching proxies over the WAN.
@@ -595,8 +597,7 @@ impl Wan {
             let cache = tempfile::Builder::new()
                 .prefix("cache-wan-")
                 .tempdir_in(work)?;
-            let ra_s = ra.to_string();
-            let proxy = self.cached_proxy(cache.path(), size, &["--readahead", &ra_s])?;
+            let proxy = self.cached_proxy(cache.path(), size, |a| a.readahead(ra))?;
             let name = if ra == 0 {
                 "caching proxy, --readahead 0".to_owned()
             } else {
@@ -646,11 +647,12 @@ impl Wan {
         let src_s = src.display().to_string();
         let timeout = wan_timeout(s.write_mib);
         let mut results = Vec::new();
-        for policy in ["write-through", "write-back"] {
+        for policy in [WritePolicy::WriteThrough, WritePolicy::WriteBack] {
             let cache = tempfile::Builder::new()
                 .prefix("cache-write-")
                 .tempdir_in(work)?;
-            let proxy = self.cached_proxy(cache.path(), size, &["--write-policy", policy])?;
+            let proxy = self.cached_proxy(cache.path(), size, |a| a.write_policy(policy))?;
+            let policy = policy.as_str();
             let name = format!("{policy}.bin");
             let landed = ganesha.export_dir().join(&name);
             let up0 = self.nfs.stats().upstream_bytes;

@@ -36,16 +36,15 @@ use rand::{Rng, SeedableRng};
 
 const CHUNK: usize = 64 << 10;
 
-fn cached(g: &Ganesha, dir: &Path, extra: &[&str]) -> Result<Proxy> {
-    let mut args = ProxyArgs::new(g.upstream_url())
-        .arg("--cache-dir")
-        .arg(dir.display().to_string())
-        .arg("--cache-size")
-        .arg("64M");
-    for a in extra {
-        args = args.arg(*a);
-    }
-    Proxy::spawn(args)
+/// A proxy with a 64 MiB block cache in `dir` in front of `g`, which
+/// leaves dirty data in the cache on SIGTERM when `keep_dirty`.
+fn cached(g: &Ganesha, dir: &Path, keep_dirty: bool) -> Result<Proxy> {
+    let args = ProxyArgs::new(g.upstream_url()).cache(dir, "64M");
+    Proxy::spawn(if keep_dirty {
+        args.no_writeback_on_exit()
+    } else {
+        args
+    })
 }
 
 fn n(v: &serde_json::Value, k: &str) -> u64 {
@@ -109,8 +108,7 @@ async fn crash(g: &Ganesha, trials: u64) -> Result<()> {
     let mut verifier_changes = 0u64;
     for trial in 0..trials {
         let cache = tempfile::tempdir()?;
-        let opts = ["--no-writeback-on-exit"];
-        let mut p = cached(g, cache.path(), &opts)?;
+        let mut p = cached(g, cache.path(), true)?;
         let c = NfsClient::of_proxy(&p, Duration::from_secs(2)).await?;
         let name = format!("crash-{trial}.bin");
         let fh = c.create(&name).await?;
@@ -123,7 +121,7 @@ async fn crash(g: &Ganesha, trials: u64) -> Result<()> {
         p.kill();
         kills += 1;
         let committed = writer.await?;
-        let mut p = cached(g, cache.path(), &[])?;
+        let mut p = cached(g, cache.path(), false)?;
         if trial % 2 == 1 {
             // Killed again, in the middle of writing back.
             let ctl = p.control_path().to_path_buf();
@@ -138,7 +136,7 @@ async fn crash(g: &Ganesha, trials: u64) -> Result<()> {
             p.kill();
             kills += 1;
             let _ = wb.wait_with_output();
-            p = cached(g, cache.path(), &[])?;
+            p = cached(g, cache.path(), false)?;
         }
         verifier_changes += n(&p.cache_stats()?, "verifier_changes");
         p.write_back()
@@ -212,13 +210,12 @@ async fn corruption(g: &Ganesha, trials: u64) -> Result<()> {
     let (mut lost_bytes, mut unreported, mut dropped, mut dirty_lost) = (0u64, 0u64, 0u64, 0u64);
     for trial in 0..trials {
         let cache = tempfile::tempdir()?;
-        let opts = ["--no-writeback-on-exit"];
         let clean_name = format!("clean-{trial}.bin");
         let dirty_name = format!("dirty-{trial}.bin");
         let clean_path = g.export_dir().join(&clean_name);
         write_random_file(&clean_path, 3000 + trial, 4 << 20)?;
         let clean = std::fs::read(&clean_path)?;
-        let mut p = cached(g, cache.path(), &opts)?;
+        let mut p = cached(g, cache.path(), true)?;
         ensure!(nfs_cat(&p.url(&clean_name))? == clean, "first read");
         let c = NfsClient::of_proxy(&p, Duration::from_secs(30)).await?;
         let fh = c.create(&dirty_name).await?;
@@ -234,7 +231,7 @@ async fn corruption(g: &Ganesha, trials: u64) -> Result<()> {
             p.kill();
         }
         flips += flip_random(cache.path(), rng.gen_range(1..=8), &mut rng)? as u64;
-        let p = cached(g, cache.path(), &opts)?;
+        let p = cached(g, cache.path(), true)?;
         wrong_served += wrong(&nfs_cat(&p.url(&clean_name))?, &clean);
         wrong_served += wrong(&nfs_cat(&p.url(&dirty_name))?, &dirty);
         let c = NfsClient::of_proxy(&p, Duration::from_secs(30)).await?;
@@ -280,7 +277,7 @@ async fn corruption(g: &Ganesha, trials: u64) -> Result<()> {
 fn disk_full(g: &Ganesha) -> Result<()> {
     let disk = Tmpfs::mount("96m")?;
     let cache = disk.path().join("cache");
-    let p = cached(g, &cache, &[])?;
+    let p = cached(g, &cache, false)?;
     let filled = disk.fill()?;
     let local = tempfile::tempdir()?;
     let src = local.path().join("full.bin");

@@ -57,10 +57,8 @@ fn main() -> Result<()> {
     eprintln!("load average {} at start", loadavg());
     let server = Proxy::spawn(
         tls_args(&ca, "image-server", ProxyArgs::new(ganesha.upstream_url()))
-            .arg("--listen-tls")
-            .arg("127.0.0.1:0")
-            .arg("--map-peer")
-            .arg("node1=pass")
+            .listen_tls(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .map_peer("node1", "pass")
             .env("RUST_LOG", "warn"),
     )?;
     let tls_addr: std::net::SocketAddr = server.status()?["listen_tls"]

@@ -133,10 +133,8 @@ impl Site {
         };
         let server = ProxyArgs::dir(&site.origin)
             .tls(&ca, "image-server")
-            .arg("--listen-tls")
-            .arg("127.0.0.1:0")
-            .arg("--map-peer")
-            .arg("lan-proxy=pass");
+            .listen_tls(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .map_peer("lan-proxy", "pass");
         let server_tls = site.add(work, "image-server", server)?;
         let lan = cached(
             work,
@@ -144,12 +142,9 @@ impl Site {
             &format!("{server_tls}/export?name=image-server"),
         )
         .tls(&ca, "lan-proxy")
-        .arg("--listen-tls")
-        .arg("127.0.0.1:0")
-        .arg("--map-peer")
-        .arg("node1=pass")
-        .arg("--map-peer")
-        .arg("node2=pass");
+        .listen_tls(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .map_peer("node1", "pass")
+        .map_peer("node2", "pass");
         let lan_tls = site.add(work, "lan-proxy", lan)?;
         for node in ["node1", "node2"] {
             let args =
@@ -166,8 +161,7 @@ impl Site {
         let metrics = free_port()?;
         let args = args
             .control(work.join("run").join(format!("{name}.sock")))
-            .arg("--metrics")
-            .arg(metrics.to_string())
+            .metrics(metrics)
             .env("RUST_LOG", "warn");
         let proxy = Proxy::spawn(args.clone()).with_context(|| format!("starting {name}"))?;
         let tls: SocketAddr = match proxy.status()?["listen_tls"].as_str() {

@@ -9,6 +9,7 @@
 //! - [`nfsclient`]: an async NFSv3 client (gvfs_nfs' RPC client) for calls
 //!   libnfs cannot make.
 //! - [`proxy`]: the `gvfs-proxy` binary as a child process.
+//! - [`stats`]: its counters (`gvfsctl stats --json`), typed.
 //! - [`data`]: deterministic file contents, sparse files, comparisons.
 //! - [`process`]: child processes with deadlines.
 //! - [`debian_kernel`]: Debian's kernel package and an initramfs writer for
@@ -43,9 +44,11 @@ pub mod process;
 pub mod proxy;
 pub mod rpc_client;
 pub mod soak;
+pub mod stats;
 pub mod tmpfs;
 pub mod tree;
 
 pub use ganesha::{Ganesha, Squash};
 pub use portmap::Portmapper;
 pub use proxy::{Proxy, ProxyArgs, WritePolicy};
+pub use stats::Stats;

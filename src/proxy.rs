@@ -25,6 +25,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::libnfs::nfs_url;
 use crate::process;
+use crate::stats::Stats;
 
 /// How long the proxy may take to print its `listening on` line.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -428,7 +429,8 @@ pub fn site_ca(dir: &Path, names: &[&str]) -> Result<PathBuf> {
 }
 
 /// The number at a dotted `path` (`"file_cache.wire_bytes"`) of a stats
-/// snapshot, 0 when absent.
+/// snapshot, 0 when absent. Untyped: for JSON another version of the proxy
+/// wrote (tests/compat.rs) and the benchmarks; tests read [`Proxy::stats`].
 pub fn stat(v: &serde_json::Value, path: &str) -> u64 {
     path.split('.').fold(v, |v, k| &v[k]).as_u64().unwrap_or(0)
 }
@@ -481,7 +483,7 @@ impl Proxy {
     }
 
     /// Everything `gvfsctl stats --json` reports: `status`, `cache`, `meta`
-    /// and `writeback`.
+    /// and `writeback`, as JSON ([`Proxy::stats`] reads it typed).
     pub fn cache_stats_all(&self) -> Result<serde_json::Value> {
         let out = gvfsctl(self.control_path(), &["stats", "--json"])?;
         if !out.status.success() {
@@ -511,10 +513,45 @@ impl Proxy {
         }
     }
 
+    /// Everything `gvfsctl stats --json` reports, typed: every counter a
+    /// field (see [`Stats`]).
+    pub fn stats(&self) -> Result<Stats> {
+        Stats::from_json(self.cache_stats_all()?)
+    }
+
+    /// Waits until `done` holds of the proxy's [`Stats`], and returns the
+    /// stats it saw then; fails after `timeout` with them, the proxy's
+    /// output and `what` (the condition, in words).
+    pub fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Stats) -> bool,
+    ) -> Result<Stats> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let s = self.stats()?;
+            if done(&s) {
+                return Ok(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!(
+                    "{what}: not within {timeout:?}: {s}\noutput:\n{}",
+                    self.output()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits until the file cache has completed `files` whole files
     /// (`file_cache.files_complete`), and returns the stats it saw then.
-    pub fn wait_files_complete(&self, files: u64, timeout: Duration) -> Result<serde_json::Value> {
-        self.wait_stat("file_cache.files_complete", files, timeout)
+    pub fn wait_files_complete(&self, files: u64, timeout: Duration) -> Result<Stats> {
+        self.wait_for(
+            &format!("{files} files complete in the file cache"),
+            timeout,
+            |s| s.file_cache.counts.files_complete >= files,
+        )
     }
 
     /// Runs `gvfsctl writeback --wait` and fails unless it succeeded.

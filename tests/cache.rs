@@ -10,7 +10,6 @@ use anyhow::{Context, Result, ensure};
 use gvfs::data::{compare_file_with, compare_files, random_bytes_at, write_random_file};
 use gvfs::libnfs::{nfs_cat, nfs_cp};
 use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::stat;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::NfsRequest;
 use gvfs_nfs::nfs3_types::nfs3::*;
@@ -38,7 +37,7 @@ fn write_back_reaches_ganesha_only_on_writeback_and_byte_identical() -> Result<(
         "data reached ganesha before write-back ({before} bytes)"
     );
     ensure!(
-        n(&p.cache_stats()?, "dirty_bytes") > 0,
+        p.stats()?.cache.dirty_bytes > 0,
         "nothing dirty after the copy"
     );
     // The client reads its own writes back from the cache meanwhile.
@@ -49,7 +48,7 @@ fn write_back_reaches_ganesha_only_on_writeback_and_byte_identical() -> Result<(
     ensure!(said.contains("done"), "gvfsctl said {said:?}");
     compare_files(&src, &upstream).context("upstream after write-back")?;
     ensure!(
-        n(&p.cache_stats()?, "dirty_bytes") == 0,
+        p.stats()?.cache.dirty_bytes == 0,
         "still dirty after write-back"
     );
     Ok(())
@@ -170,9 +169,9 @@ async fn partial_writes_need_no_read_and_their_size_survives_a_crash() -> Result
         want[*off as usize..end].copy_from_slice(data);
     }
     c.commit(&fh).await?;
-    let stats = p.cache_stats()?;
+    let stats = p.stats()?;
     ensure!(
-        n(&stats, "fetched_bytes") == 0,
+        stats.cache.counts.fetched_bytes == 0,
         "partial writes read from upstream: {stats}"
     );
     p.kill();
@@ -221,7 +220,7 @@ fn a_tiny_cache_evicts_and_writes_dirty_victims_back() -> Result<()> {
     p.write_back()?;
     compare_files(&src, &g.export_dir().join("big.bin"))?;
     ensure!(
-        n(&p.cache_stats()?, "evictions") > 0,
+        p.stats()?.cache.evictions > 0,
         "no evictions in a 1 MiB cache"
     );
     Ok(())
@@ -254,9 +253,9 @@ fn a_restarted_proxy_serves_from_its_warm_cache() -> Result<()> {
             .readahead(0),
     )?;
     ensure!(nfs_cat(&p.url("warm.bin"))? == std::fs::read(&f)?);
-    let first = p.cache_stats()?;
+    let first = p.stats()?;
     ensure!(
-        n(&first, "fetched_bytes") >= 6 * MIB,
+        first.cache.counts.fetched_bytes >= 6 * MIB,
         "first pass fetched {first}"
     );
     p.terminate()?;
@@ -266,12 +265,15 @@ fn a_restarted_proxy_serves_from_its_warm_cache() -> Result<()> {
             .readahead(0),
     )?;
     ensure!(nfs_cat(&p.url("warm.bin"))? == std::fs::read(&f)?);
-    let second = p.cache_stats()?;
+    let second = p.stats()?;
     ensure!(
-        n(&second, "fetched_bytes") == 0 && n(&second, "misses") == 0,
+        second.cache.counts.fetched_bytes == 0 && second.cache.counts.misses == 0,
         "second pass went upstream: {second}"
     );
-    ensure!(n(&second, "hit_bytes") >= 6 * MIB, "second pass: {second}");
+    ensure!(
+        second.cache.counts.hit_bytes >= 6 * MIB,
+        "second pass: {second}"
+    );
     Ok(())
 }
 
@@ -369,8 +371,8 @@ fn a_directory_read_with_its_first_lookup_answers_the_next_names() -> Result<()>
         "LOOKUPs upstream for names in a directory already read: {} more",
         upstream("LOOKUP")? - lookups
     );
-    let s = client.cache_stats_all()?;
-    ensure!(stat(&s, "attr_cache.listings") >= 1, "{s}");
+    let s = client.stats()?;
+    ensure!(s.attr_cache.listings >= 1, "{s}");
     // A file made upstream shows once the timeout has passed (here: the
     // proxy's own write empties the cache at once).
     let local = cache.path().join("new");
@@ -425,26 +427,23 @@ fn attribute_cache_answers_repeat_sessions_locally_and_empties_on_writes() -> Re
         "a repeat session reached upstream: {}",
         server.status()?
     );
-    let s = client.cache_stats_all()?;
-    ensure!(
-        stat(&s, "attr_cache.hits") > 0,
-        "no attribute cache hits: {s}"
-    );
+    let s = client.stats()?;
+    ensure!(s.attr_cache.hits > 0, "no attribute cache hits: {s}");
 
     // A write through the proxy: the next GETATTR goes upstream again.
     let local = dir.path().join("new.img");
     write_random_file(&local, 32, 4096)?;
     nfs_cp(&local.display().to_string(), &client.url("new.img"))?;
     ensure!(
-        stat(&client.cache_stats_all()?, "attr_cache.invalidations") > 0,
+        client.stats()?.attr_cache.invalidations > 0,
         "CREATE/WRITE did not empty the attribute cache"
     );
     compare_file_with(&nfs_cat(&client.url("new.img"))?, &local)?;
     // A write-back changes files upstream: it empties the cache too.
-    let before = stat(&client.cache_stats_all()?, "attr_cache.invalidations");
+    let before = client.stats()?.attr_cache.invalidations;
     client.write_back()?;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while stat(&client.cache_stats_all()?, "attr_cache.invalidations") == before {
+    while client.stats()?.attr_cache.invalidations == before {
         ensure!(
             std::time::Instant::now() < deadline,
             "the write-back did not empty the attribute cache"

@@ -15,7 +15,7 @@ use gvfs::data::{compare_files, write_memory_image};
 use gvfs::libnfs::{nfs_cat, nfs_cp};
 use gvfs::nfsclient::NfsClient;
 use gvfs::process;
-use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::proxy::gvfsctl_local as gvfsctl;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::NfsReply;
 use gvfs_nfs::NfsRequest;
@@ -112,9 +112,9 @@ async fn a_256_mib_image_comes_as_one_compressed_stream_and_is_served_before_it_
         ok.data.as_ref() == &want[(3 * MIB + 512) as usize..(3 * MIB + 512 + 65_536) as usize],
         "the first READ returned other bytes"
     );
-    let early = client.cache_stats_all()?;
+    let early = client.stats()?;
     ensure!(
-        n(&early, "meta.copy_reads") == 1 && n(&early, "file_cache.files_complete") == 0,
+        early.meta.copy_reads == 1 && early.file_cache.counts.files_complete == 0,
         "the READ was not served from a stream under way: {early}"
     );
 
@@ -124,34 +124,34 @@ async fn a_256_mib_image_comes_as_one_compressed_stream_and_is_served_before_it_
     compare_files(&src, &back).context("compress-and-copy bytes")?;
 
     let s = client.wait_files_complete(1, WAIT)?;
-    let chunks = n(&s, "file_cache.chunks_fetched");
-    let zero = n(&s, "file_cache.zero_chunks");
+    let chunks = s.file_cache.counts.chunks_fetched;
+    let zero = s.file_cache.counts.zero_chunks;
     // Every byte once: the first READ's pieces and the rest of their
     // chunk behind them in two runs (unless the stream claimed that chunk
     // first), and every other chunk whole. The runs come in whole 64 KiB
     // hashed pieces (the image has hashes), so they may bring again the
     // READ's pieces in the first of them.
-    let fetched = n(&s, "file_cache.raw_bytes") + zero * MIB;
+    let fetched = s.file_cache.counts.raw_bytes + zero * MIB;
     ensure!(
-        n(&s, "file_cache.files_fetched") == 1
+        s.file_cache.counts.files_fetched == 1
             && (size..size + (64 << 10)).contains(&fetched)
             && (size / MIB..=size / MIB + 2).contains(&(chunks + zero)),
         "one whole-file fetch of 256 chunks: {s}"
     );
     // No block of the image was read below the file cache (only the small
     // metadata file went through the block cache).
-    ensure!(n(&s, "cache.fetched_bytes") < MIB, "block reads: {s}");
-    let wire = n(&s, "file_cache.wire_bytes");
-    let raw = n(&s, "file_cache.raw_bytes");
+    ensure!(s.cache.counts.fetched_bytes < MIB, "block reads: {s}");
+    let wire = s.file_cache.counts.wire_bytes;
+    let raw = s.file_cache.counts.raw_bytes;
     ensure!(
         wire * 10 < raw * 7,
         "compressed {raw} bytes into {wire}: {s}"
     );
-    let up = server.cache_stats_all()?;
+    let up = server.stats()?;
     ensure!(
-        n(&up, "ext.fetch_calls") == chunks && n(&up, "ext.compressed_here") == chunks,
+        up.ext.fetch_calls == chunks && up.ext.compressed_here == chunks,
         "the image server's proxy answered {} FETCHes for {chunks} chunks: {up}",
-        n(&up, "ext.fetch_calls")
+        up.ext.fetch_calls
     );
     // Block by block this would be thousands of READs; here the only READs
     // that reached the image server's proxy are of the metadata file (its
@@ -186,7 +186,7 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
     compare_files(&a_img, &to_a).context("node A's copy")?;
     lan.wait_files_complete(1, WAIT)?;
     let wan_before = link.stats().downstream_bytes + link.stats().upstream_bytes;
-    let fetches_before = n(&server.cache_stats_all()?, "ext.fetch_calls");
+    let fetches_before = server.stats()?.ext.fetch_calls;
     let reads_before = server.calls("READ")?;
 
     // Node B gets the same image from the LAN proxy alone.
@@ -195,15 +195,15 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
     let to_b = local.path().join("a-from-b");
     nfs_cp(&node_b.url("a.raw"), &to_b.display().to_string())?;
     compare_files(&a_img, &to_b).context("node B's copy")?;
-    let b = node_b.cache_stats_all()?;
+    let b = node_b.stats()?;
     ensure!(
-        n(&b, "meta.copy_reads") > 0,
+        b.meta.copy_reads > 0,
         "node B did not use compress-and-copy: {b}"
     );
     let wan = link.stats().downstream_bytes + link.stats().upstream_bytes - wan_before;
-    let up = server.cache_stats_all()?;
+    let up = server.stats()?;
     ensure!(
-        n(&up, "ext.fetch_calls") == fetches_before && server.calls("READ")? == reads_before,
+        up.ext.fetch_calls == fetches_before && server.calls("READ")? == reads_before,
         "node B's copy reached the image server: {up}"
     );
     // Only a few lookups and attribute checks cross: no file data.
@@ -219,7 +219,7 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
         )?);
         dirs.push(d);
     }
-    let fetches_before = n(&server.cache_stats_all()?, "ext.fetch_calls");
+    let fetches_before = server.stats()?.ext.fetch_calls;
     let copies: Vec<_> = nodes
         .iter()
         .enumerate()
@@ -233,20 +233,20 @@ async fn a_lan_proxy_serves_a_second_node_with_no_wan_bytes_and_coalesces_eight(
         compare_files(&b_img, &local.path().join(format!("b-{i}")))
             .with_context(|| format!("node {i}'s bytes"))?;
     }
-    let up = server.cache_stats_all()?;
-    let l = lan.cache_stats_all()?;
+    let up = server.stats()?;
+    let l = lan.stats()?;
     ensure!(
-        n(&up, "ext.fetch_calls") - fetches_before == 24,
+        up.ext.fetch_calls - fetches_before == 24,
         "eight nodes caused {} FETCHes of a 24-chunk image upstream (LAN: {l})",
-        n(&up, "ext.fetch_calls") - fetches_before
+        up.ext.fetch_calls - fetches_before
     );
     ensure!(
-        n(&l, "file_cache.files_fetched") == 2,
+        l.file_cache.counts.files_fetched == 2,
         "the LAN proxy fetched: {l}"
     );
     // It handed every chunk on in the frame it came in.
     ensure!(
-        n(&l, "file_cache.frames_reused") >= 24 + 48 && n(&l, "file_cache.frames_made") == 0,
+        l.file_cache.counts.frames_reused >= 24 + 48 && l.file_cache.counts.frames_made == 0,
         "the LAN proxy compressed chunks again: {l}"
     );
     Ok(())
@@ -274,9 +274,9 @@ async fn a_lan_proxy_fetches_no_chunks_the_zero_map_says_are_zeros() -> Result<(
     nfs_cp(&node.url("z.raw"), &to.display().to_string())?;
     compare_files(&path, &to).context("the node's copy")?;
     let l = lan.wait_files_complete(1, WAIT)?;
-    let up = server.cache_stats_all()?;
+    let up = server.stats()?;
     ensure!(
-        n(&l, "file_cache.zero_chunks") == 16 && n(&up, "ext.fetch_calls") == 8,
+        l.file_cache.counts.zero_chunks == 16 && up.ext.fetch_calls == 8,
         "the LAN proxy fetched chunks of zeros across the WAN: LAN {l}, server {up}"
     );
     Ok(())
@@ -359,7 +359,7 @@ async fn repeated_blocks_cross_the_wan_once_and_every_proxy_gets_them_whole() ->
     let l = lan.wait_files_complete(1, WAIT)?;
     let wan = link.stats();
     ensure!(
-        n(&l, "file_cache.repeat_bytes") == repeated,
+        l.file_cache.counts.repeat_bytes == repeated,
         "the LAN proxy did not fill every repeat: {l}"
     );
     // Half the blocks are repeats of random data: about half crosses.
@@ -372,7 +372,7 @@ async fn repeated_blocks_cross_the_wan_once_and_every_proxy_gets_them_whole() ->
     // the node fills the repeats itself.
     let nd = node.wait_files_complete(1, WAIT)?;
     ensure!(
-        n(&nd, "file_cache.repeat_bytes") == repeated && n(&l, "file_cache.frames_made") == 0,
+        nd.file_cache.counts.repeat_bytes == repeated && l.file_cache.counts.frames_made == 0,
         "node: {nd}, LAN: {l}"
     );
     // A node straight behind the image server fills them itself.
@@ -387,7 +387,7 @@ async fn repeated_blocks_cross_the_wan_once_and_every_proxy_gets_them_whole() ->
         "direct copy"
     );
     let d = direct.wait_files_complete(1, WAIT)?;
-    ensure!(n(&d, "file_cache.repeat_bytes") == repeated, "direct: {d}");
+    ensure!(d.file_cache.counts.repeat_bytes == repeated, "direct: {d}");
     Ok(())
 }
 
@@ -429,9 +429,9 @@ async fn writes_to_a_held_file_stay_local_until_written_back_compressed() -> Res
     let mut want = original.clone();
     want[3_146_000..3_146_000 + 70_000].fill(0xab);
     want[size as usize - 4096..].fill(0xcd);
-    let s = client.cache_stats_all()?;
+    let s = client.stats()?;
     ensure!(
-        n(&s, "meta.copy_writes") >= 2 && n(&s, "file_cache.dirty_files") == 1,
+        s.meta.copy_writes >= 2 && s.file_cache.dirty_files == 1,
         "the writes did not stay in the file cache: {s}"
     );
     ensure!(
@@ -448,17 +448,16 @@ async fn writes_to_a_held_file_stay_local_until_written_back_compressed() -> Res
         std::fs::read(&src)? == want,
         "the origin does not hold the writes after write-back"
     );
-    let s = client.cache_stats_all()?;
-    let up = server.cache_stats_all()?;
+    let s = client.stats()?;
+    let up = server.stats()?;
     ensure!(
-        n(&s, "file_cache.written_back_files") == 1 && n(&s, "file_cache.dirty_files") == 0,
+        s.file_cache.counts.written_back_files == 1 && s.file_cache.dirty_files == 0,
         "client: {s}"
     );
     // Two chunks were touched (the one at 3 MiB and the last), sent
     // compressed with STORE.
     ensure!(
-        n(&up, "ext.store_calls") == 2
-            && n(&up, "ext.stored_wire_bytes") < n(&up, "ext.stored_raw_bytes"),
+        up.ext.store_calls == 2 && up.ext.stored_wire_bytes < up.ext.stored_raw_bytes,
         "image server's proxy: {up}"
     );
     ensure!(
@@ -511,7 +510,7 @@ async fn a_client_reads_its_writes_after_a_write_back_without_asking_for_attribu
     });
     let mut held = false;
     for _ in 0..100 {
-        if n(&client.cache_stats_all()?, "file_cache.dirty_files") == 1 {
+        if client.stats()?.file_cache.dirty_files == 1 {
             held = true;
             break;
         }
@@ -712,9 +711,9 @@ async fn a_write_to_a_held_file_that_upstream_would_refuse_is_refused_here() -> 
         matches!(written, NfsReply::Write(Nfs3Result::Err(_))),
         "the proxy kept a write upstream would refuse: {written:?}"
     );
-    let s = client.cache_stats_all()?;
+    let s = client.stats()?;
     ensure!(
-        n(&s, "file_cache.dirty_files") == 0,
+        s.file_cache.dirty_files == 0,
         "the refused write stayed in the file cache: {s}"
     );
     ensure!(

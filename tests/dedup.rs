@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use gvfs::data::{compare_files, fill_at};
 use gvfs::libnfs::nfs_cp;
-use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::proxy::gvfsctl_local as gvfsctl;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
@@ -106,8 +106,10 @@ fn copy_through(proxy: &Proxy, name: &str, want: &Path, to: &Path) -> Result<()>
 /// Waits until `p` has indexed `blocks` blocks (its indexer runs in the
 /// background, at low priority).
 async fn wait_indexed(p: &Proxy, blocks: u64) -> Result<()> {
-    p.wait_stat("file_cache.blocks_indexed", blocks, WAIT)
-        .map(drop)
+    p.wait_for("file_cache.blocks_indexed", WAIT, |s| {
+        s.file_cache.blocks_indexed >= blocks
+    })
+    .map(drop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,21 +158,21 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
     // Each hop copied B's shared half from A.
     for (who, s) in [("node", &node_stats), ("LAN proxy", &lan_stats)] {
         ensure!(
-            n(s, "file_cache.dedup_bytes") >= SHARED
-                && n(s, "file_cache.dedup_rejected") == 0
-                && n(s, "file_cache.hash_mismatches") == 0,
+            s.file_cache.counts.dedup_bytes >= SHARED
+                && s.file_cache.counts.dedup_rejected == 0
+                && s.file_cache.counts.hash_mismatches == 0,
             "the {who} did not copy B's {SHARED} shared bytes from A: {s}"
         );
     }
     // Each asked with FETCH_HAVE. The image server's proxy left the held
     // blocks out; the LAN proxy sent its whole chunks' frames as they were.
-    let (lan_ext, server_ext) = (lan.cache_stats_all()?, server.cache_stats_all()?);
+    let (lan_ext, server_ext) = (lan.stats()?, server.stats()?);
     ensure!(
-        n(&lan_ext, "ext.have_calls") > 0 && n(&lan_ext, "file_cache.frames_made") > 0,
+        lan_ext.ext.have_calls > 0 && lan_ext.file_cache.counts.frames_made > 0,
         "the LAN proxy was not told which blocks its caller held: {lan_ext}"
     );
     ensure!(
-        n(&server_ext, "ext.have_calls") > 0 && n(&server_ext, "ext.have_bytes") >= SHARED,
+        server_ext.ext.have_calls > 0 && server_ext.ext.have_bytes >= SHARED,
         "the image server's proxy did not leave out the held blocks: {server_ext}"
     );
     // Random blocks do not compress: B costs about its unique half (and its
@@ -191,7 +193,7 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
     copy_through(&off, "b.img", &b, &out.path().join("b2"))?;
     let s = off.wait_files_complete(2, WAIT)?;
     ensure!(
-        n(&s, "file_cache.dedup_bytes") == 0 && n(&s, "file_cache.raw_bytes") >= 2 * BLOCKS * BLOCK,
+        s.file_cache.counts.dedup_bytes == 0 && s.file_cache.counts.raw_bytes >= 2 * BLOCKS * BLOCK,
         "--no-dedup still copied held blocks: {s}"
     );
 
@@ -244,13 +246,13 @@ async fn held_blocks_serve_after_a_restart_and_rotted_ones_are_fetched() -> Resu
     // (A was restored, not fetched: B is this process's first fetch.)
     let s = node.wait_files_complete(1, WAIT)?;
     ensure!(
-        n(&s, "file_cache.dedup_rejected") == 64
-            && n(&s, "file_cache.dedup_bytes") == SHARED - 64 * BLOCK,
+        s.file_cache.counts.dedup_rejected == 64
+            && s.file_cache.counts.dedup_bytes == SHARED - 64 * BLOCK,
         "after a restart with 64 rotted blocks: {s}\n{}",
         node.output()
     );
     ensure!(
-        n(&server.cache_stats_all()?, "ext.have_bytes") == SHARED - 64 * BLOCK,
+        server.stats()?.ext.have_bytes == SHARED - 64 * BLOCK,
         "the image server did not leave out exactly the good held blocks"
     );
     Ok(())
@@ -276,7 +278,7 @@ async fn a_node_without_hashes_or_with_an_older_format_fetches_everything() -> R
     copy_through(&node, "b.img", &b, &out.path().join("b"))?;
     let s = node.wait_files_complete(2, WAIT)?;
     ensure!(
-        n(&s, "file_cache.dedup_bytes") == 0 && n(&s, "meta.copy_reads") > 0,
+        s.file_cache.counts.dedup_bytes == 0 && s.meta.copy_reads > 0,
         "B without hashes: {s}"
     );
     Ok(())
@@ -310,14 +312,13 @@ async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result
         origin.read_exact_at(&mut want, at)?;
         ensure!(got == want, "B's bytes at {at} through the mount");
     }
-    let s = node.cache_stats_all()?;
+    let s = node.stats()?;
     ensure!(
-        n(&s, "file_cache.faults_waited") > 0 && n(&s, "file_cache.dedup_bytes") > 0,
+        s.file_cache.counts.faults_waited > 0 && s.file_cache.counts.dedup_bytes > 0,
         "the faults did not copy held blocks: {s}"
     );
     ensure!(
-        n(&server.cache_stats_all()?, "ext.demand_calls") > 0
-            && n(&server.cache_stats_all()?, "ext.have_calls") > 0,
+        server.stats()?.ext.demand_calls > 0 && server.stats()?.ext.have_calls > 0,
         "the faults were not asked as demand with the held blocks named"
     );
     // And the whole of B arrives right.
@@ -347,9 +348,9 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
     // The first chunk failed its piece hash with A's block in it, came
     // again whole, and the rest of B's shared blocks were copied.
     ensure!(
-        n(&s, "file_cache.hash_mismatches") == 1
-            && n(&s, "file_cache.dedup_rejected") == 1
-            && n(&s, "file_cache.dedup_bytes") >= SHARED - MIB,
+        s.file_cache.counts.hash_mismatches == 1
+            && s.file_cache.counts.dedup_rejected == 1
+            && s.file_cache.counts.dedup_bytes >= SHARED - MIB,
         "B with a lying fingerprint: {s}"
     );
     Ok(())
@@ -396,19 +397,21 @@ async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Res
     let f = File::open(mnt.path().join("b.img"))?;
     let (mut got, mut want) = (vec![0u8; BLOCK as usize], vec![0u8; BLOCK as usize]);
     f.read_exact_at(&mut got, 9 * MIB)?;
-    node.wait_stat("file_cache.profile_hits", 1, WAIT)?;
+    node.wait_for("file_cache.profile_hits", WAIT, |s| {
+        s.file_cache.counts.profile_hits >= 1
+    })?;
     f.read_exact_at(&mut got, BLOCK)?;
     File::open(&b)?.read_exact_at(&mut want, BLOCK)?;
     ensure!(got == want, "B's block 1 through the mount is not B's");
     let s = node.wait_files_complete(2, WAIT)?;
     ensure!(
-        n(&s, "file_cache.profile_pieces") == 1,
+        s.file_cache.counts.profile_pieces == 1,
         "B's profile was not fetched first: {s}"
     );
     // The rest of chunk 0 came in whole hashed pieces, held blocks and
     // all: the lie was caught by the hash and that chunk fetched again.
     ensure!(
-        n(&s, "file_cache.hash_mismatches") == 1 && n(&s, "file_cache.dedup_rejected") == 1,
+        s.file_cache.counts.hash_mismatches == 1 && s.file_cache.counts.dedup_rejected == 1,
         "the rest of chunk 0 was not checked with held blocks in it: {s}"
     );
     compare_files(&b, &mnt.path().join("b.img"))?;
@@ -442,19 +445,19 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
     let node = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(dir.path(), "64M"))?;
     copy_through(&node, "c.img", &c, &out.path().join("c"))?;
     wait_indexed(&node, BLOCKS).await?;
-    let before = n(&node.cache_stats_all()?, "cache.fetched_bytes");
+    let before = node.stats()?.cache.counts.fetched_bytes;
     copy_through(&node, "d.img", &d, &out.path().join("d"))?;
-    let s = node.cache_stats_all()?;
+    let s = node.stats()?;
     // (D's metadata file is read through the block cache too.)
-    let fetched = n(&s, "cache.fetched_bytes") - before;
+    let fetched = s.cache.counts.fetched_bytes - before;
     // D's shared pieces but one (C's piece 90, whose entries the lie
     // cost) came from C's blocks in the block cache; the lie was caught by
     // its piece hash and D's piece 1 was read upstream.
     ensure!(
-        n(&s, "cache.held_fill_bytes") == (PIECES / 2 - 1) * PIECE
+        s.cache.counts.held_fill_bytes == (PIECES / 2 - 1) * PIECE
             && ((PIECES / 2 + 1) * PIECE..(PIECES / 2 + 2) * PIECE).contains(&fetched)
-            && n(&s, "file_cache.hash_mismatches") == 1
-            && n(&s, "file_cache.dedup_bytes") == (PIECES / 2 - 1) * PIECE,
+            && s.file_cache.counts.hash_mismatches == 1
+            && s.file_cache.counts.dedup_bytes == (PIECES / 2 - 1) * PIECE,
         "D through the block cache: {s}"
     );
     let text = gvfs::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
@@ -475,10 +478,10 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
     wait_indexed(&lan, BLOCKS).await?;
     let fresh = Proxy::spawn(ProxyArgs::new(lan.upstream_url()).cache(node_dir.path(), "64M"))?;
     copy_through(&fresh, "d.img", &d, &out3.path().join("d"))?;
-    let s = lan.cache_stats_all()?;
+    let s = lan.stats()?;
     ensure!(
-        n(&s, "cache.held_fill_bytes") >= (PIECES / 2 - 1) * PIECE
-            && n(&fresh.cache_stats_all()?, "cache.held_fill_bytes") == 0,
+        s.cache.counts.held_fill_bytes >= (PIECES / 2 - 1) * PIECE
+            && fresh.stats()?.cache.counts.held_fill_bytes == 0,
         "the LAN proxy did not fill D from C for the node: {s}"
     );
 
@@ -491,11 +494,13 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
             .cache_banks(1),
     )?;
     copy_through(&small, "c.img", &c, &out2.path().join("c"))?;
-    let s = small.cache_stats_all()?;
-    let held = n(&s, "cache.frames_in_use") * 16;
-    let s = small.wait_stat("file_cache.blocks_forgotten", BLOCKS - held, WAIT)?;
+    let s = small.stats()?;
+    let held = s.cache.frames_in_use * 16;
+    let s = small.wait_for("file_cache.blocks_forgotten", WAIT, |s| {
+        s.file_cache.blocks_forgotten >= BLOCKS - held
+    })?;
     ensure!(
-        n(&s, "file_cache.blocks_indexed") - n(&s, "file_cache.blocks_forgotten") <= held,
+        s.file_cache.blocks_indexed - s.file_cache.blocks_forgotten <= held,
         "the index keeps blocks the cache let go: {s}"
     );
     Ok(())

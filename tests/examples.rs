@@ -19,10 +19,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use gvfs::Stats;
 use gvfs::data::compare_bytes;
 use gvfs::libnfs::nfs_cat;
 use gvfs::process;
-use gvfs::proxy::{gvfsctl, proxy_binary, stat};
+use gvfs::proxy::{gvfsctl, proxy_binary};
 
 /// Longest the site may take to come up and do its reads.
 const SITE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -216,19 +217,19 @@ fn check_running_site(
     }
     // The LAN proxy fetched the image once for both nodes, and the second
     // node's fetch was answered from its file cache.
-    let stats = |name: &str| -> Result<serde_json::Value> {
+    let stats = |name: &str| -> Result<Stats> {
         let (control, _) = &printed.proxies[name];
         let out = gvfsctl(control, &["stats", "--json"])?;
         ensure!(out.status.success(), "gvfsctl stats: {}", out.stderr_text());
-        Ok(serde_json::from_str(&out.stdout_text())?)
+        Stats::from_json(serde_json::from_str(&out.stdout_text())?)
     };
     let lan = stats("lan-proxy")?;
     ensure!(
-        stat(&lan, "file_cache.files_fetched") == 1 && stat(&lan, "ext.from_file_cache") >= 1,
+        lan.file_cache.counts.files_fetched == 1 && lan.ext.from_file_cache >= 1,
         "the LAN proxy did not fetch the image once and serve it from its file cache: {lan}"
     );
     ensure!(
-        stat(&stats("image-server")?, "ext.fetch_calls") >= 1,
+        stats("image-server")?.ext.fetch_calls >= 1,
         "nothing was fetched from the image server"
     );
     check_metrics(&printed)?;

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use gvfs::data::write_sparse_file;
 use gvfs::libnfs::nfs_cat;
 use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::proxy::gvfsctl_local as gvfsctl;
 use gvfs::tmpfs::Tmpfs;
 use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::{
@@ -95,8 +95,8 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() -> Result
     let fh = nfs.resolve("shared.raw").await?.context("shared.raw")?;
     let ours = b"the proxy's client wrote this";
     ensure!(write(&nfs, &fh, MIB + 100, ours, false).await? == nfsstat3::NFS3_OK);
-    let s = client.cache_stats_all()?;
-    ensure!(n(&s, "file_cache.dirty_files") == 1, "not kept: {s}");
+    let s = client.stats()?;
+    ensure!(s.file_cache.dirty_files == 1, "not kept: {s}");
     // Meanwhile, at the origin, in the same 1 MiB chunk.
     let theirs = b"someone changed the origin";
     std::thread::sleep(Duration::from_millis(20));
@@ -109,9 +109,9 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() -> Result
         std::fs::read(&src)? == origin,
         "the origin's change was overwritten"
     );
-    let s = client.cache_stats_all()?;
+    let s = client.stats()?;
     ensure!(
-        n(&s, "file_cache.write_back_conflicts") == 1 && n(&s, "file_cache.dirty_files") == 1,
+        s.file_cache.counts.write_back_conflicts == 1 && s.file_cache.dirty_files == 1,
         "{s}"
     );
     let served = nfs_cat(&client.url("shared.raw"))?;
@@ -155,9 +155,9 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
     let want = std::fs::read(&src)?;
 
     let lan = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(lan_dir.path(), "16M"))?;
-    let s = lan.cache_stats_all()?;
+    let s = lan.stats()?;
     ensure!(
-        n(&s, "file_cache.cached_bytes") == 4 * MIB,
+        s.file_cache.cached_bytes == 4 * MIB,
         "the LAN proxy did not keep the file: {s}"
     );
     let give_up = Duration::from_secs(30);

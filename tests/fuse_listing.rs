@@ -9,17 +9,10 @@ use std::fs;
 use std::thread;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
+use gvfs::ProxyArgs;
 use gvfs::fuse::{MountPoint, drop_caches, mounted};
 use gvfs::require_fuse;
-use gvfs::{Proxy, ProxyArgs};
-
-/// The mount's counters from `gvfsctl status --json`.
-fn mount_stat(p: &Proxy, key: &str) -> Result<u64> {
-    p.status()?["mount"][key]
-        .as_u64()
-        .with_context(|| format!("no mount.{key} in gvfsctl status"))
-}
 
 /// A listing hands the kernel every entry's attributes and node
 /// (READDIRPLUS): `ls -l` of 1,000 files needs no LOOKUP per name, and
@@ -40,8 +33,8 @@ fn listings_carry_attributes_and_every_node_is_forgotten() -> Result<()> {
     }
     let mnt = MountPoint::new()?;
     let p = mounted(ProxyArgs::dir(origin.path()), &mnt)?;
-    let baseline = mount_stat(&p, "inodes")?;
-    let calls = mount_stat(&p, "calls")?;
+    let baseline = p.stats()?.mount()?.inodes;
+    let calls = p.stats()?.mount()?.counts.calls;
     let listed = mnt.path().join("many");
     let mut sizes = 0;
     for e in fs::read_dir(&listed)? {
@@ -53,20 +46,20 @@ fn listings_carry_attributes_and_every_node_is_forgotten() -> Result<()> {
         sizes == expected,
         "sizes listed {sizes}, expected {expected}"
     );
-    let spent = mount_stat(&p, "calls")? - calls;
+    let spent = p.stats()?.mount()?.counts.calls - calls;
     ensure!(
         spent < 100,
         "listing and stat-ing 1,000 names took {spent} calls: a LOOKUP per name"
     );
     ensure!(
-        mount_stat(&p, "inodes")? >= baseline + 1000,
+        p.stats()?.mount()?.inodes >= baseline + 1000,
         "the listing handed out no nodes"
     );
     // The kernel drops its dentries and inodes: it forgets every node.
     let mut left = u64::MAX;
     for _ in 0..50 {
         drop_caches();
-        left = mount_stat(&p, "inodes")?;
+        left = p.stats()?.mount()?.inodes;
         if left <= baseline + 1 {
             break;
         }

@@ -108,11 +108,11 @@ fn sigterm_writes_back_then_unmounts_and_status_shows_the_mount() -> Result<()> 
         ProxyArgs::dir(origin.path()).cache(cache.path(), "64M"),
         &mnt,
     )?;
-    let status = p.status()?;
+    let stats = p.stats()?;
     ensure!(
-        status["mount"]["path"].as_str() == Some(&*mnt.path().display().to_string()),
-        "gvfsctl status --json: mount is {}, expected path {}",
-        status["mount"],
+        stats.mount()?.path == mnt.path().display().to_string(),
+        "gvfsctl stats: mount is {:?}, expected path {}",
+        stats.status.mount,
         mnt.path().display()
     );
     let bytes = random_bytes(31, 3 * MIB + 1234);
@@ -131,11 +131,11 @@ fn sigterm_writes_back_then_unmounts_and_status_shows_the_mount() -> Result<()> 
         .context("the cache's dirty data at the origin after SIGTERM")?;
     // A proxy without --mount reports none.
     let plain = Proxy::spawn(ProxyArgs::dir(origin.path()))?;
-    let status = plain.status()?;
+    let status = plain.stats()?.status;
     ensure!(
-        status["mount"].is_null(),
-        "a proxy without --mount reports mount {}",
-        status["mount"]
+        status.mount.is_none(),
+        "a proxy without --mount reports mount {:?}",
+        status.mount
     );
     Ok(())
 }
@@ -155,7 +155,7 @@ fn the_config_file_key_mounts_too() -> Result<()> {
         "mount = in the config file did not mount"
     );
     ensure!(fs::read(mnt.path().join("placed"))? == b"placed at the origin\n");
-    ensure!(p.status()?["mount"]["path"].as_str() == Some(&*mnt.path().display().to_string()));
+    ensure!(p.stats()?.mount()?.path == mnt.path().display().to_string());
     let exit = p.terminate()?;
     ensure!(exit.success(), "exit {exit} on SIGTERM");
     ensure!(!mnt.is_mounted()?, "still mounted after SIGTERM");

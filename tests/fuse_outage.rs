@@ -128,15 +128,9 @@ fn read_within(path: &Path, within: Duration) -> Result<Vec<u8>> {
 }
 
 /// How many calls the mount's file system made that failed below it
-/// (`mount.failed` of `gvfsctl status --json`).
+/// (`mount.failed` of `gvfsctl stats`).
 fn failed_below(p: &Proxy) -> Result<u64> {
-    let status = p.status()?;
-    status["mount"]["failed"].as_u64().with_context(|| {
-        format!(
-            "no mount.failed in gvfsctl status --json: {}",
-            status["mount"]
-        )
-    })
+    Ok(p.stats()?.mount()?.counts.failed)
 }
 
 fn outcome(r: &ReadResult) -> String {

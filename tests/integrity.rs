@@ -19,10 +19,6 @@ use gvfs_nfs::nfs3_types::nfs3::stable_how;
 const KIB: usize = 1024;
 const MIB: u64 = 1 << 20;
 
-fn n(v: &serde_json::Value, k: &str) -> u64 {
-    v[k].as_u64().unwrap_or(0)
-}
-
 fn bank_files(cache: &Path) -> Result<Vec<PathBuf>> {
     let mut banks: Vec<PathBuf> = std::fs::read_dir(cache)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -67,9 +63,9 @@ fn rotten_clean_bytes_are_fetched_again_not_served() -> Result<()> {
         nfs_cat(&p.url("img.bin"))? == want,
         "a byte that rotted in the cache was served"
     );
-    let stats = p.cache_stats()?;
-    ensure!(n(&stats, "corrupt_clean_dropped") == 1, "{stats}");
-    ensure!(n(&stats, "verifier_changes") == 0, "{stats}");
+    let stats = p.stats()?;
+    ensure!(stats.cache.corrupt_clean_dropped == 1, "{stats}");
+    ensure!(stats.cache.verifier_changes == 0, "{stats}");
     Ok(())
 }
 
@@ -116,8 +112,8 @@ async fn rotten_dirty_bytes_are_not_written_back_and_clients_are_told() -> Resul
         origin[rotten.clone()].iter().all(|&b| b == 0),
         "rotten bytes reached the origin (it never had that range: a hole)"
     );
-    let stats = p.cache_stats()?;
-    ensure!(n(&stats, "dirty_sub_blocks_lost") == 1, "{stats}");
+    let stats = p.stats()?;
+    ensure!(stats.cache.dirty_sub_blocks_lost == 1, "{stats}");
     let kept = std::fs::read_dir(cache.path().join("quarantine"))?.count();
     ensure!(kept == 1, "{kept} files set aside");
     ensure!(
@@ -162,8 +158,8 @@ async fn a_deleted_bank_file_changes_the_verifier_and_is_reported() -> Result<()
         after.0 != before.0,
         "verifier unchanged after losing a bank"
     );
-    let stats = p.cache_stats()?;
-    ensure!(n(&stats, "banks_lost") == 1, "{stats}");
+    let stats = p.stats()?;
+    ensure!(stats.cache.banks_lost == 1, "{stats}");
     ensure!(
         p.output().contains("bank files of this cache are missing"),
         "not reported:\n{}",

@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use gvfs::kernel::{self, GuestReport, NfsClientKit, Server, Workload};
-use gvfs::proxy::stat;
 use gvfs::{Ganesha, Proxy, ProxyArgs, WritePolicy};
 
 /// Boots the guest on `server`; fails unless every step passed.
@@ -60,7 +59,7 @@ fn cache_proxy_at(listen: SocketAddr, upstream: String, dir: &Path) -> Result<Pr
 /// Writes the cache's dirty data back; checks there was some beforehand
 /// and the origin did not have the guest's big file yet.
 fn write_back(front: &Proxy, report: &GuestReport, export: &Path) -> Result<()> {
-    let dirty = stat(&front.cache_stats()?, "dirty_bytes");
+    let dirty = front.stats()?.cache.dirty_bytes;
     ensure!(
         dirty > 0,
         "the write-back cache kept nothing dirty: the guest's writes went upstream at once"
@@ -71,7 +70,7 @@ fn write_back(front: &Proxy, report: &GuestReport, export: &Path) -> Result<()> 
     );
     let said = front.write_back()?;
     ensure!(said.contains("done"), "gvfsctl writeback said {said:?}");
-    let left = stat(&front.cache_stats()?, "dirty_bytes");
+    let left = front.stats()?.cache.dirty_bytes;
     ensure!(left == 0, "{left} bytes still dirty after the write-back");
     Ok(())
 }

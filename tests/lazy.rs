@@ -21,9 +21,9 @@ use anyhow::{Context, Result, ensure};
 use gvfs::data::{compare_bytes, compare_files, write_sparse_file};
 use gvfs::fuse::{self, MountPoint};
 use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::{gvfsctl_local as gvfsctl, stat as n};
+use gvfs::proxy::gvfsctl_local as gvfsctl;
 use gvfs::require_fuse;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs::{Ganesha, Proxy, ProxyArgs, Stats};
 use gvfs_ext::{ChunkSource, ExtClient};
 use gvfs_nfs::Credentials;
 use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
@@ -92,8 +92,8 @@ impl Node {
         self.mnt.path().join(name)
     }
 
-    fn stats(&self) -> Result<serde_json::Value> {
-        self.proxy.cache_stats_all()
+    fn stats(&self) -> Result<Stats> {
+        self.proxy.stats()
     }
 }
 
@@ -123,14 +123,16 @@ fn learn_scattered(server: &Proxy, origin: &Path, name: &str) -> Result<Node> {
     }
     let s = node
         .proxy
-        .wait_stat("file_cache.profiles_sent", 1, LEARN_WAIT)?;
+        .wait_for("file_cache.profiles_sent", LEARN_WAIT, |s| {
+            s.file_cache.counts.profiles_sent >= 1
+        })?;
     ensure!(
-        n(&s, "file_cache.profiles_sent") == 1 && n(&s, "file_cache.profiles_discarded") == 0,
+        s.file_cache.counts.profiles_sent == 1 && s.file_cache.counts.profiles_discarded == 0,
         "node 1 after its scattered reads: {s}"
     );
-    let up = server.cache_stats_all()?;
+    let up = server.stats()?;
     ensure!(
-        n(&up, "ext.profiles_stored") == 1,
+        up.ext.profiles_stored == 1,
         "the image server did not keep the profile: {up}"
     );
     Ok(node)
@@ -176,15 +178,15 @@ async fn scattered_reads_are_learned_and_the_next_node_fetches_them_first() -> R
     read_page(&f, &origin, 100)?;
     let s = node2.proxy.wait_files_complete(1, FETCH_WAIT)?;
     ensure!(
-        n(&s, "file_cache.profile_hits") == 1
-            && n(&s, "file_cache.profile_pieces") == 4
-            && n(&s, "file_cache.profile_wire_bytes") > 0,
+        s.file_cache.counts.profile_hits == 1
+            && s.file_cache.counts.profile_pieces == 4
+            && s.file_cache.counts.profile_wire_bytes > 0,
         "node 2 did not fetch the learned chunks first: {s}\noutput:\n{}",
         node2.proxy.output()
     );
-    let up = server.cache_stats_all()?;
+    let up = server.stats()?;
     ensure!(
-        n(&up, "ext.profiles_served") == 1,
+        up.ext.profiles_served == 1,
         "the image server did not serve node 2 the profile: {up}"
     );
     compare_files(&origin, &node2.path("golden.mem"))
@@ -221,7 +223,7 @@ async fn a_changed_image_drops_its_profile() -> Result<()> {
     read_page(&f, &origin, 30 * CHUNK)?;
     let s = node.proxy.wait_files_complete(1, FETCH_WAIT)?;
     ensure!(
-        n(&s, "file_cache.profile_hits") == 0 && n(&s, "file_cache.profile_pieces") == 0,
+        s.file_cache.counts.profile_hits == 0 && s.file_cache.counts.profile_pieces == 0,
         "a profile of the old version ordered the new one's fetch: {s}"
     );
     compare_files(&origin, &node.path("golden.mem"))
@@ -247,14 +249,16 @@ async fn a_copy_teaches_nothing() -> Result<()> {
     compare_files(&origin, &node.path("golden.mem")).context("the copy through the mount")?;
     let s = node
         .proxy
-        .wait_stat("file_cache.profiles_discarded", 1, LEARN_WAIT)?;
+        .wait_for("file_cache.profiles_discarded", LEARN_WAIT, |s| {
+            s.file_cache.counts.profiles_discarded >= 1
+        })?;
     ensure!(
-        n(&s, "file_cache.profiles_sent") == 0 && n(&s, "file_cache.profiles_discarded") == 1,
+        s.file_cache.counts.profiles_sent == 0 && s.file_cache.counts.profiles_discarded == 1,
         "a copy was taken for a working set: {s}"
     );
-    let up = server.cache_stats_all()?;
+    let up = server.stats()?;
     ensure!(
-        n(&up, "ext.profiles_stored") == 0,
+        up.ext.profiles_stored == 0,
         "the image server kept a profile of a copy: {up}"
     );
     Ok(())
@@ -289,20 +293,20 @@ async fn demand_reads_are_fetched_as_demand() -> Result<()> {
     // needs: the file cache's unit tests.)
     let mut s = node.stats()?;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while n(&s, "file_cache.demand_wire_bytes") < CHUNK && std::time::Instant::now() < deadline {
+    while s.file_cache.counts.demand_wire_bytes < CHUNK && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
         s = node.stats()?;
     }
     ensure!(
-        n(&s, "file_cache.faults_waited") >= 2
-            && n(&s, "file_cache.fault_wait_micros") > 0
-            && n(&s, "file_cache.demand_wire_bytes") >= CHUNK
-            && n(&s, "file_cache.demand_wire_bytes") < 3 * CHUNK,
+        s.file_cache.counts.faults_waited >= 2
+            && s.file_cache.counts.fault_wait_micros > 0
+            && s.file_cache.counts.demand_wire_bytes >= CHUNK
+            && s.file_cache.counts.demand_wire_bytes < 3 * CHUNK,
         "the far read's chunk was not fetched as demand: {s}"
     );
-    let up = server.cache_stats_all()?;
+    let up = server.stats()?;
     ensure!(
-        n(&up, "ext.demand_calls") >= 2,
+        up.ext.demand_calls >= 2,
         "the reads' chunks did not reach the image server as FETCH_DEMAND: {up}"
     );
     drop(node);
@@ -322,9 +326,9 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
     image(&origin, IMAGE_SIZE, &ZERO_CHUNKS, 83)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).meta())?;
     drop(learn_scattered(&server, &origin, "golden.mem")?);
-    let up = server.cache_stats_all()?;
+    let up = server.stats()?;
     ensure!(
-        n(&up, "ext.profiles_written") == 1,
+        up.ext.profiles_written == 1,
         "the image server did not write the profile beside the image: {up}"
     );
     let beside = g.export_dir().join(".golden.mem.gvfsprofile");
@@ -347,7 +351,7 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
     read_page(&f, &origin, 100)?;
     let s = node.proxy.wait_files_complete(1, FETCH_WAIT)?;
     ensure!(
-        n(&s, "file_cache.profile_hits") == 1 && n(&s, "file_cache.profile_pieces") == 4,
+        s.file_cache.counts.profile_hits == 1 && s.file_cache.counts.profile_pieces == 4,
         "the restarted image server did not hand on the kept profile: {s}"
     );
     compare_files(&origin, &node.path("golden.mem"))?;

@@ -15,10 +15,6 @@ const MIB: u64 = 1 << 20;
 
 use gvfs::proxy::gvfsctl_local as gvfsctl;
 
-fn n(v: &serde_json::Value, k: &str) -> u64 {
-    v[k].as_u64().unwrap_or(0)
-}
-
 /// A 24 MiB "memory image": data in a few places, zeros elsewhere (holes
 /// and written zeros alike), with an odd tail.
 fn make_image(path: &Path, seed: u64) -> Result<u64> {
@@ -57,15 +53,15 @@ fn zero_blocks_are_answered_locally_and_the_bytes_are_identical() -> Result<()> 
     let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(with.path()))?;
     let got = nfs_cat(&p.url("mem.img"))?;
     compare_file_with(&got, &image).context("read with metadata")?;
-    let stats = p.cache_stats_all()?;
-    let meta = &stats["meta"];
-    let cache = &stats["cache"];
-    ensure!(n(meta, "meta_found") == 1, "stats: {stats}");
+    let stats = p.stats()?;
+    let meta = &stats.meta;
+    let cache = &stats.cache;
+    ensure!(meta.meta_found == 1, "stats: {stats}");
     // Data: 64 KiB + 20 KiB + 2 MiB + 1000 bytes, in 35 of the cache's
     // 64 KiB blocks, which it fetches whole; read-ahead skips known zeros.
-    let fetched = n(cache, "fetched_bytes");
+    let fetched = cache.counts.fetched_bytes;
     ensure!(
-        fetched <= 35 * 65_536 && n(meta, "zero_bytes") >= size - 35 * 65_536,
+        fetched <= 35 * 65_536 && meta.zero_bytes >= size - 35 * 65_536,
         "fetched {fetched} bytes of a {size}-byte image with 21 MiB of zeros: {stats}"
     );
     // Reading it again: every READ below the metadata layer is one of its
@@ -73,14 +69,14 @@ fn zero_blocks_are_answered_locally_and_the_bytes_are_identical() -> Result<()> 
     // below it), all cache hits now.
     let again = nfs_cat(&p.url("mem.img"))?;
     ensure!(again == want);
-    let after = p.cache_stats_all()?;
-    let below = n(&after["cache"], "reads");
+    let after = p.stats()?;
+    let below = after.cache.counts.reads;
     ensure!(
-        below == n(&after["meta"], "data_reads") + 1 && n(&after["meta"], "zero_reads") > 0,
+        below == after.meta.data_reads + 1 && after.meta.zero_reads > 0,
         "zero blocks went below the metadata layer: {after}"
     );
     ensure!(
-        n(&after["cache"], "fetched_bytes") == fetched,
+        after.cache.counts.fetched_bytes == fetched,
         "the second read fetched from upstream: {after}"
     );
 
@@ -93,7 +89,7 @@ fn zero_blocks_are_answered_locally_and_the_bytes_are_identical() -> Result<()> 
     )?;
     ensure!(nfs_cat(&q.url("mem.img"))? == want, "read without metadata");
     ensure!(
-        n(&q.cache_stats_all()?["cache"], "fetched_bytes") >= size - 64 * 1024,
+        q.stats()?.cache.counts.fetched_bytes >= size - 64 * 1024,
         "without metadata the whole file is fetched"
     );
     Ok(())
@@ -125,9 +121,9 @@ fn bad_metadata_is_ignored_with_a_warning_and_the_data_stays_right() -> Result<(
         let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
         let got = nfs_cat(&p.url("vm.img"))?;
         ensure!(got == want, "{what}: wrong bytes");
-        let stats = p.cache_stats_all()?;
+        let stats = p.stats()?;
         ensure!(
-            n(&stats["meta"], "meta_rejected") == 1 && n(&stats["meta"], "zero_bytes") == 0,
+            stats.meta.meta_rejected == 1 && stats.meta.zero_bytes == 0,
             "{what}: {stats}"
         );
         ensure!(
@@ -145,8 +141,8 @@ fn bad_metadata_is_ignored_with_a_warning_and_the_data_stays_right() -> Result<(
     let cache = tempfile::tempdir()?;
     let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     ensure!(nfs_cat(&p.url("vm.img"))? == want, "stale: wrong bytes");
-    let stats = p.cache_stats_all()?;
-    ensure!(n(&stats["meta"], "meta_rejected") == 1, "stale: {stats}");
+    let stats = p.stats()?;
+    ensure!(stats.meta.meta_rejected == 1, "stale: {stats}");
     ensure!(
         p.output().contains("stale"),
         "no stale warning:\n{}",
@@ -169,21 +165,21 @@ async fn a_lookup_finds_the_metadata_before_any_read() -> Result<()> {
     ensure!(nfs.lookup(&nfs.root, "early.img").await?.is_some());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let stats = loop {
-        let s = p.cache_stats_all()?;
-        if n(&s["meta"], "meta_found") == 1 || std::time::Instant::now() > deadline {
+        let s = p.stats()?;
+        if s.meta.meta_found == 1 || std::time::Instant::now() > deadline {
             break s;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     ensure!(
-        n(&stats["meta"], "meta_found") == 1 && n(&stats["cache"], "reads") == 1,
+        stats.meta.meta_found == 1 && stats.cache.counts.reads == 1,
         "after a LOOKUP (only the metadata file read): {stats}"
     );
     // The client's read uses it, with no second look.
     compare_file_with(&nfs_cat(&p.url("early.img"))?, &image)?;
-    let after = p.cache_stats_all()?;
+    let after = p.stats()?;
     ensure!(
-        n(&after["meta"], "meta_found") == 1 && n(&after["meta"], "zero_reads") > 0,
+        after.meta.meta_found == 1 && after.meta.zero_reads > 0,
         "{after}"
     );
     Ok(())
@@ -252,13 +248,13 @@ fn forged_metadata_from_another_user_is_not_trusted() -> Result<()> {
         let got = nfs_cat(&p.url("root.img"))?;
         compare_file_with(&got, &image)
             .with_context(|| format!("forged metadata {uid}:{gid} {mode:o} was believed"))?;
-        let stats = p.cache_stats_all()?;
-        let meta = &stats["meta"];
+        let stats = p.stats()?;
+        let meta = &stats.meta;
         ensure!(
-            n(meta, "meta_untrusted") == 1
-                && n(meta, "meta_rejected") == 1
-                && n(meta, "meta_found") == 0
-                && n(meta, "zero_bytes") == 0,
+            meta.meta_untrusted == 1
+                && meta.meta_rejected == 1
+                && meta.meta_found == 0
+                && meta.zero_bytes == 0,
             "{uid}:{gid} {mode:o}: {stats}"
         );
         ensure!(
@@ -281,13 +277,13 @@ fn forged_metadata_from_another_user_is_not_trusted() -> Result<()> {
     let cache = tempfile::tempdir()?;
     let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     ensure!(nfs_cat(&p.url("root.img"))? == want, "owner's metadata");
-    let stats = p.cache_stats_all()?;
-    let meta = &stats["meta"];
+    let stats = p.stats()?;
+    let meta = &stats.meta;
     ensure!(
-        n(meta, "meta_found") == 1
-            && n(meta, "meta_untrusted") == 0
-            && n(meta, "zero_reads") > 0
-            && n(meta, "zero_bytes") >= size - 3 * MIB,
+        meta.meta_found == 1
+            && meta.meta_untrusted == 0
+            && meta.zero_reads > 0
+            && meta.zero_bytes >= size - 3 * MIB,
         "the owner's metadata was not used: {stats}"
     );
     Ok(())
@@ -318,9 +314,9 @@ fn a_change_with_its_mtime_put_back_makes_metadata_stale() -> Result<()> {
     let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     compare_file_with(&nfs_cat(&p.url("put-back.img"))?, &image)
         .context("read through metadata whose mtime was put back")?;
-    let stats = p.cache_stats_all()?;
+    let stats = p.stats()?;
     ensure!(
-        n(&stats["meta"], "meta_rejected") == 1 && n(&stats["meta"], "zero_bytes") == 0,
+        stats.meta.meta_rejected == 1 && stats.meta.zero_bytes == 0,
         "{stats}"
     );
     ensure!(p.output().contains("stale"), "{}", p.output());
@@ -334,9 +330,9 @@ fn a_change_with_its_mtime_put_back_makes_metadata_stale() -> Result<()> {
     let cache = tempfile::tempdir()?;
     let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
     ensure!(nfs_cat(&p.url("put-back.img"))? == want, "regenerated");
-    let stats = p.cache_stats_all()?;
+    let stats = p.stats()?;
     ensure!(
-        n(&stats["meta"], "meta_found") == 1 && n(&stats["meta"], "zero_reads") > 0,
+        stats.meta.meta_found == 1 && stats.meta.zero_reads > 0,
         "{stats}"
     );
     Ok(())

@@ -119,8 +119,10 @@ fn image_server(pki: &Pki, args: ProxyArgs) -> Result<(Proxy, SocketAddr)> {
         .args("image-server", args)
         .listen_tls(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
     let p = Proxy::spawn(args)?;
-    let tls = p.status()?["listen_tls"]
-        .as_str()
+    let tls = p
+        .stats()?
+        .status
+        .listen_tls
         .context("no listen_tls in status")?
         .parse()?;
     Ok((p, tls))
@@ -128,10 +130,6 @@ fn image_server(pki: &Pki, args: ProxyArgs) -> Result<(Proxy, SocketAddr)> {
 
 fn gvfs_url(tls: SocketAddr) -> String {
     format!("gvfs://{tls}/export?name=image-server")
-}
-
-fn tls_count(p: &Proxy, what: &str) -> Result<u64> {
-    Ok(p.status()?["connections"][what].as_u64().unwrap_or(0))
 }
 
 #[test]
@@ -166,11 +164,11 @@ fn a_chain_over_tls_serves_libnfs_and_qemu_byte_for_byte() -> Result<()> {
         "the qcow2 did not land at ganesha"
     );
     ensure!(
-        tls_count(&server, "tls_accepted")? >= 2,
+        server.stats()?.status.connections.tls_accepted >= 2,
         "no TLS peers counted"
     );
     ensure!(
-        server.status()?["tls_name"] == "image-server",
+        server.stats()?.status.tls_name.as_deref() == Some("image-server"),
         "status: {}",
         server.status()?
     );
@@ -256,7 +254,7 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
     // Nothing was served, the server counted the refusals and still works
     // for good peers.
     ensure!(
-        tls_count(&server, "tls_refused")? >= refusals,
+        server.stats()?.status.connections.tls_refused >= refusals,
         "status: {}",
         server.status()?
     );
@@ -298,14 +296,14 @@ fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
     // start, so it starts only if its handshake is not held up.
     let client = Proxy::spawn(pki.args("node1", ProxyArgs::new(gvfs_url(tls)).connect_timeout(3)))?;
     ensure!(nfs_cat(&client.url("f"))? == b"through the crowd");
-    let st = server.status()?;
-    let conns = &st["connections"];
+    let st = server.stats()?;
+    let conns = &st.status.connections;
     ensure!(
-        conns["evicted_pending"].as_u64() >= Some(30) && conns["tls_accepted"].as_u64() >= Some(1),
+        conns.evicted_pending >= 30 && conns.tls_accepted >= 1,
         "status: {st}"
     );
     // Nobody was refused: silence is not a failed handshake.
-    ensure!(conns["tls_refused"].as_u64() == Some(0), "status: {st}");
+    ensure!(conns.tls_refused == 0, "status: {st}");
     let log = server.output();
     ensure!(
         !log.contains("refused a connection"),
@@ -564,7 +562,11 @@ fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
         })
         .with_context(|| format!("STARTTLS {who}"))?;
     }
-    ensure!(tls_count(&p, "starttls")? == 2, "status: {}", p.status()?);
+    ensure!(
+        p.stats()?.status.connections.starttls == 2,
+        "status: {}",
+        p.status()?
+    );
     // AUTH_TLS on anything but NULL is refused with AUTH_BADCRED.
     let mut rec = vec![0u8; 4];
     for v in [0x52u32, 0, 2, 100_003, 3, 1, rpc::flavor::TLS, 0, 0, 0] {
@@ -744,16 +746,15 @@ fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
     let back = local.path().join("mem.raw");
     nfs_cp(&client.url("mem.raw"), &back.display().to_string())?;
     compare_files(&image, &back).context("compress-and-copy through the tunnel")?;
-    let (c, s) = (client.cache_stats_all()?, server.cache_stats_all()?);
-    let stat = gvfs::proxy::stat;
-    let chunks = stat(&c, "file_cache.chunks_fetched");
+    let (c, s) = (client.stats()?, server.stats()?);
+    let chunks = c.file_cache.counts.chunks_fetched;
     ensure!(
-        stat(&c, "meta.copy_reads") > 0 && chunks + stat(&c, "file_cache.zero_chunks") == 13,
+        c.meta.copy_reads > 0 && chunks + c.file_cache.counts.zero_chunks == 13,
         "the client did not fetch the image whole: {c}"
     );
     // The client reaches the image server only over TLS.
     ensure!(
-        stat(&s, "ext.fetch_calls") == chunks && tls_count(&server, "tls_accepted")? >= 1,
+        s.ext.fetch_calls == chunks && server.stats()?.status.connections.tls_accepted >= 1,
         "image server: {s}"
     );
     Ok(())
