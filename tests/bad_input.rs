@@ -233,6 +233,33 @@ fn unknown_program_version_and_procedure_get_their_rpc_errors() -> Result<()> {
         raw.call(7, 100_000, 2, 5, &[])? == accepted(ReplyStatus::ProcUnavail),
         "PORTMAP CALLIT"
     );
+    // The gvfs extension program: versions 1 (what proxies before HELLO
+    // speak) and 2.
+    let ext = gvfs_ext::PROGRAM;
+    ensure!(
+        raw.call(8, ext, 3, 0, &[])? == accepted(ReplyStatus::ProgMismatch { low: 1, high: 2 }),
+        "extension v3"
+    );
+    ensure!(
+        raw.call(9, ext, 1, 0, &[])? == Ok(vec![]),
+        "extension v1 NULL"
+    );
+    ensure!(
+        raw.call(10, ext, 1, gvfs_ext::PROC_HELLO, &[])? == accepted(ReplyStatus::ProcUnavail),
+        "HELLO in version 1"
+    );
+    let mut all = Vec::new();
+    xdr::put_u32(&mut all, u32::MAX);
+    let mut agreed = Vec::new();
+    xdr::put_u32(&mut agreed, gvfs_ext::Caps::ALL.0);
+    ensure!(
+        raw.call(11, ext, 2, gvfs_ext::PROC_HELLO, &all)? == Ok(agreed),
+        "HELLO answers the capabilities both speak"
+    );
+    ensure!(
+        raw.call(12, ext, 2, gvfs_ext::PROC_HELLO, &[])? == accepted(ReplyStatus::GarbageArgs),
+        "HELLO without its argument"
+    );
     // RPC version 3 is denied with RPC_MISMATCH.
     let mut msg = Vec::new();
     for v in [8u32, 0, 3, 100_003, 3, 0, 0, 0, 0, 0] {

@@ -1,12 +1,22 @@
 //! The extension program spoken to an upstream over its NFS connection.
+//!
+//! What the upstream speaks is agreed once per connection: HELLO in
+//! version 2 names the capabilities ([`Caps`]) both sides speak, and every
+//! call on that connection keeps to them. An upstream that answers
+//! version 2 with PROG_MISMATCH (a proxy from before version 2) is spoken
+//! to in version 1, taken to know every procedure until it refuses one
+//! (PROC_UNAVAIL), which is then left out for as long as the agreement
+//! lasts. A new connection (the upstream restarted, perhaps as another
+//! build) is agreed anew before its first call.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gvfs_nfs::net::client::{ClientError, RpcClient};
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
 use gvfs_nfs::rpc::{ReplyError, ReplyStatus};
-use gvfs_nfs::xdr::put_opaque;
+use gvfs_nfs::xdr::{XdrReader, put_opaque, put_u32};
 use gvfs_nfs::{BoxFuture, Credentials};
 
 use crate::error::FetchError;
@@ -18,25 +28,41 @@ use crate::proto::*;
 use crate::source::ChunkSource;
 use crate::store::{StoreArgs, decode_store_res};
 
+/// What was agreed with the upstream on one of its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Agreement {
+    /// The connection it holds for (the RPC client's `connects` when it
+    /// was made).
+    connection: u64,
+    /// The version calls are made in.
+    version: u32,
+    /// What both sides speak (less what the upstream refused since).
+    caps: Caps,
+}
+
+/// What is known of the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Not asked yet, or no answer came.
+    Unknown,
+    /// It does not speak the program: remembered for good.
+    Silent,
+    /// What was agreed (perhaps on an earlier connection).
+    Agreed(Agreement),
+}
+
 /// The extension program spoken to an upstream over its NFS connection.
 pub struct ExtClient {
     client: RpcClient,
-    /// Whether the upstream speaks the program, once it has answered;
-    /// callers that come while it is being asked wait for that answer.
-    speaks: tokio::sync::OnceCell<bool>,
-    /// Longest wait for that answer ([`PROBE_TIMEOUT`]).
+    /// What is known of the upstream; read on every call.
+    known: Mutex<Known>,
+    /// Held while a HELLO is under way: callers that come meanwhile wait
+    /// for its answer instead of asking again.
+    agreeing: tokio::sync::Mutex<()>,
+    /// Longest wait for HELLO's answer ([`PROBE_TIMEOUT`]).
     probe_timeout: Duration,
-    /// Whether to ask with FETCH_REPEATS (until the upstream refuses it).
-    repeats: std::sync::atomic::AtomicBool,
-    /// Whether to store with STORE_GUARDED (until the upstream refuses it).
-    guards: std::sync::atomic::AtomicBool,
-    /// Whether to ask demand with FETCH_DEMAND (until the upstream refuses it).
-    demand: std::sync::atomic::AtomicBool,
-    /// Whether the upstream keeps profiles (until it refuses PROFILE_*).
-    profiles: std::sync::atomic::AtomicBool,
-    /// Whether to say which blocks are held with FETCH_HAVE (until the
-    /// upstream refuses it).
-    have: std::sync::atomic::AtomicBool,
+    /// Whether the warning that write-backs go unguarded was given.
+    warned_unguarded: AtomicBool,
 }
 
 impl std::fmt::Debug for ExtClient {
@@ -54,34 +80,155 @@ impl ExtClient {
     }
 
     /// The program over `client`'s connection, waiting at most
-    /// `probe_timeout` for the upstream to say whether it speaks it.
+    /// `probe_timeout` for the upstream to say what it speaks.
     pub(crate) fn with_probe_timeout(client: RpcClient, probe_timeout: Duration) -> Self {
         Self {
             client,
-            speaks: tokio::sync::OnceCell::new(),
+            known: Mutex::new(Known::Unknown),
+            agreeing: tokio::sync::Mutex::new(()),
             probe_timeout,
-            repeats: std::sync::atomic::AtomicBool::new(true),
-            guards: std::sync::atomic::AtomicBool::new(true),
-            demand: std::sync::atomic::AtomicBool::new(true),
-            profiles: std::sync::atomic::AtomicBool::new(true),
-            have: std::sync::atomic::AtomicBool::new(true),
+            warned_unguarded: AtomicBool::new(false),
         }
     }
 
-    /// Calls `proc_` unless the upstream refused it before (`flag`); on
-    /// PROC_UNAVAIL notes that in `flag` and answers `Ok(None)`.
-    async fn call_new(
+    /// The version and capabilities agreed with the upstream, if it speaks
+    /// the program: what is known for the current connection, or else a
+    /// HELLO first. `Err` when the upstream did not answer (ask again next
+    /// time).
+    async fn agreed(&self) -> Result<Option<Agreement>, ()> {
+        if let Some(known) = self.current() {
+            return Ok(known);
+        }
+        let _one_at_a_time = self.agreeing.lock().await;
+        if let Some(known) = self.current() {
+            return Ok(known);
+        }
+        let found = self.hello().await?;
+        *lock(&self.known) = match found {
+            Some(a) => Known::Agreed(a),
+            None => Known::Silent,
+        };
+        Ok(found)
+    }
+
+    /// What is known and still holds: `Some(None)` when the upstream does
+    /// not speak the program, `Some(agreement)` for this connection, `None`
+    /// when it must be asked.
+    fn current(&self) -> Option<Option<Agreement>> {
+        match *lock(&self.known) {
+            Known::Silent => Some(None),
+            Known::Agreed(a) if a.connection == self.connection() => Some(Some(a)),
+            _ => None,
+        }
+    }
+
+    /// The agreement calls are made under: this connection's, or when the
+    /// upstream did not answer HELLO, the last one (version 1 and every
+    /// capability before any).
+    async fn terms(&self) -> Agreement {
+        match self.agreed().await {
+            Ok(Some(a)) => a,
+            _ => match *lock(&self.known) {
+                Known::Agreed(a) => a,
+                _ => Agreement {
+                    connection: 0,
+                    version: VERSION_1,
+                    caps: Caps::ALL,
+                },
+            },
+        }
+    }
+
+    /// Connections the RPC client has opened: a new one is agreed anew.
+    fn connection(&self) -> u64 {
+        self.client.stats().connects.load(Ordering::Relaxed)
+    }
+
+    /// Sends HELLO naming every capability: `Ok` with the agreement, or
+    /// `None` when the upstream does not speak the program; `Err` when no
+    /// answer came.
+    async fn hello(&self) -> Result<Option<Agreement>, ()> {
+        let cred = Credentials::default();
+        let mut args = Vec::with_capacity(4);
+        put_u32(&mut args, Caps::ALL.0);
+        let call = self.client.call(PROGRAM, VERSION, PROC_HELLO, &cred, &args);
+        let answer = tokio::time::timeout(self.probe_timeout, call).await;
+        let agreement = |version, caps| Agreement {
+            connection: self.connection(),
+            version,
+            caps,
+        };
+        match answer {
+            Ok(Ok(reply)) => {
+                let mut r = XdrReader::new(&reply);
+                match r.u32().and_then(|caps| r.end().map(|()| caps)) {
+                    Ok(caps) => Ok(Some(agreement(VERSION, Caps(caps).and(Caps::ALL)))),
+                    Err(e) => {
+                        tracing::warn!(
+                            server = %self.client.server(),
+                            error = %e,
+                            "upstream's HELLO answer does not decode; \
+                             compress-and-copy files are read block by block"
+                        );
+                        Ok(None)
+                    }
+                }
+            }
+            Ok(Err(ClientError::Rpc {
+                error: ReplyError::Accepted(ReplyStatus::ProgMismatch { low, high }),
+                ..
+            })) if (low..=high).contains(&VERSION_1) => {
+                tracing::info!(
+                    server = %self.client.server(),
+                    "upstream speaks version 1 of the gvfs extension (an older gvfs-proxy)"
+                );
+                Ok(Some(agreement(VERSION_1, Caps::ALL)))
+            }
+            Ok(Err(ClientError::Rpc {
+                error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
+                ..
+            })) => {
+                // It runs the program in version 2 but not HELLO: learn
+                // what it knows one refusal at a time, as in version 1.
+                Ok(Some(agreement(VERSION, Caps::ALL)))
+            }
+            Ok(Err(ClientError::Rpc { error, .. })) => {
+                tracing::info!(
+                    server = %self.client.server(),
+                    "upstream does not speak the gvfs extension ({error}); \
+                     compress-and-copy files are read block by block"
+                );
+                Ok(None)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "extension HELLO got no answer");
+                Err(())
+            }
+            Err(_) => {
+                tracing::debug!(after = ?self.probe_timeout, "extension HELLO got no answer");
+                Err(())
+            }
+        }
+    }
+
+    /// Calls `proc_` if `terms` include `cap`; on PROC_UNAVAIL leaves
+    /// `cap` out of the agreement and answers `Ok(None)`.
+    async fn call_if(
         &self,
-        flag: &std::sync::atomic::AtomicBool,
+        terms: Agreement,
+        cap: Caps,
         proc_: u32,
         cred: &Credentials,
         args: &[u8],
     ) -> Result<Option<Vec<u8>>, FetchError> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if !flag.load(Relaxed) {
+        if !terms.caps.has(cap) {
             return Ok(None);
         }
-        match self.client.call(PROGRAM, VERSION, proc_, cred, args).await {
+        match self
+            .client
+            .call(PROGRAM, terms.version, proc_, cred, args)
+            .await
+        {
             Ok(reply) => Ok(Some(reply.to_vec())),
             Err(ClientError::Rpc {
                 error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
@@ -92,7 +239,9 @@ impl ExtClient {
                     proc_,
                     "upstream does not know this extension procedure (an older gvfs-proxy)"
                 );
-                flag.store(false, Relaxed);
+                if let Known::Agreed(a) = &mut *lock(&self.known) {
+                    a.caps = a.caps.without(cap);
+                }
                 Ok(None)
             }
             Err(e) => Err(FetchError::Transport(e)),
@@ -101,41 +250,26 @@ impl ExtClient {
 
     async fn call(
         &self,
+        terms: Agreement,
         proc_: u32,
         cred: &Credentials,
         args: &[u8],
     ) -> Result<Vec<u8>, FetchError> {
-        match self.client.call(PROGRAM, VERSION, proc_, cred, args).await {
+        match self
+            .client
+            .call(PROGRAM, terms.version, proc_, cred, args)
+            .await
+        {
             Ok(reply) => Ok(reply.to_vec()),
             Err(e) => Err(FetchError::Transport(e)),
         }
     }
+}
 
-    /// Sends the extension's NULL: `Ok` with whether the upstream speaks
-    /// it, `Err` when no answer came (ask again next time).
-    async fn probe(&self) -> Result<bool, ()> {
-        let cred = Credentials::default();
-        let call = self.client.call(PROGRAM, VERSION, PROC_NULL, &cred, &[]);
-        match tokio::time::timeout(self.probe_timeout, call).await {
-            Ok(Ok(_)) => Ok(true),
-            Ok(Err(ClientError::Rpc { error, .. })) => {
-                tracing::info!(
-                    server = %self.client.server(),
-                    "upstream does not speak the gvfs extension ({error}); \
-                     compress-and-copy files are read block by block"
-                );
-                Ok(false)
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "extension probe got no answer");
-                Err(())
-            }
-            Err(_) => {
-                tracing::debug!(after = ?self.probe_timeout, "extension probe got no answer");
-                Err(())
-            }
-        }
-    }
+/// Locks `m`, a poisoned lock included (its data stays consistent: every
+/// section only assigns).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ChunkSource for ExtClient {
@@ -146,56 +280,37 @@ impl ChunkSource for ExtClient {
         urgency: Urgency,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
         Box::pin(async move {
+            let terms = self.terms().await;
             let mut buf = Vec::with_capacity(args.fh.len() + 24);
             args.encode(&mut buf);
-            let with_repeats = self.repeats.load(std::sync::atomic::Ordering::Relaxed);
+            let with_repeats = terms.caps.has(Caps::REPEATS);
             let held = match &args.have {
                 Some(have) if with_repeats && !have.is_empty() => {
                     let mut buf = Vec::with_capacity(buf.len() + 48);
                     encode_have_args(&mut buf, args, have, urgency == Urgency::Demand);
-                    self.call_new(&self.have, PROC_FETCH_HAVE, cred, &buf)
+                    self.call_if(terms, Caps::HAVE, PROC_FETCH_HAVE, cred, &buf)
                         .await?
                 }
                 _ => None,
             };
-            let demand = if held.is_some() {
-                held
-            } else if urgency == Urgency::Demand && with_repeats {
-                self.call_new(&self.demand, PROC_FETCH_DEMAND, cred, &buf)
-                    .await?
-            } else {
-                None
-            };
-            let (bytes, with_repeats) = if let Some(bytes) = demand {
-                (bytes, true)
-            } else if with_repeats {
-                let call = self
-                    .client
-                    .call(PROGRAM, VERSION, PROC_FETCH_REPEATS, cred, &buf)
-                    .await;
-                match call {
-                    Ok(reply) => (reply.to_vec(), true),
-                    Err(ClientError::Rpc {
-                        error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
-                        ..
-                    }) => {
-                        tracing::info!(
-                            server = %self.client.server(),
-                            "upstream does not know FETCH_REPEATS; using FETCH"
-                        );
-                        self.repeats
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
-                        (self.call(PROC_FETCH, cred, &buf).await?, false)
-                    }
-                    Err(e) => return Err(FetchError::Transport(e)),
+            let demand = match held {
+                Some(bytes) => Some(bytes),
+                None if urgency == Urgency::Demand && with_repeats => {
+                    self.call_if(terms, Caps::DEMAND, PROC_FETCH_DEMAND, cred, &buf)
+                        .await?
                 }
-            } else {
-                (self.call(PROC_FETCH, cred, &buf).await?, false)
+                None => None,
             };
-            let decoded = if with_repeats {
-                decode_fetch_repeats_res(&bytes)
-            } else {
-                decode_fetch_res(&bytes)
+            let repeats = match demand {
+                Some(bytes) => Some(bytes),
+                None => {
+                    self.call_if(terms, Caps::REPEATS, PROC_FETCH_REPEATS, cred, &buf)
+                        .await?
+                }
+            };
+            let decoded = match repeats {
+                Some(bytes) => decode_fetch_repeats_res(&bytes),
+                None => decode_fetch_res(&self.call(terms, PROC_FETCH, cred, &buf).await?),
             };
             match decoded {
                 Ok(Ok(ok)) => Ok(ok),
@@ -215,39 +330,33 @@ impl ChunkSource for ExtClient {
         args: &'a StoreArgs,
     ) -> BoxFuture<'a, Result<fattr3, FetchError>> {
         Box::pin(async move {
+            let terms = self.terms().await;
             let mut buf = Vec::with_capacity(args.fh.len() + args.data.len() + 56);
             args.encode(&mut buf);
-            let guarded = args.guard.is_some();
-            let bytes = if guarded && self.guards.load(std::sync::atomic::Ordering::Relaxed) {
-                let call = self
-                    .client
-                    .call(PROGRAM, VERSION, PROC_STORE_GUARDED, cred, &buf)
-                    .await;
-                match call {
-                    Ok(reply) => reply.to_vec(),
-                    Err(ClientError::Rpc {
-                        error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
-                        ..
-                    }) => {
-                        tracing::warn!(
-                            server = %self.client.server(),
-                            "upstream does not know STORE_GUARDED (an older gvfs-proxy): \
-                             write-backs of whole files cannot check that the origin is \
-                             unchanged and may overwrite changes made there"
-                        );
-                        self.guards
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
+            let guarded = match args.guard {
+                Some(_) => {
+                    self.call_if(terms, Caps::GUARDED, PROC_STORE_GUARDED, cred, &buf)
+                        .await?
+                }
+                None => None,
+            };
+            let bytes = match guarded {
+                Some(bytes) => bytes,
+                None => {
+                    if args.guard.is_some() {
+                        if !self.warned_unguarded.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                server = %self.client.server(),
+                                "upstream does not know STORE_GUARDED (an older gvfs-proxy): \
+                                 write-backs of whole files cannot check that the origin is \
+                                 unchanged and may overwrite changes made there"
+                            );
+                        }
+                        // STORE's arguments: without the guard at the end.
                         buf.truncate(buf.len() - GUARD_LEN);
-                        self.call(PROC_STORE, cred, &buf).await?
                     }
-                    Err(e) => return Err(FetchError::Transport(e)),
+                    self.call(terms, PROC_STORE, cred, &buf).await?
                 }
-            } else {
-                if guarded {
-                    // STORE's arguments: without the guard at the end.
-                    buf.truncate(buf.len() - GUARD_LEN);
-                }
-                self.call(PROC_STORE, cred, &buf).await?
             };
             match decode_store_res(&bytes) {
                 Ok(Ok(attrs)) => Ok(attrs),
@@ -262,10 +371,7 @@ impl ChunkSource for ExtClient {
     }
 
     fn supported(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let answer = self.speaks.get_or_try_init(|| self.probe()).await;
-            answer.is_ok_and(|yes| *yes)
-        })
+        Box::pin(async move { matches!(self.agreed().await, Ok(Some(_))) })
     }
 
     fn put_profile<'a>(
@@ -275,10 +381,11 @@ impl ChunkSource for ExtClient {
         profile: &'a Profile,
     ) -> BoxFuture<'a, Result<(), FetchError>> {
         Box::pin(async move {
+            let terms = self.terms().await;
             let mut buf = Vec::new();
             profile::encode_put(&mut buf, fh, profile);
             let Some(bytes) = self
-                .call_new(&self.profiles, PROC_PROFILE_PUT, cred, &buf)
+                .call_if(terms, Caps::PROFILES, PROC_PROFILE_PUT, cred, &buf)
                 .await?
             else {
                 return Ok(());
@@ -301,10 +408,11 @@ impl ChunkSource for ExtClient {
         fh: &'a [u8],
     ) -> BoxFuture<'a, Result<Option<Profile>, FetchError>> {
         Box::pin(async move {
+            let terms = self.terms().await;
             let mut buf = Vec::new();
             put_opaque(&mut buf, fh);
             let Some(bytes) = self
-                .call_new(&self.profiles, PROC_PROFILE_GET, cred, &buf)
+                .call_if(terms, Caps::PROFILES, PROC_PROFILE_GET, cred, &buf)
                 .await?
             else {
                 return Ok(None);
@@ -322,6 +430,9 @@ impl ChunkSource for ExtClient {
         cred: &'a Credentials,
         args: &'a [u8],
     ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
-        Box::pin(self.call(PROC_FETCH, cred, args))
+        Box::pin(async move {
+            let terms = self.terms().await;
+            self.call(terms, PROC_FETCH, cred, args).await
+        })
     }
 }

@@ -3,7 +3,27 @@
 //! there is one).
 //!
 //! Version 1 has eight procedures besides NULL (the eighth, FETCH_HAVE, is
-//! specified in `have.rs`):
+//! specified in `have.rs`); version 2 has the same and HELLO, so that
+//! what two proxies speak is agreed once per connection instead of learned
+//! from refusals:
+//!
+//! ```text
+//! version 2
+//!   0..8   as in version 1
+//!   9  HELLO  (uint32 caps) -> uint32 caps
+//! ```
+//!
+//! HELLO's argument names the capabilities the caller speaks (bit 0
+//! FETCH_REPEATS, 1 STORE_GUARDED, 2 FETCH_DEMAND, 3 PROFILE_PUT and
+//! PROFILE_GET, 4 FETCH_HAVE: [`Caps`]), its result those the server
+//! speaks too. A caller sends it first on each connection (a reconnect may
+//! reach another build) and then calls only what was agreed. A server
+//! answers versions 1 and 2 (PROG_MISMATCH 1..2 otherwise); a proxy from
+//! before version 2 answers version 2 with PROG_MISMATCH 1..1, and is then
+//! spoken to in version 1, as it speaks: every procedure is tried until it
+//! answers PROC_UNAVAIL. FETCH_HAVE's bitmap and every other length are
+//! capped as before; HELLO's is one word, anything else GARBAGE_ARGS.
+//!
 //!
 //! ```text
 //! program GVFS_EXT  0x20475646  ("user-defined" range, RFC 5531 section 8.3)

@@ -7,8 +7,11 @@ use gvfs_nfs::rpc::ReplyStatus;
 
 /// The program number.
 pub const PROGRAM: u32 = 0x2047_5646;
-/// The one version.
-pub const VERSION: u32 = 1;
+/// The version this build speaks first: version 1's procedures and HELLO.
+pub const VERSION: u32 = 2;
+/// The oldest version still served and spoken: no HELLO, so what a peer
+/// of it knows is learned one refused procedure at a time.
+pub const VERSION_1: u32 = 1;
 /// NULL: the probe a proxy sends to learn whether its upstream speaks this.
 pub const PROC_NULL: u32 = 0;
 /// FETCH: one chunk of a file, compressed.
@@ -28,6 +31,9 @@ pub const PROC_PROFILE_GET: u32 = 7;
 /// FETCH_HAVE: FETCH_REPEATS with the blocks the caller holds sent as
 /// zeros (`have.rs`).
 pub const PROC_FETCH_HAVE: u32 = 8;
+/// HELLO (version 2 only): the capabilities a caller speaks in, those
+/// both speak out; sent once on each connection before any other call.
+pub const PROC_HELLO: u32 = 9;
 /// Most repeats one FETCH_REPEATS answer lists (one per 4 KiB block).
 pub const MAX_REPEATS: usize = (CHUNK / 4096) as usize;
 /// Bytes of file data per chunk (and the most one FETCH may ask for).
@@ -38,7 +44,7 @@ pub const MAX_FRAME_SLACK: u32 = 4096;
 pub(crate) const GUARD_LEN: usize = 24;
 /// Largest NFSv3 file handle (RFC 1813, NFS3_FHSIZE).
 pub(crate) const FHSIZE: usize = 64;
-/// Longest wait for the upstream's answer to the extension's NULL; with
+/// Longest wait for the upstream's answer to HELLO (or NULL); with
 /// none by then, the next whole-file fetch asks again.
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -54,13 +60,65 @@ pub enum Urgency {
     Demand,
 }
 
-/// The RPC-level answer to an extension call that did not run.
+/// What a peer speaks beyond NULL, FETCH and STORE: one bit per
+/// procedure (or pair) that came after them. Agreed once per connection
+/// with HELLO in version 2; a version-1 peer is taken to speak them all
+/// until it refuses one (PROC_UNAVAIL), as the proxies before version 2
+/// did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Caps(pub u32);
+
+impl Caps {
+    /// FETCH_REPEATS.
+    pub const REPEATS: Caps = Caps(1 << 0);
+    /// STORE_GUARDED.
+    pub const GUARDED: Caps = Caps(1 << 1);
+    /// FETCH_DEMAND.
+    pub const DEMAND: Caps = Caps(1 << 2);
+    /// PROFILE_PUT and PROFILE_GET.
+    pub const PROFILES: Caps = Caps(1 << 3);
+    /// FETCH_HAVE.
+    pub const HAVE: Caps = Caps(1 << 4);
+    /// Everything this build speaks.
+    pub const ALL: Caps = Caps(0b1_1111);
+
+    /// Whether every capability of `other` is here.
+    pub fn has(self, other: Caps) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Those of both.
+    pub fn and(self, other: Caps) -> Caps {
+        Caps(self.0 & other.0)
+    }
+
+    /// These without `other`'s.
+    pub fn without(self, other: Caps) -> Caps {
+        Caps(self.0 & !other.0)
+    }
+}
+
+/// The answer to HELLO's `caps` from a server that speaks [`Caps::ALL`]:
+/// those the caller named that it speaks too (bits it does not know are
+/// dropped).
+pub fn hello_answer(asked: u32) -> u32 {
+    Caps(asked).and(Caps::ALL).0
+}
+
+/// The RPC-level answer to an extension call that did not run: a version
+/// other than 1 and 2 (RFC 5531, PROG_MISMATCH with the range served), a
+/// procedure past the last, or HELLO in version 1.
 pub fn rpc_refusal(vers: u32, proc_: u32) -> Option<ReplyStatus> {
-    if vers != VERSION {
+    if !(VERSION_1..=VERSION).contains(&vers) {
         return Some(ReplyStatus::ProgMismatch {
-            low: VERSION,
+            low: VERSION_1,
             high: VERSION,
         });
     }
-    (proc_ > PROC_FETCH_HAVE).then_some(ReplyStatus::ProcUnavail)
+    let last = if vers == VERSION_1 {
+        PROC_FETCH_HAVE
+    } else {
+        PROC_HELLO
+    };
+    (proc_ > last).then_some(ReplyStatus::ProcUnavail)
 }

@@ -171,14 +171,14 @@ fn incompressible_chunks_travel_stored() {
 async fn counting_server(
     status: Option<ReplyStatus>,
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-    answering_server(move |_| status.map(|s| (s, Vec::new()))).await
+    answering_server(move |_, _| status.map(|s| (s, Vec::new()))).await
 }
 
 /// A loopback server of RPC records that counts the calls it gets and
-/// answers each as `answer` says for its procedure number (never, for
-/// `None`).
+/// answers each as `answer` says for its version and procedure number
+/// (never, for `None`).
 async fn answering_server(
-    answer: impl Fn(u32) -> Option<(ReplyStatus, Vec<u8>)> + Send + Sync + 'static,
+    answer: impl Fn(u32, u32) -> Option<(ReplyStatus, Vec<u8>)> + Send + Sync + 'static,
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     let answer = Arc::new(answer);
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -205,7 +205,7 @@ async fn answering_server(
                             .map_or(0, |w| u32::from_be_bytes(w.try_into().unwrap()))
                     };
                     let xid = word(0);
-                    if let Some((status, results)) = answer(word(20)) {
+                    if let Some((status, results)) = answer(word(16), word(20)) {
                         let reply = gvfs_nfs::rpc::reply_record(xid, status, &results);
                         if s.write_all(&reply).await.is_err() {
                             return;
@@ -228,20 +228,157 @@ fn client_of(addr: std::net::SocketAddr, probe_timeout: Duration) -> ExtClient {
     ExtClient::with_probe_timeout(rpc, probe_timeout)
 }
 
+/// HELLO's answer: `caps`.
+fn hello_res(caps: Caps) -> Vec<u8> {
+    let mut out = Vec::new();
+    gvfs_nfs::xdr::put_u32(&mut out, caps.0);
+    out
+}
+
 #[tokio::test]
-async fn the_probe_is_asked_once_by_callers_at_once_and_remembered() {
+async fn the_agreement_is_asked_once_by_callers_at_once_and_remembered() {
     use std::sync::atomic::Ordering;
     for (status, speaks) in [
         (ReplyStatus::Success, true),
         (ReplyStatus::ProgUnavail, false),
     ] {
-        let (addr, calls) = counting_server(Some(status)).await;
+        let (addr, calls) =
+            answering_server(move |_, _| Some((status, hello_res(Caps::ALL)))).await;
         let ext = client_of(addr, PROBE_TIMEOUT);
         let (a, b) = tokio::join!(ext.supported(), ext.supported());
         assert_eq!((a, b), (speaks, speaks), "{status:?}");
         assert_eq!(ext.supported().await, speaks);
         assert_eq!(calls.load(Ordering::SeqCst), 1, "{status:?}");
     }
+}
+
+/// A FETCH answer of 4 KiB of sevens, and its file bytes.
+fn sevens() -> (Vec<u8>, FetchOk) {
+    let raw = vec![7u8; 4096];
+    let (codec, data) = compress(&raw, 3);
+    let ok = FetchOk {
+        attrs: attrs(),
+        raw_len: 4096,
+        eof: false,
+        codec,
+        data,
+        repeats: Vec::new(),
+    };
+    (raw, ok)
+}
+
+fn small_fetch() -> FetchArgs {
+    FetchArgs {
+        fh: vec![1; 8],
+        offset: 0,
+        count: 4096,
+        have: None,
+    }
+}
+
+#[tokio::test]
+async fn a_version_2_peer_is_asked_only_what_it_agreed_to() {
+    let (raw, ok) = sevens();
+    let mut res = Vec::new();
+    encode_fetch_repeats_res(&mut res, &Ok(ok));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    // It speaks FETCH_REPEATS and profiles, not FETCH_DEMAND.
+    let (addr, _) = answering_server(move |vers, proc_| {
+        log.lock().unwrap().push((vers, proc_));
+        match proc_ {
+            PROC_HELLO => Some((
+                ReplyStatus::Success,
+                hello_res(Caps::REPEATS.and(Caps::ALL)),
+            )),
+            PROC_FETCH_REPEATS => Some((ReplyStatus::Success, res.clone())),
+            _ => Some((ReplyStatus::ProcUnavail, Vec::new())),
+        }
+    })
+    .await;
+    let ext = client_of(addr, PROBE_TIMEOUT);
+    let cred = Credentials::default();
+    for _ in 0..2 {
+        let got = ext
+            .fetch(&cred, &small_fetch(), Urgency::Demand)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(decompress(got).ok(), Some(raw.clone()));
+    }
+    // No profile is asked for: not agreed.
+    assert_eq!(ext.get_profile(&cred, b"fh").await, Ok(None));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (VERSION, PROC_HELLO),
+            (VERSION, PROC_FETCH_REPEATS),
+            (VERSION, PROC_FETCH_REPEATS)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_version_1_peer_is_spoken_to_in_version_1() {
+    let (raw, ok) = sevens();
+    let mut res = Vec::new();
+    encode_fetch_repeats_res(&mut res, &Ok(ok));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    // What a proxy from before version 2 answers: `rpc_refusal` of then.
+    let (addr, _) = answering_server(move |vers, proc_| {
+        log.lock().unwrap().push((vers, proc_));
+        if vers != VERSION_1 {
+            let mismatch = ReplyStatus::ProgMismatch { low: 1, high: 1 };
+            return Some((mismatch, Vec::new()));
+        }
+        match proc_ {
+            PROC_FETCH_DEMAND => Some((ReplyStatus::Success, res.clone())),
+            _ => Some((ReplyStatus::ProcUnavail, Vec::new())),
+        }
+    })
+    .await;
+    let ext = client_of(addr, PROBE_TIMEOUT);
+    assert!(ext.supported().await);
+    let cred = Credentials::default();
+    let got = ext
+        .fetch(&cred, &small_fetch(), Urgency::Demand)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(decompress(got).ok(), Some(raw));
+    // Refused once, PROFILE_GET is not asked again.
+    for _ in 0..2 {
+        assert_eq!(ext.get_profile(&cred, b"fh").await, Ok(None));
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (VERSION, PROC_HELLO),
+            (VERSION_1, PROC_FETCH_DEMAND),
+            (VERSION_1, PROC_PROFILE_GET)
+        ]
+    );
+}
+
+#[test]
+fn the_server_side_refuses_versions_and_procedures_it_does_not_have() {
+    let mismatch = Some(ReplyStatus::ProgMismatch {
+        low: VERSION_1,
+        high: VERSION,
+    });
+    assert_eq!(rpc_refusal(0, PROC_NULL), mismatch);
+    assert_eq!(rpc_refusal(3, PROC_NULL), mismatch);
+    assert_eq!(rpc_refusal(VERSION_1, PROC_FETCH_HAVE), None);
+    assert_eq!(
+        rpc_refusal(VERSION_1, PROC_HELLO),
+        Some(ReplyStatus::ProcUnavail)
+    );
+    assert_eq!(rpc_refusal(VERSION, PROC_HELLO), None);
+    assert_eq!(
+        rpc_refusal(VERSION, PROC_HELLO + 1),
+        Some(ReplyStatus::ProcUnavail)
+    );
+    assert_eq!(hello_answer(u32::MAX), Caps::ALL.0);
+    assert_eq!(hello_answer(Caps::HAVE.0 | 1 << 30), Caps::HAVE.0);
 }
 
 #[tokio::test]
@@ -259,7 +396,7 @@ async fn an_upstream_without_fetch_repeats_is_asked_with_fetch_from_then_on() {
     };
     let mut res = Vec::new();
     encode_fetch_res(&mut res, &Ok(ok));
-    let (addr, calls) = answering_server(move |proc_| match proc_ {
+    let (addr, calls) = answering_server(move |_, proc_| match proc_ {
         PROC_FETCH => Some((ReplyStatus::Success, res.clone())),
         _ => Some((ReplyStatus::ProcUnavail, Vec::new())),
     })
@@ -272,7 +409,9 @@ async fn an_upstream_without_fetch_repeats_is_asked_with_fetch_from_then_on() {
         have: None,
     };
     let cred = Credentials::default();
-    for (i, want_calls) in [(0, 2), (1, 3)] {
+    // HELLO (refused: taken as every capability), FETCH_REPEATS (refused),
+    // FETCH; then FETCH alone.
+    for (i, want_calls) in [(0, 3), (1, 4)] {
         let got = ext
             .fetch(&cred, &args, Urgency::Background)
             .await

@@ -50,6 +50,9 @@ type ReadChecks = HashMap<(Vec<u8>, Vec<u32>), Instant>;
 gvfs_nfs::counters! {
     /// Counters, for `gvfsctl stats` and the metrics endpoint.
     pub struct Counters => ExtStats {
+        /// HELLO calls answered: connections of peers that agreed on
+        /// version 2.
+        hello_calls,
         /// FETCH and FETCH_REPEATS calls answered.
         fetch_calls,
         /// File bytes those answers held.
@@ -157,6 +160,17 @@ impl ExtServer {
         }
         if proc_ == ext::PROC_NULL {
             return Ok(Vec::new());
+        }
+        if proc_ == ext::PROC_HELLO {
+            // HELLO (version 2): `uint32 caps` in, those both speak out.
+            let mut r = gvfs_nfs::xdr::XdrReader::new(args);
+            let Ok(asked) = r.u32().and_then(|caps| r.end().map(|()| caps)) else {
+                return Err(ExtRefusal::Rpc(ReplyStatus::GarbageArgs));
+            };
+            self.counters.hello_calls.add(1);
+            let mut out = Vec::with_capacity(4);
+            gvfs_nfs::xdr::put_u32(&mut out, ext::hello_answer(asked));
+            return Ok(out);
         }
         if proc_ == ext::PROC_PROFILE_PUT || proc_ == ext::PROC_PROFILE_GET {
             return self.profile_call(cx, proc_, args).await;
