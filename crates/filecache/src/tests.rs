@@ -1,8 +1,21 @@
 use super::*;
+use crate::chunks::Chunk;
+use crate::fetch::rest::STREAM_RUN;
 use crate::index::MemIndex;
+use crate::names::file_name;
 use gvfs_ext::FetchOk;
+use gvfs_ext::{CHUNK, ChunkSource, Urgency};
 use gvfs_metafile::ZeroMap;
+use gvfs_metafile::{ByteRepeat, MetaFile};
+use gvfs_nfs::Credentials;
+use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::nfsstat3;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 mod crash;
 mod frames;
@@ -357,7 +370,9 @@ async fn zero_chunks_stay_unread_after_a_restart() {
     let f = c
         .get(b"fh0")
         .unwrap_or_else(|| panic!("kept across reopen"));
-    let zero: Vec<usize> = lock(&f.chunks)
+    let zero: Vec<usize> = f
+        .fetch
+        .chunks()
         .iter()
         .enumerate()
         .filter(|(_, c)| **c == Chunk::Zero)
@@ -706,7 +721,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
     );
     assert!(same_version(&a, &f.local_attrs()));
     // Nor is a FETCH answered while a write is under way.
-    let pin = f.pin_write(0, 0, 10);
+    let pin = f.versions.pin_write(0, 0, 10);
     let raced = f
         .read_frame(
             &c,
