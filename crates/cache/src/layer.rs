@@ -47,8 +47,6 @@ mod write;
 mod writeback;
 
 #[cfg(test)]
-mod fake;
-#[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, HashSet};

@@ -145,5 +145,7 @@ pub use proto::*;
 pub use source::ChunkSource;
 pub use store::{StoreArgs, decode_store_res, encode_store_res};
 
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;

@@ -494,3 +494,85 @@ async fn a_probe_without_an_answer_gives_up_and_is_asked_again() {
     assert_eq!(answers, Ok((false, false)), "the probe never gave up");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// A loopback server that answers each call as `answer` says for its
+/// connection (0 for the first accepted), version and procedure number,
+/// and closes the connection after a reply when `answer` says so.
+async fn connection_aware_server(
+    answer: impl Fn(usize, u32, u32) -> (ReplyStatus, Vec<u8>, bool) + Send + Sync + 'static,
+) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answer = Arc::new(answer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut conn = 0;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut head = [0u8; 4];
+                while s.read_exact(&mut head).await.is_ok() {
+                    let len = (u32::from_be_bytes(head) & 0x7fff_ffff) as usize;
+                    let mut call = vec![0; len.min(1 << 16)];
+                    if s.read_exact(&mut call).await.is_err() || call.len() < 24 {
+                        return;
+                    }
+                    let word = |i: usize| u32::from_be_bytes(call[i..i + 4].try_into().unwrap());
+                    let (status, results, close) = answer(conn, word(16), word(20));
+                    let reply = gvfs_nfs::rpc::reply_record(word(0), status, &results);
+                    if s.write_all(&reply).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+            conn += 1;
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_new_connection_is_agreed_anew() {
+    let (_, ok) = sevens();
+    let mut fetched = Vec::new();
+    encode_fetch_repeats_res(&mut fetched, &Ok(ok));
+    let mut no_profile = Vec::new();
+    gvfs_nfs::xdr::put_u32(&mut no_profile, nfsstat3::NFS3ERR_NOENT as u32);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    // The first connection's peer agrees to FETCH_REPEATS only and drops
+    // the connection after its first FETCH; the peer behind the second
+    // (upgraded, say) agrees to everything.
+    let addr = connection_aware_server(move |conn, _, proc_| {
+        log.lock().unwrap().push((conn, proc_));
+        match (conn, proc_) {
+            (0, PROC_HELLO) => (ReplyStatus::Success, hello_res(Caps::REPEATS), false),
+            (_, PROC_HELLO) => (ReplyStatus::Success, hello_res(Caps::ALL), false),
+            (_, PROC_FETCH_REPEATS) => (ReplyStatus::Success, fetched.clone(), conn == 0),
+            (_, PROC_PROFILE_GET) => (ReplyStatus::Success, no_profile.clone(), false),
+            _ => (ReplyStatus::ProcUnavail, Vec::new(), false),
+        }
+    })
+    .await;
+    let ext = client_of(addr, PROBE_TIMEOUT);
+    let cred = Credentials::default();
+    let args = small_fetch();
+    let fetch = || ext.fetch(&cred, &args, Urgency::Background);
+    fetch().await.unwrap_or_else(|e| panic!("{e}"));
+    // Profiles were not agreed on this connection: not asked.
+    assert_eq!(ext.get_profile(&cred, b"fh").await, Ok(None));
+    // This FETCH goes out on a new connection, under the terms known...
+    fetch().await.unwrap_or_else(|e| panic!("{e}"));
+    // ...and the next call agrees anew, so profiles are asked for.
+    assert_eq!(ext.get_profile(&cred, b"fh").await, Ok(None));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (0, PROC_HELLO),
+            (0, PROC_FETCH_REPEATS),
+            (1, PROC_FETCH_REPEATS),
+            (1, PROC_HELLO),
+            (1, PROC_PROFILE_GET)
+        ]
+    );
+}

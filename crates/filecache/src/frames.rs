@@ -1,7 +1,15 @@
 //! Frames: the chunks of a file held whole in the form other proxies
 //! fetch them, kept by a LAN proxy beside the cached file.
 
-use super::*;
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use gvfs_ext::{CHUNK, Codec};
+use gvfs_metafile::ByteRepeat;
+use gvfs_nfs::layer::lock;
 
 /// A chunk in the form another proxy fetches it: the frame it arrived in,
 /// or the one made here the first time another proxy asked for it.
@@ -20,11 +28,11 @@ pub struct Frame {
 
 /// Where a chunk's frame lies in its file's frame file.
 #[derive(Debug, Clone)]
-pub(super) struct Slot {
+pub(crate) struct Slot {
     at: u64,
     len: u32,
     codec: Codec,
-    pub(super) repeats: Arc<[ByteRepeat]>,
+    pub(crate) repeats: Arc<[ByteRepeat]>,
 }
 
 /// The frames of one file's chunks, kept by a LAN proxy in a file beside
@@ -35,8 +43,8 @@ pub(super) struct Slot {
 /// frame file stops growing at the file's size plus a chunk, past which
 /// frames are made for each caller and not kept.
 #[derive(Debug)]
-pub(super) struct FrameStore {
-    pub(super) path: PathBuf,
+pub(crate) struct FrameStore {
+    pub(crate) path: PathBuf,
     file: Mutex<FrameFile>,
     end: AtomicU64,
     slots: Mutex<HashMap<usize, Slot>>,
@@ -52,7 +60,7 @@ enum FrameFile {
 }
 
 impl FrameStore {
-    pub(super) fn new(path: PathBuf) -> Self {
+    pub(crate) fn new(path: PathBuf) -> Self {
         Self {
             path,
             file: Mutex::new(FrameFile::None),
@@ -62,11 +70,11 @@ impl FrameStore {
     }
 
     /// Bytes of the frame file.
-    pub(super) fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.end.load(Ordering::Relaxed)
     }
 
-    pub(super) fn file(&self) -> std::io::Result<Arc<std::fs::File>> {
+    pub(crate) fn file(&self) -> std::io::Result<Arc<std::fs::File>> {
         let mut f = lock(&self.file);
         match &*f {
             FrameFile::Open(file) => return Ok(file.clone()),
@@ -89,7 +97,7 @@ impl FrameStore {
 
     /// Appends chunk `idx`'s frame (blocking I/O), unless the file was
     /// written since `writes_seen` or the frame file is full for `size`.
-    pub(super) fn keep(
+    pub(crate) fn keep(
         &self,
         idx: usize,
         frame: &Frame,
@@ -120,12 +128,12 @@ impl FrameStore {
         Ok(true)
     }
 
-    pub(super) fn slot(&self, idx: usize) -> Option<Slot> {
+    pub(crate) fn slot(&self, idx: usize) -> Option<Slot> {
         lock(&self.slots).get(&idx).cloned()
     }
 
     /// Reads a kept frame (blocking I/O).
-    pub(super) fn read(&self, slot: Slot) -> std::io::Result<Frame> {
+    pub(crate) fn read(&self, slot: Slot) -> std::io::Result<Frame> {
         let mut data = vec![0u8; slot.len as usize];
         self.file()?.read_exact_at(&mut data, slot.at)?;
         Ok(Frame {
@@ -137,11 +145,11 @@ impl FrameStore {
     }
 
     /// Drops the frames of chunks `first..=last`.
-    pub(super) fn forget(&self, first: usize, last: usize) {
+    pub(crate) fn forget(&self, first: usize, last: usize) {
         lock(&self.slots).retain(|c, _| !(first..=last).contains(c));
     }
 
-    pub(super) fn remove(&self) {
+    pub(crate) fn remove(&self) {
         let was = std::mem::replace(&mut *lock(&self.file), FrameFile::Removed);
         if matches!(was, FrameFile::Open(_)) {
             let _ = std::fs::remove_file(&self.path);

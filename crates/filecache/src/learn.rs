@@ -3,59 +3,42 @@
 //!
 //! An entry started by the file's own clients (a READ here, not another
 //! proxy's FETCH) notes the pieces ([`PIECE`]) its readers touch, first
-//! touch first, skipping chunks of zeros. The learning ends once no new chunk has been
+//! touch first, skipping chunks of zeros (a [`Learning`], in
+//! `learn/learning.rs`). The learning ends once no new chunk has been
 //! touched for [`LEARN_QUIET`] (the guest of a lazy clone has resumed and
 //! answered; what it touches from then on comes slowly), or after
 //! [`LEARN_MAX`]. What was learned is kept here and sent upstream, unless
 //! the readers touched the file in file order, give or take the READs the
 //! kernel's read-ahead sends at once (a copy of it, even one that stalled,
 //! not a working set: a guest's faults jump about), or it adds nothing to
-//! the profile the fetch started with. A profile
-//! that was known is extended, never reordered: what a later guest touched
-//! that the profile missed goes at its end.
+//! the profile the fetch started with. A profile that was known is
+//! extended, never reordered: what a later guest touched that the profile
+//! missed goes at its end.
+//!
+//! [`LEARN_MAX`]: learning::LEARN_MAX
 
-use super::*;
+use std::sync::Arc;
+
+use gvfs_ext::ChunkSource;
 use gvfs_ext::profile::{MAX_PROFILE_PARTS, Profile};
-use tokio::time::Instant;
+use gvfs_nfs::Credentials;
+use gvfs_nfs::layer::lock;
 
-/// How long readers must touch no new piece for the learning to end.
-pub const LEARN_QUIET: std::time::Duration = std::time::Duration::from_secs(3);
-/// The longest a learning lasts.
-pub(super) const LEARN_MAX: std::time::Duration = std::time::Duration::from_secs(300);
+use crate::cache::FileCache;
+use crate::chunks::{chunk_len, chunks_of};
+use crate::entry::CachedFile;
+use crate::pieces::{Mask, PIECE, piece_mask};
+use learning::Learning;
+
+pub(crate) mod learning;
+
+pub use learning::LEARN_QUIET;
+
 /// How often a learning is looked at.
 const LEARN_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 /// The longest wait for an upstream's PROFILE_GET or PROFILE_PUT: a
 /// profile only speeds things up, it is never waited out.
 pub const PROFILE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// A learning under way.
-#[derive(Debug)]
-pub(super) struct Learning {
-    order: Vec<u32>,
-    seen: Vec<bool>,
-    started: Instant,
-    last_new: Instant,
-    /// The profile the fetch started with.
-    known: Vec<u32>,
-}
-
-impl Learning {
-    pub(super) fn new(size: u64) -> Self {
-        let now = Instant::now();
-        Self {
-            order: Vec::new(),
-            seen: vec![false; usize::try_from(size.div_ceil(u64::from(PIECE))).unwrap_or(0)],
-            started: now,
-            last_new: now,
-            known: Vec::new(),
-        }
-    }
-
-    fn done(&self) -> bool {
-        (!self.order.is_empty() && self.last_new.elapsed() >= LEARN_QUIET)
-            || self.started.elapsed() >= LEARN_MAX
-    }
-}
 
 impl CachedFile {
     /// Notes that a reader touched `offset..offset + len`.
@@ -67,21 +50,7 @@ impl CachedFile {
         if len == 0 {
             return;
         }
-        let end = offset.saturating_add(len);
-        let first = offset / u64::from(PIECE);
-        let last = (end - 1) / u64::from(PIECE);
-        let chunks = lock(&self.chunks);
-        let per_chunk = u64::from(CHUNK / PIECE);
-        for piece in first..=last.min((l.seen.len() as u64).saturating_sub(1)) {
-            let idx = piece as usize;
-            let zero = chunks.get((piece / per_chunk) as usize) == Some(&Chunk::Zero);
-            if zero || l.seen[idx] || l.order.len() >= MAX_PROFILE_PARTS {
-                continue;
-            }
-            l.seen[idx] = true;
-            l.order.push(piece as u32);
-            l.last_new = Instant::now();
-        }
+        l.touch(offset, len, &self.fetch.chunks());
     }
 }
 
@@ -89,7 +58,7 @@ impl FileCache {
     /// The pieces to fetch first for `entry`, as runs within a chunk: the
     /// profile kept here for its version, else the one its upstream knows
     /// (kept here then).
-    pub(super) async fn profile_plan(
+    pub(crate) async fn profile_plan(
         &self,
         entry: &Arc<CachedFile>,
         source: &Arc<dyn ChunkSource>,
@@ -139,8 +108,7 @@ impl FileCache {
             }
             let (first, last) = chunks_of(from, to);
             for idx in first..=last {
-                let mask =
-                    super::pieces::piece_mask(idx, super::pieces::chunk_len(size, idx), from, to);
+                let mask = piece_mask(idx, chunk_len(size, idx), from, to);
                 match plan.last_mut() {
                     // The next part of the same chunk joins its run.
                     Some((i, m)) if *i == idx && (*m << 1 | *m) & mask != 0 => *m |= mask,
@@ -154,7 +122,7 @@ impl FileCache {
 
     /// Learns `entry`'s working set until its readers go quiet, then keeps
     /// it and sends it upstream.
-    pub(super) async fn learn(
+    pub(crate) async fn learn(
         self: Arc<Self>,
         entry: Arc<CachedFile>,
         source: Arc<dyn ChunkSource>,

@@ -2,16 +2,22 @@
 //! `i * PIECE..` of the chunk): what a read touches, runs of them, and the
 //! hashed pieces around a run.
 
-use super::*;
+use gvfs_ext::CHUNK;
 
-/// Bytes of chunk `idx` of a file of `size` bytes.
-pub(super) fn chunk_len(size: u64, idx: usize) -> u32 {
-    let start = idx as u64 * u64::from(CHUNK);
-    size.saturating_sub(start).min(u64::from(CHUNK)) as u32
-}
+/// The unit readers' own fetches and profiles go by: a page fault of a
+/// lazy clone whose image has a working-set profile fetches the pieces its
+/// read covers, not its whole chunk, and a profile names pieces. Two of a
+/// guest's 4 KiB pages: a resuming guest touches about one page in each
+/// of the 64 KiB around it, so a larger piece multiplies the bytes it
+/// waits for.
+pub const PIECE: u32 = 8 << 10;
+
+/// A set of the pieces of one chunk (bit `i`: bytes `i * PIECE..` of it).
+pub(crate) type Mask = u128;
+const _: () = assert!(CHUNK / PIECE == Mask::BITS);
 
 /// Pieces `a..=b` as a mask.
-pub(super) fn span_bits(a: u32, b: u32) -> Mask {
+pub(crate) fn span_bits(a: u32, b: u32) -> Mask {
     let upto = if b + 1 >= Mask::BITS {
         Mask::MAX
     } else {
@@ -21,7 +27,7 @@ pub(super) fn span_bits(a: u32, b: u32) -> Mask {
 }
 
 /// Every piece of a chunk of `len` bytes.
-pub(super) fn all_pieces(len: u32) -> Mask {
+pub(crate) fn all_pieces(len: u32) -> Mask {
     if len == 0 {
         0
     } else {
@@ -30,7 +36,7 @@ pub(super) fn all_pieces(len: u32) -> Mask {
 }
 
 /// The pieces of chunk `idx` (of `len` bytes) that `offset..end` touches.
-pub(super) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> Mask {
+pub(crate) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> Mask {
     let start = idx as u64 * u64::from(CHUNK);
     let lo = offset.max(start) - start;
     let hi = end.min(start + u64::from(len)).saturating_sub(start);
@@ -45,7 +51,7 @@ pub(super) fn piece_mask(idx: usize, len: u32, offset: u64, end: u64) -> Mask {
 
 /// The pieces of the metadata's hashed pieces (`HASH_PIECE`) that
 /// `run` touches.
-pub(super) fn hashed_pieces_around(run: Mask) -> Mask {
+pub(crate) fn hashed_pieces_around(run: Mask) -> Mask {
     if run == 0 {
         return 0;
     }
@@ -56,7 +62,7 @@ pub(super) fn hashed_pieces_around(run: Mask) -> Mask {
 }
 
 /// The one run of pieces holding every piece of `mask`.
-pub(super) fn span_of(mask: Mask) -> Mask {
+pub(crate) fn span_of(mask: Mask) -> Mask {
     if mask == 0 {
         0
     } else {

@@ -2,8 +2,20 @@
 //! are there, and frames (compressed chunks) for a proxy downstream, kept
 //! for reuse while the file is unchanged.
 
-use super::*;
-use gvfs_ext::Have;
+use std::borrow::Cow;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use gvfs_ext::{CHUNK, ChunkSource, Have, LEVEL, Urgency, compress};
+use gvfs_nfs::Credentials;
+use gvfs_nfs::nfs3_types::nfs3::fattr3;
+use gvfs_nfs::xdr::zeros;
+
+use crate::cache::FileCache;
+use crate::chunks::{Chunk, chunks_of};
+use crate::entry::CachedFile;
+use crate::error::FileCacheError;
+use crate::frames::Frame;
 
 /// How another proxy asked for a chunk.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +51,7 @@ impl CachedFile {
         let len = end.saturating_sub(offset);
         self.ensure(cache, source, cred, offset, len, urgency)
             .await?;
-        self.last_used.store(now_secs(), Ordering::Relaxed);
+        self.used();
         let pieces = self.data_pieces(offset, end);
         let data = if pieces.is_empty() {
             // Only zero chunks (most of a memory image): no file, no buffer.
@@ -66,12 +78,12 @@ impl CachedFile {
     }
 
     /// The parts of `offset..end` outside chunks of zeros, as ranges.
-    pub(super) fn data_pieces(&self, offset: u64, end: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn data_pieces(&self, offset: u64, end: u64) -> Vec<(u64, u64)> {
         if end <= offset {
             return Vec::new();
         }
         let (first, last) = chunks_of(offset, end);
-        let chunks = lock(&self.chunks);
+        let chunks = self.fetch.chunks();
         let mut pieces: Vec<(u64, u64)> = Vec::new();
         for idx in first..=last {
             if chunks.get(idx) == Some(&Chunk::Zero) {
@@ -89,11 +101,11 @@ impl CachedFile {
 
     /// Keeps chunk `idx`'s frame in the frame file (blocking I/O); a
     /// frame that cannot be kept is only not kept.
-    pub(super) fn keep_frame(&self, idx: usize, frame: &Frame, writes_seen: u64) -> bool {
+    pub(crate) fn keep_frame(&self, idx: usize, frame: &Frame, writes_seen: u64) -> bool {
         let size = self.size();
         match self
             .frames
-            .keep(idx, frame, size, writes_seen, &self.writes)
+            .keep(idx, frame, size, writes_seen, self.versions.writes())
         {
             Ok(kept) => kept,
             Err(e) => {
@@ -149,7 +161,7 @@ impl CachedFile {
         }
     }
 
-    pub(super) async fn frame_of(
+    pub(crate) async fn frame_of(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
         source: &Arc<dyn ChunkSource>,
@@ -176,7 +188,7 @@ impl CachedFile {
                     .map_err(|e| FileCacheError::task("a read of a frame", e))?;
                 match kept {
                     Ok(frame) => {
-                        self.last_used.store(now_secs(), Ordering::Relaxed);
+                        self.used();
                         cache.counters.frames_reused.add(1);
                         cache.counters.hits.add(1);
                         cache.counters.hit_bytes.add(u64::from(len));
@@ -190,7 +202,7 @@ impl CachedFile {
                 }
             }
         }
-        let writes = self.writes.load(Ordering::Acquire);
+        let writes = self.versions.writes_seen();
         let (raw, eof) = self
             .read(cache, source, cred, offset, count, urgency)
             .await?;

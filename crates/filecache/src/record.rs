@@ -51,8 +51,9 @@
 //! A record that does not load ([`RecordError`]) is as if there were none:
 //! the file it describes is deleted when the cache is opened.
 
-use super::{CachedFile, Versions};
+use crate::chunks::chunk_count;
 use crate::error::RecordError;
+use crate::versions::Versions;
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, ftype3, nfstime3, specdata3};
 
 /// Record magic.
@@ -69,7 +70,7 @@ const HEADER_LEN: usize = 12;
 /// The record of `v`: upstream's attributes, and when it holds writes,
 /// the attributes clients see (their size covering the writes under way)
 /// and the dirty chunks.
-pub(super) fn encode_record(v: &Versions) -> Vec<u8> {
+pub(crate) fn encode_record(v: &Versions) -> Vec<u8> {
     let dirty = !v.dirty.is_empty();
     let mut out = Vec::with_capacity(HEADER_LEN + 2 * ATTRS_LEN + 12 + 4 * v.dirty.len());
     out.extend_from_slice(&RECORD_MAGIC);
@@ -92,7 +93,7 @@ pub(super) fn encode_record(v: &Versions) -> Vec<u8> {
 
 /// The entry's versions from a record of version 1, or of version 0 (no
 /// magic), with its dirty chunks counted as durable (the record was).
-pub(super) fn decode_record(bytes: &[u8]) -> Result<Versions, RecordError> {
+pub(crate) fn decode_record(bytes: &[u8]) -> Result<Versions, RecordError> {
     let (body, order) = if bytes.starts_with(&RECORD_MAGIC) {
         (checked_body(bytes)?, Order::Little)
     } else if bytes.starts_with(&[0, 0, 0]) {
@@ -113,7 +114,7 @@ pub(super) fn decode_record(bytes: &[u8]) -> Result<Versions, RecordError> {
     let mut v = Versions::new(r.attrs()?);
     if dirty {
         let local = r.attrs()?;
-        let most = CachedFile::chunk_count(local.size);
+        let most = chunk_count(local.size);
         let count = r.u32()?;
         if count as usize > most {
             return Err(RecordError::TooManyChunks {
@@ -262,9 +263,11 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::FileCache;
     use crate::index::{MemIndex, MetaIndex};
+    use crate::names::{file_name, index_key};
     use crate::tests::attrs;
-    use crate::{CHUNK, FileCache, file_name, index_key};
+    use gvfs_ext::CHUNK;
     use gvfs_nfs::xdr::{encode_into, put_u32};
     use std::sync::Arc;
 

@@ -1,8 +1,21 @@
 use super::*;
+use crate::chunks::Chunk;
+use crate::fetch::rest::STREAM_RUN;
 use crate::index::MemIndex;
-use gvfs_ext::{FetchOk, compress};
+use crate::names::file_name;
+use gvfs_ext::FetchOk;
+use gvfs_ext::{CHUNK, ChunkSource, Urgency};
 use gvfs_metafile::ZeroMap;
+use gvfs_metafile::{ByteRepeat, MetaFile};
+use gvfs_nfs::Credentials;
+use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::nfsstat3;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 mod crash;
 mod frames;
@@ -10,153 +23,7 @@ mod lazy;
 
 pub(crate) use gvfs_nfs::testing::file_attrs as attrs;
 
-/// A source serving `data` as a file, counting FETCHes, optionally
-/// holding every fetch until released.
-pub(crate) struct Fake {
-    pub data: Vec<u8>,
-    pub attrs: fattr3,
-    pub calls: AtomicU64,
-    pub gate: tokio::sync::Semaphore,
-    pub stored: Mutex<Vec<(u64, Vec<u8>)>>,
-    /// Ranges of `data` repeating earlier ranges: sent as zeros and
-    /// listed, as a server with a repeat map does.
-    pub repeats: Mutex<Vec<ByteRepeat>>,
-    /// Files' attributes at the origin now (`attrs` for files not
-    /// listed): a STORE's guard is checked against them, and each
-    /// STORE moves their times on.
-    pub origin: Mutex<HashMap<Vec<u8>, fattr3>>,
-    /// STOREs started, and a gate each waits at (open unless a test
-    /// closes it).
-    pub stores: AtomicU64,
-    pub store_gate: tokio::sync::Semaphore,
-    /// Every FETCH's offset, count and urgency, in the order they came.
-    pub fetched: Mutex<Vec<(u64, u32, Urgency)>>,
-    /// The profile PROFILE_GET answers.
-    pub profile: Mutex<Option<gvfs_ext::Profile>>,
-    /// Profiles PROFILE_PUT was given.
-    pub put: Mutex<Vec<gvfs_ext::Profile>>,
-}
-
-impl Fake {
-    pub(crate) fn new(data: Vec<u8>, open: bool) -> Arc<Self> {
-        Arc::new(Self {
-            attrs: attrs(data.len() as u64, 7),
-            data,
-            calls: AtomicU64::new(0),
-            gate: tokio::sync::Semaphore::new(if open { 1 << 20 } else { 0 }),
-            stored: Mutex::new(Vec::new()),
-            repeats: Mutex::new(Vec::new()),
-            origin: Mutex::new(HashMap::new()),
-            stores: AtomicU64::new(0),
-            store_gate: tokio::sync::Semaphore::new(1 << 20),
-            fetched: Mutex::new(Vec::new()),
-            profile: Mutex::new(None),
-            put: Mutex::new(Vec::new()),
-        })
-    }
-}
-
-impl ChunkSource for Fake {
-    fn fetch<'a>(
-        &'a self,
-        _cred: &'a Credentials,
-        args: &'a FetchArgs,
-        urgency: Urgency,
-    ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
-        Box::pin(async move {
-            self.calls.fetch_add(1, Ordering::Relaxed);
-            lock(&self.fetched).push((args.offset, args.count, urgency));
-            // Each fetch uses up a permit: the test decides how many pass.
-            if let Ok(p) = self.gate.acquire().await {
-                p.forget();
-            }
-            let s = args.offset as usize;
-            let e = (s + args.count as usize).min(self.data.len());
-            let mut raw = self.data[s..e].to_vec();
-            let mut listed = Vec::new();
-            for r in lock(&self.repeats).iter() {
-                let (a, b) = (
-                    (r.to as usize).max(s),
-                    (r.to as usize + r.len as usize).min(e),
-                );
-                if a < b {
-                    raw[a - s..b - s].fill(0);
-                    listed.push(ByteRepeat {
-                        to: a as u64,
-                        from: r.from + (a as u64 - r.to),
-                        len: (b - a) as u32,
-                    });
-                }
-            }
-            let (codec, data) = compress(&raw, 3);
-            Ok(FetchOk {
-                attrs: self.attrs.clone(),
-                raw_len: (e - s) as u32,
-                eof: e == self.data.len(),
-                codec,
-                data,
-                repeats: listed,
-            })
-        })
-    }
-    fn store<'a>(
-        &'a self,
-        _cred: &'a Credentials,
-        args: &'a StoreArgs,
-    ) -> BoxFuture<'a, Result<fattr3, FetchError>> {
-        Box::pin(async move {
-            self.stores.fetch_add(1, Ordering::Relaxed);
-            if let Ok(p) = self.store_gate.acquire().await {
-                p.forget();
-            }
-            // A STORE that does not decompress, refused as the server does.
-            let raw = args
-                .clone()
-                .raw()
-                .map_err(|_| FetchError::Nfs(nfsstat3::NFS3ERR_INVAL))?;
-            let mut files = lock(&self.origin);
-            let origin = files
-                .entry(args.fh.clone())
-                .or_insert_with(|| self.attrs.clone());
-            if args.guard.is_some_and(|g| !g.describes(origin)) {
-                return Err(FetchError::Nfs(nfsstat3::NFS3ERR_NOT_SYNC));
-            }
-            let end = args.offset + raw.len() as u64;
-            lock(&self.stored).push((args.offset, raw));
-            let t = origin.mtime.seconds + 1;
-            *origin = attrs(origin.size.max(end), t);
-            Ok(origin.clone())
-        })
-    }
-    fn supported(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async { true })
-    }
-    fn put_profile<'a>(
-        &'a self,
-        _cred: &'a Credentials,
-        _fh: &'a [u8],
-        profile: &'a gvfs_ext::Profile,
-    ) -> BoxFuture<'a, Result<(), FetchError>> {
-        Box::pin(async move {
-            lock(&self.put).push(profile.clone());
-            Ok(())
-        })
-    }
-    fn get_profile<'a>(
-        &'a self,
-        _cred: &'a Credentials,
-        _fh: &'a [u8],
-    ) -> BoxFuture<'a, Result<Option<gvfs_ext::Profile>, FetchError>> {
-        Box::pin(async move { Ok(lock(&self.profile).clone()) })
-    }
-    fn forward<'a>(
-        &'a self,
-        _cred: &'a Credentials,
-        _args: &'a [u8],
-    ) -> BoxFuture<'a, Result<Vec<u8>, FetchError>> {
-        Box::pin(async { Err(FetchError::Nfs(nfsstat3::NFS3ERR_NOTSUPP)) })
-    }
-}
+pub(crate) use gvfs_ext::testing::FakeSource as Fake;
 
 /// `fake` as the file cache's reads take their source.
 fn src(fake: &Arc<Fake>) -> Arc<dyn ChunkSource> {
@@ -503,7 +370,9 @@ async fn zero_chunks_stay_unread_after_a_restart() {
     let f = c
         .get(b"fh0")
         .unwrap_or_else(|| panic!("kept across reopen"));
-    let zero: Vec<usize> = lock(&f.chunks)
+    let zero: Vec<usize> = f
+        .fetch
+        .chunks()
         .iter()
         .enumerate()
         .filter(|(_, c)| **c == Chunk::Zero)
@@ -852,7 +721,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
     );
     assert!(same_version(&a, &f.local_attrs()));
     // Nor is a FETCH answered while a write is under way.
-    let pin = f.pin_write(0, 0, 10);
+    let pin = f.versions.pin_write(0, 0, 10);
     let raced = f
         .read_frame(
             &c,

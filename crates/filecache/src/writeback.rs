@@ -1,7 +1,18 @@
 //! Write-back of held writes: each dirty file STOREd upstream in
 //! compressed chunks, guarded against a changed origin, then let go.
 
-use super::*;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use gvfs_ext::{ChunkSource, FetchError, LEVEL, StoreArgs};
+use gvfs_nfs::Credentials;
+use gvfs_nfs::layer::lock;
+use gvfs_nfs::nfs3_types::nfs3::nfsstat3;
+
+use crate::cache::FileCache;
+use crate::entry::CachedFile;
+use crate::error::FileCacheError;
+use crate::names::file_name;
 
 impl FileCache {
     /// Writes every dirty file back through `source` (STORE: compressed
@@ -43,7 +54,7 @@ impl FileCache {
         f: &Arc<CachedFile>,
     ) -> Result<u64, FileCacheError> {
         let (snapshot, cred, mut expected) = {
-            let v = lock(&f.versions);
+            let v = f.versions.lock();
             let cred = v
                 .writer
                 .clone()
@@ -78,7 +89,7 @@ impl FileCache {
                     bytes += u64::from(len);
                     // Clean now, unless written again meanwhile; the next
                     // chunk expects the file as this STORE left it.
-                    let mut v = lock(&f.versions);
+                    let mut v = f.versions.lock();
                     if v.dirty.get(&c) == Some(&n) {
                         v.dirty.remove(&c);
                         v.durable.remove(&c);
@@ -153,10 +164,10 @@ impl FileCache {
         source: &dyn ChunkSource,
         f: &Arc<CachedFile>,
     ) -> Result<u64, FileCacheError> {
-        lock(&f.versions).closing = true;
+        f.versions.lock().closing = true;
         let mut total = 0;
         loop {
-            let unpinned = f.unpinned.notified();
+            let unpinned = f.versions.unpinned();
             tokio::pin!(unpinned);
             // Registered before the check, so a pin dropped after it wakes us.
             unpinned.as_mut().enable();
@@ -164,13 +175,13 @@ impl FileCache {
                 match self.write_back_file(source, f).await {
                     Ok(n) => total += n,
                     Err(e) => {
-                        lock(&f.versions).closing = false;
+                        f.versions.lock().closing = false;
                         return Err(e);
                     }
                 }
                 continue;
             }
-            if lock(&f.versions).writing > 0 {
+            if f.versions.lock().writing > 0 {
                 unpinned.await;
                 continue;
             }
@@ -182,17 +193,5 @@ impl FileCache {
             }
             return Ok(total);
         }
-    }
-
-    /// Removes a let-go entry's record, file and frames. Called under the
-    /// files lock that took it out of the map: a new entry of the same file
-    /// (at the same path) cannot have been made yet.
-    pub(super) fn discard(&self, f: &CachedFile) {
-        if let Some(index) = &self.index {
-            let _ = index.remove(&index_key(&f.fh));
-        }
-        self.forget_blocks(&f.fh);
-        let _ = std::fs::remove_file(&f.path);
-        f.frames.remove();
     }
 }

@@ -7,7 +7,7 @@
 //! (`touch -d`, `cp -p`): nobody can set a ctime, and any change to the
 //! file's data or attributes moves it.
 
-use nfs3_types::nfs3::{fattr3, nfstime3};
+use nfs3_types::nfs3::{fattr3, nfstime3, wcc_attr};
 
 /// A file's size, mtime and ctime: equal versions hold the same bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -23,6 +23,17 @@ pub struct FileVersion {
 impl FileVersion {
     /// The version attributes `a` describe.
     pub fn of(a: &fattr3) -> Self {
+        let t = |t: nfstime3| (u64::from(t.seconds), t.nseconds);
+        Self {
+            size: a.size,
+            mtime: t(a.mtime),
+            ctime: t(a.ctime),
+        }
+    }
+
+    /// The version a WRITE's or SETATTR's `before` attributes (weak cache
+    /// consistency, RFC 1813 section 2.6) describe.
+    pub fn of_wcc(a: &wcc_attr) -> Self {
         let t = |t: nfstime3| (u64::from(t.seconds), t.nseconds);
         Self {
             size: a.size,
@@ -85,5 +96,18 @@ mod tests {
         assert!(!FileVersion::of(&a).same_but_ctime(&FileVersion::of(&b)));
         let v = FileVersion::of(&a);
         assert_eq!((v.mtime3(), v.ctime3()), (a.mtime, a.ctime));
+    }
+
+    #[test]
+    fn weak_cache_consistency_attributes_describe_the_same_version() {
+        let a = file_attrs(10, 5);
+        let mut w = wcc_attr {
+            size: a.size,
+            mtime: a.mtime,
+            ctime: a.ctime,
+        };
+        assert_eq!(FileVersion::of_wcc(&w), FileVersion::of(&a));
+        w.ctime.seconds += 1;
+        assert_ne!(FileVersion::of_wcc(&w), FileVersion::of(&a));
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use gvfs_nfs::Credentials;
+use gvfs_nfs::{Credentials, FileVersion, same_version};
 use nfs3_types::nfs3::{fattr3, ftype3, nfstime3, wcc_attr};
 
 /// How many files the table remembers before forgetting clean ones.
@@ -99,10 +99,6 @@ fn older(a: nfstime3, b: nfstime3) -> bool {
     (a.seconds, a.nseconds) < (b.seconds, b.nseconds)
 }
 
-fn differs(old: &fattr3, size: u64, mtime: nfstime3, ctime: nfstime3) -> bool {
-    old.size != size || old.mtime != mtime || old.ctime != ctime
-}
-
 impl FileTable {
     pub(super) fn new(capacity: usize) -> FileTable {
         FileTable {
@@ -188,11 +184,11 @@ impl FileTable {
         }
         let stale = match (&st.upstream, seen) {
             (None, _) => false,
-            (Some(old), Seen::Foreign) => differs(old, a.size, a.mtime, a.ctime),
+            (Some(old), Seen::Foreign) => !same_version(old, a),
             // A `before` older than what we know: our own concurrent calls
             // answered out of order, not someone else's change.
             (Some(old), Seen::Own(Some(b))) => {
-                !older(b.ctime, old.ctime) && differs(old, b.size, b.mtime, b.ctime)
+                !older(b.ctime, old.ctime) && FileVersion::of(old) != FileVersion::of_wcc(&b)
             }
             (Some(_), Seen::Own(None)) => false,
         };

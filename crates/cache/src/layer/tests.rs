@@ -1,4 +1,4 @@
-//! The layer against the in-memory fake server (`fake.rs`).
+//! The layer against the in-memory server of gvfs-nfs's test kit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,11 +7,11 @@ use gvfs_nfs::{CallContext, Credentials, NfsProc, NfsReply, NfsRequest, NfsServi
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 
-use super::fake::{Fake, ROOT};
 use super::*;
 use crate::geometry::GeometryConfig;
 use crate::storage::{FaultyStorage, MemStorage, Storage};
 use crate::store::OpenOptions;
+use gvfs_nfs::testing::{MemNfs as Fake, ROOT};
 
 const BS: usize = 8192;
 

@@ -74,7 +74,7 @@ async fn after_crash(
     let index = index.crashed();
     let c = crash_open(dir, &index);
     let f = c.get(fh).unwrap_or_else(|| panic!("the file was not kept"));
-    let dirty = lock(&f.versions).dirty.keys().copied().collect();
+    let dirty = f.versions.lock().dirty.keys().copied().collect();
     let (got, _) = f
         .read(
             &c,
@@ -138,6 +138,7 @@ async fn a_write_pins_its_entry_and_is_not_acknowledged_into_one_let_go() {
     // nor a write-back.
     f.last_used.store(0, Ordering::Relaxed);
     let (pin, _) = f
+        .versions
         .pin_write(0, 0, 10)
         .unwrap_or_else(|| panic!("not being let go"));
     c.forget(b"fp");

@@ -8,7 +8,7 @@ use gvfs_ext::Profile;
 const MIB: usize = CHUNK as usize;
 
 fn state(f: &CachedFile, idx: usize) -> Chunk {
-    lock(&f.chunks)[idx]
+    f.fetch.chunks()[idx]
 }
 
 fn learning_cache(data: Vec<u8>) -> (tempfile::TempDir, Arc<FileCache>, Arc<Fake>) {
@@ -91,7 +91,7 @@ async fn a_readers_own_fetch_goes_as_demand_and_is_counted_as_a_fault() {
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }
-    f.profiled.store(true, Ordering::Release);
+    f.fetch.set_profiled(true);
     // The background's window, then the reader's piece.
     fake.gate.add_permits(WINDOW + 1);
     read_at(&c, &f, &fake, 33).await;
@@ -190,7 +190,7 @@ async fn the_background_stream_holds_back_while_readers_fetch() {
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }
-    assert!(f.demand_active());
+    assert!(f.fetch.demand_active());
     // Let the background's chunks through one at a time: while the
     // demand fetch is under way no new background chunk starts until
     // fewer than UNDER_DEMAND are in flight.

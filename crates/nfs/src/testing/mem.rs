@@ -1,4 +1,4 @@
-//! An in-memory NFSv3 server for the layer's tests: files by handle in one
+//! An in-memory NFSv3 server for layers' unit tests: files by handle in one
 //! root directory, UNSTABLE writes lost on a simulated reboot (which
 //! changes the write verifier), call counters and an optional READ delay.
 
@@ -7,11 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use gvfs_nfs::{BoxFuture, CallContext, NfsProc, NfsReply, NfsRequest, NfsService, ServiceError};
+use crate::{BoxFuture, CallContext, NfsProc, NfsReply, NfsRequest, NfsService, ServiceError};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 
-pub(super) const ROOT: &[u8] = b"root";
+/// The handle of the one directory (the export's root).
+pub const ROOT: &[u8] = b"root";
 
 #[derive(Debug, Default)]
 struct File {
@@ -36,9 +37,9 @@ struct State {
     read_only_uid: Option<u32>,
 }
 
-/// The fake server.
+/// The in-memory server.
 #[derive(Debug, Default)]
-pub(super) struct Fake {
+pub struct MemNfs {
     state: Mutex<State>,
     read_delay: Mutex<Duration>,
     /// Delays READ replies after their bytes were read (a reply on its
@@ -58,7 +59,7 @@ fn fh3(fh: &[u8]) -> nfs_fh3 {
 fn attrs(f: &File) -> fattr3 {
     fattr3 {
         fileid: f.fileid,
-        ..gvfs_nfs::testing::file_attrs(f.data.len() as u64, f.mtime)
+        ..super::attrs::file_attrs(f.data.len() as u64, f.mtime)
     }
 }
 
@@ -85,9 +86,10 @@ fn put(buf: &mut Vec<u8>, offset: usize, data: &[u8]) {
     buf[offset..offset + data.len()].copy_from_slice(data);
 }
 
-impl Fake {
-    pub(super) fn new() -> Arc<Fake> {
-        Arc::new(Fake::default())
+impl MemNfs {
+    /// An empty server.
+    pub fn new() -> Arc<MemNfs> {
+        Arc::new(MemNfs::default())
     }
 
     fn st(&self) -> MutexGuard<'_, State> {
@@ -95,7 +97,7 @@ impl Fake {
     }
 
     /// Creates (or replaces) `name` holding `data`; returns its handle.
-    pub(super) fn create(&self, name: &str, data: &[u8]) -> Vec<u8> {
+    pub fn create(&self, name: &str, data: &[u8]) -> Vec<u8> {
         let mut st = self.st();
         let fh = format!("fh-{name}").into_bytes();
         st.clock += 1;
@@ -113,7 +115,8 @@ impl Fake {
         fh
     }
 
-    pub(super) fn data(&self, fh: &[u8]) -> Vec<u8> {
+    /// What `fh` holds now (unstable writes included); empty if absent.
+    pub fn data(&self, fh: &[u8]) -> Vec<u8> {
         self.st()
             .files
             .get(fh)
@@ -123,12 +126,12 @@ impl Fake {
 
     /// Grants `uid` no writing from now on (ACCESS answers without MODIFY
     /// or EXTEND).
-    pub(super) fn read_only_for(&self, uid: u32) {
+    pub fn read_only_for(&self, uid: u32) {
         self.st().read_only_uid = Some(uid);
     }
 
     /// Refuses every SETATTR from now on.
-    pub(super) fn refuse_setattr(&self) {
+    pub fn refuse_setattr(&self) {
         self.st().refuse_setattr = true;
     }
 
@@ -136,12 +139,13 @@ impl Fake {
         NfsReply::error(p, nfsstat3::NFS3ERR_ACCES)
     }
 
-    pub(super) fn exists(&self, fh: &[u8]) -> bool {
+    /// Whether a file has handle `fh`.
+    pub fn exists(&self, fh: &[u8]) -> bool {
         self.st().files.contains_key(fh)
     }
 
     /// Changes a file as another client would.
-    pub(super) fn set_data(&self, fh: &[u8], data: &[u8]) {
+    pub fn set_data(&self, fh: &[u8], data: &[u8]) {
         let mut st = self.st();
         st.clock += 1;
         let clock = st.clock;
@@ -152,31 +156,34 @@ impl Fake {
         }
     }
 
-    pub(super) fn calls(&self, p: NfsProc) -> u64 {
+    /// How many calls of `p` were answered.
+    pub fn calls(&self, p: NfsProc) -> u64 {
         self.st().calls.get(&p).copied().unwrap_or(0)
     }
 
-    pub(super) fn set_read_delay(&self, d: Duration) {
+    /// Delays every READ before it reads.
+    pub fn set_read_delay(&self, d: Duration) {
         *self.read_delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 
-    pub(super) fn set_read_late(&self, d: Duration) {
+    /// Delays every READ reply after its bytes were read.
+    pub fn set_read_late(&self, d: Duration) {
         *self.read_late.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 
     /// Delays every WRITE, so concurrent ones overlap.
-    pub(super) fn set_write_delay(&self, d: Duration) {
+    pub fn set_write_delay(&self, d: Duration) {
         *self.write_delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 
     /// The most WRITEs that were in flight at once.
-    pub(super) fn max_writes_in_flight(&self) -> u64 {
+    pub fn max_writes_in_flight(&self) -> u64 {
         self.max_writes_in_flight.load(Ordering::SeqCst)
     }
 
     /// The next COMMIT finds the server rebooted: uncommitted writes are
     /// lost and the verifier changed.
-    pub(super) fn reboot_before_next_commit(&self) {
+    pub fn reboot_before_next_commit(&self) {
         self.st().reboot_before_commit += 1;
     }
 
@@ -225,7 +232,7 @@ impl Fake {
             },
             NfsRequest::Write(a) => {
                 st.clock += 1;
-                let (clock, verf) = (st.clock, Fake::verf(&st));
+                let (clock, verf) = (st.clock, MemNfs::verf(&st));
                 match st.files.get_mut(a.file.data.as_ref()) {
                     Some(f) => {
                         let before = wcc_before(f);
@@ -253,7 +260,7 @@ impl Fake {
                         f.data = f.stable.clone();
                     }
                 }
-                let verf = Fake::verf(&st);
+                let verf = MemNfs::verf(&st);
                 match st.files.get_mut(a.file.data.as_ref()) {
                     Some(f) => {
                         f.stable = f.data.clone();
@@ -265,7 +272,7 @@ impl Fake {
                     None => stale(NfsProc::Commit),
                 }
             }
-            NfsRequest::Setattr(_) if st.refuse_setattr => Fake::refused(NfsProc::Setattr),
+            NfsRequest::Setattr(_) if st.refuse_setattr => MemNfs::refused(NfsProc::Setattr),
             NfsRequest::Access(a) => match st.files.get(a.object.data.as_ref()) {
                 Some(f) => {
                     let writer = cx_uid != st.read_only_uid;
@@ -333,7 +340,7 @@ impl Fake {
     }
 }
 
-impl NfsService for Fake {
+impl NfsService for MemNfs {
     fn call<'a>(
         &'a self,
         cx: &'a CallContext,

@@ -1,7 +1,28 @@
 //! Writes into a file held whole (held writes): kept in the local copy,
 //! made durable by COMMIT, written back later by `gvfsctl writeback`.
 
-use super::*;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gvfs_nfs::Credentials;
+use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfstime3};
+
+use crate::cache::FileCache;
+use crate::chunks::{Chunk, chunk_count, chunks_of};
+use crate::entry::CachedFile;
+use crate::error::{FileCacheError, HeldWriteError};
+
+/// The time now, as NFS says it: a held write's mtime and ctime.
+fn now_time() -> nfstime3 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    nfstime3 {
+        seconds: d.as_secs() as u32,
+        nseconds: d.subsec_nanos(),
+    }
+}
 
 impl CachedFile {
     /// A client's WRITE into a file held whole: written here, marked dirty
@@ -39,7 +60,7 @@ impl CachedFile {
                 max: cache.max_bytes,
             });
         }
-        if data_is_empty(offset, end) {
+        if end <= offset {
             // A WRITE of no bytes changes nothing, not even the size
             // (RFC 1813, section 3.3.7).
             let now = self.local_attrs();
@@ -49,14 +70,15 @@ impl CachedFile {
         // Refused while the entry is being let go (a SETATTR writes it
         // back first): the client's retry goes upstream.
         let (pin, recorded) = self
+            .versions
             .pin_write(first, last, end)
             .ok_or(HeldWriteError::LetGo)?;
-        self.last_used.store(now_secs(), Ordering::Relaxed);
+        self.used();
         if !recorded && !cache.record_durably(self).await? {
             return Err(HeldWriteError::LetGo);
         }
         {
-            let mut chunks = lock(&self.chunks);
+            let mut chunks = self.fetch.chunks();
             for c in chunks.iter_mut().take(last + 1).skip(first) {
                 if *c == Chunk::Zero {
                     *c = Chunk::Present;
@@ -73,10 +95,10 @@ impl CachedFile {
         .map_err(|e| FileCacheError::io("writing", &self.path, e))?;
         self.frames.forget(first, last);
         let (before, after, recorded) = {
-            let mut v = lock(&self.versions);
+            let mut v = self.versions.lock();
             // Numbered again now the bytes are here: a write-back that read
             // the chunk before they landed leaves it dirty.
-            let n = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
+            let n = self.versions.count_write();
             let before = v.local.clone();
             if end > v.local.size {
                 v.local.size = end;
@@ -94,8 +116,8 @@ impl CachedFile {
         };
         drop(pin);
         {
-            let mut chunks = lock(&self.chunks);
-            let want = Self::chunk_count(after.size);
+            let mut chunks = self.fetch.chunks();
+            let want = chunk_count(after.size);
             if chunks.len() < want {
                 chunks.resize(want, Chunk::Present);
             }
@@ -109,30 +131,6 @@ impl CachedFile {
             return Err(HeldWriteError::LetGo);
         }
         Ok((before, after))
-    }
-
-    /// Marks chunks `first..=last` dirty and a write under way (until the
-    /// pin is dropped), before its bytes land. Returns the pin and whether
-    /// a durable record lists those chunks already; `None` when the entry
-    /// is being let go.
-    pub(super) fn pin_write(
-        &self,
-        first: usize,
-        last: usize,
-        end: u64,
-    ) -> Option<(WritePin<'_>, bool)> {
-        let mut v = lock(&self.versions);
-        if v.closing {
-            return None;
-        }
-        v.writing += 1;
-        let n = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
-        for c in first..=last {
-            v.dirty.insert(c, n);
-        }
-        v.reserved = v.reserved.max(end);
-        let recorded = (first..=last).all(|c| v.durable.contains(&c));
-        Some((WritePin(self), recorded))
     }
 
     /// A client's COMMIT: the file synced and its dirty chunks recorded

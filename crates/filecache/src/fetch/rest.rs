@@ -2,8 +2,19 @@
 //! reader's pieces, a run at a time (`stream_rest`), or, once the
 //! background stream claims the chunk, in one FETCH (`fetch_rest`).
 
-use super::*;
-use pieces::{all_pieces, hashed_pieces_around, span_bits, span_of};
+use std::sync::Arc;
+
+use gvfs_ext::{ChunkSource, Urgency};
+use gvfs_nfs::Credentials;
+
+use crate::cache::FileCache;
+use crate::chunks::{Chunk, Pieces};
+use crate::entry::CachedFile;
+use crate::error::FileCacheError;
+use crate::pieces::{Mask, all_pieces, hashed_pieces_around, span_bits, span_of};
+
+/// Pieces in a run of the rest of a chunk fetched behind a reader's.
+pub(crate) const STREAM_RUN: u32 = 64;
 
 impl CachedFile {
     /// The rest of chunk `idx`, which a reader fetched pieces of, a run
@@ -13,7 +24,7 @@ impl CachedFile {
     /// itself (measured against the whole rest in one FETCH: never-cloned
     /// lazy clones 5.18 -> 4.82 s to running, 8.98 -> 8.91 s to their
     /// answer; runs of 32 pieces ran in 4.82 s but answered in 10.17 s).
-    pub(super) async fn stream_rest(
+    pub(crate) async fn stream_rest(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
         source: &Arc<dyn ChunkSource>,
@@ -22,7 +33,9 @@ impl CachedFile {
     ) -> Result<(), FileCacheError> {
         let (_, len) = self.chunk_range(idx);
         let all = all_pieces(len);
-        let first = lock(&self.chunks)
+        let first = self
+            .fetch
+            .chunks()
             .pieces
             .get(&idx)
             .map_or(0, |p| p.fetching.trailing_zeros() / STREAM_RUN);
@@ -34,8 +47,8 @@ impl CachedFile {
             if window == 0 {
                 continue;
             }
-            let Some(mut run) = self.claim_pieces(idx, window) else {
-                if lock(&self.chunks).get(idx) != Some(&Chunk::Missing) {
+            let Some(mut run) = self.fetch.claim_pieces(idx, window) else {
+                if self.fetch.chunks().get(idx) != Some(&Chunk::Missing) {
                     break;
                 }
                 continue;
@@ -51,9 +64,7 @@ impl CachedFile {
                 break;
             }
         }
-        if let Some(p) = lock(&self.chunks).pieces.get_mut(&idx) {
-            p.streaming = false;
-        }
+        self.fetch.stop_streaming(idx);
         result
     }
 
@@ -63,7 +74,7 @@ impl CachedFile {
     /// bytes of the same version: a chunk a profile left a few pieces of
     /// costs one round trip, not one per gap), then waits for those on
     /// their way.
-    pub(super) async fn fetch_rest(
+    pub(crate) async fn fetch_rest(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
         source: &Arc<dyn ChunkSource>,
@@ -75,7 +86,7 @@ impl CachedFile {
         let (_, len) = self.chunk_range(idx);
         let all = all_pieces(len);
         let ours = all & !pieces.here & !pieces.fetching;
-        let mut rx = self.changed.subscribe();
+        let mut rx = self.fetch.subscribe();
         let mut run = span_of(ours);
         if self.content.is_some() {
             // Whole hashed pieces: checked, and open to held blocks.
@@ -88,7 +99,7 @@ impl CachedFile {
                 return Err(why);
             }
             let here = {
-                let chunks = lock(&self.chunks);
+                let chunks = self.fetch.chunks();
                 chunks.get(idx).is_some_and(|c| c.here())
                     || chunks
                         .pieces

@@ -1,0 +1,156 @@
+//! One file in the cache ([`CachedFile`]): its local copy and the parts
+//! that the other modules work on.
+//!
+//! - `versions` ([`FileVersions`], `versions.rs`): upstream's and the local
+//!   attributes, and the client writes held here (`write.rs`,
+//!   `writeback.rs`);
+//! - `fetch` ([`FetchState`], `fetch/state.rs`): which chunks are here and
+//!   who fetches the rest (`fetch/`), what readers wait on (`read.rs`);
+//! - `frames` ([`FrameStore`], `frames.rs`): chunks kept as they were
+//!   fetched, for other proxies;
+//! - `learning` (`learn/`): the order readers first touch it in, while it
+//!   is learned as a working-set profile;
+//! - `content`: its metadata when that names block hashes (`dedup/`).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gvfs_ext::CHUNK;
+use gvfs_metafile::MetaFile;
+use gvfs_nfs::nfs3_types::nfs3::fattr3;
+
+use crate::chunks::{Chunk, chunk_len};
+use crate::error::FileCacheError;
+use crate::fetch::state::FetchState;
+use crate::frames::FrameStore;
+use crate::learn::learning::Learning;
+use crate::names::frames_path;
+use crate::versions::{FileVersions, Versions};
+
+/// Seconds since the epoch: the clock of `last_used`.
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// One file in the cache.
+pub struct CachedFile {
+    pub(crate) fh: Vec<u8>,
+    /// The local copy, in the cache's directory.
+    pub(crate) path: PathBuf,
+    pub(crate) file: std::fs::File,
+    /// When it was last used (seconds since the epoch), for eviction.
+    pub(crate) last_used: AtomicU64,
+    /// Its versions and the writes held in it.
+    pub(crate) versions: FileVersions,
+    /// How far its fetch has come.
+    pub(crate) fetch: FetchState,
+    /// Frames of present chunks kept for other proxies (LAN proxies only).
+    pub(crate) frames: FrameStore,
+    /// The order readers first touch chunks in, while it is learned.
+    pub(crate) learning: Mutex<Option<Learning>>,
+    /// The file's metadata when it has block hashes (for dedup).
+    pub(crate) content: Option<Arc<MetaFile>>,
+    /// Bytes of it copied from blocks held here instead of fetched.
+    pub(crate) dedup_bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for CachedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedFile")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl CachedFile {
+    /// The entry of `fh`, held in `file` at `path`, with these versions and
+    /// chunks, learning its readers' order when `learning` is given.
+    pub(crate) fn new(
+        fh: &[u8],
+        path: PathBuf,
+        file: std::fs::File,
+        versions: Versions,
+        chunks: Vec<Chunk>,
+        learning: Option<Learning>,
+        content: Option<Arc<MetaFile>>,
+    ) -> Self {
+        Self {
+            fh: fh.to_vec(),
+            versions: FileVersions::new(versions),
+            frames: FrameStore::new(frames_path(&path)),
+            path,
+            file,
+            fetch: FetchState::new(chunks),
+            last_used: AtomicU64::new(now_secs()),
+            learning: Mutex::new(learning),
+            content,
+            dedup_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// The attributes upstream gave the version held here.
+    pub fn attrs(&self) -> fattr3 {
+        self.versions.upstream()
+    }
+
+    /// The file's handle.
+    pub fn fh(&self) -> &[u8] {
+        &self.fh
+    }
+
+    /// The attributes clients see: upstream's, or after local writes
+    /// their size and times.
+    pub fn local_attrs(&self) -> fattr3 {
+        self.versions.local()
+    }
+
+    /// Whether it holds writes not yet written back.
+    pub fn is_dirty(&self) -> bool {
+        self.versions.is_dirty()
+    }
+
+    /// Whether it must not be let go: it holds writes, or one is under way.
+    pub(crate) fn busy(&self) -> bool {
+        self.versions.busy()
+    }
+
+    /// The writes counter and the attributes of the bytes held now (the
+    /// local ones once written here), or `None` while a WRITE is under way.
+    pub(crate) fn stamp(&self) -> Option<(u64, fattr3)> {
+        self.versions.stamp()
+    }
+
+    /// The size clients see.
+    pub(crate) fn size(&self) -> u64 {
+        self.versions.size()
+    }
+
+    /// Notes a use now, for eviction.
+    pub(crate) fn used(&self) {
+        self.last_used.store(now_secs(), Ordering::Relaxed);
+    }
+
+    /// Whether every chunk has arrived.
+    pub fn complete(&self) -> bool {
+        self.fetch.complete()
+    }
+
+    /// Why the fetch was abandoned, if it was.
+    pub fn failure(&self) -> Option<FileCacheError> {
+        self.fetch.failure()
+    }
+
+    /// Where chunk `idx` starts, and its bytes.
+    pub(crate) fn chunk_range(&self, idx: usize) -> (u64, u32) {
+        (idx as u64 * u64::from(CHUNK), chunk_len(self.size(), idx))
+    }
+
+    /// Abandons the fetch (the first reason stays).
+    pub(crate) fn fail(&self, why: FileCacheError) {
+        self.fetch.fail(why, &self.path);
+    }
+}

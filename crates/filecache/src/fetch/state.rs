@@ -1,0 +1,352 @@
+//! The state of one file's fetch: which chunks are here, which are being
+//! fetched and by whom, and how the background stream, readers' own
+//! fetches and the rests of chunks behind them share the link.
+//!
+//! Everything here belongs to one [`FetchState`], one per entry. Its rules:
+//!
+//! - **The chunks mutex** guards [`Chunks`]: each chunk's [`Chunk`] state
+//!   and, for chunks not whole yet, their [`Pieces`] (`here`, `fetching`,
+//!   `streaming`). Whoever fetches something claims it under this lock
+//!   first, so nothing is fetched twice at once: a whole chunk goes
+//!   `Missing -> InFlight` ([`claim_next`](FetchState::claim_next), or a
+//!   reader's [`plan`](FetchState::plan)), pieces get their `fetching`
+//!   bits ([`claim_pieces`](FetchState::claim_pieces), or a reader's plan),
+//!   the rest of a chunk behind a reader gets `streaming` (the background
+//!   stream then passes the chunk over). The fetch that claimed something
+//!   ends it under the lock: a whole chunk becomes `Present` or `Missing`
+//!   again ([`set`](FetchState::set)), pieces leave `fetching` and join
+//!   `here` if they arrived, and a chunk whose pieces are all here becomes
+//!   `Present` ([`pieces_ended`](FetchState::pieces_ended)). `Zero` chunks
+//!   are never fetched; a WRITE turns those it touches into `Present`, and
+//!   one growing the file adds `Present` chunks. The lock is held for
+//!   short sections, never across an `.await`. It may be taken while the
+//!   entry's learning is locked (not the other way round), and the
+//!   entry's versions may be locked under it.
+//! - **The failed mutex** holds why the fetch was abandoned: set once, by
+//!   the first failure ([`fail`](FetchState::fail)), never cleared. Every
+//!   waiter checks it after each signal; a failed entry is let go.
+//! - **The watch channel** (`changed`) is a counter bumped after every
+//!   change someone may wait for: a chunk's state set, a run of pieces
+//!   ended (arrived or given back), the fetch failed, a rest behind a
+//!   reader ended (its place on the link is free). Those who wait
+//!   subscribe before they look, so no bump is missed: readers waiting for
+//!   chunks others fetch (`ensure`), the rest of a chunk waiting for the
+//!   pieces others fetch (`fetch_rest`), and the background stream, held
+//!   back by readers' fetches or waiting for their chunks at the end
+//!   (`fetch_all`).
+//! - **The atomics** steer the background stream; none guards data:
+//!   - `demand_in_flight`: readers' own fetches under way;
+//!   - `last_demand_ms`: when a reader's own fetch last ended (ms since
+//!     `born`, plus 1; 0: never). With `demand_in_flight` it makes
+//!     [`demand_active`](FetchState::demand_active): the stream then keeps
+//!     only `UNDER_DEMAND` chunks in flight;
+//!   - `behind_in_flight`: rests of chunks fetched behind readers' pieces,
+//!     under way: they take the background stream's place on the link;
+//!   - `follow`: the chunk after the last one a reader fetched itself,
+//!     plus 1 (0: none yet): where the stream goes on from, because a
+//!     guest faulting its memory in walks through regions of it;
+//!   - `profiled`: whether the stream follows a working-set profile (set
+//!     once it knows): a reader's fault then fetches only the pieces it
+//!     needs; without one, also the rest of their chunk behind them.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use gvfs_ext::Urgency;
+use gvfs_nfs::layer::lock;
+use tokio::sync::watch;
+
+use crate::chunks::{Chunk, Chunks, Pieces, chunk_len, chunks_of};
+use crate::error::FileCacheError;
+use crate::pieces::{Mask, all_pieces, piece_mask, span_of};
+
+/// How long after a reader's own fetch the background stream stays at
+/// `UNDER_DEMAND`.
+pub(crate) const DEMAND_HOLD_MS: u64 = 300;
+
+/// How far one file's fetch has come (see the module doc for its rules).
+#[derive(Debug)]
+pub(crate) struct FetchState {
+    chunks: Mutex<Chunks>,
+    failed: Mutex<Option<FileCacheError>>,
+    /// Bumped whenever a chunk or pieces arrive, the fetch fails, or a
+    /// rest behind a reader ends.
+    changed: watch::Sender<u64>,
+    /// When the entry was made: the clock of `last_demand_ms`.
+    born: Instant,
+    last_demand_ms: AtomicU64,
+    demand_in_flight: AtomicUsize,
+    behind_in_flight: AtomicUsize,
+    follow: AtomicUsize,
+    profiled: AtomicBool,
+}
+
+/// A fetch a reader's wait starts.
+pub(crate) struct Planned {
+    pub(crate) idx: usize,
+    /// The pieces, claimed; `None`: the chunk (claimed whole).
+    pub(crate) pieces: Option<Mask>,
+    /// Whether the reader waits for it to end, not only for its bytes.
+    pub(crate) wait: bool,
+}
+
+impl Planned {
+    fn waited(idx: usize, pieces: Option<Mask>) -> Self {
+        Planned {
+            idx,
+            pieces,
+            wait: true,
+        }
+    }
+}
+
+impl FetchState {
+    /// A fetch of chunks in these states, nothing under way.
+    pub(crate) fn new(chunks: Vec<Chunk>) -> Self {
+        Self {
+            chunks: Mutex::new(Chunks::new(chunks)),
+            failed: Mutex::new(None),
+            changed: watch::channel(0).0,
+            born: Instant::now(),
+            last_demand_ms: AtomicU64::new(0),
+            demand_in_flight: AtomicUsize::new(0),
+            behind_in_flight: AtomicUsize::new(0),
+            follow: AtomicUsize::new(0),
+            profiled: AtomicBool::new(false),
+        }
+    }
+
+    /// The chunks, locked.
+    pub(crate) fn chunks(&self) -> MutexGuard<'_, Chunks> {
+        lock(&self.chunks)
+    }
+
+    /// A receiver of the changes from now on.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Tells those who wait that something changed.
+    fn signal(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Milliseconds since the entry was made (for logs).
+    pub(crate) fn since_born_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
+    }
+
+    /// Whether every chunk has arrived.
+    pub(crate) fn complete(&self) -> bool {
+        self.chunks().iter().all(|c| c.here())
+    }
+
+    /// Why the fetch was abandoned, if it was.
+    pub(crate) fn failure(&self) -> Option<FileCacheError> {
+        lock(&self.failed).clone()
+    }
+
+    /// Abandons the fetch of the file at `path` (the first reason stays).
+    pub(crate) fn fail(&self, why: FileCacheError, path: &Path) {
+        let mut f = lock(&self.failed);
+        if f.is_none() {
+            tracing::warn!(file = %path.display(), "file cache fetch abandoned: {why}");
+            *f = Some(why);
+        }
+        drop(f);
+        self.signal();
+    }
+
+    /// Claims the first chunk at or after `from` that nobody fetches yet.
+    pub(crate) fn claim_next(&self, from: usize) -> Option<usize> {
+        let mut chunks = self.chunks();
+        let idx = (from..chunks.len()).find(|&i| {
+            chunks[i] == Chunk::Missing && !chunks.pieces.get(&i).is_some_and(|p| p.streaming)
+        })?;
+        chunks[idx] = Chunk::InFlight;
+        Some(idx)
+    }
+
+    /// Sets chunk `idx`'s state (a whole chunk's fetch ended).
+    pub(crate) fn set(&self, idx: usize, state: Chunk) {
+        let mut chunks = self.chunks();
+        chunks[idx] = state;
+        if state.here() {
+            chunks.pieces.remove(&idx);
+        }
+        drop(chunks);
+        self.signal();
+    }
+
+    /// Claims the pieces of `mask` in chunk `idx` that are neither here nor
+    /// being fetched, as one run (those between them too), if the chunk is
+    /// not being fetched whole.
+    pub(crate) fn claim_pieces(&self, idx: usize, mask: Mask) -> Option<Mask> {
+        let mut chunks = self.chunks();
+        if chunks.get(idx) != Some(&Chunk::Missing) {
+            return None;
+        }
+        let p = chunks.pieces.entry(idx).or_default();
+        let need = span_of(mask & !p.here & !p.fetching);
+        if need == 0 {
+            return None;
+        }
+        p.fetching |= need;
+        Some(need)
+    }
+
+    /// Ends the fetch of the pieces `mask` of chunk `idx` (`len` bytes):
+    /// here if they `arrived`, given back if not; the chunk is whole once
+    /// all its pieces are here.
+    pub(crate) fn pieces_ended(&self, idx: usize, len: u32, mask: Mask, arrived: bool) {
+        {
+            let mut chunks = self.chunks();
+            let whole = chunks.get(idx).is_some_and(|c| c.here());
+            let p = chunks.pieces.entry(idx).or_default();
+            p.fetching &= !mask;
+            if arrived {
+                p.here |= mask;
+            }
+            let done = p.here & all_pieces(len) == all_pieces(len);
+            if whole || (done && chunks[idx] == Chunk::Missing) {
+                chunks[idx] = Chunk::Present;
+                chunks.pieces.remove(&idx);
+            }
+        }
+        self.signal();
+    }
+
+    /// The pieces of chunk `idx` here and being fetched (none when it has
+    /// no pieces).
+    pub(crate) fn pieces(&self, idx: usize) -> Pieces {
+        self.chunks().pieces.get(&idx).copied().unwrap_or_default()
+    }
+
+    /// The rest of chunk `idx` behind a reader's pieces is no longer
+    /// fetched a run at a time.
+    pub(crate) fn stop_streaming(&self, idx: usize) {
+        if let Some(p) = self.chunks().pieces.get_mut(&idx) {
+            p.streaming = false;
+        }
+    }
+
+    /// What `offset..end` of a file of `size` bytes still needs: fetches to
+    /// start, claimed here (a chunk's pieces for a reader, else one whole
+    /// chunk), and whether some of it is on its way.
+    pub(crate) fn plan(
+        &self,
+        offset: u64,
+        end: u64,
+        size: u64,
+        urgency: Urgency,
+    ) -> (Vec<Planned>, bool) {
+        let (first, last) = chunks_of(offset, end);
+        let mut fetch: Vec<Planned> = Vec::new();
+        let mut waiting = false;
+        let mut chunks = self.chunks();
+        let last = last.min(chunks.len().saturating_sub(1));
+        for idx in first..=last {
+            let state = chunks[idx];
+            if state.here() {
+                continue;
+            }
+            let len = chunk_len(size, idx);
+            let want = piece_mask(idx, len, offset, end);
+            let p = chunks.pieces.get(&idx).copied().unwrap_or_default();
+            if p.here & want == want {
+                continue;
+            }
+            waiting = true;
+            // A reader fetches the pieces it needs. A reader of a file
+            // with no working-set profile (an image never cloned here)
+            // faults all over it: the rest of the chunk comes right behind
+            // its pieces (not waited for), so its next faults nearby find
+            // their bytes here, and the background stream goes on after
+            // it. With a profile, the profile brings the rest.
+            let demand = urgency == Urgency::Demand;
+            let pieces = urgency == Urgency::Profile || demand;
+            let rest = demand && !self.profiled.load(Ordering::Acquire);
+            if demand {
+                self.follow.store(idx + 2, Ordering::Release);
+            }
+            let whole_planned = fetch.iter().any(|f| f.pieces.is_none());
+            match state {
+                Chunk::Missing if pieces => {
+                    let need = span_of(want & !p.here & !p.fetching);
+                    if need != 0 {
+                        chunks.pieces.entry(idx).or_default().fetching |= need;
+                        fetch.push(Planned::waited(idx, Some(need)));
+                    }
+                    let p = chunks.pieces.entry(idx).or_default();
+                    if rest && !p.streaming {
+                        p.streaming = true;
+                        fetch.push(Planned {
+                            idx,
+                            pieces: None,
+                            wait: false,
+                        });
+                    }
+                }
+                Chunk::Missing if !whole_planned => {
+                    chunks[idx] = Chunk::InFlight;
+                    fetch.push(Planned::waited(idx, None));
+                }
+                _ => {}
+            }
+        }
+        (fetch, waiting)
+    }
+
+    /// A reader's own fetch starts.
+    pub(crate) fn demand_started(&self) {
+        self.demand_in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A reader's own fetch ended.
+    pub(crate) fn demand_ended(&self) {
+        self.last_demand_ms
+            .store(self.since_born_ms() + 1, Ordering::Release);
+        self.demand_in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether readers fetched chunks of their own lately: the background
+    /// stream then keeps only `UNDER_DEMAND` chunks in flight, so that
+    /// what the readers wait for is not queued behind it on the link.
+    pub(crate) fn demand_active(&self) -> bool {
+        if self.demand_in_flight.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        let last = self.last_demand_ms.load(Ordering::Acquire);
+        last != 0 && (self.since_born_ms() + 1).saturating_sub(last) < DEMAND_HOLD_MS
+    }
+
+    /// The rest of a chunk behind a reader's pieces starts.
+    pub(crate) fn behind_started(&self) {
+        self.behind_in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The rest of a chunk behind a reader's pieces ended: the background
+    /// stream may take its place.
+    pub(crate) fn behind_ended(&self) {
+        self.behind_in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.signal();
+    }
+
+    /// Rests of chunks behind readers' pieces under way.
+    pub(crate) fn behind(&self) -> usize {
+        self.behind_in_flight.load(Ordering::Acquire)
+    }
+
+    /// The chunk after the last one a reader fetched itself, plus 1 (0:
+    /// none yet).
+    pub(crate) fn follow(&self) -> usize {
+        self.follow.load(Ordering::Acquire)
+    }
+
+    /// Says whether the background fetch follows a working-set profile.
+    pub(crate) fn set_profiled(&self, profiled: bool) {
+        self.profiled.store(profiled, Ordering::Release);
+    }
+}
