@@ -22,16 +22,12 @@
 //! The reader holds the store by a `Weak`: the store's drop hook leads to
 //! the file cache, so a strong reference would keep both alive for ever.
 //! After the store is closed at exit the reader finds nothing.
-//!
-//! The file cache's profiles, block index and block reader are still
-//! attached right after it is opened (its `keep_profiles`, `keep_blocks`
-//! and `read_block_cache_with`), in this module only.
 
 use std::sync::{Arc, Weak};
 
 use gvfs_cache::{BlockStore, SideChannels, ZeroHint};
 use gvfs_ext::{ChunkSource, ExtClient};
-use gvfs_filecache::{BlockReader, FileCache, MetaIndex, Profiles};
+use gvfs_filecache::{BlockReader, FileCache, FileCacheParts, MetaIndex, Profiles};
 use gvfs_meta::{CopyPath, MetaFiles};
 use gvfs_nfs::net::client::RpcClient;
 
@@ -95,15 +91,17 @@ impl Wiring {
         let dedup = plan.dedup() && store.is_some();
         let files = match (plan.file_cache(), &index) {
             (Some(c), Some(index)) => {
-                let files = open_file_cache(c, index.clone())?;
-                files.keep_profiles(profiles.clone());
+                let mut parts = FileCacheParts {
+                    profiles: Some(profiles.clone()),
+                    ..FileCacheParts::default()
+                };
                 // Held blocks by content hash, in the same index: they come
                 // and go with the files that hold them.
                 if dedup && let Some(store) = &store {
-                    files.keep_blocks(gvfs_filecache::BlockIndex::new(index.clone()));
-                    files.read_block_cache_with(block_reader(store));
+                    parts.blocks = Some(gvfs_filecache::BlockIndex::new(index.clone()));
+                    parts.block_reader = Some(block_reader(store));
                 }
-                Some(files)
+                Some(open_file_cache(c, index.clone(), parts)?)
             }
             _ => None,
         };
@@ -246,15 +244,18 @@ fn open_meta_index(cache: Option<&CacheSettings>) -> Arc<dyn MetaIndex> {
 }
 
 /// Opens the file cache (whole files fetched by compress-and-copy) in
-/// `settings.dir/files`.
+/// `settings.dir/files`, with `parts`.
 fn open_file_cache(
     settings: &CacheSettings,
     index: Arc<dyn MetaIndex>,
+    parts: FileCacheParts,
 ) -> Result<Arc<FileCache>, ProxyError> {
     let dir = settings.dir.join("files");
-    FileCache::open(&dir, Some(index), settings.file_cache_size).map_err(|e| ProxyError::Cache {
-        what: "file cache",
-        dir: dir.clone(),
-        cause: e.into(),
+    FileCache::open(&dir, Some(index), settings.file_cache_size, parts).map_err(|e| {
+        ProxyError::Cache {
+            what: "file cache",
+            dir: dir.clone(),
+            cause: e.into(),
+        }
     })
 }
