@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gvfs_nfs::layer::{Layer, lock};
+use gvfs_nfs::layer::{Layer, Lifecycle, lock};
 use gvfs_nfs::nfs3_types::nfs3::{
     GETATTR3args, GETATTR3resok, LOOKUP3args, LOOKUP3resfail, LOOKUP3resok, Nfs3Option, Nfs3Result,
     READDIRPLUS3args, cookieverf3, diropargs3, fattr3, filename3, nfs_fh3, nfsstat3, post_op_attr,
@@ -556,6 +556,18 @@ impl Layer for AttrCache {
             }));
         }
         self.below.forward_raw(cx, proc_, args)
+    }
+}
+
+/// The attribute cache's part in write-back: emptied when a write-back
+/// changed files below without a call through it.
+impl Lifecycle for AttrCache {
+    fn name(&self) -> &'static str {
+        "attribute cache"
+    }
+
+    fn invalidate(&self) {
+        AttrCache::invalidate(self);
     }
 }
 

@@ -56,7 +56,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Instant, SystemTime};
 
-use gvfs_nfs::layer::{Calls, Layer, WriteCheck, WriteTarget, lock};
+use gvfs_nfs::layer::{
+    Backlog, Calls, Layer, Lifecycle, Progress, WriteBackKind, WriteCheck, WriteTarget, lock,
+};
 use gvfs_nfs::proc::MAX_DATA;
 use gvfs_nfs::{
     BoxFuture, CallContext, Credentials, NfsReply, NfsRequest, NfsService, ServiceError,
@@ -71,7 +73,7 @@ use crate::store::{BlockStore, DirtyData, WriteMode, WriteOutcome};
 
 use attrs::{FileTable, MAX_FILES, Overlay, Seen};
 
-pub use writeback::WriteBackReport;
+pub use gvfs_nfs::layer::WriteBackReport;
 
 /// Read-ahead batches in flight at once, over all files.
 const MAX_READAHEAD_TASKS: usize = 8;
@@ -329,8 +331,8 @@ pub struct CacheLayer {
     /// them.
     zero_hint: Option<ZeroHint>,
     /// Where a missed block may be copied from before it is read below
-    /// (set once, by a proxy that deduplicates).
-    held_elsewhere: std::sync::OnceLock<Arc<dyn HeldElsewhere>>,
+    /// (a proxy that deduplicates).
+    held_elsewhere: Option<Arc<dyn HeldElsewhere>>,
     /// One write-back at a time; truncation waits for it.
     write_back_lock: tokio::sync::Mutex<()>,
     /// Whether callers may write files whose writes are kept here.
@@ -357,6 +359,27 @@ impl fmt::Debug for CacheLayer {
 /// `(file handle, offset, length)` -> whether those bytes are known zeros
 /// that the layer above answers without asking this one.
 pub type ZeroHint = Arc<dyn Fn(&[u8], u64, u64) -> bool + Send + Sync>;
+
+/// What a [`CacheLayer`] asks of the rest of the proxy besides the layer
+/// below, given at construction (none by default: a cache alone).
+#[derive(Clone, Default)]
+pub struct SideChannels {
+    /// Which ranges read-ahead may skip (the metadata layer's table, when
+    /// there is one above).
+    pub zero_hint: Option<ZeroHint>,
+    /// Where missed blocks may be copied from, and who is told of the
+    /// blocks the cache holds and lets go (a proxy that deduplicates).
+    pub held_elsewhere: Option<Arc<dyn HeldElsewhere>>,
+}
+
+impl fmt::Debug for SideChannels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SideChannels")
+            .field("zero_hint", &self.zero_hint.is_some())
+            .field("held_elsewhere", &self.held_elsewhere.is_some())
+            .finish()
+    }
+}
 
 /// Copies of a file's bytes held elsewhere on this proxy (the blocks of
 /// other files with the same content, found by content hash): a missed
@@ -413,17 +436,17 @@ fn post_op(a: Option<fattr3>) -> post_op_attr {
 }
 
 impl CacheLayer {
-    /// A cache layer over `inner` keeping its blocks in `store`, asking
-    /// `zero_hint` (the metadata layer's table, when there is one above)
-    /// which ranges read-ahead may skip. Files with dirty data recovered
-    /// from an earlier session are noted, so that the next write-back sends
-    /// them upstream.
+    /// A cache layer over `inner` keeping its blocks in `store`, with the
+    /// rest of the proxy reached through `sides`. Files with dirty data
+    /// recovered from an earlier session are noted, so that the next
+    /// write-back sends them upstream.
     pub fn new(
         inner: Arc<dyn NfsService>,
-        store: BlockStore,
+        store: impl Into<Arc<BlockStore>>,
         config: CacheConfig,
-        zero_hint: Option<ZeroHint>,
+        sides: SideChannels,
     ) -> Arc<Self> {
+        let store = store.into();
         let geo = store.geometry();
         let mut files = FileTable::new(MAX_FILES);
         match store.dirty_blocks(None) {
@@ -440,6 +463,25 @@ impl CacheLayer {
             }
             Err(e) => tracing::error!("block cache: listing recovered dirty data failed: {e}"),
         }
+        let SideChannels {
+            zero_hint,
+            held_elsewhere,
+        } = sides;
+        let held_elsewhere = held_elsewhere.filter(|held| {
+            // Told of every block the store lets go from now on.
+            let bs = u64::from(geo.block_size());
+            let told = held.clone();
+            let hook = crate::store::DropHook::new(move |fh: &[u8], block: u64| {
+                told.dropped(fh, block * bs)
+            });
+            match store.on_drop(hook) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "block cache: cannot report the blocks it lets go");
+                    false
+                }
+            }
+        });
         let counters = Arc::new(Counters::default());
         Arc::new_cyclic(|me| CacheLayer {
             me: me.clone(),
@@ -447,7 +489,7 @@ impl CacheLayer {
                 inner,
                 counters: counters.clone(),
             },
-            store: Arc::new(store),
+            store,
             geo,
             config,
             files: Arc::new(Mutex::new(files)),
@@ -455,34 +497,13 @@ impl CacheLayer {
             prefetched: Mutex::new(HashSet::new()),
             readahead_slots: Arc::new(Semaphore::new(MAX_READAHEAD_TASKS)),
             zero_hint,
-            held_elsewhere: std::sync::OnceLock::new(),
+            held_elsewhere,
             write_back_lock: tokio::sync::Mutex::new(()),
             write_checks: WriteCheck::default(),
             file_locks: FileLocks::default(),
             counters,
             closed: AtomicBool::new(false),
         })
-    }
-
-    /// Fills missed blocks from `held` when it can, and tells it what the
-    /// cache holds and lets go (once; later calls are ignored).
-    pub fn fill_from(&self, held: Arc<dyn HeldElsewhere>) {
-        let bs = self.block_size();
-        let told = held.clone();
-        let hook =
-            crate::store::DropHook::new(move |fh: &[u8], block: u64| told.dropped(fh, block * bs));
-        if let Err(e) = self.store.on_drop(hook) {
-            tracing::warn!(error = %e, "block cache: cannot report the blocks it lets go");
-            return;
-        }
-        let _ = self.held_elsewhere.set(held);
-    }
-
-    /// Reads `buf.len()` bytes of `fh` at `offset` if the cache holds them
-    /// all (checked; nothing fetched, no hit counted); blocking.
-    pub fn read_held(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> bool {
-        !self.closed.load(Ordering::SeqCst)
-            && matches!(self.store.read_held(fh, offset, buf), Ok(true))
     }
 
     /// The configuration.
@@ -647,5 +668,36 @@ impl Layer for CacheLayer {
 
     async fn handle(&self, cx: &CallContext, req: NfsRequest) -> Result<NfsReply, ServiceError> {
         self.dispatch(cx, req).await
+    }
+}
+
+/// The block cache's part in write-back and exit: its dirty blocks are
+/// written back (or flushed), and it is closed (made durable, marked
+/// clean) at exit.
+impl Lifecycle for CacheLayer {
+    fn name(&self) -> &'static str {
+        "block cache"
+    }
+
+    fn write_back<'a>(
+        &'a self,
+        kind: WriteBackKind,
+        progress: Progress<'a>,
+    ) -> Option<gvfs_nfs::BoxFuture<'a, Result<WriteBackReport, ServiceError>>> {
+        Some(match kind {
+            WriteBackKind::WriteBack => Box::pin(CacheLayer::write_back(self, progress)),
+            WriteBackKind::Flush => Box::pin(self.flush()),
+        })
+    }
+
+    fn close(&self) -> Result<(), ServiceError> {
+        CacheLayer::close(self)
+    }
+
+    fn backlog(&self) -> Backlog {
+        Backlog {
+            dirty_bytes: self.dirty_bytes(),
+            ..Backlog::default()
+        }
     }
 }

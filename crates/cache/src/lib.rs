@@ -25,8 +25,8 @@ pub use geometry::{
     MIN_SUB_BLOCK_SIZE,
 };
 pub use layer::{
-    CacheConfig, CacheLayer, HeldElsewhere, LayerStats, UnknownWritePolicy, WriteBackReport,
-    WritePolicy, ZeroHint,
+    CacheConfig, CacheLayer, HeldElsewhere, LayerStats, SideChannels, UnknownWritePolicy,
+    WriteBackReport, WritePolicy, ZeroHint,
 };
 pub use mask::SubBlockMask;
 pub use set::FileHandle;

@@ -7,14 +7,15 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::writeverf3;
 
+use crate::block_index::BlockIndex;
 use crate::chunks::restored_chunks;
-use crate::dedup::parts::Dedup;
+use crate::dedup::parts::{BlockReader, Dedup};
 use crate::entry::CachedFile;
 use crate::error::{FileCacheError, HeldWriteError, IndexError};
 use crate::index::MetaIndex;
@@ -35,9 +36,10 @@ pub struct FileCache {
     pub(crate) max_bytes: u64,
     /// Set once this proxy answers another proxy's FETCH from here.
     pub(crate) keep_frames: AtomicBool,
-    /// Where working-set profiles are kept (set by the proxy with an index).
-    pub(crate) profiles: OnceLock<Arc<Profiles>>,
-    /// Copies of blocks held here instead of fetches (set with dedup on).
+    /// Where working-set profiles are kept (without, they are only passed
+    /// on).
+    pub(crate) profiles: Option<Arc<Profiles>>,
+    /// Copies of blocks held here instead of fetches (with dedup on).
     pub(crate) dedup: Dedup,
     pub(crate) counters: Counters,
 }
@@ -51,14 +53,41 @@ impl std::fmt::Debug for FileCache {
     }
 }
 
+/// What a file cache is given at open besides its directory and index:
+/// nothing by default (no profiles kept, no dedup).
+#[derive(Clone, Default)]
+pub struct FileCacheParts {
+    /// Where the working-set profiles learned or fetched here are kept
+    /// (without, they are only passed on).
+    pub profiles: Option<Arc<Profiles>>,
+    /// With dedup on: where held blocks are found by content hash, so
+    /// blocks shared with other held files are copied instead of fetched.
+    pub blocks: Option<BlockIndex>,
+    /// With dedup on: reads the block cache's blocks, so they are found
+    /// there too.
+    pub block_reader: Option<BlockReader>,
+}
+
+impl std::fmt::Debug for FileCacheParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileCacheParts")
+            .field("profiles", &self.profiles.is_some())
+            .field("blocks", &self.blocks.is_some())
+            .field("block_reader", &self.block_reader.is_some())
+            .finish()
+    }
+}
+
 impl FileCache {
     /// Opens (creating) the cache in `dir`, keeping at most `max_bytes` of
-    /// files. Finished files recorded in `index` are kept; anything else in
-    /// the directory (fetches cut short by a crash) is deleted.
+    /// files, with `parts`. Finished files recorded in `index` are kept;
+    /// anything else in the directory (fetches cut short by a crash) is
+    /// deleted, and with dedup its blocks leave the block index.
     pub fn open(
         dir: &Path,
         index: Option<Arc<dyn MetaIndex>>,
         max_bytes: u64,
+        parts: FileCacheParts,
     ) -> std::io::Result<Arc<Self>> {
         std::fs::create_dir_all(dir)?;
         let boot = SystemTime::now()
@@ -71,8 +100,8 @@ impl FileCache {
             files: Mutex::new(HashMap::new()),
             max_bytes,
             keep_frames: AtomicBool::new(false),
-            profiles: OnceLock::new(),
-            dedup: Dedup::default(),
+            profiles: parts.profiles,
+            dedup: Dedup::new(parts.blocks, parts.block_reader),
             counters: Counters::default(),
         });
         for entry in std::fs::read_dir(dir)? {
@@ -89,7 +118,7 @@ impl FileCache {
                 }
                 None => {
                     if let Some(fh) = entry.file_name().to_str().and_then(parse_name) {
-                        lock(&cache.dedup.unfinished).push(fh);
+                        cache.forget_blocks(&fh);
                     }
                     tracing::info!(path = %path.display(), "file cache: removing an unfinished file");
                     let _ = std::fs::remove_file(&path);
@@ -144,12 +173,6 @@ impl FileCache {
             None,
             None,
         )))
-    }
-
-    /// Keeps the working-set profiles learned or fetched here in
-    /// `profiles` (without, they are only passed on).
-    pub fn keep_profiles(&self, profiles: Arc<Profiles>) {
-        let _ = self.profiles.set(profiles);
     }
 
     /// Keeps chunks' frames from now on, for answering other proxies'

@@ -23,33 +23,15 @@ use crate::block_index::{BlockIndex, Place};
 use crate::cache::FileCache;
 use crate::entry::CachedFile;
 use crate::error::IndexError;
-use parts::{BlockReader, Indexer, Job, MAX_BLOCK_PATH_FILES};
+use parts::{Job, MAX_BLOCK_PATH_FILES};
 
 pub(crate) mod file;
 pub(crate) mod parts;
 
 impl FileCache {
-    /// Copies blocks shared with other held files instead of fetching
-    /// them, using `blocks` (set once, by a proxy with dedup on).
-    pub fn keep_blocks(&self, blocks: BlockIndex) {
-        match Indexer::start(blocks.clone(), self.dedup.indexed.clone()) {
-            Ok(indexer) => {
-                let _ = self.dedup.indexer.set(indexer);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "dedup off: cannot start the block indexer");
-                return;
-            }
-        }
-        let _ = self.dedup.blocks.set(blocks);
-        for fh in std::mem::take(&mut *lock(&self.dedup.unfinished)) {
-            self.forget_blocks(&fh);
-        }
-    }
-
     /// Whether it copies held blocks instead of fetching them.
     pub fn dedup_on(&self) -> bool {
-        self.dedup.blocks.get().is_some()
+        self.dedup.blocks.is_some()
     }
 
     /// Bytes copied from held blocks instead of fetched, per held file
@@ -74,7 +56,7 @@ impl FileCache {
     /// How many of `hashes` (block fingerprints) this proxy holds a block
     /// of, by its index (not read back).
     pub fn blocks_held(&self, hashes: &[Fingerprint]) -> Result<u64, IndexError> {
-        let Some(index) = self.dedup.blocks.get() else {
+        let Some(index) = self.dedup.blocks.as_ref() else {
             return Ok(0);
         };
         let mut n = 0;
@@ -91,18 +73,13 @@ impl FileCache {
     /// An entry a new fetch of the same file makes meanwhile may go too: a
     /// block missing from the index costs only a fetch.
     pub(crate) fn forget_blocks(&self, fh: &[u8]) {
-        if let Some(indexer) = self.dedup.indexer.get() {
+        if let Some(indexer) = self.dedup.indexer.as_ref() {
             indexer.send(Job::Forget(fh.to_vec()), &self.dedup.indexed);
         }
     }
 }
 
 impl FileCache {
-    /// Finds blocks in the block cache too, with `reader` (set once).
-    pub fn read_block_cache_with(&self, reader: BlockReader) {
-        let _ = self.dedup.block_path.reader.set(reader);
-    }
-
     /// Reads into `buf` a held block with fingerprint `fp`, from a file
     /// held here (`me` is the file asking, perhaps not in the table yet)
     /// or from the block cache, and says where; drops an index entry whose
@@ -138,7 +115,7 @@ impl FileCache {
                 .dedup
                 .block_path
                 .reader
-                .get()
+                .as_ref()
                 .is_some_and(|read| read(&place.fh, place.offset, buf)),
         };
         if !read {
@@ -159,7 +136,7 @@ impl FileCache {
     /// hash before a byte is used: true when all of `buf` is filled. For
     /// the block cache's misses (blocking I/O).
     pub fn fill_from_held(&self, fh: &[u8], meta: &MetaFile, offset: u64, buf: &mut [u8]) -> bool {
-        let (Some(index), Some(_)) = (self.dedup.blocks.get(), meta.hashes.as_ref()) else {
+        let (Some(index), Some(_)) = (self.dedup.blocks.as_ref(), meta.hashes.as_ref()) else {
             return false;
         };
         let size = meta.file_size;
@@ -216,7 +193,7 @@ impl FileCache {
     /// Notes that the block cache holds `fh`'s `offset..offset + len`,
     /// whose blocks `meta` fingerprints (checked when used, not now).
     pub fn note_held(&self, fh: &[u8], meta: &MetaFile, offset: u64, len: u64) {
-        let Some(indexer) = self.dedup.indexer.get() else {
+        let Some(indexer) = self.dedup.indexer.as_ref() else {
             return;
         };
         let bs = u64::from(meta.block_size);
@@ -237,7 +214,7 @@ impl FileCache {
     /// The block cache let go of `fh`'s range at `offset`: its blocks
     /// leave the index (on the indexer; never waits).
     pub fn forget_held(&self, fh: &[u8], offset: u64) {
-        if let Some(indexer) = self.dedup.indexer.get() {
+        if let Some(indexer) = self.dedup.indexer.as_ref() {
             indexer.send(Job::ForgetRange(fh.to_vec(), offset), &self.dedup.indexed);
         }
     }

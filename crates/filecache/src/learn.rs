@@ -65,7 +65,10 @@ impl FileCache {
         cred: &Credentials,
     ) -> Vec<(usize, Mask)> {
         let attrs = entry.attrs();
-        let kept = self.profiles.get().and_then(|p| p.get(&entry.fh, &attrs));
+        let kept = self
+            .profiles
+            .as_ref()
+            .and_then(|p| p.get(&entry.fh, &attrs));
         let profile = match kept {
             Some(p) => Some(p),
             None => {
@@ -73,7 +76,7 @@ impl FileCache {
                     tokio::time::timeout(PROFILE_WAIT, source.get_profile(cred, &entry.fh)).await;
                 match asked {
                     Ok(Ok(Some(p))) if p.version().describes(&attrs) => {
-                        if let Some(profiles) = self.profiles.get() {
+                        if let Some(profiles) = self.profiles.as_ref() {
                             profiles.put(&entry.fh, &p);
                         }
                         Some(p)
@@ -160,7 +163,7 @@ impl FileCache {
         }
         chunks.truncate(MAX_PROFILE_PARTS);
         let profile = Profile::of(&entry.attrs(), PIECE, chunks);
-        if let Some(profiles) = self.profiles.get() {
+        if let Some(profiles) = self.profiles.as_ref() {
             profiles.put(&entry.fh, &profile);
         }
         let sent =

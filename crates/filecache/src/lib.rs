@@ -51,7 +51,7 @@
 //! [`ChunkSource`]: gvfs_ext::ChunkSource
 
 pub use block_index::{BlockIndex, Place};
-pub use cache::FileCache;
+pub use cache::{FileCache, FileCacheParts};
 pub use dedup::parts::BlockReader;
 pub use entry::CachedFile;
 pub use error::{FileCacheError, HeldWriteError, IndexError, RecordError};

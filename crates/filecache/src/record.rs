@@ -446,7 +446,8 @@ mod tests {
                 .put(&index_key(fh), record)
                 .unwrap_or_else(|e| panic!("{e}"));
         }
-        let c = FileCache::open(dir.path(), Some(index), 1 << 30).unwrap_or_else(|e| panic!("{e}"));
+        let c = FileCache::open(dir.path(), Some(index), 1 << 30, Default::default())
+            .unwrap_or_else(|e| panic!("{e}"));
         for (fh, _) in &files[..2] {
             let f = c.get(fh).unwrap_or_else(|| panic!("{fh:?} not kept"));
             assert!(f.is_dirty(), "{fh:?} lost its writes");

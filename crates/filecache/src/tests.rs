@@ -48,7 +48,11 @@ fn index() -> Arc<dyn MetaIndex> {
 
 /// Opens (or reopens, as after a restart) a 1 GiB cache in `dir`.
 fn reopen(dir: &Path, index: &Arc<dyn MetaIndex>) -> Arc<FileCache> {
-    FileCache::open(dir, Some(index.clone()), 1 << 30).unwrap_or_else(|e| panic!("{e}"))
+    reopen_with(dir, index, FileCacheParts::default())
+}
+
+fn reopen_with(dir: &Path, index: &Arc<dyn MetaIndex>, parts: FileCacheParts) -> Arc<FileCache> {
+    FileCache::open(dir, Some(index.clone()), 1 << 30, parts).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn cache(dir: &Path) -> Arc<FileCache> {

@@ -5,6 +5,7 @@
 use super::*;
 use gvfs_ext::Urgency;
 use gvfs_filecache::FileCacheError;
+use gvfs_nfs::layer::{Backlog, Lifecycle, Progress, WriteBackKind, WriteBackReport};
 
 impl MetaLayer {
     /// A READ of a compress-and-copy file, from the file cache (fetching
@@ -299,5 +300,37 @@ pub(super) fn patch_attrs(reply: &mut NfsReply, local: &fattr3) {
     };
     if let Nfs3Option::Some(a) = slot {
         *a = local.clone();
+    }
+}
+
+/// The metadata layer's part in write-back: files held whole with local
+/// writes are written back (a flush too: written files are let go), and it
+/// says how many are dirty and how many bytes went.
+impl Lifecycle for MetaLayer {
+    fn name(&self) -> &'static str {
+        "metadata layer"
+    }
+
+    fn write_back<'a>(
+        &'a self,
+        _kind: WriteBackKind,
+        _progress: Progress<'a>,
+    ) -> Option<gvfs_nfs::BoxFuture<'a, Result<WriteBackReport, ServiceError>>> {
+        // What it sent shows in `file_bytes_written_back`, not as blocks.
+        Some(Box::pin(async move {
+            MetaLayer::write_back(self).await?;
+            Ok(WriteBackReport::default())
+        }))
+    }
+
+    fn backlog(&self) -> Backlog {
+        Backlog {
+            dirty_files: self
+                .copy
+                .as_ref()
+                .map_or(0, |c| c.files.stats().dirty_files),
+            file_bytes_written_back: self.written_back_bytes(),
+            ..Backlog::default()
+        }
     }
 }

@@ -13,6 +13,9 @@
 //!   the serde snapshot that `gvfsctl stats` and metrics show.
 //! - [`lock`]: a mutex guard even when a holder panicked (the tables
 //!   layers keep stay usable; a panic is a bug reported on its own).
+//! - [`Lifecycle`]: a layer's part in write-back and exit (write back,
+//!   invalidate, close, its backlog), so a stack walks its layers for
+//!   them without naming their types.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,6 +33,10 @@ use nfs3_types::xdr_codec::Opaque;
 use crate::proc::{NfsProc, NfsReply, NfsRequest};
 use crate::rpc::Reply;
 use crate::service::{BoxFuture, CallContext, NfsService, ServiceError};
+
+mod lifecycle;
+
+pub use lifecycle::{Backlog, Lifecycle, Progress, WriteBackKind, WriteBackReport};
 
 /// A layer of the stack: an [`NfsService`] over the service below it.
 /// Implement this (not `NfsService`) and the layer is a service.

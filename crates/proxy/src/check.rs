@@ -3,11 +3,14 @@
 //! can check a file before starting the proxy with it.
 //!
 //! Parsing and validation are [`Config::from_file_config`]'s; this module
-//! only describes the result: the layer stack (from [`stack::plan`]) and
-//! what the proxy would listen on.
+//! only describes the result: the layer stack (the plan
+//! [`Stack::build`] walks, from [`plan::plan`]) and what the proxy would
+//! listen on.
+//!
+//! [`Stack::build`]: crate::stack::Stack::build
 
 use crate::config::{Config, default_control_path};
-use crate::stack::{self, human_bytes};
+use crate::plan::{self, human_bytes};
 
 /// What `--check` leaves to the start itself.
 pub const NOT_CHECKED: &str = "not checked: that the files and directories named exist and \
@@ -17,7 +20,7 @@ the upstream answers";
 /// The stack, top first, and the listeners `cfg` asks for, one per line.
 pub fn summary(cfg: &Config) -> String {
     let mut out = String::from("stack, top first:\n");
-    for layer in stack::plan(cfg).iter().rev() {
+    for layer in plan::plan(cfg).describe().iter().rev() {
         out += &format!("  {:<16} {}\n", layer.name, layer.settings);
     }
     out += "serves:\n";

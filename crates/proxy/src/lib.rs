@@ -13,15 +13,19 @@ pub mod check;
 pub mod config;
 pub mod control;
 pub mod drc;
+mod error;
 pub mod exit;
 pub mod ext_server;
 pub mod front;
 pub mod metrics;
 pub mod notify;
+pub mod plan;
+mod ready;
 pub mod server;
 pub mod shutdown;
 pub mod stack;
 pub mod status;
+mod wiring;
 pub mod writeback;
 
 use std::net::SocketAddr;
@@ -29,7 +33,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gvfs_nfs::ServiceError;
 use serde_json::Value;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
@@ -41,110 +44,8 @@ use crate::server::{MemoryBudget, Security, ServerStats, Shared, TlsSide};
 use crate::stack::Stack;
 use crate::status::StatusSource;
 
-/// Why a proxy could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ProxyError {
-    /// The listening address could not be bound.
-    #[error("cannot listen on {addr}: {cause}{hint}", hint = bind_hint(.cause))]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The cause (part of the message, so not also a `source`).
-        cause: std::io::Error,
-    },
-    /// The `dir:` upstream could not be opened.
-    #[error(transparent)]
-    Dir(#[from] gvfs_upstream::dir::DirError),
-    /// The sample directory could not be created.
-    #[error("cannot create the sample directory {path}: {cause}")]
-    Sample {
-        /// The directory.
-        path: PathBuf,
-        /// The cause (part of the message, so not also a `source`).
-        cause: std::io::Error,
-    },
-    /// The upstream did not answer or refused the export at start-up.
-    #[error("upstream check failed: {0}")]
-    Upstream(ServiceError),
-    /// The control socket could not be set up.
-    #[error(transparent)]
-    Control(#[from] control::ControlError),
-    /// The block cache, or its file cache, could not be opened.
-    #[error("cannot open the {what} in {dir}: {cause}")]
-    Cache {
-        /// "block cache" or "file cache".
-        what: &'static str,
-        /// Its directory.
-        dir: PathBuf,
-        /// Why (part of the message, so not also a `source`).
-        cause: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// Signal handlers could not be installed.
-    #[error("cannot install signal handlers: {0}")]
-    Signals(std::io::Error),
-    /// The TLS certificate, key or CA could not be used.
-    #[error(transparent)]
-    Tls(#[from] gvfs_tunnel::TunnelError),
-    /// The FUSE mount could not be made (`--mount`).
-    #[error(transparent)]
-    Mount(#[from] gvfs_fuse::FuseError),
-    /// A gvfs:// upstream was configured without the TLS files it needs.
-    #[error("a gvfs:// upstream needs --cert, --key and --ca")]
-    GvfsWithoutTls,
-}
-
-impl ProxyError {
-    /// The code `gvfs-proxy` exits with for this error.
-    pub fn exit_code(&self) -> exit::ExitCode {
-        use exit::ExitCode;
-        match self {
-            Self::GvfsWithoutTls => ExitCode::Config,
-            Self::Dir(_) => ExitCode::Upstream,
-            Self::Upstream(ServiceError::UpstreamRefused { .. }) | Self::Tls(_) => ExitCode::Tls,
-            Self::Upstream(ServiceError::Layer(_)) => ExitCode::LocalResource,
-            Self::Upstream(_) => ExitCode::Upstream,
-            Self::Bind { .. }
-            | Self::Sample { .. }
-            | Self::Control(_)
-            | Self::Cache { .. }
-            | Self::Mount(_) => ExitCode::LocalResource,
-            Self::Signals(_) => ExitCode::Failure,
-        }
-    }
-}
-
-fn bind_hint(e: &std::io::Error) -> &'static str {
-    match e.kind() {
-        std::io::ErrorKind::AddrInUse => " (the port is in use; pick another with --listen)",
-        std::io::ErrorKind::PermissionDenied => {
-            " (ports below 1024 need root or CAP_NET_BIND_SERVICE)"
-        }
-        std::io::ErrorKind::AddrNotAvailable => " (no such local address)",
-        _ => "",
-    }
-}
-
-/// What a started proxy tells its caller.
-#[derive(Debug, Clone)]
-pub struct Ready {
-    /// The NFS listener's address, unless `--listen none`.
-    pub addr: Option<SocketAddr>,
-    /// The export clients mount.
-    pub export: String,
-    /// The control socket.
-    pub control: PathBuf,
-    /// What is served, for humans.
-    pub upstream: String,
-    /// The block cache's directory, when there is one.
-    pub cache: Option<String>,
-    /// The TLS listener for gvfs:// peers, when there is one.
-    pub tls_addr: Option<SocketAddr>,
-    /// This node's certificate name, when TLS is configured.
-    pub tls_name: Option<String>,
-    /// The FUSE mount, when there is one.
-    pub mount: Option<PathBuf>,
-}
+pub use crate::error::ProxyError;
+pub use crate::ready::Ready;
 
 /// How long the kernel keeps a FUSE mount's names and attributes when the
 /// proxy has no attribute cache (`--attr-timeout`): about what an NFS
@@ -285,15 +186,10 @@ pub async fn serve(
         }
         None => None,
     };
-    let jobs = Arc::new(writeback::Jobs::default());
-    if let (Some(m), Some(_)) = (&stack.meta, &stack.files) {
-        jobs.with_file_cache(m.clone());
-    }
-    if let Some(a) = &stack.attrs {
-        jobs.with_attr_cache(a.clone());
-    }
-    if let Some(layer) = &stack.cache {
-        writeback::on_signals(jobs.clone(), layer.clone()).map_err(ProxyError::Signals)?;
+    // Write-back jobs walk the layers top first.
+    let jobs = Arc::new(writeback::Jobs::new(stack.top_down()));
+    if stack.cache.is_some() {
+        writeback::on_signals(jobs.clone()).map_err(ProxyError::Signals)?;
     }
     let status = Arc::new(StatusSource {
         ready: ready.clone(),
@@ -353,48 +249,10 @@ pub async fn serve(
     if let Some(m) = &mount {
         m.stop(cfg.drain_timeout).await;
     }
-    if let (Some(layer), Some(settings)) = (&stack.cache, &cfg.cache) {
-        let files_dirty = stack
-            .files
-            .as_ref()
-            .is_some_and(|f| f.stats().dirty_files > 0);
-        write_back_on_exit(layer, &jobs, settings, files_dirty).await;
-    }
-    if let Some(index) = stack.index.clone() {
-        // Records written lazily (a fetched file's) would be lost at exit.
-        match tokio::task::spawn_blocking(move || index.flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "flushing the metadata index"),
-            Err(e) => tracing::error!(error = %e, "flushing the metadata index"),
-        }
-    }
+    shutdown::write_back_and_close(&stack, &jobs, cfg.cache.as_ref()).await;
     shutdown.cancel();
     let _ = control_task.await;
     Ok(())
-}
-
-/// On exit: unless configured not to, write dirty data back within the
-/// deadline; whatever is left stays dirty in the cache for the next start.
-async fn write_back_on_exit(
-    layer: &Arc<gvfs_cache::CacheLayer>,
-    jobs: &Arc<writeback::Jobs>,
-    settings: &config::CacheSettings,
-    files_dirty: bool,
-) {
-    let deadline = settings.exit_writeback_timeout;
-    if settings.writeback_on_exit && (layer.dirty_bytes() > 0 || files_dirty) {
-        let _ = jobs.wait(deadline).await;
-        let _ = jobs.start(layer, writeback::JobKind::WriteBack);
-        if !jobs.wait(deadline).await {
-            tracing::warn!(
-                dirty_bytes = layer.dirty_bytes(),
-                "write-back on exit did not finish in {deadline:?}; the rest stays in the cache"
-            );
-        }
-    }
-    if let Err(e) = layer.close() {
-        tracing::error!(error = %e, "closing the block cache");
-    }
 }
 
 #[cfg(test)]

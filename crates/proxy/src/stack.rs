@@ -9,6 +9,13 @@
 //! | attribute cache | `gvfs_attrcache` | `--attr-timeout` |
 //! | metadata layer (zero maps, file cache) | `gvfs_meta` | `--meta` (default with a cache) |
 //!
+//! Which layers, with which settings, is decided once, in
+//! [`crate::plan`]; [`Stack::build`] opens the upstream, makes the parts
+//! the layers share (`wiring.rs`) and walks the plan bottom up. Each
+//! layer above the upstream is also kept as a [`Lifecycle`] in
+//! [`Stack::layers`]: write-back ([`crate::writeback`]) and exit
+//! ([`crate::shutdown`]) walk that list, not the layer types.
+//!
 //! Front ends (the NFS/MOUNT/PORTMAP server in [`crate::front`]) serve
 //! [`Stack::top`]; they know nothing of the layers under it. The extension
 //! program ([`Stack::ext`]) serves compress-and-copy to proxies chained in
@@ -18,27 +25,31 @@ use std::path::Path;
 use std::sync::Arc;
 
 use gvfs_attrcache::AttrCache;
-use gvfs_cache::{CacheLayer, ZeroHint};
-use gvfs_ext::{ChunkSource, ExtClient};
-use gvfs_filecache::{FileCache, MetaIndex, Profiles};
-use gvfs_meta::{CopyPath, MetaFiles, MetaLayer};
-
-use crate::ext_server::ExtServer;
+use gvfs_cache::CacheLayer;
+use gvfs_filecache::{FileCache, MetaIndex};
+use gvfs_meta::MetaLayer;
+use gvfs_nfs::layer::Lifecycle;
 use gvfs_nfs::net::client::RpcClient;
 use gvfs_nfs::{CallContext, Credentials, NfsService};
-
-use crate::ProxyError;
-use crate::config::{CacheSettings, Config, UpstreamChoice};
-use crate::server::TlsSide;
 use gvfs_upstream::UpstreamUrl;
 use gvfs_upstream::dir::DirUpstream;
 use gvfs_upstream::nfs::{NfsUpstream, UpstreamTimeouts};
 
-/// A proxy's layers, bottom to top. The optional ones are kept by name
-/// for what only they do (status, write-back jobs, exit).
+use crate::config::{Config, UpstreamChoice};
+use crate::error::ProxyError;
+use crate::ext_server::ExtServer;
+use crate::plan::{Plan, Planned};
+use crate::server::TlsSide;
+use crate::wiring::Wiring;
+
+/// A proxy's layers, bottom to top. The optional ones are also kept by
+/// type for what only they do (their typed stats, the extension program).
 pub struct Stack {
     /// The top of the stack: what every front end serves.
     pub top: Arc<dyn NfsService>,
+    /// The layers above the upstream, bottom first, for write-back and
+    /// exit.
+    pub layers: Vec<Arc<dyn Lifecycle>>,
     /// The upstream's RPC client, when it is reached over RPC.
     pub client: Option<RpcClient>,
     /// The block cache.
@@ -57,249 +68,108 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Builds the layers `cfg` asks for, bottom to top. The upstream is
-    /// checked first (a dead one fails here, not at the first call).
+    /// Builds the layers `cfg` asks for ([`crate::plan::plan`]), bottom to
+    /// top. The upstream is checked first (a dead one fails here, not at
+    /// the first call).
     pub async fn build(cfg: &Config, tls: Option<&TlsSide>) -> Result<Self, ProxyError> {
+        let plan = crate::plan::plan(cfg);
+        Self::build_from(&plan, cfg, tls).await
+    }
+
+    async fn build_from(
+        plan: &Plan<'_>,
+        cfg: &Config,
+        tls: Option<&TlsSide>,
+    ) -> Result<Self, ProxyError> {
         let upstream = open_upstream(cfg, tls).await?;
-        let mut top = upstream.service;
-        // The metadata layer's table is made first: the block cache below
-        // it asks which ranges are known zeros, so read-ahead skips them.
-        let meta_files = cfg.meta.then(MetaFiles::new);
-        let cache = match &cfg.cache {
-            Some(c) => Some(open_cache(c, top.clone(), zero_hint(meta_files.as_ref())).await?),
-            None => None,
+        let wiring = Wiring::open(plan, upstream.client.as_ref()).await?;
+        let mut stacked = Stacked {
+            top: upstream.service,
+            layers: Vec::new(),
         };
-        let cache = stack_on(&mut top, cache);
-        let attrs = cfg.attr_timeout.map(|ttl| AttrCache::new(top.clone(), ttl));
-        let attrs = stack_on(&mut top, attrs);
-        // The upstream's side of the extension program, when it is reached
-        // over RPC (it may be another gvfs-proxy that compresses for us).
-        let ext_client = upstream
-            .client
-            .clone()
-            .map(|c| ExtClient::new(c) as Arc<dyn ChunkSource>);
-        let index = cfg.meta.then(|| open_meta_index(cfg));
-        let files = match (&cfg.cache, &index) {
-            (Some(c), Some(index)) => Some(open_file_cache(c, index.clone())?),
-            _ => None,
-        };
-        // Working-set profiles live in the same index, beside the records
-        // of the files they order.
-        // Without an index (no --meta) they are kept in memory: a proxy
-        // next to the image server answers PROFILE_PUT whatever its options.
-        let profiles = Profiles::new(
-            index
-                .clone()
-                .unwrap_or_else(|| Arc::new(gvfs_filecache::MemIndex::new(MEMORY_PROFILES))),
-        );
-        if let Some(files) = &files {
-            files.keep_profiles(profiles.clone());
-        }
-        // Held blocks by content hash, in the same index: they come and
-        // go with the files that hold them.
-        if let (Some(files), Some(index), Some(c)) = (&files, &index, &cfg.cache)
-            && c.dedup
-        {
-            files.keep_blocks(gvfs_filecache::BlockIndex::new(index.clone()));
-            // And the block cache's: its misses are filled from blocks
-            // with the same content held in either cache.
-            if let (Some(cache), Some(table)) = (&cache, &meta_files) {
-                dedup_block_cache(cache, files, table);
+        let (mut cache, mut attrs, mut meta) = (None, None, None);
+        for layer in plan.layers() {
+            match layer {
+                Planned::Upstream(_) => {}
+                Planned::BlockCache(c) => {
+                    // Opened by the wiring for every planned block cache.
+                    let Some(store) = wiring.store.clone() else {
+                        continue;
+                    };
+                    let layer =
+                        CacheLayer::new(stacked.top(), store, c.layer, wiring.cache_sides());
+                    cache = Some(stacked.on(layer));
+                }
+                Planned::AttrCache(ttl) => {
+                    attrs = Some(stacked.on(AttrCache::new(stacked.top(), *ttl)));
+                }
+                Planned::Meta { .. } => {
+                    // Made by the wiring for a planned metadata layer.
+                    let Some(table) = wiring.table.clone() else {
+                        continue;
+                    };
+                    let layer = MetaLayer::new(
+                        stacked.top(),
+                        table,
+                        wiring.index.clone(),
+                        wiring.copy_path(),
+                    );
+                    meta = Some(stacked.on(layer));
+                }
             }
         }
-        let meta = meta_files.map(|table| {
-            let copy = copy_path(files.as_ref(), ext_client.as_ref());
-            MetaLayer::new(top.clone(), table, index.clone(), copy)
-        });
-        let meta = stack_on(&mut top, meta);
         let ext = ExtServer::new(
-            top.clone(),
-            files.clone(),
-            ext_client,
+            stacked.top(),
+            wiring.files.clone(),
+            wiring.ext_client.clone(),
             meta.clone(),
-            Some(profiles),
+            Some(wiring.profiles.clone()),
         );
         Ok(Self {
-            top,
+            top: stacked.top,
+            layers: stacked.layers,
             client: upstream.client,
             cache,
             attrs,
             meta,
-            files,
+            files: wiring.files,
             ext,
-            index,
+            index: wiring.index,
         })
     }
-}
 
-/// One layer [`Stack::build`] would stack: its name and its settings, in
-/// a line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedLayer {
-    /// The layer, e.g. "block cache".
-    pub name: &'static str,
-    /// Its settings, for humans.
-    pub settings: String,
-}
+    /// The layers' names, bottom first, the upstream's included: those of
+    /// the plan it was built from.
+    pub fn names(&self) -> Vec<&'static str> {
+        std::iter::once("upstream")
+            .chain(self.layers.iter().map(|l| l.name()))
+            .collect()
+    }
 
-/// The layers [`Stack::build`] stacks for `cfg`, bottom first, without
-/// opening anything (`gvfs-proxy --check`). It follows `build`'s
-/// conditions: keep the two side by side.
-pub fn plan(cfg: &Config) -> Vec<PlannedLayer> {
-    let mut layers = vec![PlannedLayer {
-        name: "upstream",
-        settings: describe_upstream(cfg),
-    }];
-    if let Some(c) = &cfg.cache {
-        let g = &c.geometry;
-        let on_exit = match (c.layer.policy, c.writeback_on_exit) {
-            (gvfs_cache::WritePolicy::WriteThrough, _) => String::new(),
-            (_, true) => format!(
-                ", written back on exit within {} s",
-                c.exit_writeback_timeout.as_secs()
-            ),
-            (_, false) => ", dirty data kept on exit".to_owned(),
-        };
-        layers.push(PlannedLayer {
-            name: "block cache",
-            settings: format!(
-                "{}: {}, {} blocks, {} banks x {} ways, read-ahead {} blocks, {}{on_exit}",
-                c.dir.display(),
-                human_bytes(g.capacity()),
-                human_bytes(u64::from(g.block_size())),
-                g.banks(),
-                g.ways(),
-                c.layer.readahead_blocks,
-                c.layer.policy,
-            ),
-        });
-    }
-    if let Some(ttl) = cfg.attr_timeout {
-        layers.push(PlannedLayer {
-            name: "attribute cache",
-            settings: format!("answers from replies at most {} s old", ttl.as_secs()),
-        });
-    }
-    if cfg.meta {
-        let files = match &cfg.cache {
-            Some(c) => format!(
-                "file cache in {} (at most {}), dedup across images {}",
-                c.dir.join("files").display(),
-                human_bytes(c.file_cache_size),
-                if c.dedup { "on" } else { "off" }
-            ),
-            None => "no file cache (no cache_dir): peers' whole-file fetches are read \
-                     from the upstream"
-                .to_owned(),
-        };
-        layers.push(PlannedLayer {
-            name: "metadata layer",
-            settings: format!("zero maps and compress-and-copy; {files}"),
-        });
-    }
-    layers
-}
-
-/// The upstream of `cfg` in a line.
-fn describe_upstream(cfg: &Config) -> String {
-    let waits = match cfg.upstream_timeout {
-        None => "calls wait for it like a hard mount".to_owned(),
-        Some(t) => format!("calls give up after {} s", t.as_secs()),
-    };
-    match &cfg.upstream {
-        UpstreamChoice::Sample(dir) => format!(
-            "dir:{} (the sample directory, made on first start)",
-            dir.display()
-        ),
-        UpstreamChoice::Url(UpstreamUrl::Dir(dir)) => {
-            format!("dir:{} (a local directory, no NFS server)", dir.display())
-        }
-        UpstreamChoice::Url(UpstreamUrl::Nfs(u)) => {
-            let port = |p: Option<u16>| p.map_or("the portmapper's".to_owned(), |p| p.to_string());
-            format!(
-                "nfs://{}{} (NFSv3: NFS port {}, MOUNT port {}); {waits}",
-                u.host,
-                u.export,
-                port(u.port),
-                port(u.mount_port)
-            )
-        }
-        UpstreamChoice::Url(UpstreamUrl::Gvfs(u)) => format!(
-            "gvfs://{}:{}{} over mutually authenticated TLS 1.3, its certificate named {}; {waits}",
-            u.host,
-            u.port,
-            u.export,
-            u.server_name.as_deref().unwrap_or(&u.host)
-        ),
+    /// The layers above the upstream, top first: the order write-back and
+    /// exit walk them in.
+    pub fn top_down(&self) -> Vec<Arc<dyn Lifecycle>> {
+        self.layers.iter().rev().cloned().collect()
     }
 }
 
-/// `n` bytes in the largest binary unit that divides it (`64 KiB`, `8 GiB`).
-pub(crate) fn human_bytes(n: u64) -> String {
-    const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
-    UNITS
-        .iter()
-        .find(|(_, shift)| n >= 1 << shift && n.trailing_zeros() >= *shift)
-        .map_or(format!("{n} bytes"), |(unit, shift)| {
-            format!("{} {unit}", n >> shift)
-        })
+/// The stack while it is built: its top so far and its layers.
+struct Stacked {
+    top: Arc<dyn NfsService>,
+    layers: Vec<Arc<dyn Lifecycle>>,
 }
 
-/// Makes the block cache and the file cache find each other's blocks by
-/// content hash (the table says which files have hashes).
-fn dedup_block_cache(cache: &Arc<CacheLayer>, files: &Arc<FileCache>, table: &Arc<MetaFiles>) {
-    let layer = Arc::downgrade(cache);
-    files.read_block_cache_with(Arc::new(move |fh: &[u8], offset: u64, buf: &mut [u8]| {
+impl Stacked {
+    fn top(&self) -> Arc<dyn NfsService> {
+        self.top.clone()
+    }
+
+    /// Puts `layer` on top of the stack.
+    fn on<L: NfsService + Lifecycle + 'static>(&mut self, layer: Arc<L>) -> Arc<L> {
+        self.top = layer.clone();
+        self.layers.push(layer.clone());
         layer
-            .upgrade()
-            .is_some_and(|l| l.read_held(fh, offset, buf))
-    }));
-    cache.fill_from(Arc::new(HeldBlocks {
-        files: files.clone(),
-        table: table.clone(),
-    }));
-}
-
-/// The block cache's [`gvfs_cache::HeldElsewhere`]: the blocks the file
-/// cache's index finds, for files whose metadata has content hashes.
-struct HeldBlocks {
-    files: Arc<FileCache>,
-    table: Arc<MetaFiles>,
-}
-
-impl gvfs_cache::HeldElsewhere for HeldBlocks {
-    fn knows(&self, fh: &[u8]) -> bool {
-        self.table.has_content(fh)
     }
-
-    fn read(&self, fh: &[u8], offset: u64, buf: &mut [u8]) -> bool {
-        self.table
-            .content(fh)
-            .is_some_and(|meta| self.files.fill_from_held(fh, &meta, offset, buf))
-    }
-
-    fn held(&self, fh: &[u8], offset: u64, len: u64) {
-        if let Some(meta) = self.table.content(fh) {
-            self.files.note_held(fh, &meta, offset, len);
-        }
-    }
-
-    fn dropped(&self, fh: &[u8], offset: u64) {
-        if self.table.has_content(fh) {
-            self.files.forget_held(fh, offset);
-        }
-    }
-}
-
-/// Working-set profiles a proxy without a metadata index keeps in memory.
-const MEMORY_PROFILES: usize = 4096;
-
-/// Puts `layer`, when there is one, on top of the stack.
-fn stack_on<L: NfsService>(top: &mut Arc<dyn NfsService>, layer: Option<Arc<L>>) -> Option<Arc<L>> {
-    if let Some(l) = &layer {
-        *top = l.clone();
-    }
-    layer
 }
 
 /// The bottom of the stack, and its RPC client when it has one.
@@ -370,89 +240,78 @@ fn make_sample(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Opens the block cache in `settings.dir` and stacks it on `below`.
-async fn open_cache(
-    settings: &CacheSettings,
-    below: Arc<dyn NfsService>,
-    zero_hint: Option<ZeroHint>,
-) -> Result<Arc<CacheLayer>, ProxyError> {
-    let (dir, geometry) = (settings.dir.clone(), settings.geometry);
-    let opened = tokio::task::spawn_blocking(move || {
-        gvfs_cache::BlockStore::open_dir(&dir, geometry, gvfs_cache::OpenOptions::default())
-    })
-    .await;
-    let cache_error = |cause: Box<dyn std::error::Error + Send + Sync>| ProxyError::Cache {
-        what: "block cache",
-        dir: settings.dir.clone(),
-        cause,
-    };
-    let (store, report) = opened
-        .map_err(|e| cache_error(e.into()))?
-        .map_err(|e| cache_error(e.into()))?;
-    if report.dirty_sub_blocks_lost > 0 || report.banks_lost > 0 || report.banks_truncated > 0 {
-        tracing::error!(
-            ?report,
-            "the block cache lost dirty data (a crash, bytes that failed their checksum, or a \
-             bank file missing or cut short); its write verifier changed so clients resend \
-             what they have not committed"
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FileConfig;
+
+    /// `toml` with `upstream` set to a fresh directory and `cache_dir`
+    /// (where it says `CACHE`) to another.
+    fn config(dir: &Path, toml: &str) -> Config {
+        let upstream = dir.join("origin");
+        std::fs::create_dir_all(&upstream).unwrap();
+        let toml = format!(
+            "upstream = \"dir:{}\"\n{}",
+            upstream.display(),
+            toml.replace("CACHE", &dir.join("cache").display().to_string())
         );
-    } else {
-        tracing::info!(?report, "block cache opened");
+        Config::from_file_config(FileConfig::parse(&toml).unwrap()).unwrap()
     }
-    Ok(CacheLayer::new(below, store, settings.layer, zero_hint))
-}
 
-/// The block cache's question to the metadata layer: is this range
-/// known to be zeros?
-fn zero_hint(table: Option<&Arc<MetaFiles>>) -> Option<ZeroHint> {
-    let table = table?.clone();
-    Some(Arc::new(move |fh: &[u8], off: u64, len: u64| {
-        table.known_zero(fh, off, len)
-    }))
-}
-
-/// The index of file names and metadata answers: in the cache directory
-/// when there is one (it survives restarts), else in memory.
-fn open_meta_index(cfg: &Config) -> Arc<dyn MetaIndex> {
-    if let Some(c) = &cfg.cache {
-        let path = c.dir.join("meta.sled");
-        match gvfs_filecache::SledIndex::open(&path) {
-            Ok(i) => return Arc::new(i),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "metadata index not opened; keeping it in memory")
-            }
+    #[tokio::test]
+    async fn the_built_stack_is_its_plan() {
+        for (toml, layers) in [
+            ("", &["upstream"][..]),
+            ("attr_timeout_secs = 5", &["upstream", "attribute cache"]),
+            ("meta = true", &["upstream", "metadata layer"]),
+            (
+                "cache_dir = \"CACHE\"\ncache_size = \"16M\"",
+                &["upstream", "block cache", "metadata layer"],
+            ),
+            (
+                "cache_dir = \"CACHE\"\ncache_size = \"16M\"\nmeta = false",
+                &["upstream", "block cache"],
+            ),
+            (
+                "cache_dir = \"CACHE\"\ncache_size = \"16M\"\nattr_timeout_secs = 5\ndedup = false",
+                &[
+                    "upstream",
+                    "block cache",
+                    "attribute cache",
+                    "metadata layer",
+                ],
+            ),
+            (
+                "cache_dir = \"CACHE\"\ncache_size = \"16M\"\nattr_timeout_secs = 5",
+                &[
+                    "upstream",
+                    "block cache",
+                    "attribute cache",
+                    "metadata layer",
+                ],
+            ),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = config(dir.path(), toml);
+            let plan = crate::plan::plan(&cfg);
+            let planned: Vec<&str> = plan.layers().iter().map(|l| l.name()).collect();
+            assert_eq!(planned, layers, "{toml}");
+            let described: Vec<&str> = plan.describe().iter().map(|l| l.name).collect();
+            assert_eq!(described, layers, "{toml}");
+            let stack = Stack::build(&cfg, None).await.unwrap();
+            assert_eq!(stack.names(), layers, "{toml}");
+            let top_down: Vec<&str> = stack.top_down().iter().map(|l| l.name()).collect();
+            let mut expect = layers[1..].to_vec();
+            expect.reverse();
+            assert_eq!(top_down, expect, "{toml}");
+            assert_eq!(stack.cache.is_some(), cfg.cache.is_some(), "{toml}");
+            assert_eq!(stack.attrs.is_some(), cfg.attr_timeout.is_some(), "{toml}");
+            assert_eq!(stack.meta.is_some(), cfg.meta, "{toml}");
+            assert_eq!(stack.files.is_some(), plan.file_cache().is_some(), "{toml}");
+            let dedup = stack.files.as_ref().is_some_and(|f| f.dedup_on());
+            assert_eq!(dedup, plan.dedup(), "{toml}");
+            let jobs = Arc::new(crate::writeback::Jobs::new(stack.top_down()));
+            crate::shutdown::write_back_and_close(&stack, &jobs, cfg.cache.as_ref()).await;
         }
     }
-    Arc::new(gvfs_filecache::MemIndex::new(65_536))
-}
-
-/// Opens the file cache (whole files fetched by compress-and-copy) in
-/// `settings.dir/files`.
-fn open_file_cache(
-    settings: &CacheSettings,
-    index: Arc<dyn MetaIndex>,
-) -> Result<Arc<FileCache>, ProxyError> {
-    let dir = settings.dir.join("files");
-    FileCache::open(&dir, Some(index), settings.file_cache_size).map_err(|e| ProxyError::Cache {
-        what: "file cache",
-        dir: dir.clone(),
-        cause: e.into(),
-    })
-}
-
-/// Compress-and-copy needs both a file cache to fetch into and an
-/// upstream reached over RPC to fetch from.
-fn copy_path(
-    files: Option<&Arc<FileCache>>,
-    source: Option<&Arc<dyn ChunkSource>>,
-) -> Option<CopyPath> {
-    let (files, source) = (files?, source?);
-    // Ask now whether the upstream speaks the extension, so the first
-    // whole-file fetch does not wait a round trip for it.
-    let probe = source.clone();
-    tokio::spawn(async move { probe.supported().await });
-    Some(CopyPath {
-        files: files.clone(),
-        source: source.clone(),
-    })
 }

@@ -11,9 +11,10 @@ use serde_json::{Value, json};
 
 use crate::control::CommandError;
 use crate::front::{self, FrontEnd};
+use crate::ready::Ready;
 use crate::server::{MemoryBudget, ServerStats};
 use crate::stack::Stack;
-use crate::{Ready, config, writeback};
+use crate::{config, writeback};
 
 /// What `stats` answers: the status and every layer's counters (a layer
 /// the proxy does not run is `null`). `gvfsctl` reads it back with this
@@ -169,12 +170,16 @@ pub(crate) struct StatusSource {
 
 impl StatusSource {
     pub(crate) fn handle(&self, req: &Value) -> Result<Value, CommandError> {
-        let cache = || self.stack.cache.as_ref().ok_or(CommandError::NoBlockCache);
+        // Write-back jobs need a block cache, whose dirty data they send.
+        let job = |kind| match &self.stack.cache {
+            Some(_) => Ok(self.jobs.start(kind)),
+            None => Err(CommandError::NoBlockCache),
+        };
         match req["cmd"].as_str() {
             Some("status") => Ok(json!(self.status())),
             Some("stats") => Ok(json!(self.stats())),
-            Some("writeback") => Ok(self.jobs.start(cache()?, writeback::JobKind::WriteBack)),
-            Some("flush") => Ok(self.jobs.start(cache()?, writeback::JobKind::Flush)),
+            Some("writeback") => job(writeback::JobKind::WriteBack),
+            Some("flush") => job(writeback::JobKind::Flush),
             Some("held_blocks") => self.held_blocks(req),
             Some(other) => Err(CommandError::UnknownCommand(other.to_string())),
             None => Err(CommandError::NoCommand),

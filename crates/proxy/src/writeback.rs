@@ -1,35 +1,36 @@
 //! Write-back jobs: `gvfsctl writeback` / `flush`, SIGUSR1 / SIGUSR2, and
-//! the write-back on exit, all run the block cache's write-back through one
-//! [`Jobs`] so that at most one runs at a time and its progress can be shown.
+//! the write-back on exit, all run through one [`Jobs`] so that at most one
+//! runs at a time and its progress can be shown.
+//!
+//! A job walks the stack's layers top first ([`Stack::top_down`]) through
+//! their [`Lifecycle`]: each layer that holds writes writes them back (the
+//! metadata layer its files held whole, then the block cache its dirty
+//! blocks), and after each, every layer forgets answers kept from before
+//! (the attribute cache): what was written changed files below without a
+//! call through them. A layer that fails does not stop the ones below; the
+//! job reports the first failure.
+//!
+//! [`Stack::top_down`]: crate::stack::Stack::top_down
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gvfs_cache::CacheLayer;
-use gvfs_nfs::layer::lock;
+use gvfs_nfs::layer::{Backlog, Lifecycle, WriteBackReport, lock};
 use serde_json::{Value, json};
 
 /// What a job does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobKind {
-    /// Write dirty data upstream, keep the cache.
-    WriteBack,
-    /// Write back, then drop cached data.
-    Flush,
-}
+pub use gvfs_nfs::layer::WriteBackKind as JobKind;
 
-impl JobKind {
-    fn name(self) -> &'static str {
-        match self {
-            Self::WriteBack => "writeback",
-            Self::Flush => "flush",
-        }
+/// The job's name, as `gvfsctl` shows it.
+fn job_name(kind: JobKind) -> &'static str {
+    match kind {
+        JobKind::WriteBack => "writeback",
+        JobKind::Flush => "flush",
     }
 }
 
 /// The one write-back job that may run, and how the last one ended.
-#[derive(Debug, Default)]
 pub struct Jobs {
     running: AtomicBool,
     kind: Mutex<Option<JobKind>>,
@@ -37,83 +38,78 @@ pub struct Jobs {
     total: AtomicU64,
     finished: AtomicU64,
     last: Mutex<Option<Value>>,
-    /// Whose file cache is written back first (compress-and-copy files).
-    meta: Mutex<Option<Arc<gvfs_meta::MetaLayer>>>,
-    /// Emptied when a job ends: what it wrote changed attributes upstream.
-    attrs: Mutex<Option<Arc<gvfs_attrcache::AttrCache>>>,
+    /// The stack's layers, top first.
+    layers: Vec<Arc<dyn Lifecycle>>,
+}
+
+impl std::fmt::Debug for Jobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Jobs")
+            .field("state", &self.state())
+            .field(
+                "layers",
+                &self.layers.iter().map(|l| l.name()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 impl Jobs {
-    /// Also writes back `meta`'s file cache (first) in every job.
-    pub fn with_file_cache(&self, meta: Arc<gvfs_meta::MetaLayer>) {
-        *lock(&self.meta) = Some(meta);
+    /// Jobs over `layers`, top first.
+    pub fn new(layers: Vec<Arc<dyn Lifecycle>>) -> Self {
+        Self {
+            running: AtomicBool::new(false),
+            kind: Mutex::new(None),
+            done: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            last: Mutex::new(None),
+            layers,
+        }
     }
 
-    /// Empties `attrs` at the end of every job.
-    pub fn with_attr_cache(&self, attrs: Arc<gvfs_attrcache::AttrCache>) {
-        *lock(&self.attrs) = Some(attrs);
+    /// What the layers hold for the layers below, and have sent them.
+    pub fn backlog(&self) -> Backlog {
+        backlog(&self.layers)
     }
 
     /// Starts a job unless one is running; says which is running either way.
-    pub fn start(self: &Arc<Self>, cache: &Arc<CacheLayer>, kind: JobKind) -> Value {
+    pub fn start(self: &Arc<Self>, kind: JobKind) -> Value {
         if self.running.swap(true, Ordering::AcqRel) {
             return json!({"started": false, "job": self.state()});
         }
         *lock(&self.kind) = Some(kind);
         self.done.store(0, Ordering::Relaxed);
-        self.total.store(cache.dirty_bytes(), Ordering::Relaxed);
+        self.total
+            .store(self.backlog().dirty_bytes, Ordering::Relaxed);
         // Taken before the job can finish, so `finished` counts the jobs
         // before this one: a waiter waits until it grows.
         let before = self.state();
-        let (jobs, cache) = (self.clone(), cache.clone());
-        let meta = lock(&self.meta).clone();
-        let attrs = lock(&self.attrs).clone();
+        let jobs = self.clone();
         tokio::spawn(async move {
-            tracing::info!(job = kind.name(), "write-back started");
+            tracing::info!(job = job_name(kind), "write-back started");
             let progress = |done: u64, total: u64| {
                 jobs.done.store(done, Ordering::Relaxed);
                 jobs.total.store(total, Ordering::Relaxed);
             };
-            let files = match &meta {
-                Some(m) => m.write_back().await,
-                None => Ok(0),
-            };
-            // Files written back whole are let go by the metadata layer:
-            // their attributes from before the writes must not be answered
-            // while the block cache writes back (and again after it).
-            if let Some(a) = &attrs {
-                a.invalidate();
-            }
-            // A file held whole that could not be written back (a
-            // conflict at the origin, say) keeps its writes; the block
-            // cache's dirty data still goes, and the job reports the
-            // failure.
-            let blocks = match kind {
-                JobKind::WriteBack => cache.write_back(&progress).await,
-                JobKind::Flush => cache.flush().await,
-            };
-            let result = match (files, blocks) {
-                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-                (Ok(_), Ok(r)) => Ok((r, files_bytes(&meta))),
-            };
+            let result = walk(&jobs.layers, kind, &progress)
+                .await
+                .map(|report| (report, backlog(&jobs.layers).file_bytes_written_back));
             let outcome = match result {
                 Ok((report, files)) => {
                     tracing::info!(
-                        job = kind.name(),
+                        job = job_name(kind),
                         ?report,
                         file_cache_bytes = files,
                         "write-back finished"
                     );
-                    json!({"job": kind.name(), "ok": true, "report": report, "file_cache_bytes": files})
+                    json!({"job": job_name(kind), "ok": true, "report": report, "file_cache_bytes": files})
                 }
                 Err(e) => {
-                    tracing::error!(job = kind.name(), error = %e, "write-back failed; dirty data stays in the cache");
-                    json!({"job": kind.name(), "ok": false, "error": e.to_string()})
+                    tracing::error!(job = job_name(kind), error = %e, "write-back failed; dirty data stays in the cache");
+                    json!({"job": job_name(kind), "ok": false, "error": e.to_string()})
                 }
             };
-            if let Some(a) = &attrs {
-                a.invalidate();
-            }
             *lock(&jobs.last) = Some(outcome);
             jobs.finished.fetch_add(1, Ordering::AcqRel);
             jobs.running.store(false, Ordering::Release);
@@ -125,7 +121,7 @@ impl Jobs {
     pub fn state(&self) -> JobState {
         JobState {
             running: self.running.load(Ordering::Acquire),
-            kind: lock(&self.kind).map(|k| k.name().to_string()),
+            kind: lock(&self.kind).map(|k| job_name(k).to_string()),
             done_bytes: self.done.load(Ordering::Relaxed),
             total_bytes: self.total.load(Ordering::Relaxed),
             finished: self.finished.load(Ordering::Acquire),
@@ -144,9 +140,46 @@ impl Jobs {
     }
 }
 
-/// File bytes the file cache has written back so far.
-fn files_bytes(meta: &Option<Arc<gvfs_meta::MetaLayer>>) -> u64 {
-    meta.as_ref().map_or(0, |m| m.written_back_bytes())
+/// The sum of the backlogs of `layers`.
+fn backlog(layers: &[Arc<dyn Lifecycle>]) -> Backlog {
+    let mut sum = Backlog::default();
+    for l in layers {
+        sum += l.backlog();
+    }
+    sum
+}
+
+/// One job's walk over `layers` (top first): each layer that holds writes
+/// writes them back, then every layer invalidates. A failure does not stop
+/// the layers below; the first is returned, else the reports summed.
+async fn walk(
+    layers: &[Arc<dyn Lifecycle>],
+    kind: JobKind,
+    progress: &(dyn Fn(u64, u64) + Send + Sync),
+) -> Result<WriteBackReport, gvfs_nfs::ServiceError> {
+    let mut report = WriteBackReport::default();
+    let mut failed = None;
+    for layer in layers {
+        let Some(job) = layer.write_back(kind, progress) else {
+            continue;
+        };
+        match job.await {
+            Ok(r) => report += r,
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+        // Files written back whole are let go by the metadata layer: their
+        // attributes from before the writes must not be answered while the
+        // layers below write back (and again after them).
+        for l in layers {
+            l.invalidate();
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
 }
 
 /// The write-back job, as `gvfsctl stats` shows it.
@@ -169,7 +202,7 @@ pub struct JobState {
 
 /// Starts a write-back on SIGUSR1 and a flush on SIGUSR2, for as long as
 /// the runtime lives.
-pub fn on_signals(jobs: Arc<Jobs>, cache: Arc<CacheLayer>) -> std::io::Result<()> {
+pub fn on_signals(jobs: Arc<Jobs>) -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut usr1 = signal(SignalKind::user_defined1())?;
     let mut usr2 = signal(SignalKind::user_defined2())?;
@@ -180,9 +213,116 @@ pub fn on_signals(jobs: Arc<Jobs>, cache: Arc<CacheLayer>) -> std::io::Result<()
                 Some(()) = usr2.recv() => JobKind::Flush,
                 else => return,
             };
-            tracing::info!(job = kind.name(), "signal: starting");
-            let _ = jobs.start(&cache, kind);
+            tracing::info!(job = job_name(kind), "signal: starting");
+            let _ = jobs.start(kind);
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gvfs_nfs::{BoxFuture, ServiceError};
+
+    type Log = Arc<Mutex<Vec<String>>>;
+
+    /// A layer that notes what it is asked; `writes` says whether it holds
+    /// writes, `fails` whether its write-back fails.
+    struct Noted {
+        name: &'static str,
+        log: Log,
+        writes: bool,
+        fails: bool,
+    }
+
+    impl Lifecycle for Noted {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+
+        fn write_back<'a>(
+            &'a self,
+            kind: JobKind,
+            _progress: gvfs_nfs::layer::Progress<'a>,
+        ) -> Option<BoxFuture<'a, Result<WriteBackReport, ServiceError>>> {
+            if !self.writes {
+                return None;
+            }
+            Some(Box::pin(async move {
+                lock(&self.log).push(format!("{} {}", self.name, job_name(kind)));
+                if self.fails {
+                    return Err(ServiceError::UpstreamProtocol {
+                        upstream: self.name.into(),
+                        reason: "refused".into(),
+                    });
+                }
+                Ok(WriteBackReport {
+                    blocks: 1,
+                    ..WriteBackReport::default()
+                })
+            }))
+        }
+
+        fn invalidate(&self) {
+            lock(&self.log).push(format!("{} invalidate", self.name));
+        }
+
+        fn backlog(&self) -> Backlog {
+            Backlog {
+                dirty_bytes: u64::from(self.writes),
+                ..Backlog::default()
+            }
+        }
+    }
+
+    /// The metadata layer, attribute cache and block cache as [`Noted`]
+    /// layers, top first.
+    fn stack(log: &Log, meta_fails: bool) -> Vec<Arc<dyn Lifecycle>> {
+        let layer = |name, writes, fails| {
+            Arc::new(Noted {
+                name,
+                log: log.clone(),
+                writes,
+                fails,
+            }) as Arc<dyn Lifecycle>
+        };
+        vec![
+            layer("meta", true, meta_fails),
+            layer("attrs", false, false),
+            layer("cache", true, false),
+        ]
+    }
+
+    #[tokio::test]
+    async fn a_job_writes_back_top_first_and_invalidates_after_each() {
+        let log = Log::default();
+        let jobs = Arc::new(Jobs::new(stack(&log, false)));
+        assert_eq!(jobs.backlog().dirty_bytes, 2);
+        let started = jobs.start(JobKind::Flush);
+        assert_eq!(started["started"], true);
+        assert!(jobs.wait(Duration::from_secs(10)).await);
+        let inv = ["meta invalidate", "attrs invalidate", "cache invalidate"];
+        let mut expect = vec!["meta flush"];
+        expect.extend(inv);
+        expect.push("cache flush");
+        expect.extend(inv);
+        assert_eq!(*lock(&log), expect);
+        let last = jobs.state().last.unwrap();
+        assert_eq!(last["ok"], true);
+        assert_eq!(last["report"]["blocks"], 2);
+        assert_eq!(last["job"], "flush");
+    }
+
+    #[tokio::test]
+    async fn a_failed_layer_does_not_stop_the_ones_below() {
+        let log = Log::default();
+        let jobs = Arc::new(Jobs::new(stack(&log, true)));
+        jobs.start(JobKind::WriteBack);
+        assert!(jobs.wait(Duration::from_secs(10)).await);
+        assert!(lock(&log).contains(&"cache writeback".to_string()));
+        let last = jobs.state().last.unwrap();
+        assert_eq!(last["ok"], false);
+        assert!(last["error"].as_str().unwrap().contains("refused"));
+    }
 }

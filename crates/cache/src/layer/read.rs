@@ -250,7 +250,7 @@ impl CacheLayer {
     /// The block at `start` of `fh` (up to the end of the file) copied
     /// from the same content held elsewhere here, when it all is.
     async fn held_copy(&self, fh: &[u8], start: u64) -> Option<Vec<u8>> {
-        let held = self.held_elsewhere.get()?.clone();
+        let held = self.held_elsewhere.clone()?;
         if !held.knows(fh) {
             return None;
         }
@@ -337,7 +337,7 @@ impl CacheLayer {
             })
             .await;
         if matches!(filled, Ok(true))
-            && let Some(held) = self.held_elsewhere.get()
+            && let Some(held) = &self.held_elsewhere
         {
             held.held(fh, start, data.len() as u64);
         }

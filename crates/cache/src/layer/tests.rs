@@ -50,7 +50,12 @@ fn setup_with(geo: Geometry, config: CacheConfig) -> Setup {
     let disks: Disks = (0..geo.banks())
         .map(|_| FaultyStorage::new(MemStorage::new()))
         .collect();
-    let layer = CacheLayer::new(fake.clone(), open(geo, &disks), config, None);
+    let layer = CacheLayer::new(
+        fake.clone(),
+        open(geo, &disks),
+        config,
+        SideChannels::default(),
+    );
     Setup {
         fake,
         layer,
@@ -738,7 +743,7 @@ async fn committed_data_survives_a_crash() {
         fake.clone(),
         open(geo, &disks),
         CacheConfig::default(),
-        None,
+        SideChannels::default(),
     );
     let mut expect = pattern(1000, 18);
     expect.resize(500, 0);
@@ -776,7 +781,7 @@ async fn clean_restart_keeps_the_cache_warm_and_dirty_data() {
         s.fake.clone(),
         open(s.geo, &s.disks),
         CacheConfig::default(),
-        None,
+        SideChannels::default(),
     );
     let (d, _, _) = read(&layer, &fh, 0, (2 * BS) as u32).await;
     assert_eq!(d, content);

@@ -16,7 +16,7 @@
 //! store, and the size is read after the dirty data is taken, so a
 //! concurrent WRITE never has its data clipped and then marked clean.
 
-use gvfs_nfs::layer::{Calls, lock};
+use gvfs_nfs::layer::{Calls, WriteBackReport, lock};
 use gvfs_nfs::proc::MAX_DATA;
 use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
 use nfs3_types::nfs3::*;
@@ -35,20 +35,6 @@ const MAX_REWRITES: u64 = 4;
 /// long fat link stays busy (one 1 MiB WRITE at a time leaves it idle for
 /// a round trip per call).
 const WRITES_IN_FLIGHT: usize = 8;
-
-/// What a write-back sent upstream.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct WriteBackReport {
-    /// Dirty blocks written and marked clean.
-    pub blocks: u64,
-    /// Bytes written upstream (including rewrites).
-    pub bytes: u64,
-    /// Files written.
-    pub files: u64,
-    /// Times a file's data was resent because upstream's write verifier
-    /// changed between its WRITEs and COMMIT.
-    pub rewrites: u64,
-}
 
 /// What upstream said to a run of WRITEs.
 struct Sent {

@@ -70,7 +70,7 @@ impl CachedFile {
     /// them).
     pub(crate) fn held_blocks(&self, cache: &FileCache, offset: u64, count: u32) -> Option<Held> {
         let meta = self.content.as_deref()?;
-        let index = cache.dedup.blocks.get()?;
+        let index = cache.dedup.blocks.as_ref()?;
         let bs = meta.block_size;
         let size = self.size();
         let end = offset + u64::from(count);
@@ -118,7 +118,7 @@ impl CachedFile {
     /// does not start on a piece.
     pub(crate) fn check_pieces(&self, cache: &FileCache, offset: u64, raw: &[u8]) -> Option<u64> {
         // Without dedup nothing here depends on the answer: no work.
-        cache.dedup.blocks.get()?;
+        cache.dedup.blocks.as_ref()?;
         let meta = self.content.as_deref()?;
         if !offset.is_multiple_of(HASH_PIECE) {
             return None;
@@ -142,7 +142,7 @@ impl CachedFile {
     /// Drops from the index the `suspect` blocks whose bytes differ from
     /// `raw`, the range's bytes as fetched.
     pub(crate) fn drop_wrong(&self, cache: &FileCache, suspect: &Held, raw: &[u8]) {
-        let Some(index) = cache.dedup.blocks.get() else {
+        let Some(index) = cache.dedup.blocks.as_ref() else {
             return;
         };
         let bs = suspect.have.block_size as usize;
@@ -158,7 +158,7 @@ impl CachedFile {
     /// range that passed its piece hashes), in the index: the fingerprints
     /// here, the index's writes on the [`Indexer`].
     pub(crate) fn note_blocks(&self, cache: &FileCache, offset: u64, raw: &[u8]) {
-        let (Some(meta), Some(indexer)) = (self.content.as_deref(), cache.dedup.indexer.get())
+        let (Some(meta), Some(indexer)) = (self.content.as_deref(), cache.dedup.indexer.as_ref())
         else {
             return;
         };

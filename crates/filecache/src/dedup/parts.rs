@@ -1,12 +1,12 @@
 //! The dedup part of a [`FileCache`]: the block index, the thread that
-//! writes to it, and what reads the block cache. Set once, by a proxy with
-//! dedup on; empty otherwise.
+//! writes to it, and what reads the block cache. Given at open by a proxy
+//! with dedup on; empty otherwise.
 //!
 //! [`FileCache`]: crate::FileCache
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use gvfs_metafile::hashes::Fingerprint;
 
@@ -15,16 +15,41 @@ use crate::block_index::BlockIndex;
 /// The dedup part of a file cache.
 #[derive(Default)]
 pub(crate) struct Dedup {
-    /// Where held blocks are found by content hash (set with dedup on).
-    pub(crate) blocks: OnceLock<BlockIndex>,
+    /// Where held blocks are found by content hash (with dedup on).
+    pub(crate) blocks: Option<BlockIndex>,
     /// Writes to it, in the background.
-    pub(crate) indexer: OnceLock<Indexer>,
+    pub(crate) indexer: Option<Indexer>,
     pub(crate) indexed: Arc<IndexerCounts>,
     /// Dedup of files read block by block (through the block cache).
     pub(crate) block_path: BlockPath,
-    /// Files removed at open as unfinished: their blocks leave the index
-    /// when it is set.
-    pub(crate) unfinished: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Dedup {
+    /// Dedup over `blocks` (none without), finding blocks in the block
+    /// cache too with `reader`. Off, with a warning, if the indexer thread
+    /// cannot start.
+    pub(crate) fn new(blocks: Option<BlockIndex>, reader: Option<BlockReader>) -> Self {
+        let indexed = Arc::<IndexerCounts>::default();
+        let (blocks, indexer) = match blocks {
+            Some(blocks) => match Indexer::start(blocks.clone(), indexed.clone()) {
+                Ok(indexer) => (Some(blocks), Some(indexer)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "dedup off: cannot start the block indexer");
+                    (None, None)
+                }
+            },
+            None => (None, None),
+        };
+        Self {
+            blocks,
+            indexer,
+            indexed,
+            block_path: BlockPath {
+                reader,
+                by_file: Mutex::default(),
+            },
+        }
+    }
 }
 
 /// Ranges waiting for the indexer; past this a range is not noted (its
@@ -122,7 +147,7 @@ pub type BlockReader = Arc<dyn Fn(&[u8], u64, &mut [u8]) -> bool + Send + Sync>;
 #[derive(Default)]
 pub(crate) struct BlockPath {
     /// Reads the block cache, where their blocks are held.
-    pub(crate) reader: OnceLock<BlockReader>,
+    pub(crate) reader: Option<BlockReader>,
     /// Bytes copied from held blocks instead of fetched, per file (at most
     /// [`MAX_BLOCK_PATH_FILES`] files).
     pub(crate) by_file: Mutex<HashMap<Vec<u8>, u64>>,

@@ -286,7 +286,7 @@ impl CachedFile {
         offset: u64,
         count: u32,
     ) -> Result<Option<Held>, FileCacheError> {
-        if self.content.is_none() || cache.dedup.blocks.get().is_none() {
+        if self.content.is_none() || cache.dedup.blocks.as_ref().is_none() {
             return Ok(None);
         }
         let (me, c) = (self.clone(), cache.clone());

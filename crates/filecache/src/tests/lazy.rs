@@ -14,8 +14,15 @@ fn state(f: &CachedFile, idx: usize) -> Chunk {
 fn learning_cache(data: Vec<u8>) -> (tempfile::TempDir, Arc<FileCache>, Arc<Fake>) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let index = index();
-    let c = reopen(dir.path(), &index);
-    c.keep_profiles(crate::Profiles::new(index));
+    let profiles = Some(crate::Profiles::new(index.clone()));
+    let c = reopen_with(
+        dir.path(),
+        &index,
+        FileCacheParts {
+            profiles,
+            ..FileCacheParts::default()
+        },
+    );
     (dir, c, Fake::new(data, true))
 }
 
@@ -264,7 +271,7 @@ async fn readers_first_touches_are_learned_kept_and_sent_upstream() {
     assert!(put[0].version().describes(&fake.attrs));
     assert_eq!(c.stats().counts.profiles_sent, 1);
     // Kept here too: the next fetch of this version starts with it.
-    let kept = c.profiles.get().and_then(|p| p.get(b"fl", &fake.attrs));
+    let kept = c.profiles.as_ref().and_then(|p| p.get(b"fl", &fake.attrs));
     assert_eq!(kept.map(|p| p.parts), Some(want));
 }
 
@@ -296,8 +303,15 @@ async fn a_reader_of_the_whole_file_teaches_nothing() {
 /// pieces), and the fetch of it started: nothing passes the gate yet.
 fn with_profile(len: usize, parts: Vec<u32>) -> (tempfile::TempDir, Arc<FileCache>, Arc<Fake>) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let c = reopen(dir.path(), &index());
-    c.keep_profiles(crate::Profiles::new(index()));
+    let profiles = Some(crate::Profiles::new(index()));
+    let c = reopen_with(
+        dir.path(),
+        &index(),
+        FileCacheParts {
+            profiles,
+            ..FileCacheParts::default()
+        },
+    );
     let fake = Fake::new(content(len), false);
     *lock(&fake.profile) = Some(Profile::of(&fake.attrs, PIECE, parts));
     (dir, c, fake)
