@@ -64,11 +64,13 @@ pub use block_index::{BlockIndex, Place};
 pub use error::{FileCacheError, HeldWriteError, IndexError, RecordError};
 pub use index::{Entry, MemIndex, MetaIndex, SledIndex};
 pub use profiles::Profiles;
+pub use side::SideFiles;
 
 mod block_index;
 mod error;
 mod index;
 mod profiles;
+mod side;
 
 mod dedup;
 pub use dedup::BlockReader;

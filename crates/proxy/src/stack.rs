@@ -112,13 +112,10 @@ impl Stack {
             MetaLayer::new(top.clone(), table, index.clone(), copy)
         });
         let meta = stack_on(&mut top, meta);
-        let ext = ExtServer::new(
-            top.clone(),
-            files.clone(),
-            ext_client,
-            meta.clone(),
-            Some(profiles),
-        );
+        let side = meta
+            .clone()
+            .map(|m| m as Arc<dyn gvfs_filecache::SideFiles>);
+        let ext = ExtServer::new(top.clone(), files.clone(), ext_client, side, Some(profiles));
         Ok(Self {
             top,
             client: upstream.client,

@@ -4,7 +4,7 @@
 //!
 //! A call is charged when its record has been read: the record and the
 //! largest reply it may get (a READ's count, a READDIR's; see
-//! [`crate::front::reply_size_hint`]); once its reply exists, the reply's
+//! [`crate::front::FrontEnd::reply_size_hint`]); once its reply exists, the reply's
 //! real size instead; all of it is given back when the reply has been
 //! written (or dropped).
 //!
