@@ -250,3 +250,45 @@ impl StatusSource {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counters' snapshots are flattened into their objects: the names
+    /// `gvfsctl`, the metrics endpoint and scripts read stay where they
+    /// were.
+    #[test]
+    fn counters_keep_their_flat_names() {
+        let v = json!(Status::default());
+        for key in [
+            "mount_calls",
+            "portmap_calls",
+            "read_bytes",
+            "write_bytes",
+            "rpc_errors",
+            "service_errors",
+            "drc_hits",
+            "ext_calls",
+        ] {
+            assert!(v[key].is_u64(), "status.{key}: {v}");
+        }
+        for key in [
+            "open",
+            "accepted",
+            "closed_oversized",
+            "tls_accepted",
+            "tls_refused",
+            "starttls",
+            "pending",
+            "evicted_pending",
+            "evicted_idle",
+            "slot_waits",
+            "timed_out",
+        ] {
+            assert!(v["connections"][key].is_u64(), "connections.{key}: {v}");
+        }
+        let back: Status = serde_json::from_value(v).unwrap();
+        assert_eq!(back.connections.counts, ConnCounts::default());
+    }
+}
