@@ -164,7 +164,7 @@ fn a_chain_over_tls_serves_libnfs_and_qemu_byte_for_byte() -> Result<()> {
         "the qcow2 did not land at ganesha"
     );
     ensure!(
-        server.stats()?.status.connections.tls_accepted >= 2,
+        server.stats()?.status.connections.counts.tls_accepted >= 2,
         "no TLS peers counted"
     );
     ensure!(
@@ -254,7 +254,7 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
     // Nothing was served, the server counted the refusals and still works
     // for good peers.
     ensure!(
-        server.stats()?.status.connections.tls_refused >= refusals,
+        server.stats()?.status.connections.counts.tls_refused >= refusals,
         "status: {}",
         server.status()?
     );
@@ -297,7 +297,7 @@ fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
     let client = Proxy::spawn(pki.args("node1", ProxyArgs::new(gvfs_url(tls)).connect_timeout(3)))?;
     ensure!(nfs_cat(&client.url("f"))? == b"through the crowd");
     let st = server.stats()?;
-    let conns = &st.status.connections;
+    let conns = &st.status.connections.counts;
     ensure!(
         conns.evicted_pending >= 30 && conns.tls_accepted >= 1,
         "status: {st}"
@@ -563,7 +563,7 @@ fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
         .with_context(|| format!("STARTTLS {who}"))?;
     }
     ensure!(
-        p.stats()?.status.connections.starttls == 2,
+        p.stats()?.status.connections.counts.starttls == 2,
         "status: {}",
         p.status()?
     );
@@ -754,7 +754,7 @@ fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
     );
     // The client reaches the image server only over TLS.
     ensure!(
-        s.ext.fetch_calls == chunks && server.stats()?.status.connections.tls_accepted >= 1,
+        s.ext.fetch_calls == chunks && server.stats()?.status.connections.counts.tls_accepted >= 1,
         "image server: {s}"
     );
     Ok(())

@@ -64,6 +64,7 @@ pub use names::parse_handle;
 pub use pieces::PIECE;
 pub use profiles::Profiles;
 pub use read::Asked;
+pub use side::SideFiles;
 pub use stats::{Counters, DEDUP_FILES_SHOWN, FileCacheCounts, FileCacheStats, FileDedup};
 
 // The table and its entries.
@@ -88,6 +89,7 @@ mod names;
 mod pieces;
 mod profiles;
 mod record;
+mod side;
 mod stats;
 mod versions;
 

@@ -98,3 +98,34 @@ impl MetaLayer {
         Profile::from_record(&bytes).filter(|p| p.version().describes(attrs))
     }
 }
+
+/// What the extension server asks of the files beside an image: this
+/// layer's own answers, which hold its table of names and metadata.
+impl gvfs_filecache::SideFiles for MetaLayer {
+    fn meta_of_version<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        fh: &'a [u8],
+        attrs: &'a fattr3,
+    ) -> gvfs_nfs::BoxFuture<'a, Option<Arc<MetaFile>>> {
+        Box::pin(MetaLayer::meta_of_version(self, cx, fh, attrs))
+    }
+
+    fn read_profile<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        fh: &'a [u8],
+        attrs: &'a fattr3,
+    ) -> gvfs_nfs::BoxFuture<'a, Option<Profile>> {
+        Box::pin(MetaLayer::read_profile(self, cx, fh, attrs))
+    }
+
+    fn write_profile<'a>(
+        &'a self,
+        cx: &'a CallContext,
+        fh: &'a [u8],
+        p: &'a Profile,
+    ) -> gvfs_nfs::BoxFuture<'a, Result<(), String>> {
+        Box::pin(MetaLayer::write_profile(self, cx, fh, p))
+    }
+}

@@ -17,6 +17,19 @@
 //! FETCH calls are independent, so chunks are read and compressed in
 //! parallel: as many at once as the client keeps in flight, compression on
 //! the blocking pool.
+//!
+//! The server is one of the front end's programs ([`Program`]): the front
+//! end routes the extension's program number here and checks its version
+//! against [`ExtServer::versions`]; this file alone names the program's
+//! procedures. It reaches the proxy's stack in two ways only: calls on the
+//! stack's top (an [`NfsService`]: ACCESS, GETATTR, READ, WRITE, COMMIT)
+//! and the file cache's API: [`FileCache`] and [`Profiles`], and, for
+//! what is kept beside an image at the origin (its metadata file, its
+//! working-set profile), a [`SideFiles`] the stack gives it. `SideFiles`
+//! is a trait rather than functions of the file cache because finding
+//! those files takes the image's name, which only the metadata layer
+//! learns; the layer implements it, so its table of names and metadata
+//! keeps one owner and this server never names the layer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,8 +45,12 @@ use gvfs_ext::{
     self as ext, CHUNK, ChunkSource, FetchArgs, FetchOk, LEVEL, StoreArgs, Urgency, compress,
     encode_fetch_repeats_res, encode_fetch_res, encode_store_res, profile,
 };
-use gvfs_filecache::{Asked, FileCache, Profiles, same_version};
-use gvfs_meta::MetaLayer;
+use gvfs_filecache::{Asked, FileCache, Profiles, SideFiles, same_version};
+use gvfs_nfs::BoxFuture;
+use gvfs_nfs::layer::Counter;
+use gvfs_nfs::xdr::{XdrError, XdrReader};
+
+use crate::front::program::{Answer, Call, FrontCounters, Program};
 
 /// How long a file-cache entry is trusted without asking upstream for the
 /// file's attributes again, for FETCHes that do not start a file.
@@ -94,8 +111,10 @@ pub struct ExtServer {
     inner: Arc<dyn NfsService>,
     files: Option<Arc<FileCache>>,
     upstream: Option<Arc<dyn ChunkSource>>,
-    /// This proxy's metadata layer: the zero maps of files it fetches whole.
-    meta: Option<Arc<MetaLayer>>,
+    /// The files beside images at the origin (metadata files, profiles),
+    /// as this proxy's metadata layer finds them: the zero maps of files
+    /// it fetches whole, the repeats of chunks it reads here.
+    side: Option<Arc<dyn SideFiles>>,
     /// Where working-set profiles are kept.
     profiles: Option<Arc<Profiles>>,
     /// Callers whose right to read a file was checked (FETCH at offset 0
@@ -122,20 +141,22 @@ pub enum ExtRefusal {
 }
 
 impl ExtServer {
-    /// A server reading through `inner`, with this proxy's file cache, its
-    /// upstream's extension and its metadata layer when it has them.
+    /// A server reading through `inner` (the stack's top), with this
+    /// proxy's file cache, its upstream's extension, the files beside
+    /// images (from its metadata layer) and its kept profiles when it has
+    /// them.
     pub fn new(
         inner: Arc<dyn NfsService>,
         files: Option<Arc<FileCache>>,
         upstream: Option<Arc<dyn ChunkSource>>,
-        meta: Option<Arc<MetaLayer>>,
+        side: Option<Arc<dyn SideFiles>>,
         profiles: Option<Arc<Profiles>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             inner,
             files,
             upstream,
-            meta,
+            side,
             profiles,
             checked: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -322,9 +343,9 @@ impl ExtServer {
             if !matches!(sent, Ok(Ok(()))) {
                 tracing::debug!("a working-set profile was not passed upstream");
             }
-        } else if let Some(meta) = &self.meta {
+        } else if let Some(side) = &self.side {
             // The last proxy before the image server: kept beside the image.
-            match meta.write_profile(cx, fh, p).await {
+            match side.write_profile(cx, fh, p).await {
                 Ok(()) => self.counters.profiles_written.add(1),
                 Err(why) => tracing::info!(
                     %why,
@@ -349,7 +370,7 @@ impl ExtServer {
                 .await;
                 asked.ok()?.ok()??
             }
-            None => self.meta.as_ref()?.read_profile(cx, fh, &attrs).await?,
+            None => self.side.as_ref()?.read_profile(cx, fh, &attrs).await?,
         };
         if !p.version().describes(&attrs) {
             return None;
@@ -441,8 +462,8 @@ impl ExtServer {
                 if attrs.type_ != ftype3::NF3REG {
                     return Err(nfsstat3::NFS3ERR_INVAL);
                 }
-                let zero = match &self.meta {
-                    Some(m) => m.meta_of_version(cx, &args.fh, &attrs).await,
+                let zero = match &self.side {
+                    Some(side) => side.meta_of_version(cx, &args.fh, &attrs).await,
                     None => None,
                 };
                 let f = files
@@ -635,11 +656,13 @@ impl ExtServer {
         let whole = args.offset.is_multiple_of(u64::from(CHUNK))
             && (args.count >= CHUNK
                 || args.offset.saturating_add(u64::from(args.count)) >= attrs.size);
-        let listed = match &self.meta {
-            Some(m) if repeats && whole => match m.meta_of_version(cx, &args.fh, &attrs).await {
-                Some(meta) => meta.repeats_in(args.offset, data.len() as u64),
-                None => Vec::new(),
-            },
+        let listed = match &self.side {
+            Some(side) if repeats && whole => {
+                match side.meta_of_version(cx, &args.fh, &attrs).await {
+                    Some(meta) => meta.repeats_in(args.offset, data.len() as u64),
+                    None => Vec::new(),
+                }
+            }
             _ => Vec::new(),
         };
         for r in &listed {
@@ -672,3 +695,52 @@ impl ExtServer {
         })
     }
 }
+
+impl Program for ExtServer {
+    fn number(&self) -> u32 {
+        ext::PROGRAM
+    }
+
+    fn versions(&self) -> std::ops::RangeInclusive<u32> {
+        ext::VERSION_1..=ext::VERSION
+    }
+
+    fn calls_counter<'c>(&self, counters: &'c FrontCounters) -> Option<&'c Counter> {
+        Some(&counters.ext_calls)
+    }
+
+    /// Every kind of FETCH may answer with a whole chunk, in any version.
+    fn reply_data(
+        &self,
+        _vers: u32,
+        proc_: u32,
+        _args: &mut XdrReader<'_>,
+    ) -> Result<u32, XdrError> {
+        let fetches = [
+            ext::PROC_FETCH,
+            ext::PROC_FETCH_REPEATS,
+            ext::PROC_FETCH_DEMAND,
+            ext::PROC_FETCH_HAVE,
+        ];
+        Ok(if fetches.contains(&proc_) {
+            CHUNK + ext::MAX_FRAME_SLACK
+        } else {
+            0
+        })
+    }
+
+    fn answer<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Answer> {
+        Box::pin(async move {
+            match self
+                .handle(call.cx, call.hdr.vers, call.hdr.proc_, call.args)
+                .await
+            {
+                Ok(results) => Answer::Results(results),
+                Err(ExtRefusal::Rpc(status)) => Answer::Refused(status),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

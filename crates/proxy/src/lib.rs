@@ -148,14 +148,12 @@ pub async fn serve(
     } = listeners;
     let stack = Arc::new(stack);
     let addr = nfs.as_ref().map(|(_, a)| *a);
-    let front = Arc::new(
-        FrontEnd::new(
-            stack.top.clone(),
-            cfg.export.clone(),
-            addr.map_or(0, |a| a.port()),
-        )
-        .with_ext(stack.ext.clone()),
-    );
+    let front = Arc::new(FrontEnd::new(
+        stack.top.clone(),
+        cfg.export.clone(),
+        addr.map_or(0, |a| a.port()),
+        vec![stack.ext.clone()],
+    ));
     let stats = Arc::new(ServerStats::default());
     let budget = Arc::new(MemoryBudget::new(
         cfg.limits.buffer_memory,

@@ -118,11 +118,14 @@ impl Stack {
                 }
             }
         }
+        let side = meta
+            .clone()
+            .map(|m| m as Arc<dyn gvfs_filecache::SideFiles>);
         let ext = ExtServer::new(
             stacked.top(),
             wiring.files.clone(),
             wiring.ext_client.clone(),
-            meta.clone(),
+            side,
             Some(wiring.profiles.clone()),
         );
         Ok(Self {

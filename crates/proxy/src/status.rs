@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::control::CommandError;
 use crate::front::{self, FrontEnd};
 use crate::ready::Ready;
-use crate::server::{MemoryBudget, ServerStats};
+use crate::server::{ConnCounts, MemoryBudget, ServerStats};
 use crate::stack::Stack;
 use crate::{config, writeback};
 
@@ -64,22 +64,10 @@ pub struct Status {
     pub buffers: Buffers,
     /// NFS calls by procedure (those called at least once).
     pub nfs_calls: BTreeMap<String, u64>,
-    /// MOUNT calls.
-    pub mount_calls: u64,
-    /// PORTMAP calls.
-    pub portmap_calls: u64,
-    /// Bytes READ by clients.
-    pub read_bytes: u64,
-    /// Bytes written by clients.
-    pub write_bytes: u64,
-    /// Calls refused at the RPC level.
-    pub rpc_errors: u64,
-    /// Calls the layers failed (answered with an error status).
-    pub service_errors: u64,
-    /// Retransmissions answered from the duplicate-request cache.
-    pub drc_hits: u64,
-    /// Calls of the extension program.
-    pub ext_calls: u64,
+    /// The front end's other counts: MOUNT, PORTMAP and extension calls,
+    /// bytes read and written, refusals, failures, retransmissions.
+    #[serde(flatten)]
+    pub front: front::FrontCounts,
     /// The RPC client to the upstream, when it is reached over RPC.
     pub upstream_client: Option<UpstreamClient>,
     /// The block cache's dirty bytes, when there is one.
@@ -88,32 +76,17 @@ pub struct Status {
     pub mount: Option<gvfs_fuse::FuseStats>,
 }
 
-/// Connection counters (see [`ServerStats`]).
+/// Connections (see [`ServerStats`]).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Connections {
     /// Open now.
     pub open: u64,
-    /// Accepted since start.
-    pub accepted: u64,
-    /// Closed for sending a record over the limit.
-    pub closed_oversized: u64,
-    /// TLS handshakes completed.
-    pub tls_accepted: u64,
-    /// TLS handshakes refused.
-    pub tls_refused: u64,
-    /// Connections upgraded with STARTTLS.
-    pub starttls: u64,
     /// Pending (not yet past their first call or handshake) now.
     pub pending: u64,
-    /// Pending connections closed to make room.
-    pub evicted_pending: u64,
-    /// Idle connections closed to make room.
-    pub evicted_idle: u64,
-    /// Times a connection waited for a free slot.
-    pub slot_waits: u64,
-    /// Connections closed for silence.
-    pub timed_out: u64,
+    /// What happened to connections since start.
+    #[serde(flatten)]
+    pub counts: ConnCounts,
 }
 
 /// The memory budget of all connections.
@@ -239,7 +212,6 @@ impl StatusSource {
     }
 
     fn status(&self) -> Status {
-        let f = self.front.stats();
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let s = &self.server;
         Status {
@@ -256,16 +228,8 @@ impl StatusSource {
             uptime_secs: self.started.elapsed().as_secs(),
             connections: Connections {
                 open: load(&s.open),
-                accepted: load(&s.accepted),
-                closed_oversized: load(&s.oversized),
-                tls_accepted: load(&s.tls_accepted),
-                tls_refused: load(&s.tls_refused),
-                starttls: load(&s.starttls),
                 pending: load(&s.pending),
-                evicted_pending: load(&s.evicted_pending),
-                evicted_idle: load(&s.evicted_idle),
-                slot_waits: load(&s.slot_waits),
-                timed_out: load(&s.timed_out),
+                counts: s.counts.snapshot(),
             },
             buffers: Buffers {
                 budget_bytes: self.budget.limit(),
@@ -273,21 +237,8 @@ impl StatusSource {
                 peak_bytes: self.budget.peak(),
                 throttled: self.budget.throttled(),
             },
-            nfs_calls: f
-                .nfs_calls
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| load(c) > 0)
-                .map(|(i, c)| (front::proc_name(i).to_string(), load(c)))
-                .collect(),
-            mount_calls: load(&f.mount_calls),
-            portmap_calls: load(&f.portmap_calls),
-            read_bytes: load(&f.read_bytes),
-            write_bytes: load(&f.write_bytes),
-            rpc_errors: load(&f.rpc_errors),
-            service_errors: load(&f.service_errors),
-            drc_hits: load(&f.drc_hits),
-            ext_calls: load(&f.ext_calls),
+            nfs_calls: self.front.nfs_calls(),
+            front: self.front.stats(),
             upstream_client: self.stack.client.as_ref().map(|c| {
                 let u = c.stats();
                 UpstreamClient {
@@ -302,5 +253,47 @@ impl StatusSource {
             }),
             mount: self.mount.as_ref().map(|m| m.stats()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counters' snapshots are flattened into their objects: the names
+    /// `gvfsctl`, the metrics endpoint and scripts read stay where they
+    /// were.
+    #[test]
+    fn counters_keep_their_flat_names() {
+        let v = json!(Status::default());
+        for key in [
+            "mount_calls",
+            "portmap_calls",
+            "read_bytes",
+            "write_bytes",
+            "rpc_errors",
+            "service_errors",
+            "drc_hits",
+            "ext_calls",
+        ] {
+            assert!(v[key].is_u64(), "status.{key}: {v}");
+        }
+        for key in [
+            "open",
+            "accepted",
+            "closed_oversized",
+            "tls_accepted",
+            "tls_refused",
+            "starttls",
+            "pending",
+            "evicted_pending",
+            "evicted_idle",
+            "slot_waits",
+            "timed_out",
+        ] {
+            assert!(v["connections"][key].is_u64(), "connections.{key}: {v}");
+        }
+        let back: Status = serde_json::from_value(v).unwrap();
+        assert_eq!(back.connections.counts, ConnCounts::default());
     }
 }

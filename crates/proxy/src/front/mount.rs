@@ -3,14 +3,18 @@
 //! below it); DUMP, UMNT, UMNTALL and EXPORT keep and show the mount list.
 
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::ops::RangeInclusive;
+use std::sync::{Arc, Mutex};
 
+use gvfs_nfs::layer::Counter;
 use gvfs_nfs::nfs3_types::nfs3::{LOOKUP3args, Nfs3Result, diropargs3, filename3, nfs_fh3};
-use gvfs_nfs::rpc::{self, CallHeader, ReplyStatus, flavor};
+use gvfs_nfs::rpc::{ReplyStatus, flavor};
 use gvfs_nfs::xdr::{self, XdrReader};
-use gvfs_nfs::{CallContext, NfsReply, NfsRequest, ServiceError};
+use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, ServiceError};
 
-use super::FrontEnd;
+use super::program::{Answer, Call, FrontCounters, Program};
+
+pub use gvfs_nfs::proc::MOUNT_PROGRAM;
 
 /// Longest path MOUNT accepts (MNTPATHLEN).
 const MNTPATHLEN: usize = 1024;
@@ -24,7 +28,7 @@ const MNT3ERR_NOTDIR: u32 = 20;
 
 /// Who has mounted what, for DUMP. Advisory only, as in RFC 1813.
 #[derive(Debug, Default)]
-pub(super) struct MountTable {
+struct MountTable {
     entries: Mutex<Vec<(String, Vec<u8>)>>,
 }
 
@@ -50,17 +54,32 @@ fn host_of(cx: &CallContext) -> String {
         .to_string()
 }
 
-impl FrontEnd {
-    pub(super) async fn mount(&self, hdr: &CallHeader, cx: &CallContext, args: &[u8]) -> Vec<u8> {
-        if hdr.vers != 3 {
-            return self.error(hdr.xid, ReplyStatus::ProgMismatch { low: 3, high: 3 });
+/// MOUNT v3 for one export of the layer stack.
+pub struct MountProgram {
+    service: Arc<dyn NfsService>,
+    export: String,
+    mounts: MountTable,
+}
+
+impl MountProgram {
+    /// Mounts of `export` (e.g. `/export`) and directories below it,
+    /// served by `service`.
+    pub fn new(service: Arc<dyn NfsService>, export: String) -> Self {
+        Self {
+            service,
+            export,
+            mounts: MountTable::default(),
         }
+    }
+
+    async fn call(&self, call: Call<'_>) -> Answer {
+        let Call { hdr, cx, args, .. } = call;
         let mut out = Vec::new();
         match hdr.proc_ {
             procs::NULL => {}
             procs::MNT => {
                 let Some(path) = dirpath(args) else {
-                    return self.error(hdr.xid, ReplyStatus::GarbageArgs);
+                    return Answer::Refused(ReplyStatus::GarbageArgs);
                 };
                 match self.mnt(cx, path).await {
                     Ok(fh) => {
@@ -84,7 +103,7 @@ impl FrontEnd {
             }
             procs::UMNT => {
                 let Some(path) = dirpath(args) else {
-                    return self.error(hdr.xid, ReplyStatus::GarbageArgs);
+                    return Answer::Refused(ReplyStatus::GarbageArgs);
                 };
                 let host = host_of(cx);
                 self.mounts
@@ -101,9 +120,9 @@ impl FrontEnd {
                 xdr::put_u32(&mut out, 0); // no group restriction
                 xdr::put_u32(&mut out, 0);
             }
-            _ => return self.error(hdr.xid, ReplyStatus::ProcUnavail),
+            _ => return Answer::Refused(ReplyStatus::ProcUnavail),
         }
-        rpc::reply_record(hdr.xid, ReplyStatus::Success, &out)
+        Answer::Results(out)
     }
 
     /// The handle for `path`: the export's root, or a directory below it
@@ -145,6 +164,28 @@ impl FrontEnd {
             }
         }
         Ok(fh)
+    }
+}
+
+impl Program for MountProgram {
+    fn number(&self) -> u32 {
+        MOUNT_PROGRAM
+    }
+
+    fn versions(&self) -> RangeInclusive<u32> {
+        3..=3
+    }
+
+    fn advertised(&self) -> Option<u32> {
+        Some(3)
+    }
+
+    fn calls_counter<'c>(&self, counters: &'c FrontCounters) -> Option<&'c Counter> {
+        Some(&counters.mount_calls)
+    }
+
+    fn answer<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Answer> {
+        Box::pin(self.call(call))
     }
 }
 

@@ -3,52 +3,75 @@
 //! the portmapper at HOST:111 (QEMU's `nfs://` driver) finds the proxy when it
 //! listens on 127.0.0.N:111, with no rpcbind running.
 
+use std::ops::RangeInclusive;
+
+use gvfs_nfs::BoxFuture;
+use gvfs_nfs::layer::Counter;
 use gvfs_nfs::portmap::{self, IPPROTO_TCP, Mapping, procs};
-use gvfs_nfs::rpc::{self, CallHeader, ReplyStatus};
+use gvfs_nfs::rpc::ReplyStatus;
 use gvfs_nfs::xdr;
 
-use super::{FrontEnd, MOUNT_PROGRAM, NFS_PROGRAM};
+use super::program::{Answer, Call, FrontCounters, Program, Programs};
 
-impl FrontEnd {
-    fn mappings(&self) -> Vec<Mapping> {
-        let port = u32::from(self.port);
-        [
-            (portmap::PROGRAM, portmap::VERSION),
-            (NFS_PROGRAM, 3),
-            (MOUNT_PROGRAM, 3),
-        ]
-        .into_iter()
-        .map(|(prog, vers)| Mapping {
-            prog,
-            vers,
-            prot: IPPROTO_TCP,
-            port,
-        })
-        .collect()
+/// PORTMAP v2, naming this proxy's port for the programs it advertises.
+pub struct PortmapProgram {
+    mappings: Vec<Mapping>,
+}
+
+impl PortmapProgram {
+    /// PORTMAP on `port`, advertising itself and then the programs of
+    /// `others` that are advertised.
+    pub fn new(port: u16, others: &Programs) -> Self {
+        let port = u32::from(port);
+        let mappings = std::iter::once((portmap::PROGRAM, portmap::VERSION))
+            .chain(others.advertised())
+            .map(|(prog, vers)| Mapping {
+                prog,
+                vers,
+                prot: IPPROTO_TCP,
+                port,
+            })
+            .collect();
+        Self { mappings }
     }
 
-    pub(super) fn portmap(&self, hdr: &CallHeader, args: &[u8]) -> Vec<u8> {
-        if hdr.vers != portmap::VERSION {
-            let v = portmap::VERSION;
-            return self.error(hdr.xid, ReplyStatus::ProgMismatch { low: v, high: v });
-        }
+    fn call(&self, call: Call<'_>) -> Answer {
         let mut out = Vec::new();
-        match hdr.proc_ {
+        match call.hdr.proc_ {
             procs::NULL => {}
             procs::GETPORT => {
-                let Ok(q) = Mapping::decode(args) else {
-                    return self.error(hdr.xid, ReplyStatus::GarbageArgs);
+                let Ok(q) = Mapping::decode(call.args) else {
+                    return Answer::Refused(ReplyStatus::GarbageArgs);
                 };
                 let port = self
-                    .mappings()
+                    .mappings
                     .iter()
                     .find(|m| m.prog == q.prog && m.vers == q.vers && m.prot == q.prot)
                     .map_or(0, |m| m.port);
                 xdr::put_u32(&mut out, port);
             }
-            procs::DUMP => portmap::encode_dump(&self.mappings(), &mut out),
-            _ => return self.error(hdr.xid, ReplyStatus::ProcUnavail),
+            procs::DUMP => portmap::encode_dump(&self.mappings, &mut out),
+            _ => return Answer::Refused(ReplyStatus::ProcUnavail),
         }
-        rpc::reply_record(hdr.xid, ReplyStatus::Success, &out)
+        Answer::Results(out)
+    }
+}
+
+impl Program for PortmapProgram {
+    fn number(&self) -> u32 {
+        portmap::PROGRAM
+    }
+
+    fn versions(&self) -> RangeInclusive<u32> {
+        portmap::VERSION..=portmap::VERSION
+    }
+
+    fn calls_counter<'c>(&self, counters: &'c FrontCounters) -> Option<&'c Counter> {
+        Some(&counters.portmap_calls)
+    }
+
+    fn answer<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Answer> {
+        let answer = self.call(call);
+        Box::pin(async move { answer })
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! A call is charged when its record has been read: the record and the
 //! largest reply it may get (a READ's count, a READDIR's; see
-//! [`crate::front::reply_size_hint`]); once its reply exists, the reply's
+//! [`crate::front::FrontEnd::reply_size_hint`]); once its reply exists, the reply's
 //! real size instead; all of it is given back when the reply has been
 //! written (or dropped).
 //!
@@ -42,7 +42,7 @@ pub struct MemoryBudget {
     used: AtomicU64,
     peak: AtomicU64,
     /// Times a connection stopped reading for want of room.
-    throttled: AtomicU64,
+    throttled: gvfs_nfs::layer::Counter,
     /// Connections waiting for the total to fall.
     waiting: AtomicUsize,
     freed: Notify,
@@ -57,7 +57,7 @@ impl MemoryBudget {
             share: (limit / 4).max(2 * largest_call),
             used: AtomicU64::new(0),
             peak: AtomicU64::new(0),
-            throttled: AtomicU64::new(0),
+            throttled: gvfs_nfs::layer::Counter::default(),
             waiting: AtomicUsize::new(0),
             freed: Notify::new(),
         }
@@ -81,7 +81,7 @@ impl MemoryBudget {
     /// Times a connection stopped reading because it (or all of them) held
     /// too much.
     pub fn throttled(&self) -> u64 {
-        self.throttled.load(Ordering::Relaxed)
+        self.throttled.get()
     }
 }
 
@@ -149,7 +149,7 @@ impl ConnMemory {
         if self.blocked().is_none() {
             return;
         }
-        self.budget.throttled.fetch_add(1, Ordering::Relaxed);
+        self.budget.throttled.inc();
         loop {
             let mine = self.freed.notified();
             let all = self.budget.freed.notified();

@@ -95,34 +95,44 @@ impl Default for ServerLimits {
     }
 }
 
-/// Connection counters.
+gvfs_nfs::counters! {
+    /// What happened to connections, for `gvfsctl status`.
+    pub struct ConnCounters => ConnCounts {
+        /// Connections accepted since start.
+        accepted,
+        /// Connections closed for exceeding a record cap.
+        closed_oversized,
+        /// TLS connections established (on a TLS port or after STARTTLS).
+        tls_accepted,
+        /// Connections refused: failed handshakes, bad or missing
+        /// certificates, plain RPC on a TLS port, TLS on a plain port.
+        tls_refused,
+        /// Plain connections upgraded by the RFC 9289 STARTTLS probe.
+        starttls,
+        /// Pending connections closed to admit a newer one (the oldest
+        /// first).
+        evicted_pending,
+        /// Served connections closed, idle, to make room for a new one.
+        evicted_idle,
+        /// New connections that waited for a slot: every served one was
+        /// busy.
+        slot_waits,
+        /// Connections closed by a timeout: no first call, a record begun
+        /// and not finished, or idle.
+        timed_out,
+    }
+}
+
+/// Connection gauges and counters.
 #[derive(Debug, Default)]
 pub struct ServerStats {
     /// Connections open now.
     pub open: AtomicU64,
-    /// Connections accepted since start.
-    pub accepted: AtomicU64,
-    /// Connections closed for exceeding a record cap.
-    pub oversized: AtomicU64,
-    /// TLS connections established (on a TLS port or after STARTTLS).
-    pub tls_accepted: AtomicU64,
-    /// Connections refused: failed handshakes, bad or missing
-    /// certificates, plain RPC on a TLS port, TLS on a plain port.
-    pub tls_refused: AtomicU64,
-    /// Plain connections upgraded by the RFC 9289 STARTTLS probe.
-    pub starttls: AtomicU64,
     /// Connections open now that are not yet through their first call or
     /// TLS handshake.
     pub pending: AtomicU64,
-    /// Such connections closed to admit a newer one (the oldest first).
-    pub evicted_pending: AtomicU64,
-    /// Served connections closed, idle, to make room for a new one.
-    pub evicted_idle: AtomicU64,
-    /// New connections that waited for a slot: every served one was busy.
-    pub slot_waits: AtomicU64,
-    /// Connections closed by a timeout: no first call, a record begun and
-    /// not finished, or idle.
-    pub timed_out: AtomicU64,
+    /// What happened to connections.
+    pub counts: ConnCounters,
 }
 
 /// TLS settings of a listener.
@@ -215,7 +225,7 @@ pub async fn serve(
         };
         let security = security.clone();
         tasks.spawn(async move {
-            stats.accepted.fetch_add(1, Ordering::Relaxed);
+            stats.counts.accepted.inc();
             stats.open.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, "connection opened");
             open_connection(stream, &slot, &security, conn, &stats).await;
@@ -256,7 +266,7 @@ async fn open_connection(
     let state = slot.state();
     let addr = state.addr();
     let refused = |what: &str, e: &dyn std::fmt::Display| {
-        stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+        stats.counts.tls_refused.inc();
         tracing::warn!(peer = %addr, "refused a connection: {what}: {e}");
     };
     let starttls = match security {
@@ -274,7 +284,7 @@ async fn open_connection(
                     return;
                 }
                 Some(Err(_)) => {
-                    stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                    stats.counts.timed_out.inc();
                     tracing::debug!(peer = %addr, "closing a new connection: no TLS handshake in time");
                     return;
                 }
@@ -283,7 +293,7 @@ async fn open_connection(
             let handshake = gvfs_tunnel::accept(stream, tls.identity.server_config(), left);
             match unless_closed(state, handshake).await {
                 Some(Ok((s, name))) => {
-                    stats.tls_accepted.fetch_add(1, Ordering::Relaxed);
+                    stats.counts.tls_accepted.inc();
                     tracing::info!(peer = %addr, name = name.as_deref().unwrap_or("?"), "TLS peer connected");
                     let peer = tls.peer(addr, name, true);
                     if slot.serve().await {
@@ -291,7 +301,7 @@ async fn open_connection(
                     }
                 }
                 Some(Err(e @ gvfs_tunnel::AcceptError::Timeout(_))) => {
-                    stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                    stats.counts.timed_out.inc();
                     tracing::debug!(peer = %addr, "closing a new connection: {e}");
                 }
                 Some(Err(e)) => refused("TLS listener", &e),
@@ -312,12 +322,12 @@ async fn open_connection(
             return;
         }
         Some(Err(Sniffed::Oversized(e))) => {
-            stats.oversized.fetch_add(1, Ordering::Relaxed);
+            stats.counts.closed_oversized.inc();
             tracing::warn!(peer = %addr, error = %e, "closing connection");
             return;
         }
         Some(Err(Sniffed::TimedOut)) => {
-            stats.timed_out.fetch_add(1, Ordering::Relaxed);
+            stats.counts.timed_out.inc();
             tracing::debug!(peer = %addr, "closing a new connection: no complete call in time");
             return;
         }
@@ -339,8 +349,8 @@ async fn open_connection(
         );
         match unless_closed(state, handshake).await {
             Some(Ok((s, name))) => {
-                stats.starttls.fetch_add(1, Ordering::Relaxed);
-                stats.tls_accepted.fetch_add(1, Ordering::Relaxed);
+                stats.counts.starttls.inc();
+                stats.counts.tls_accepted.inc();
                 tracing::info!(peer = %addr, name = name.as_deref().unwrap_or("-"), "client switched to TLS (RFC 9289)");
                 let peer = tls.peer(addr, name, false);
                 if slot.serve().await {
@@ -535,14 +545,14 @@ async fn serve_connection<S>(
                 Ok(Some(rec)) => rec,
                 Ok(None) => break,
                 Err(StreamError::Record(e)) => {
-                    stats.oversized.fetch_add(1, Ordering::Relaxed);
+                    stats.counts.closed_oversized.inc();
                     tracing::warn!(peer = ?peer.addr, error = %e, "closing connection");
                     break;
                 }
                 // Nothing lost: calls are running, so it is not idle.
                 Err(StreamError::TimedOut { begun: false }) if state.busy() => continue,
                 Err(StreamError::TimedOut { begun }) => {
-                    stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                    stats.counts.timed_out.inc();
                     let what = if begun {
                         "part of a call came, then nothing"
                     } else {
@@ -557,7 +567,7 @@ async fn serve_connection<S>(
                 }
             },
         };
-        let call = state.call_started((rec.len() + crate::front::reply_size_hint(&rec)) as u64);
+        let call = state.call_started((rec.len() + front.reply_size_hint(&rec)) as u64);
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };

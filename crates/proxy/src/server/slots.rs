@@ -212,7 +212,7 @@ impl Slots {
             && let Some((_, oldest)) = t.pending.pop_first()
         {
             oldest.close.cancel();
-            self.stats.evicted_pending.fetch_add(1, Ordering::Relaxed);
+            self.stats.counts.evicted_pending.inc();
             let now = Instant::now();
             if let Some(more) = t.pending_log.pass(now) {
                 tracing::warn!(
@@ -254,7 +254,7 @@ impl Slots {
                 return Promotion::Full;
             };
             victim.close.cancel();
-            self.stats.evicted_idle.fetch_add(1, Ordering::Relaxed);
+            self.stats.counts.evicted_idle.inc();
             if let Some(more) = t.idle_log.pass(now) {
                 tracing::warn!(
                     limit = self.max_served,
@@ -306,7 +306,7 @@ impl Slot {
             }
             if !waited {
                 waited = true;
-                self.slots.stats.slot_waits.fetch_add(1, Ordering::Relaxed);
+                self.slots.stats.counts.slot_waits.inc();
                 let pass = self.slots.lock().wait_log.pass(Instant::now());
                 if let Some(more) = pass {
                     tracing::warn!(
@@ -369,7 +369,7 @@ mod tests {
         let c = slots.admit(addr(3), &stop);
         assert!(a.state().close().is_cancelled());
         assert!(!b.state().close().is_cancelled() && !c.state().close().is_cancelled());
-        assert_eq!(stats.evicted_pending.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.counts.evicted_pending.get(), 1);
         assert_eq!(stats.pending.load(Ordering::Relaxed), 2);
         // The evicted one cannot be served; the others can.
         assert!(!a.serve().await);
@@ -406,7 +406,7 @@ mod tests {
             "not the idle-longest"
         );
         assert!(!served[2].state().close().is_cancelled());
-        assert_eq!(stats.evicted_idle.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.counts.evicted_idle.get(), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -423,7 +423,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(!waiting.is_finished(), "served beyond the limit");
-        assert_eq!(stats.slot_waits.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.counts.slot_waits.get(), 1);
         // The call ends: `a` is idle now, and gives way.
         drop(call);
         let (ok, b) = waiting.await.unwrap();

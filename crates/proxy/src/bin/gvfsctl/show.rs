@@ -253,15 +253,15 @@ pub(super) fn print_status(s: &Status) {
     let c = &s.connections;
     println!(
         "  connections {} open, {} accepted, {} closed for oversized records",
-        c.open, c.accepted, c.closed_oversized
+        c.open, c.counts.accepted, c.counts.closed_oversized
     );
     println!(
         "  data        {} bytes read, {} bytes written",
-        s.read_bytes, s.write_bytes
+        s.front.read_bytes, s.front.write_bytes
     );
     println!(
         "  errors      {} RPC-level, {} upstream; {} retransmissions answered from the duplicate-request cache",
-        s.rpc_errors, s.service_errors, s.drc_hits
+        s.front.rpc_errors, s.front.service_errors, s.front.drc_hits
     );
     let list: Vec<String> = s
         .nfs_calls
@@ -278,7 +278,7 @@ pub(super) fn print_status(s: &Status) {
     );
     println!(
         "  MOUNT calls {}  PORTMAP calls {}",
-        s.mount_calls, s.portmap_calls
+        s.front.mount_calls, s.front.portmap_calls
     );
     if let Some(u) = &s.upstream_client {
         println!(
