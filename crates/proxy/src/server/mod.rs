@@ -29,7 +29,7 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -47,10 +47,12 @@ use crate::front::{CredMap, FrontEnd, Peer};
 
 mod memory;
 mod slots;
+mod stats;
 
 use memory::Charge;
 pub use memory::MemoryBudget;
 use slots::{ConnState, Slot, Slots};
+pub use stats::ServerStats;
 
 /// Limits of the server edge.
 #[derive(Debug, Clone, Copy)]
@@ -93,36 +95,6 @@ impl Default for ServerLimits {
             buffer_memory: 256 << 20,
         }
     }
-}
-
-/// Connection counters.
-#[derive(Debug, Default)]
-pub struct ServerStats {
-    /// Connections open now.
-    pub open: AtomicU64,
-    /// Connections accepted since start.
-    pub accepted: AtomicU64,
-    /// Connections closed for exceeding a record cap.
-    pub oversized: AtomicU64,
-    /// TLS connections established (on a TLS port or after STARTTLS).
-    pub tls_accepted: AtomicU64,
-    /// Connections refused: failed handshakes, bad or missing
-    /// certificates, plain RPC on a TLS port, TLS on a plain port.
-    pub tls_refused: AtomicU64,
-    /// Plain connections upgraded by the RFC 9289 STARTTLS probe.
-    pub starttls: AtomicU64,
-    /// Connections open now that are not yet through their first call or
-    /// TLS handshake.
-    pub pending: AtomicU64,
-    /// Such connections closed to admit a newer one (the oldest first).
-    pub evicted_pending: AtomicU64,
-    /// Served connections closed, idle, to make room for a new one.
-    pub evicted_idle: AtomicU64,
-    /// New connections that waited for a slot: every served one was busy.
-    pub slot_waits: AtomicU64,
-    /// Connections closed by a timeout: no first call, a record begun and
-    /// not finished, or idle.
-    pub timed_out: AtomicU64,
 }
 
 /// TLS settings of a listener.
