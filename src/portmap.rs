@@ -49,27 +49,30 @@
 //! rpcbind does) it answers a NULL call there and is then used as is; a later
 //! `ensure` takes over if that one has gone away in the meantime.
 
-use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use gvfs_nfs::portmap::{self as pm, Mapping};
 use gvfs_nfs::record::{RecordLimits, RecordReader};
-use gvfs_nfs::rpc::{self, CallError, Credentials, ReplyStatus};
-use gvfs_nfs::xdr::{self, XdrError, XdrReader};
+use gvfs_nfs::rpc::Credentials;
 
 use crate::rpc_client;
 
 mod protocol;
+mod state;
+
 use protocol::handle;
+pub use protocol::{RPCBVERS3, RPCBVERS4, rpcb_procs};
+pub use state::{LoggedCall, Registration, format_uaddr, parse_uaddr};
+use state::{Peer, Shared, lock, prune_dead};
 
 /// The unix socket libtirpc/libntirpc try first to reach the local rpcbind.
 ///
@@ -78,84 +81,15 @@ use protocol::handle;
 pub const UNIX_SOCKET: &str = "/var/run/rpcbind.sock";
 /// The well-known portmapper port.
 pub const PORT: u16 = 111;
-/// rpcbind protocol version 3 (RFC 1833 section 2.2).
-pub const RPCBVERS3: u32 = 3;
-/// rpcbind protocol version 4 (RFC 1833 section 2.2).
-pub const RPCBVERS4: u32 = 4;
 
 /// Largest record or datagram accepted.
 const MAX_RECORD: u32 = 64 * 1024;
-/// Largest netid, universal address or owner string accepted.
-const MAX_STRING: usize = 255;
-/// Most registrations kept; SETs beyond this are refused.
-const MAX_REGISTRATIONS: usize = 1024;
-/// Most calls kept in the call log.
-const MAX_LOGGED_CALLS: usize = 512;
 /// Most stream connections served at once.
 const MAX_CONNECTIONS: usize = 64;
 /// Pause after a failed accept or receive.
 const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// An idle stream connection is closed after this long.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// rpcbind procedure numbers (RFC 1833 section 2.2); v3 uses 0-8, v4 adds 9-12.
-pub mod rpcb_procs {
-    /// Do nothing.
-    pub const NULL: u32 = 0;
-    /// Register an address.
-    pub const SET: u32 = 1;
-    /// Remove registrations.
-    pub const UNSET: u32 = 2;
-    /// Look up an address.
-    pub const GETADDR: u32 = 3;
-    /// List all registrations.
-    pub const DUMP: u32 = 4;
-    /// Current time in seconds since the epoch.
-    pub const GETTIME: u32 = 6;
-    /// v4: GETADDR that honours the version exactly.
-    pub const GETVERSADDR: u32 = 9;
-}
-
-/// One registration as the portmapper keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Registration {
-    /// Program number.
-    pub prog: u32,
-    /// Program version.
-    pub vers: u32,
-    /// Transport: `tcp`, `udp`, `tcp6`, `udp6`, ...
-    pub netid: String,
-    /// Universal address, e.g. `127.0.0.1.8.1` for port 2049.
-    pub uaddr: String,
-    /// Owner string sent by the registrant (v2 SETs record `"portmap-v2"`).
-    pub owner: String,
-    /// Pid of the registrant when it called over the unix socket.
-    pub pid: Option<u32>,
-}
-
-impl Registration {
-    /// The port in [`uaddr`](Self::uaddr), if it parses.
-    pub fn port(&self) -> Option<u16> {
-        parse_uaddr(&self.uaddr).map(|(_, port)| port)
-    }
-}
-
-/// A call the portmapper answered, kept for diagnostics and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoggedCall {
-    /// Position in the sequence of all calls answered (from 1).
-    pub seq: u64,
-    /// `tcp`, `udp` or `unix`.
-    pub transport: &'static str,
-    /// Program version called (2, 3 or 4).
-    pub vers: u32,
-    /// Procedure number.
-    pub proc_: u32,
-    /// Pid of the caller (unix socket only).
-    pub pid: Option<u32>,
-    /// A short rendering of the arguments and the answer.
-    pub summary: String,
-}
 
 /// Handle to the process's portmapper (owned or borrowed).
 #[derive(Debug)]
@@ -255,18 +189,6 @@ impl Portmapper {
     pub fn tcp_port_of(&self, prog: u32, vers: u32) -> Result<u16> {
         getport(self.addr(), prog, vers, pm::IPPROTO_TCP)
     }
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    regs: Mutex<Vec<Registration>>,
-    log: Mutex<VecDeque<LoggedCall>>,
-    calls: AtomicU64,
-    connections: AtomicUsize,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> Result<()> {
@@ -445,43 +367,6 @@ fn peer_pid(stream: &UnixStream) -> Option<u32> {
         )
     };
     (rc == 0 && cred.pid > 0).then_some(cred.pid as u32)
-}
-
-fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: signal 0 only checks that the process exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-fn prune_dead(regs: &mut Vec<Registration>) {
-    regs.retain(|r| r.pid.is_none_or(pid_alive));
-}
-
-struct Peer {
-    transport: &'static str,
-    pid: Option<u32>,
-    /// The local address a TCP/UDP query arrived on.
-    local: Option<IpAddr>,
-}
-
-type Outcome = Result<Option<(Vec<u8>, String)>, XdrError>;
-
-/// Splits a universal address (`h1.h2.h3.h4.p1.p2`, or an IPv6 host
-/// followed by `.p1.p2`) into its host part and port.
-pub fn parse_uaddr(uaddr: &str) -> Option<(String, u16)> {
-    let (rest, lo) = uaddr.rsplit_once('.')?;
-    let (host, hi) = rest.rsplit_once('.')?;
-    let hi: u8 = hi.parse().ok()?;
-    let lo: u8 = lo.parse().ok()?;
-    Some((host.to_owned(), u16::from(hi) << 8 | u16::from(lo)))
-}
-
-/// The universal address of `ip:port`.
-pub fn format_uaddr(ip: IpAddr, port: u16) -> String {
-    format!("{ip}.{}.{}", port >> 8, port & 0xff)
 }
 
 /// Makes one PORTMAP v2 call over TCP and returns the results.

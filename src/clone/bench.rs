@@ -7,7 +7,25 @@
 //! The golden memory images are checked against their SHA-256 from when
 //! they were built ([`Bench::check_golden`]): no clone may change them.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use gvfs_wanlink::WanLink;
+
+use super::census::Census;
+use super::guest::{self, GuestKit, MEM, Watch};
+use super::images::{build_images, image_dir, take_census};
+use super::procedure::{Procedure, Source, Timing, clone_one};
+use super::report::{CloneRecord, NodeFetch};
+use super::scenario::{ATTR_TIMEOUT_SECS, Dedup, MAX_NODES, MIB, Scenario, Settings};
+use crate::bench::shm_tempdir;
+use crate::fuse::MountPoint;
+use crate::process::run_ok;
+use crate::proxy::{site_ca, stat};
+use crate::{Ganesha, Proxy, ProxyArgs};
 
 /// A loopback address for node `n` (< [`MAX_NODES`])'s proxy (QEMU reaches
 /// it on port 111).

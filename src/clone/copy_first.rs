@@ -2,7 +2,20 @@
 //! and WAN-S3 (and their dedup twins), full copy and plain NFS one clone
 //! after another, and WAN-P's clones at once behind one LAN proxy.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+
+use super::bench::{Bench, at_once, node_ip, parallel_records, wire};
+use super::guest::FILES;
+use super::images::image_dir;
+use super::procedure::{Source, Timing};
+use super::report::CloneRecord;
+use super::scenario::{Dedup, Scenario};
+use super::stream::{FileServer, fetch_stream};
+use super::summary::lan_fill_note;
 
 /// The address plain NFS reaches the image server at through the WAN.
 const PLAIN_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 58);

@@ -30,11 +30,21 @@
 //! QEMU's log holds an error ([`console_errors`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use gvfs_wanlink::CutMode;
+use anyhow::Result;
+use gvfs_wanlink::{CutMode, WanLink};
 
+use super::bench::{Bench, Node, node_ip, wire};
+pub use super::console::console_errors;
+use super::console::log_errors;
+use super::guest::{self, CONFIG, DISK, MEM, RamMapping, STATE, Watch};
+use super::images::zstd_size;
 use super::lazy::POLL;
-use super::*;
+use super::procedure::Timing;
+use super::report::CloneRecord;
+use super::scenario::{Dedup, MIB, Scenario};
+use crate::proxy::stat;
 
 /// Where in a cold clone the link is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,46 +103,6 @@ pub struct CutRecord {
     pub connections_reset: u64,
     /// Error lines of the guest's console and QEMU's log (must be none).
     pub errors: Vec<String>,
-}
-
-/// Lines of a guest console or QEMU log that report an error: a block
-/// device or file system error in the guest, our init script's own
-/// failures, a kernel oops, or a QEMU error message.
-pub fn console_errors(text: &str) -> Vec<String> {
-    const SIGNS: [&str; 9] = [
-        "i/o error",
-        "buffer i/o",
-        "blk_update_request",
-        "ext4-fs error",
-        "ext4-fs warning",
-        "gvfs-guest: ",
-        "call trace",
-        "kernel panic",
-        "error",
-    ];
-    text.lines()
-        .map(|l| l.trim_end_matches('\r'))
-        .filter(|l| {
-            let low = l.to_ascii_lowercase();
-            SIGNS.iter().any(|s| low.contains(s))
-        })
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The error lines ([`console_errors`]) of the guest's console and QEMU's
-/// log in a clone's directory, each named by its file.
-pub(super) fn log_errors(dir: &Path) -> Vec<String> {
-    let mut errors = Vec::new();
-    for log in ["serial.log", "qemu.log"] {
-        let text = std::fs::read(dir.join(log)).unwrap_or_default();
-        errors.extend(
-            console_errors(&String::from_utf8_lossy(&text))
-                .into_iter()
-                .map(|l| format!("{log}: {l}")),
-        );
-    }
-    errors
 }
 
 /// Cuts `wan` in `mode` when `due` says so (polled every few milliseconds)
@@ -364,28 +334,4 @@ pub fn cuts_markdown(cuts: &[CutRecord], hold: Duration) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn console_errors_finds_block_and_file_system_errors_only() {
-        let serial = "tick 41 0123456789abcdef0123456789abcdef\n\
-                      [   12.5] I/O error, dev vda, sector 2048 op 0x0:(READ)\n\
-                      [   12.6] EXT4-fs error (device vda): ext4_find_entry:1663\n\
-                      gvfs-guest ready runs=8\n\
-                      gvfs-guest: mount failed\n\
-                      tick 42 0123456789abcdef0123456789abcdef\r\n";
-        let e = console_errors(serial);
-        assert_eq!(e.len(), 3, "{e:?}");
-        assert!(e[0].contains("I/O error"));
-        assert!(e[2].ends_with("mount failed"));
-        assert!(console_errors("tick 1 abc\ngvfs-guest ready runs=3\n").is_empty());
-        assert_eq!(
-            console_errors("qemu-system-x86_64: Failed to read: Input/output error").len(),
-            1
-        );
-    }
 }

@@ -47,12 +47,11 @@
 //! # Where each part is
 //! `kit` makes the kit, [`files`] the files of an image's disk, `golden` a
 //! golden image, `resume` a clone's resume, and `qemu` runs QEMU and talks
-//! to it over QMP.
-
-use std::time::Duration;
+//! to it over QMP; `limits` holds the timeouts they share.
 
 mod golden;
 mod kit;
+mod limits;
 mod qemu;
 mod resume;
 
@@ -64,8 +63,3 @@ pub use golden::{CONFIG, DISK, FILES, MEM, STATE, VmConfig, build_golden, create
 pub use kit::{GuestKit, INIT, KIT_STAMP};
 pub use qemu::{Qmp, RamMapping};
 pub use resume::{Resumed, Watch, resume_clone};
-
-/// How long a QMP reply, or a command-line tool, may take.
-const QMP_TIMEOUT: Duration = Duration::from_secs(60);
-const TOOL_TIMEOUT: Duration = Duration::from_secs(600);
-const MIB: u64 = 1 << 20;

@@ -2,7 +2,16 @@
 //! with their metadata files, and counted ([`census`]) when there are two
 //! or more to share anything.
 
-use super::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+
+use super::census::Census;
+use super::guest::{self, DISK, GuestKit, MEM, STATE};
+use super::scenario::Settings;
+use crate::proxy::gvfsctl_local;
 
 /// The directory of golden image `image` (`vm1`, `vm2`, ...).
 pub(super) fn image_dir(image: usize) -> String {
@@ -75,4 +84,22 @@ pub fn run_census(settings: &Settings) -> Result<Census> {
         .context("a directory for the golden images")?;
     build_images(&kit, root.path(), settings)?;
     take_census(root.path(), settings)?.context("no census")
+}
+
+/// The size of `path` compressed as one zstd stream at level 3.
+pub(super) fn zstd_size(path: &Path) -> Result<u64> {
+    struct Count(u64);
+    impl Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut count = Count(0);
+    zstd::stream::copy_encode(f, &mut count, 3).context("zstd")?;
+    Ok(count.0)
 }

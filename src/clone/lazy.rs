@@ -38,10 +38,18 @@
 //! Every lazy scenario ends with the golden `mem` of the images it cloned
 //! checked against its SHA-256 from when it was built (`run`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use super::*;
+use anyhow::{Result, bail};
+
+use super::bench::{Bench, Node, at_once, node_ip, parallel_records, wire};
+use super::guest::Watch;
+use super::procedure::{Procedure, Source, Timing, clone_one};
+use super::report::{CloneRecord, NodeFetch};
+use super::scenario::{Dedup, MIB, Scenario};
+use crate::proxy::stat;
 
 /// How often a clone's node is asked whether it holds the whole memory
 /// image (one `gvfsctl stats` each time).
@@ -382,6 +390,7 @@ fn wait_for_profile(node: &Node) -> Result<ProfileWait> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clone::scenario::is_lazy_label;
 
     #[test]
     fn lazy_scenarios_parse_by_label_and_short_name() {

@@ -48,39 +48,19 @@
 //! **Where each part is**: [`run`] here runs the scenarios and judges
 //! them; `bench` is the test bed they share (the image server, WAN links,
 //! node proxies), `images` builds the golden images, `copy_first`, [`lazy`]
-//! and [`cut`] run the scenarios, `procedure` is one clone, [`guest`] the
-//! VM side, and `summary` and [`report`] the text and figures.
+//! and [`cut`] run the scenarios, `procedure` is one clone (`console` reads
+//! its logs for errors), [`guest`] the VM side, `scenario` the settings
+//! (and the numbers every part shares), `outcome` what a run found, and
+//! `summary` and [`report`] the text and figures. Each part imports what it
+//! needs from the part that defines it; nothing imports this file.
 
 pub mod census;
+mod console;
 pub mod cut;
 pub mod guest;
 pub mod lazy;
 pub mod report;
 mod summary;
-
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use anyhow::{Context, Result, bail, ensure};
-use gvfs_wanlink::{LinkConfig, WanLink};
-
-use crate::bench::{loadavg, shm_tempdir};
-use crate::fuse::MountPoint;
-use crate::libnfs::{CopyClient, nfs_url};
-use crate::process::run_ok;
-use crate::proxy::{gvfsctl_local, site_ca, stat};
-use crate::{Ganesha, Proxy, ProxyArgs};
-use guest::{CONFIG, DISK, FILES, GoldenSize, GuestKit, MEM, RamMapping, Resumed, STATE, Watch};
-use report::{CloneRecord, NodeFetch};
-use summary::{dedup_goals, fmt3, goals, lan_fill_note, lazy_goals, summary};
-pub use summary::{report_markdown, write_outputs};
-
-mod stream;
-use stream::{FileServer, fetch_stream};
 
 mod bench;
 mod copy_first;
@@ -88,23 +68,23 @@ mod images;
 mod outcome;
 mod procedure;
 mod scenario;
-use bench::{Bench, Node, at_once, node_ip, parallel_records, wire};
-use census::Census;
+mod stream;
+
+use std::time::Instant;
+
+use anyhow::{Result, ensure};
+
+use crate::bench::loadavg;
+use crate::proxy::stat;
+use bench::Bench;
+use guest::{MEM, STATE};
 pub use images::run_census;
-use images::{build_images, image_dir, take_census};
+use images::zstd_size;
+use outcome::Floor;
 pub use outcome::{Goal, Outcome};
-use procedure::{Procedure, Source, Timing, clone_one};
-pub use scenario::{Dedup, Scenario, Settings, is_lazy_label};
-
-const MIB: u64 = 1 << 20;
-
-/// `--attr-timeout` of the node and LAN proxies: golden images are
-/// read-only, so they may answer GETATTR, LOOKUP and ACCESS from replies up
-/// to a minute old (a kernel client's default `acregmax`).
-pub const ATTR_TIMEOUT_SECS: u64 = 60;
-
-/// Most nodes (clones in WAN-P): their addresses are 127.0.0.60 and up.
-pub const MAX_NODES: usize = 64;
+pub use scenario::{ATTR_TIMEOUT_SECS, Dedup, MAX_NODES, Scenario, Settings, is_lazy_label};
+use summary::{dedup_goals, goals, lazy_goals, summary};
+pub use summary::{report_markdown, write_outputs};
 
 /// Runs every scenario with `settings`.
 pub fn run(settings: &Settings) -> Result<Outcome> {
@@ -237,30 +217,4 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     };
     outcome.markdown = summary(settings, &outcome, &floor, &load);
     Ok(outcome)
-}
-
-/// The least time a cold clone can take on the link.
-struct Floor {
-    secs: f64,
-    zstd_mem: u64,
-    zstd_state: u64,
-    disk_read: u64,
-}
-
-/// The size of `path` compressed as one zstd stream at level 3.
-fn zstd_size(path: &Path) -> Result<u64> {
-    struct Count(u64);
-    impl Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len() as u64;
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut count = Count(0);
-    zstd::stream::copy_encode(f, &mut count, 3).context("zstd")?;
-    Ok(count.0)
 }

@@ -1,6 +1,10 @@
 //! What a run reports: its outcome and the goals it is judged by.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use super::report::CloneRecord;
+use super::scenario::Scenario;
+use super::{census, cut, lazy};
 
 /// The results of a run.
 #[derive(Debug, Clone)]
@@ -90,4 +94,17 @@ impl Goal {
     pub(super) fn ratio_text(&self) -> String {
         fmt3(self.ratio())
     }
+}
+
+/// The least time a cold clone can take on the link.
+pub(super) struct Floor {
+    pub(super) secs: f64,
+    pub(super) zstd_mem: u64,
+    pub(super) zstd_state: u64,
+    pub(super) disk_read: u64,
+}
+
+/// A number to three places, or `n/a`.
+pub(super) fn fmt3(x: Option<f64>) -> String {
+    x.map_or("n/a".to_owned(), |x| format!("{x:.3}"))
 }

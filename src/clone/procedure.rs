@@ -1,7 +1,17 @@
 //! One clone: where its files come from, how it gets its memory image,
 //! and how long its parts took.
 
-use super::*;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::console::log_errors;
+use super::guest::{self, CONFIG, DISK, GuestKit, MEM, RamMapping, Resumed, STATE, Watch};
+use super::report::{CloneRecord, NodeFetch};
+use super::scenario::MIB;
+use crate::libnfs::{CopyClient, nfs_url};
 
 /// Where a clone's files come from.
 #[derive(Debug, Clone)]
@@ -95,7 +105,7 @@ pub(super) struct Timing {
     /// Lazy clones: the node's file-cache counters over the clone.
     pub(super) fetch: Option<NodeFetch>,
     /// Error lines of the guest's console and QEMU's log
-    /// ([`cut::console_errors`]).
+    /// ([`console_errors`](super::cut::console_errors)).
     pub(super) errors: Vec<String>,
 }
 
@@ -248,6 +258,6 @@ pub(super) fn clone_one(
         watch,
     )?;
     let mut timing = Timing::new(start, copied, overlaid, &resumed, watch.bytes.is_some());
-    timing.errors = cut::log_errors(dir.path());
+    timing.errors = log_errors(dir.path());
     Ok(timing)
 }

@@ -1,6 +1,22 @@
 //! What a run clones: its settings and scenarios.
 
-use super::*;
+use std::time::Duration;
+
+use anyhow::Result;
+use gvfs_wanlink::LinkConfig;
+
+use super::guest::GoldenSize;
+
+/// `--attr-timeout` of the node and LAN proxies: golden images are
+/// read-only, so they may answer GETATTR, LOOKUP and ACCESS from replies up
+/// to a minute old (a kernel client's default `acregmax`).
+pub const ATTR_TIMEOUT_SECS: u64 = 60;
+
+/// Most nodes (clones in WAN-P): their addresses are 127.0.0.60 and up.
+pub const MAX_NODES: usize = 64;
+
+/// One MiB: the unit of image sizes and of the byte counts reported.
+pub(super) const MIB: u64 = 1 << 20;
 
 /// What to run.
 #[derive(Debug, Clone)]

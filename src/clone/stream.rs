@@ -1,7 +1,15 @@
 //! The paper's copy-first clone: the memory image streamed whole from the
 //! image server (a plain TCP file server) before QEMU resumes.
 
-use super::*;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+
+use super::guest::FILES;
 
 /// Longest wait for a connection, or for the next bytes, of the full copy.
 pub(super) const STREAM_TIMEOUT: Duration = Duration::from_secs(60);

@@ -2,12 +2,16 @@
 //! run's clones, the summary printed at the end, and the Markdown report
 //! and files written for docs/clone.md.
 
-use super::*;
+use std::path::Path;
 
-fn mean(xs: impl Iterator<Item = f64>) -> Option<f64> {
-    let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
-    (n > 0).then(|| sum / n as f64)
-}
+use anyhow::{Context, Result};
+
+use super::cut;
+use super::outcome::{Floor, Goal, Outcome, fmt3};
+use super::report::{self, CloneRecord};
+use super::scenario::{MIB, Scenario, Settings, is_lazy_label};
+use crate::proxy::stat;
+use table::{goals_rows, mean};
 
 /// The goals, from the clones of one run.
 pub(super) fn goals(settings: &Settings, records: &[CloneRecord], floor: &Floor) -> Vec<Goal> {
@@ -372,34 +376,9 @@ pub fn write_outputs(
     )
 }
 
-/// The rows of a goals table: `| goal | measured | ratio | verdict |`.
-fn goals_rows(goals: &[Goal]) -> String {
-    goals
-        .iter()
-        .map(|g| {
-            format!(
-                "| {} | {} {unit} vs {} {unit} | {} | {} |\n",
-                g.name,
-                fmt(g.measured),
-                fmt(g.against),
-                g.ratio_text(),
-                g.verdict(),
-                unit = g.unit
-            )
-        })
-        .collect()
-}
-
-pub(super) fn fmt3(x: Option<f64>) -> String {
-    x.map_or("n/a".to_owned(), |x| format!("{x:.3}"))
-}
-
-fn fmt(x: Option<f64>) -> String {
-    x.map_or("n/a".to_owned(), |x| format!("{x:.2}"))
-}
-
 mod dedup;
 mod lazy;
+mod table;
 pub(super) use dedup::{dedup_goals, lan_fill_note};
 pub(super) use lazy::lazy_goals;
 

@@ -49,6 +49,7 @@ use crate::debian_kernel::{DirLock, KernelPackage, Newc, busybox, kit_dir};
 use crate::process::run_ok;
 use crate::{Ganesha, Proxy};
 
+use report::tail;
 pub use report::{Entry, GuestReport, compare_trees, origin_entries};
 
 /// Bump when the kit changes in a way [`INIT`] and [`NFSMOUNT_C`] do not
@@ -332,10 +333,4 @@ pub fn run_guest_with(
         read(&log)
     );
     Ok(report)
-}
-
-/// The last `n` lines of `text`.
-pub(crate) fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }

@@ -213,9 +213,15 @@ impl GuestReport {
             } else {
                 String::new()
             },
-            super::tail(&self.console, 40)
+            tail(&self.console, 40)
         )
     }
+}
+
+/// The last `n` lines of `text`.
+pub(super) fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// An entry line's words after the path: `file MODE UID GID SIZE NLINK

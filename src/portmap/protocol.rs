@@ -1,7 +1,52 @@
 //! The answers: PORTMAP v2 and rpcbind v3/v4 (RFC 1833), and the log of
 //! calls that tests read.
 
-use super::*;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gvfs_nfs::portmap::{self as pm, Mapping};
+use gvfs_nfs::rpc::{self, CallError, ReplyStatus};
+use gvfs_nfs::xdr::{self, XdrError, XdrReader};
+
+use super::state::{
+    LoggedCall, Peer, Registration, Shared, format_uaddr, lock, parse_uaddr, prune_dead,
+};
+
+/// rpcbind protocol version 3 (RFC 1833 section 2.2).
+pub const RPCBVERS3: u32 = 3;
+/// rpcbind protocol version 4 (RFC 1833 section 2.2).
+pub const RPCBVERS4: u32 = 4;
+
+/// Largest netid, universal address or owner string accepted.
+const MAX_STRING: usize = 255;
+/// Most registrations kept; SETs beyond this are refused.
+const MAX_REGISTRATIONS: usize = 1024;
+/// Most calls kept in the call log.
+const MAX_LOGGED_CALLS: usize = 512;
+
+/// rpcbind procedure numbers (RFC 1833 section 2.2); v3 uses 0-8, v4 adds 9-12.
+pub mod rpcb_procs {
+    /// Do nothing.
+    pub const NULL: u32 = 0;
+    /// Register an address.
+    pub const SET: u32 = 1;
+    /// Remove registrations.
+    pub const UNSET: u32 = 2;
+    /// Look up an address.
+    pub const GETADDR: u32 = 3;
+    /// List all registrations.
+    pub const DUMP: u32 = 4;
+    /// Current time in seconds since the epoch.
+    pub const GETTIME: u32 = 6;
+    /// v4: GETADDR that honours the version exactly.
+    pub const GETVERSADDR: u32 = 9;
+}
+
+/// What a procedure answers: its results and a summary for the log;
+/// `Ok(None)` for a procedure not served (PROC_UNAVAIL), `Err` for arguments
+/// that do not decode (GARBAGE_ARGS).
+type Outcome = Result<Option<(Vec<u8>, String)>, XdrError>;
 
 /// Answers one call; `None` when the message deserves no answer.
 pub(super) fn handle(shared: &Shared, msg: &[u8], peer: &Peer) -> Option<Vec<u8>> {

@@ -1,3 +1,6 @@
+use gvfs_nfs::rpc::{self, ReplyStatus};
+use gvfs_nfs::xdr;
+
 use super::protocol::*;
 use super::*;
 

@@ -26,9 +26,7 @@
 //! verifier change. A file whose state is unknown after a failed call is
 //! *tainted*: counted, and no longer checked.
 
-use std::collections::{BTreeMap, HashSet};
-use std::net::IpAddr;
-use std::path::PathBuf;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -43,7 +41,6 @@ use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::{NfsReply, NfsRequest};
 
 use crate::data::fill_at;
-use crate::libnfs::nfs_url;
 use crate::nfsclient::NfsClient;
 
 mod plan;
@@ -58,8 +55,6 @@ const MAX_WRITE_CALL: usize = 256 << 10;
 const MAX_READ_CALL: u32 = 256 << 10;
 /// Most READDIRPLUS replies one listing may take.
 const MAX_LIST_PAGES: usize = 1000;
-/// Error messages kept per client.
-const KEPT_MESSAGES: usize = 8;
 
 /// What the UNSTABLE replies to a run of WRITEs said.
 #[derive(Debug, Default, Clone, Copy)]

@@ -78,27 +78,25 @@
 //! only its extent.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{BuildHasher, Hasher};
 use std::ops::Range;
-use std::path::Path;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use crate::error::{Error, IoContext, Result};
-use crate::format::{
-    BankLayout, HEADER_LEN, Header, HeaderError, MAX_FH_LEN, Shutdown, SyncState, Tag, TagError,
-};
+use crate::format::{BankLayout, Header, MAX_FH_LEN, Shutdown, SyncState, Tag, TagError};
 use crate::geometry::Geometry;
 use crate::mask::SubBlockMask;
 use crate::set::{FileHandle, Frame, Victim, choose_victim};
-use crate::storage::{FileStorage, Storage};
+use crate::storage::Storage;
 
 mod inner;
 mod integrity;
+mod quarantine;
 mod recovery;
+mod verifier;
 mod writers;
 mod writes;
 
-use integrity::{Checked, Quarantine};
+use quarantine::Quarantine;
 pub use writers::MAX_WRITER_LEN;
 use writers::Writers;
 

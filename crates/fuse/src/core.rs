@@ -7,17 +7,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fuser::{Errno, FileAttr, FileType};
+use fuser::{Errno, FileAttr};
 use gvfs_nfs::layer::{fh3, lock};
 use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 
-use crate::attr::{Changes, bare_attr, file_attr, kind, stamp};
+use crate::attr::{Changes, file_attr, stamp};
 use crate::errno::{errno, service_errno};
 use crate::inodes::{Handle, Inodes};
+use crate::stats::{Counters, FuseStats};
 use crate::writes::{Uncommitted, Write};
-use crate::{Counters, FuseStats};
 
 /// Longest name in a directory, as a local file system allows.
 pub(crate) const NAME_MAX: usize = 255;
@@ -118,8 +118,9 @@ fn dirop(dir: &Handle, name: &[u8]) -> Res<diropargs3<'static>> {
 
 mod dir;
 mod io;
+mod listing;
 
-use dir::Listing;
+use listing::Listing;
 
 impl Core {
     pub(crate) fn new(

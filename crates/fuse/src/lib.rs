@@ -10,13 +10,15 @@
 //! | module | what |
 //! |---|---|
 //! | [`fs`](crate::fs) | fuser's `Filesystem`: each request a task on the runtime |
-//! | `core` | the operations, as NFSv3 calls on the stack (`core/io.rs`: reads, writes, COMMIT; `core/dir.rs`: listings) |
+//! | `core` | the operations, as NFSv3 calls on the stack (`core/io.rs`: reads, writes, COMMIT; `core/dir.rs`: listings; `core/listing.rs`: what a listing holds) |
 //! | `inodes` | node ids for the kernel, NFS handles for the stack (bounded, FORGET honoured) |
 //! | `writes` | UNSTABLE writes kept until a COMMIT covers them (sent again if the verifier changed) |
 //! | `attr` | NFS attributes as FUSE's, FUSE's changes as `sattr3` |
 //! | `creds` | the caller's credentials (groups from `/proc`) |
 //! | `errno` | NFS status to errno, in one place |
 //! | `mountpoint` | checks of the directory mounted on (missing, not empty, stale) |
+//! | `stats` | what the front end counts, and what `gvfsctl status` shows of a mount |
+//! | `error` | why a mount could not be made |
 //!
 //! Kernel-side caching follows the proxy's settings: names and attributes
 //! are kept for the attribute timeout, a file's cached pages are kept
@@ -30,9 +32,11 @@ mod attr;
 mod core;
 mod creds;
 mod errno;
+mod error;
 mod fs;
 mod inodes;
 mod mountpoint;
+mod stats;
 mod writes;
 
 use std::ffi::CString;
@@ -43,120 +47,12 @@ use std::time::Duration;
 
 use fuser::{BackgroundSession, MountOption, SessionACL};
 use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
-use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use crate::core::Core;
+pub use crate::error::FuseError;
 use crate::fs::{Fs, MAX_IN_FLIGHT};
-
-gvfs_nfs::counters! {
-    /// What the FUSE front end counts.
-    pub struct Counters => FuseCounts {
-        /// NFS calls made down the stack.
-        calls,
-        /// Calls the stack could not answer (upstream gone past its
-        /// timeout, a layer's own failure): an I/O error to the caller.
-        failed,
-        /// Bytes read by processes (from the stack; the kernel's page
-        /// cache answers the rest).
-        read_bytes,
-        /// Bytes written by processes.
-        write_bytes,
-        /// COMMITs (fsync, close, budget, exit).
-        commits,
-        /// Writes sent again because the write verifier changed before
-        /// their COMMIT.
-        writes_resent,
-    }
-}
-
-/// What `gvfsctl status` shows of a mount.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct FuseStats {
-    /// The directory mounted on.
-    pub path: String,
-    /// Counters.
-    #[serde(flatten)]
-    pub counts: FuseCounts,
-    /// Files and directories the kernel holds (node table entries).
-    pub inodes: u64,
-    /// Open files and directories.
-    pub open: u64,
-    /// Bytes written and not yet committed (kept to be sent again).
-    pub uncommitted_bytes: u64,
-    /// Requests running now.
-    pub in_flight: u64,
-}
-
-/// Why a mount could not be made.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FuseError {
-    /// The directory does not exist.
-    #[error("cannot mount on {}: it does not exist (create it with mkdir)", .path.display())]
-    Missing {
-        /// The directory.
-        path: PathBuf,
-    },
-    /// Not a directory.
-    #[error("cannot mount on {}: not a directory", .path.display())]
-    NotADirectory {
-        /// The path.
-        path: PathBuf,
-    },
-    /// Not empty.
-    #[error("cannot mount on {}: the directory is not empty (mount on an empty one)", .path.display())]
-    NotEmpty {
-        /// The directory.
-        path: PathBuf,
-    },
-    /// A FUSE mount whose server is gone.
-    #[error(
-        "cannot mount on {p}: it is a stale FUSE mount left by a proxy that was killed \
-         (\"Transport endpoint is not connected\"); clear it with: fusermount3 -u {p} \
-         (or, as root: umount -l {p})",
-        p = .path.display()
-    )]
-    Stale {
-        /// The directory.
-        path: PathBuf,
-    },
-    /// Something is mounted there.
-    #[error(
-        "cannot mount on {}: a {fstype} file system is mounted there (another gvfs-proxy?)",
-        .path.display()
-    )]
-    AlreadyMounted {
-        /// The directory.
-        path: PathBuf,
-        /// What is mounted.
-        fstype: String,
-    },
-    /// The directory could not be examined.
-    #[error("cannot mount on {}: {cause}", .path.display())]
-    MountPoint {
-        /// The directory.
-        path: PathBuf,
-        /// Why (part of the message, so not also a `source`).
-        cause: std::io::Error,
-    },
-    /// The stack did not give its root.
-    #[error("cannot mount: the stack's root: {0}")]
-    Root(ServiceError),
-    /// The kernel or fusermount3 refused the mount.
-    #[error(
-        "cannot mount on {}: {cause} (FUSE needs /dev/fuse; as a user other than root, \
-         fusermount3 from the fuse3 package)",
-        .path.display()
-    )]
-    Mount {
-        /// The directory.
-        path: PathBuf,
-        /// Why (part of the message, so not also a `source`).
-        cause: std::io::Error,
-    },
-}
+pub use crate::stats::{Counters, FuseCounts, FuseStats};
 
 /// How to mount.
 #[derive(Debug, Clone)]

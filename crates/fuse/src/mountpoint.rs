@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::FuseError;
+use crate::error::FuseError;
 
 /// Checks `dir` before mounting on it.
 pub(crate) fn check(dir: &Path) -> Result<(), FuseError> {

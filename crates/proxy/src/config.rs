@@ -54,12 +54,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gvfs_upstream::{DEFAULT_EXPORT, UpstreamUrl, UrlError};
-use serde::{Deserialize, Serialize};
+use gvfs_upstream::{DEFAULT_EXPORT, UpstreamUrl};
 
 use crate::server::ServerLimits;
 
+mod error;
 mod file;
+pub use error::ConfigError;
 pub use file::{CacheSection, FileConfig, MetaSection, ServerSection, TlsSection};
 
 /// The default listening address.
@@ -74,34 +75,6 @@ pub const NO_LISTENER: &str = "none";
 /// The directory served when no upstream is configured (created with sample
 /// files on first use).
 pub const SAMPLE_DIR: &str = "gvfs-sample";
-
-/// A bad configuration value, described in one line.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The config file could not be read.
-    #[error("cannot read config file {path}: {reason}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// The config file is not valid TOML for these settings.
-    #[error("bad config file {path}: {reason}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// A value is out of range or malformed.
-    #[error("{0}")]
-    Invalid(String),
-    /// The upstream URL is malformed.
-    #[error(transparent)]
-    Upstream(#[from] UrlError),
-}
 
 /// Where the upstream comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,8 +11,7 @@ pub mod nfs;
 
 use std::path::PathBuf;
 
-/// The default export name.
-pub const DEFAULT_EXPORT: &str = "/export";
+pub use nfs::DEFAULT_EXPORT;
 
 /// A parsed `--upstream` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -28,6 +28,9 @@ use gvfs_nfs::{BoxFuture, CallContext, NfsReply, NfsRequest, NfsService, Service
 
 use gvfs_nfs::proc::{MOUNT_PROGRAM, NFS_PROGRAM};
 
+/// The default export name, also what a `gvfs://` URL without one mounts.
+pub const DEFAULT_EXPORT: &str = "/export";
+
 /// A parsed `nfs://` upstream URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NfsUrl {
@@ -134,7 +137,7 @@ impl GvfsUrl {
         };
         let (authority, export) = match rest.find('/') {
             Some(i) => rest.split_at(i),
-            None => (rest, crate::DEFAULT_EXPORT),
+            None => (rest, DEFAULT_EXPORT),
         };
         let (host, port) = split_host_port(authority).ok_or_else(|| bad("bad HOST:PORT"))?;
         let port =

@@ -25,7 +25,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 
-use super::{MIB, TOOL_TIMEOUT};
+use super::limits::{MIB, TOOL_TIMEOUT};
 use crate::data::fill_at;
 use crate::process::run_ok;
 

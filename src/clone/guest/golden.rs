@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use super::files::{GoldenSize, write_disk_files};
 use super::kit::GuestKit;
+use super::limits::{QMP_TIMEOUT, TOOL_TIMEOUT};
 use super::qemu::{Machine, Qemu, RamMapping, set_ignore_shared, wait_migration};
-use super::{QMP_TIMEOUT, TOOL_TIMEOUT};
 use crate::process::run_ok;
 
 /// Seconds QEMU may take to boot a golden guest to its third tick.

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
-use super::QMP_TIMEOUT;
 use super::kit::GuestKit;
+use super::limits::QMP_TIMEOUT;
 use crate::process;
 
 /// How QEMU maps guest RAM from its memory file

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use serde_json::json;
 
-use super::QMP_TIMEOUT;
 use super::golden::{CONFIG, DISK, STATE, VmConfig};
 use super::kit::GuestKit;
+use super::limits::QMP_TIMEOUT;
 use super::qemu::{Machine, Qemu, RamMapping, set_ignore_shared, wait_migration};
 
 /// What the harness watches while a clone resumes; every part optional.

@@ -3,7 +3,13 @@
 //! WAN-S2's clones 2.. within 1.1x of the bytes new to each image, their
 //! clone time correspondingly lower, and no cost to WAN-S1.
 
-use super::*;
+use crate::clone::census::Census;
+use crate::clone::outcome::{Goal, Outcome};
+use crate::clone::report::CloneRecord;
+use crate::clone::scenario::{MIB, Scenario, Settings};
+use crate::proxy::stat;
+
+use super::table::{goals_rows, mean};
 
 fn mib_of(bytes: u64) -> f64 {
     bytes as f64 / MIB as f64

@@ -1,7 +1,12 @@
 //! The lazy clones' goals and tables, and time to responsiveness for every
 //! scenario.
 
-use super::*;
+use crate::clone::outcome::{Floor, Goal, Outcome};
+use crate::clone::report::CloneRecord;
+use crate::clone::scenario::{MIB, Scenario, Settings, is_lazy_label};
+use crate::proxy::stat;
+
+use super::table::{goals_rows, mean};
 
 /// The first record of `label` numbered `clone`.
 fn find<'a>(records: &'a [CloneRecord], label: &str, clone: usize) -> Option<&'a CloneRecord> {

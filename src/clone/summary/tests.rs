@@ -1,4 +1,7 @@
 use super::*;
+use crate::clone::census::{self, Census};
+use crate::clone::guest::MEM;
+use crate::clone::report::NodeFetch;
 
 fn rec(scenario: &str, clone: usize, total_secs: f64) -> CloneRecord {
     CloneRecord {

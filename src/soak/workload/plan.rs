@@ -1,7 +1,14 @@
 //! What the clients do: the kinds of client, the mix of operations, the
 //! random source, the shared plan and the tally of what happened.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use crate::libnfs::nfs_url;
+
+/// Error messages kept per client.
+const KEPT_MESSAGES: usize = 8;
 
 /// What kind of client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 //! lookups and LRU ticks, and the hit path (reading cached bytes, checked
 //! against their CRCs).
 
+use super::integrity::Checked;
 use super::*;
 
 impl Inner {

@@ -21,74 +21,14 @@
 //! The no-wait READ path (on an async thread) only reads: bytes that fail
 //! there are left for the blocking path to drop.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::ops::Range;
 
-use super::*;
+use crate::error::{IoContext, Result};
+use crate::mask::SubBlockMask;
 
-/// Most bytes [`Quarantine`] keeps; failed bytes beyond it are only logged.
-const QUARANTINE_BUDGET: u64 = 64 << 20;
-
-/// Where dirty bytes that failed their checksum are set aside.
-#[derive(Debug)]
-pub(crate) struct Quarantine {
-    dir: PathBuf,
-    /// Bytes still allowed in `dir`.
-    left: u64,
-}
-
-impl Quarantine {
-    /// The quarantine of a cache directory: `DIR/quarantine`, created when
-    /// first needed.
-    pub(crate) fn in_dir(cache_dir: &Path) -> Quarantine {
-        let dir = cache_dir.join("quarantine");
-        let used: u64 = std::fs::read_dir(&dir)
-            .map(|entries| {
-                entries
-                    .filter_map(|e| e.ok()?.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0);
-        Quarantine {
-            dir,
-            left: QUARANTINE_BUDGET.saturating_sub(used),
-        }
-    }
-
-    /// Writes `bytes`, once at `file_offset` of the file `fh`, to
-    /// `FHHEX-OFFSET-NANOS.bin`; returns the path, or `None` if the budget
-    /// is spent or the write failed (a full disk must not stop the cache).
-    pub(crate) fn keep(&mut self, fh: &[u8], file_offset: u64, bytes: &[u8]) -> Option<PathBuf> {
-        let len = bytes.len() as u64;
-        if len > self.left {
-            return None;
-        }
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let path = self
-            .dir
-            .join(format!("{}-{file_offset}-{nanos}.bin", hex(fh)));
-        let written = std::fs::create_dir_all(&self.dir).and_then(|()| {
-            let mut f = std::fs::File::create_new(&path)?;
-            f.write_all(bytes)?;
-            f.sync_data()
-        });
-        match written {
-            Ok(()) => {
-                self.left -= len;
-                Some(path)
-            }
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "could not set failed bytes aside: {e}");
-                let _ = std::fs::remove_file(&path);
-                None
-            }
-        }
-    }
-}
+use super::Inner;
+use super::quarantine::hex;
+use super::verifier::new_verifier;
 
 /// What checking the bytes of a READ hit found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,7 +241,7 @@ impl Inner {
     /// section 3.3.7): for dirty data lost while running.
     pub(crate) fn change_verifier(&mut self) -> Result<()> {
         let old: Vec<[u8; 8]> = self.banks.iter().map(|b| b.header.verifier).collect();
-        let v = recovery::new_verifier(&old);
+        let v = new_verifier(&old);
         for b in 0..self.banks.len() {
             let mut h = self.banks[b].header;
             h.verifier = v;
@@ -311,9 +251,4 @@ impl Inner {
         self.stats.verifier_changes += 1;
         Ok(())
     }
-}
-
-/// A file handle as hex, for logs.
-pub(crate) fn hex(fh: &[u8]) -> String {
-    fh.iter().map(|b| format!("{b:02x}")).collect()
 }

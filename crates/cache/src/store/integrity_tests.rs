@@ -4,7 +4,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use super::*;
-use crate::storage::FaultyStorage;
+use crate::storage::{FaultyStorage, FileStorage};
 
 use super::tests::{flip, geo, mems, open, open_as, stored};
 

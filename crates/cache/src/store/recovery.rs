@@ -27,35 +27,31 @@
 //! decides how much recovery may assume about an unsynced bank; the boot id
 //! is recorded once an open succeeds.
 
-use super::*;
-use crate::format::{CUT_MARK_AT, CUT_MARK_LEN};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Mutex;
+
+use crate::error::{Error, IoContext, Result};
+use crate::format::{BankLayout, CUT_MARK_AT, CUT_MARK_LEN, Header, Shutdown, SyncState};
+use crate::geometry::Geometry;
+use crate::set::Frame;
+use crate::storage::{FileStorage, Storage};
+
+use super::quarantine::Quarantine;
+use super::writers::Writers;
+use super::{
+    Bank, BlockStore, CacheStats, DropHook, Inner, OpenOptions, RecoveryReport, UncleanShutdown,
+};
 
 mod banks;
 mod boot;
+mod findings;
 mod judge;
 mod tags;
 
 use banks::{BankCheck, open_bank, reserve_space};
 use boot::{BOOT_ID_FILE, BootId};
-
-/// A write verifier that is neither zero nor one of `old`.
-pub(super) fn new_verifier(old: &[[u8; 8]]) -> [u8; 8] {
-    let state = std::collections::hash_map::RandomState::new();
-    let mut salt = 0u64;
-    loop {
-        let mut h = state.build_hasher();
-        h.write_u64(salt);
-        if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-            h.write_u128(d.as_nanos());
-        }
-        h.write_u32(std::process::id());
-        let v = h.finish().to_le_bytes();
-        if v != [0; 8] && !old.contains(&v) {
-            return v;
-        }
-        salt += 1;
-    }
-}
+use findings::Findings;
 
 /// What a store keeps beside its banks, when it has a directory.
 #[derive(Debug, Default)]
@@ -64,18 +60,6 @@ struct Kept {
     writers: Writers,
     /// The directory held a cache before.
     existed: bool,
-}
-
-/// What an open found on its way, for the report and the verifier rule.
-#[derive(Debug, Default)]
-struct Findings {
-    report: RecoveryReport,
-    /// The verifiers of the headers that could be read.
-    old_verifiers: Vec<[u8; 8]>,
-    /// The newest epoch a header recorded.
-    max_epoch: u64,
-    /// Something the verifier rule names happened: the verifier changes.
-    change: bool,
 }
 
 impl BlockStore {
@@ -201,63 +185,6 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File> {
             dir: dir.to_path_buf(),
         }),
         Err(std::fs::TryLockError::Error(e)) => Err(e).ctx("locking the cache directory"),
-    }
-}
-
-impl Findings {
-    /// Establishes whether the cache is new, and counts as lost the bank
-    /// files created anew beside banks that have headers (or in a
-    /// directory that held a cache): those were deleted, and whatever they
-    /// held is gone, dirty data included.
-    fn count_lost_banks(&mut self, existed: bool) {
-        let report = &mut self.report;
-        self.old_verifiers.dedup();
-        report.new_cache = self.old_verifiers.is_empty() && !existed;
-        if !report.new_cache && report.banks_created > 0 {
-            report.banks_lost = report.banks_created;
-            self.change = true;
-            tracing::error!(
-                banks_lost = report.banks_lost,
-                "bank files of this cache are missing and were created empty: whatever they \
-                 held, dirty data included, is lost; the write verifier changes so clients \
-                 resend what they have not committed"
-            );
-        }
-        if self.old_verifiers.len() > 1 {
-            self.change = true;
-        }
-    }
-
-    /// Notes what rebuilding the index repaired or lost that changes the
-    /// verifier.
-    fn count_recovery_losses(&mut self) {
-        let report = &self.report;
-        if report.corrupt_tags > 0
-            || report.dirty_sub_blocks_lost > 0
-            || report.torn_committed_kept > 0
-            || report.unlanded_writes_reverted > 0
-        {
-            self.change = true;
-        }
-        if report.dirty_sub_blocks_lost > 0 || report.corrupt_tags > 0 {
-            tracing::error!(
-                dirty_sub_blocks_lost = report.dirty_sub_blocks_lost,
-                corrupt_tags = report.corrupt_tags,
-                "block cache recovery dropped data that may have been dirty; \
-                 the write verifier changes so clients resend uncommitted writes"
-            );
-        }
-    }
-
-    /// The verifier of this session: the one every header agrees on, unless
-    /// something changes it; and whether it changed for an old cache.
-    fn verifier(&mut self) -> [u8; 8] {
-        let verifier = match self.old_verifiers.as_slice() {
-            [v] if !self.change => *v,
-            _ => new_verifier(&self.old_verifiers),
-        };
-        self.report.verifier_changed = !self.report.new_cache && self.change;
-        verifier
     }
 }
 

@@ -2,7 +2,18 @@
 //! node for the kernel, and what its page had no room for kept for its
 //! next call.
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use fuser::{Errno, FileAttr, FileType};
+use gvfs_nfs::layer::{fh3, lock};
+use gvfs_nfs::{CallContext, NfsReply, NfsRequest};
+use nfs3_types::nfs3::{LOOKUP3args, Nfs3Option, READDIRPLUS3args, cookieverf3, fattr3};
+
+use crate::attr::{bare_attr, file_attr, kind};
+use crate::inodes::Handle;
+
+use super::listing::{Listed, Listing};
+use super::{Core, Res, dirop, ok};
 
 /// Bytes asked for per READDIRPLUS.
 const DIR_COUNT: u32 = 32 << 10;
@@ -11,37 +22,6 @@ const DIR_MAX: u32 = 128 << 10;
 /// Most bytes of listings kept for the kernel's next READDIRs, all
 /// directories together.
 const MAX_LISTINGS: u64 = 32 << 20;
-
-/// One directory entry as the kernel gets it.
-#[derive(Debug)]
-pub(crate) struct Listed {
-    /// The inode number listed (what `stat` shows for it).
-    pub(crate) ino: u64,
-    /// The offset of the entry after it (the server's cookie).
-    pub(crate) next: u64,
-    pub(crate) kind: FileType,
-    pub(crate) name: Vec<u8>,
-    /// Its handle and attributes, for READDIRPLUS.
-    pub(crate) plus: Option<(Handle, fattr3)>,
-}
-
-impl Listed {
-    /// `.` or `..`: listed, never handed to the kernel as an entry.
-    pub(crate) fn is_dot(&self) -> bool {
-        self.name == b"." || self.name == b".."
-    }
-}
-
-/// Entries of a listing kept for the kernel's next READDIR.
-#[derive(Debug)]
-pub(crate) struct Listing {
-    /// The offset they continue from.
-    from: u64,
-    entries: Vec<Listed>,
-    /// The server said these end the directory.
-    eof: bool,
-    pub(super) bytes: u64,
-}
 
 impl Core {
     /// Directory `ino`'s entries from `offset` (a cookie), and whether

@@ -2,8 +2,11 @@
 //! ([`FileConfig`]), read and merged.
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use super::error::ConfigError;
 
 // Every setting, spelled once: a TOML key is the field's name, a flag its
 // `#[arg(long)]` (the field's name with dashes, unless it says otherwise),

@@ -32,8 +32,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::ServerStats;
 use super::memory::{Charge, ConnMemory, MemoryBudget};
+use super::stats::ServerStats;
 
 /// At most one log line of each kind this often.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);

@@ -14,9 +14,16 @@
 //! * The space of every bank file is reserved, so that no later write into
 //!   one can fail for want of space.
 
-use super::super::*;
-use super::Findings;
-use crate::format::{CUT_MARK_AT, CUT_MARK_LEN, decode_cut_mark, encode_cut_mark};
+use crate::error::{Error, IoContext, Result};
+use crate::format::{
+    BankLayout, CUT_MARK_AT, CUT_MARK_LEN, HEADER_LEN, Header, HeaderError, Shutdown, SyncState,
+    decode_cut_mark, encode_cut_mark,
+};
+use crate::geometry::Geometry;
+use crate::storage::Storage;
+
+use super::super::{Bank, OpenOptions, UncleanShutdown, VerifyData};
+use super::findings::Findings;
 
 /// How one bank is recovered.
 #[derive(Debug, Clone, Copy)]

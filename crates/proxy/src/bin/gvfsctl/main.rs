@@ -2,16 +2,18 @@
 //! the certificates for TLS between proxies (`gvfsctl ca`), and make and
 //! show metadata files (`gvfsctl meta`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand};
-use gvfs_proxy::status::{Stats, Status};
-use serde_json::{Value, json};
+use serde_json::json;
+
+mod control;
+use control::control_path;
 
 mod meta;
-use meta::meta;
+use meta::{MetaCmd, meta};
 
 mod no_huge_pages;
 
@@ -90,53 +92,6 @@ enum Cmd {
 }
 
 #[derive(Debug, Subcommand)]
-enum MetaCmd {
-    /// Scan files and write `.NAME.gvfsmeta` beside each (on the image
-    /// server's directory, or through a proxy's mount).
-    Gen {
-        /// Regular files to scan; directories and metadata files are skipped.
-        #[arg(required = true)]
-        paths: Vec<PathBuf>,
-        /// Zero-map block size: a power of two from 4K to 1M.
-        #[arg(long, default_value = "4K", value_name = "SIZE")]
-        block_size: String,
-        /// Mark the files compress-and-copy (fetched whole as one zstd
-        /// stream into the proxy's file cache), and record their zstd size,
-        /// the blocks that repeat earlier ones (sent once, not twice) and
-        /// the hash of each block (copied from other images a proxy holds).
-        #[arg(long)]
-        compress: bool,
-        /// With --compress, do not record repeated blocks: the file stays
-        /// in metadata format 1, which proxies older than repeats read
-        /// (with --no-hashes too).
-        #[arg(long, requires = "compress")]
-        no_repeats: bool,
-        /// With --compress, do not record block hashes (a fingerprint of
-        /// each non-zero block, 8 bytes, and a BLAKE3 hash of each 64 KiB,
-        /// 32 bytes), by which proxies copy blocks an image shares with
-        /// what they hold instead of fetching them: the file stays in
-        /// metadata format 1 or 2, which proxies older than hashes read
-        /// (they ignore a format 3 file and serve the image without
-        /// metadata).
-        #[arg(long, requires = "compress")]
-        no_hashes: bool,
-        /// Without --compress, record block hashes too (they are recorded
-        /// with --compress unless --no-hashes): a proxy with a block cache
-        /// then fills a block of the file (a disk image read block by
-        /// block) from blocks with the same content it holds, instead of
-        /// reading it upstream. Needs a --block-size of 64K or less.
-        #[arg(long, conflicts_with_all = ["compress", "no_hashes"])]
-        hashes: bool,
-    },
-    /// Print a metadata file, whether it still matches its file, and (with
-    /// block hashes) how much of it a running proxy holds already.
-    Show {
-        /// The file, or its `.NAME.gvfsmeta`.
-        path: PathBuf,
-    },
-}
-
-#[derive(Debug, Subcommand)]
 enum CaCmd {
     /// Create a site CA: DIR/ca.pem and DIR/ca-key.pem (keep the key private).
     Init {
@@ -182,36 +137,6 @@ fn main() -> ExitCode {
             eprintln!("gvfsctl: error: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn control_path(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    if let Some(p) = given {
-        return Ok(p);
-    }
-    let found = gvfs_proxy::control::discover();
-    let list = |paths: &[PathBuf]| {
-        paths
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match found.live.as_slice() {
-        [one] => Ok(one.clone()),
-        [] if !found.stale.is_empty() => bail!(
-            "no running gvfs-proxy found (stale control sockets: {}; a proxy started on the same \
-             address replaces its socket) (start one, or pass --control PATH)",
-            list(&found.stale)
-        ),
-        [] => bail!(
-            "no running gvfs-proxy found in {} (start one, or pass --control PATH)",
-            gvfs_proxy::config::runtime_dir().display()
-        ),
-        many => bail!(
-            "several proxies are running; pick one with --control: {}",
-            list(many)
-        ),
     }
 }
 

@@ -1,7 +1,60 @@
 //! gvfsctl meta: make and show `.NAME.gvfsmeta` files (runs locally; no
 //! proxy needed).
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use serde_json::json;
+
+use super::control::control_path;
+
+#[derive(Debug, Subcommand)]
+pub(super) enum MetaCmd {
+    /// Scan files and write `.NAME.gvfsmeta` beside each (on the image
+    /// server's directory, or through a proxy's mount).
+    Gen {
+        /// Regular files to scan; directories and metadata files are skipped.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Zero-map block size: a power of two from 4K to 1M.
+        #[arg(long, default_value = "4K", value_name = "SIZE")]
+        block_size: String,
+        /// Mark the files compress-and-copy (fetched whole as one zstd
+        /// stream into the proxy's file cache), and record their zstd size,
+        /// the blocks that repeat earlier ones (sent once, not twice) and
+        /// the hash of each block (copied from other images a proxy holds).
+        #[arg(long)]
+        compress: bool,
+        /// With --compress, do not record repeated blocks: the file stays
+        /// in metadata format 1, which proxies older than repeats read
+        /// (with --no-hashes too).
+        #[arg(long, requires = "compress")]
+        no_repeats: bool,
+        /// With --compress, do not record block hashes (a fingerprint of
+        /// each non-zero block, 8 bytes, and a BLAKE3 hash of each 64 KiB,
+        /// 32 bytes), by which proxies copy blocks an image shares with
+        /// what they hold instead of fetching them: the file stays in
+        /// metadata format 1 or 2, which proxies older than hashes read
+        /// (they ignore a format 3 file and serve the image without
+        /// metadata).
+        #[arg(long, requires = "compress")]
+        no_hashes: bool,
+        /// Without --compress, record block hashes too (they are recorded
+        /// with --compress unless --no-hashes): a proxy with a block cache
+        /// then fills a block of the file (a disk image read block by
+        /// block) from blocks with the same content it holds, instead of
+        /// reading it upstream. Needs a --block-size of 64K or less.
+        #[arg(long, conflicts_with_all = ["compress", "no_hashes"])]
+        hashes: bool,
+    },
+    /// Print a metadata file, whether it still matches its file, and (with
+    /// block hashes) how much of it a running proxy holds already.
+    Show {
+        /// The file, or its `.NAME.gvfsmeta`.
+        path: PathBuf,
+    },
+}
 
 /// `gvfsctl meta gen|show`: makes and prints metadata files.
 pub(super) fn meta(cmd: MetaCmd, control: Option<PathBuf>) -> anyhow::Result<()> {
@@ -342,7 +395,7 @@ pub(super) fn meta_show(path: &Path, control: Option<PathBuf>) -> anyhow::Result
 /// How many of `hashes` the running proxy (at `control`, or the one found)
 /// holds a block of: what a node would copy instead of fetch.
 fn shared(hashes: &[gvfs_metafile::Fingerprint], bs: u32, control: Option<PathBuf>) -> String {
-    let path = match super::control_path(control) {
+    let path = match control_path(control) {
         Ok(p) => p,
         Err(why) => return format!("no proxy asked ({why:#})"),
     };

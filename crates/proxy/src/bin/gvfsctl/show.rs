@@ -1,7 +1,9 @@
 //! How gvfsctl shows a proxy's answers: status, stats, and a write-back
 //! job's progress.
 
-use super::*;
+use anyhow::bail;
+use gvfs_proxy::status::{Stats, Status};
+use serde_json::Value;
 
 /// Polls the proxy's write-back job with a progress bar until the job that
 /// `started` describes has ended; fails when it failed.
