@@ -47,17 +47,17 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::bench::{env_u64, loadavg};
-use gvfs::data::{compare_files, fill_at, write_random_file};
-use gvfs::libnfs::CopyClient;
-use gvfs::nfsclient::NfsClient;
-use gvfs::process;
-use gvfs::{Ganesha, Proxy, ProxyArgs, WritePolicy};
 use gvfs_nfs::nfs3_types::nfs3::{Nfs3Result, READ3args};
 use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
+use gvfs_testbed::bench::{env_u64, loadavg};
+use gvfs_testbed::data::{compare_files, fill_at, write_random_file};
+use gvfs_testbed::libnfs::CopyClient;
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::process;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs, WritePolicy};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
-/// Seeds of the files' contents (see `gvfs::data`).
+/// Seeds of the files' contents (see `gvfs_testbed::data`).
 const WARM_SEED: u64 = 0x6361_6368_6577_6172;
 const WAN_SEED: u64 = 0x6361_6368_6577_616e;
 const WRITE_SEED: u64 = 0x6361_6368_6577_7269;
@@ -133,7 +133,7 @@ fn main() -> Result<()> {
         .context("starting the tokio runtime")?;
 
     // Local copies land in tmpfs, so the local disk is not part of a read.
-    let local = gvfs::bench::shm_tempdir()?;
+    let local = gvfs_testbed::bench::shm_tempdir()?;
     // Sources and cache directories on the disk, like ganesha's export.
     let work = tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?;
     let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
@@ -296,7 +296,7 @@ impl WarmSetup {
             (0, CopyClient::Qemu) => format!(
                 "nfs://{}{}/{WARM_FILE}",
                 ganesha.ip(),
-                gvfs::ganesha::EXPORT
+                gvfs_testbed::ganesha::EXPORT
             ),
             (_, CopyClient::NfsCp) => self.proxy.url(WARM_FILE),
             (_, CopyClient::Qemu) => format!(
@@ -383,7 +383,7 @@ impl WarmSetup {
         let direct = NfsClient::mount(
             ganesha.nfs_addr(),
             mount,
-            gvfs::ganesha::EXPORT,
+            gvfs_testbed::ganesha::EXPORT,
             cred,
             give_up,
         )
@@ -494,7 +494,7 @@ impl Wan {
         format!(
             "nfs://127.0.0.1:{}{}?mountport={}",
             self.nfs.local_addr().port(),
-            gvfs::ganesha::EXPORT,
+            gvfs_testbed::ganesha::EXPORT,
             self.mount.local_addr().port()
         )
     }
@@ -584,11 +584,11 @@ impl Wan {
             Ok(())
         };
         if s.wan_direct {
-            let url = gvfs::libnfs::nfs_url(
+            let url = gvfs_testbed::libnfs::nfs_url(
                 ganesha.ip(),
                 self.nfs.local_addr().port(),
                 self.mount.local_addr().port(),
-                gvfs::ganesha::EXPORT,
+                gvfs_testbed::ganesha::EXPORT,
                 WAN_FILE,
             );
             run("nfs-cp over the WAN, no proxy".into(), url, None)?;
@@ -674,7 +674,7 @@ impl Wan {
             let wb_secs = if policy == "write-back" {
                 let t = Instant::now();
                 let out = process::run_ok(
-                    Command::new(gvfs::proxy::gvfsctl_binary()?)
+                    Command::new(gvfs_testbed::proxy::gvfsctl_binary()?)
                         .arg("--control")
                         .arg(proxy.control_path())
                         .args(["writeback", "--wait"]),

@@ -28,11 +28,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use gvfs::bench::{env_u64, loadavg, shm_tempdir};
-use gvfs::data::{compare_files, fill_at};
-use gvfs::libnfs::CopyClient;
-use gvfs::proxy::{gvfsctl_local, stat as n};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::bench::{env_u64, loadavg, shm_tempdir};
+use gvfs_testbed::data::{compare_files, fill_at};
+use gvfs_testbed::libnfs::CopyClient;
+use gvfs_testbed::proxy::{gvfsctl_local, stat as n};
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
 const MIB: u64 = 1 << 20;

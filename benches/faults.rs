@@ -25,13 +25,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use gvfs::bench::{env_u64, loadavg};
-use gvfs::data::{random_bytes_at, write_random_file};
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::nfsclient::NfsClient;
-use gvfs::tmpfs::Tmpfs;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::{nfs_fh3, stable_how};
+use gvfs_testbed::bench::{env_u64, loadavg};
+use gvfs_testbed::data::{random_bytes_at, write_random_file};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::tmpfs::Tmpfs;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use rand::{Rng, SeedableRng};
 
 const CHUNK: usize = 64 << 10;
@@ -125,7 +125,7 @@ async fn crash(g: &Ganesha, trials: u64) -> Result<()> {
         if trial % 2 == 1 {
             // Killed again, in the middle of writing back.
             let ctl = p.control_path().to_path_buf();
-            let wb = std::process::Command::new(gvfs::proxy::gvfsctl_binary()?)
+            let wb = std::process::Command::new(gvfs_testbed::proxy::gvfsctl_binary()?)
                 .arg("--control")
                 .arg(&ctl)
                 .args(["writeback", "--wait"])

@@ -35,11 +35,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use gvfs::bench::{env_u64, loadavg, proc_usage, shm_tempdir};
-use gvfs::data::{compare_files, write_random_file};
-use gvfs::fuse::MountPoint;
-use gvfs::libnfs::nfs_url;
-use gvfs::{Proxy, ProxyArgs, process};
+use gvfs_testbed::bench::{env_u64, loadavg, proc_usage, shm_tempdir};
+use gvfs_testbed::data::{compare_files, write_random_file};
+use gvfs_testbed::fuse::MountPoint;
+use gvfs_testbed::libnfs::nfs_url;
+use gvfs_testbed::{Proxy, ProxyArgs, process};
 
 const SEED: u64 = 0x6675_7365_6265_6e63;
 const ADDR: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 16);
@@ -50,7 +50,7 @@ const STEP_BLOCKS: u64 = 257;
 
 fn main() -> Result<()> {
     let full = std::env::args().any(|a| a == "--bench");
-    if let Some(why) = gvfs::fuse::unavailable() {
+    if let Some(why) = gvfs_testbed::fuse::unavailable() {
         eprintln!("skipping the FUSE bench: {why}");
         return Ok(());
     }

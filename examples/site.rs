@@ -36,8 +36,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::compare_bytes;
-use gvfs::proxy::{Proxy, ProxyArgs, gvfsctl, gvfsctl_local, site_ca, stat};
+use gvfs_testbed::data::compare_bytes;
+use gvfs_testbed::proxy::{Proxy, ProxyArgs, gvfsctl, gvfsctl_local, site_ca, stat};
 
 /// The golden image, in the origin.
 const IMAGE: &str = "images/golden.img";
@@ -347,7 +347,7 @@ fn golden_image() -> Vec<u8> {
             continue;
         }
         let half = BLOCK / 2;
-        gvfs::data::fill_at(7, at as u64, &mut block[..half]);
+        gvfs_testbed::data::fill_at(7, at as u64, &mut block[..half]);
         for (j, b) in block[half..].iter_mut().enumerate() {
             *b = b"page cache of a guest. "[j % 23];
         }
@@ -358,8 +358,11 @@ fn golden_image() -> Vec<u8> {
 /// Reads [`IMAGE`] whole through `node`: with libnfs' `nfs-cat` when it
 /// is installed, else with gvfs' own NFS client (as this user).
 fn read_through(node: &Proxy) -> Result<(Vec<u8>, &'static str)> {
-    if gvfs::fuse::which("nfs-cat").is_some() {
-        return Ok((gvfs::libnfs::nfs_cat(&node.url(IMAGE))?, "nfs-cat (libnfs)"));
+    if gvfs_testbed::fuse::which("nfs-cat").is_some() {
+        return Ok((
+            gvfs_testbed::libnfs::nfs_cat(&node.url(IMAGE))?,
+            "nfs-cat (libnfs)",
+        ));
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -378,7 +381,8 @@ async fn read_with_gvfs_client(node: &Proxy) -> Result<Vec<u8>> {
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let cred = Credentials::unix(uid, gid);
     let (a, give_up) = (node.addr(), Duration::from_secs(60));
-    let client = gvfs::nfsclient::NfsClient::mount(a, a, node.export(), cred, give_up).await?;
+    let client =
+        gvfs_testbed::nfsclient::NfsClient::mount(a, a, node.export(), cred, give_up).await?;
     let file = client
         .resolve(IMAGE)
         .await?

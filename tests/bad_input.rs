@@ -10,11 +10,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::libnfs::nfs_cat;
-use gvfs::proxy::{proxy_binary, unreachable_upstream_args};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::rpc::{self, Credentials, ReplyError, ReplyStatus, auth_stat};
 use gvfs_nfs::xdr;
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::proxy::{proxy_binary, unreachable_upstream_args};
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 /// A raw RPC connection that sends whatever bytes a test wants.
 struct Raw(TcpStream);
@@ -373,7 +373,7 @@ fn upstream_never_back_gives_a_clean_error_and_the_proxy_lives_on() -> Result<()
 fn refuses(args: &[&str], expect: &str) -> Result<()> {
     let mut cmd = Command::new(proxy_binary()?);
     cmd.args(args);
-    let out = gvfs::process::run(&mut cmd, Duration::from_secs(30))?;
+    let out = gvfs_testbed::process::run(&mut cmd, Duration::from_secs(30))?;
     let err = out.stderr_text();
     ensure!(
         !out.status.success(),
@@ -471,7 +471,7 @@ fn unreadable_directory_is_refused_for_a_non_root_user() -> Result<()> {
             "--upstream",
         ])
         .arg(format!("dir:{}", locked.display()));
-    let out = gvfs::process::run(&mut cmd, Duration::from_secs(30))?;
+    let out = gvfs_testbed::process::run(&mut cmd, Duration::from_secs(30))?;
     ensure!(!out.status.success(), "started on an unreadable directory");
     ensure!(
         out.stderr_text().contains("locked"),

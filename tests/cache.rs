@@ -7,13 +7,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_file_with, compare_files, random_bytes_at, write_random_file};
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::nfsclient::NfsClient;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::NfsRequest;
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_testbed::data::{compare_file_with, compare_files, random_bytes_at, write_random_file};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
 

@@ -13,9 +13,9 @@
 //! (`cargo bench --bench clone`).
 
 use anyhow::{Result, ensure};
-use gvfs::clone::cut::CutPoint;
-use gvfs::clone::{self, Scenario, Settings, report::CloneRecord};
-use gvfs::proxy::stat;
+use gvfs_testbed::clone::cut::CutPoint;
+use gvfs_testbed::clone::{self, Scenario, Settings, report::CloneRecord};
+use gvfs_testbed::proxy::stat;
 
 fn find<'a>(records: &'a [CloneRecord], scenario: &str, clone: usize) -> Result<&'a CloneRecord> {
     records

@@ -32,13 +32,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{compare_bytes, write_sparse_chunks};
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::nfsclient::NfsClient;
-use gvfs::process;
-use gvfs::proxy::stat as n;
-use gvfs::{Proxy, ProxyArgs, WritePolicy};
 use gvfs_nfs::nfs3_types::nfs3::stable_how;
+use gvfs_testbed::data::{compare_bytes, write_sparse_chunks};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::process;
+use gvfs_testbed::proxy::stat as n;
+use gvfs_testbed::{Proxy, ProxyArgs, WritePolicy};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;

@@ -7,9 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::libnfs::{nfs_cat, nfs_ls_names};
-use gvfs::proxy::{gvfsctl, proxy_binary};
-use gvfs::{Proxy, ProxyArgs};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_ls_names};
+use gvfs_testbed::proxy::{gvfsctl, proxy_binary};
+use gvfs_testbed::{Proxy, ProxyArgs};
 
 #[test]
 fn with_no_arguments_the_proxy_serves_the_sample_and_says_how_to_use_it() -> Result<()> {
@@ -84,7 +84,7 @@ fn with_no_arguments_the_proxy_serves_the_sample_and_says_how_to_use_it() -> Res
         Ok(())
     })();
     sigterm(child.id());
-    let exit = gvfs::process::wait_timeout(&mut child, Duration::from_secs(15))?;
+    let exit = gvfs_testbed::process::wait_timeout(&mut child, Duration::from_secs(15))?;
     if exit.is_none() {
         let _ = child.kill();
     }

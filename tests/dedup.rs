@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_files, fill_at};
-use gvfs::libnfs::nfs_cp;
-use gvfs::proxy::gvfsctl_local as gvfsctl;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::data::{compare_files, fill_at};
+use gvfs_testbed::libnfs::nfs_cp;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
 const MIB: u64 = 1 << 20;
@@ -141,7 +141,7 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
     wait_indexed(&node, BLOCKS).await?;
     let wan_a = wan();
     // Before B is fetched, `meta show` says half of it is held already.
-    let shown = gvfs::proxy::gvfsctl(
+    let shown = gvfs_testbed::proxy::gvfsctl(
         node.control_path(),
         &["meta", "show", &b.display().to_string()],
     )?
@@ -198,7 +198,7 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
     );
 
     // `gvfsctl stats` names what dedup saved, per image.
-    let text = gvfs::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
+    let text = gvfs_testbed::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
     ensure!(
         text.contains("dedup") && text.contains("b.img"),
         "gvfsctl stats does not show dedup per image:\n{text}"
@@ -286,12 +286,12 @@ async fn a_node_without_hashes_or_with_an_older_format_fetches_everything() -> R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result<()> {
-    gvfs::require_fuse!();
+    gvfs_testbed::require_fuse!();
     let g = Ganesha::start()?;
     let (a, b) = images(&g)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mnt = gvfs::fuse::MountPoint::new()?;
+    let mnt = gvfs_testbed::fuse::MountPoint::new()?;
     let node = Proxy::spawn(
         ProxyArgs::new(server.upstream_url())
             .cache(dir.path(), "64M")
@@ -363,7 +363,7 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
 /// start: the fault, and the profile's fetch, get B's true bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Result<()> {
-    gvfs::require_fuse!();
+    gvfs_testbed::require_fuse!();
     let g = Ganesha::start()?;
     let (a, b) = images(&g)?;
     lie(&g, "b.img", "a.img", &[(1, 7)])?;
@@ -381,7 +381,7 @@ async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Res
 
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).meta())?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mnt = gvfs::fuse::MountPoint::new()?;
+    let mnt = gvfs_testbed::fuse::MountPoint::new()?;
     let node = Proxy::spawn(
         ProxyArgs::new(server.upstream_url())
             .cache(dir.path(), "64M")
@@ -460,7 +460,7 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
             && s.file_cache.counts.dedup_bytes == (PIECES / 2 - 1) * PIECE,
         "D through the block cache: {s}"
     );
-    let text = gvfs::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
+    let text = gvfs_testbed::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
     ensure!(
         text.contains("d.img") && text.contains("filled from blocks with the same content"),
         "gvfsctl stats does not show the block cache's dedup:\n{text}"

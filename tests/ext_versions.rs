@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::write_sparse_file;
-use gvfs::libnfs::nfs_cat;
-use gvfs::proxy::{gvfsctl_local as gvfsctl, stat};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::data::write_sparse_file;
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::proxy::{gvfsctl_local as gvfsctl, stat};
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
 

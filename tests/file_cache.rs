@@ -7,17 +7,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::write_sparse_file;
-use gvfs::libnfs::nfs_cat;
-use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::gvfsctl_local as gvfsctl;
-use gvfs::tmpfs::Tmpfs;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::{
     COMMIT3args, Nfs3Result, WRITE3args, nfs_fh3, nfsstat3, stable_how,
 };
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::{NfsReply, NfsRequest};
+use gvfs_testbed::data::write_sparse_file;
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::tmpfs::Tmpfs;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
 
@@ -100,7 +100,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() -> Result
     // Meanwhile, at the origin, in the same 1 MiB chunk.
     let theirs = b"someone changed the origin";
     std::thread::sleep(Duration::from_millis(20));
-    gvfs::data::write_at(&src, MIB + 500_000, theirs)?;
+    gvfs_testbed::data::write_at(&src, MIB + 500_000, theirs)?;
     let origin = std::fs::read(&src)?;
 
     let e = client.write_back().expect_err("the write-back went ahead");
@@ -151,7 +151,7 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
     lan.terminate()?;
     // The image changes at the origin while the LAN proxy is down: same
     // size, other bytes in its last chunk.
-    gvfs::data::write_at(&src, 3 * MIB + 100, b"changed while the LAN proxy was down")?;
+    gvfs_testbed::data::write_at(&src, 3 * MIB + 100, b"changed while the LAN proxy was down")?;
     let want = std::fs::read(&src)?;
 
     let lan = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(lan_dir.path(), "16M"))?;

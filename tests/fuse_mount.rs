@@ -15,13 +15,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{MIB, compare_file_with, random_bytes};
-use gvfs::fuse::{self, MountPoint, TOOL_TIMEOUT, drop_caches, errno_name, errno_of, mounted};
-use gvfs::process::{self, run_ok};
-use gvfs::proxy::{gvfsctl, proxy_binary};
-use gvfs::require_fuse;
-use gvfs::{Proxy, ProxyArgs};
 use gvfs_proxy::exit::ExitCode;
+use gvfs_testbed::data::{MIB, compare_file_with, random_bytes};
+use gvfs_testbed::fuse::{
+    self, MountPoint, TOOL_TIMEOUT, drop_caches, errno_name, errno_of, mounted,
+};
+use gvfs_testbed::process::{self, run_ok};
+use gvfs_testbed::proxy::{gvfsctl, proxy_binary};
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::{Proxy, ProxyArgs};
 
 /// Runs gvfs-proxy serving `origin` with `--mount mnt`, expecting it to refuse at once: returns its stderr
 /// once it exited with the local-resource code (4).

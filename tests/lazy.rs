@@ -18,15 +18,15 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_bytes, compare_files, write_sparse_file};
-use gvfs::fuse::{self, MountPoint};
-use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::gvfsctl_local as gvfsctl;
-use gvfs::require_fuse;
-use gvfs::{Ganesha, Proxy, ProxyArgs, Stats};
 use gvfs_ext::{ChunkSource, ExtClient};
 use gvfs_nfs::Credentials;
 use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
+use gvfs_testbed::data::{compare_bytes, compare_files, write_sparse_file};
+use gvfs_testbed::fuse::{self, MountPoint};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs, Stats};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
 const MIB: u64 = 1 << 20;
@@ -214,8 +214,8 @@ async fn a_changed_image_drops_its_profile() -> Result<()> {
     // A new version: other bytes in two chunks of data (one the profile
     // names), mtime and ctime move on.
     thread::sleep(Duration::from_millis(20));
-    gvfs::data::write_at(&origin, 30 * CHUNK + 512, b"the golden image, rebuilt")?;
-    gvfs::data::write_at(&origin, 44 * CHUNK + 9, &[0xa5; 3000])?;
+    gvfs_testbed::data::write_at(&origin, 30 * CHUNK + 512, b"the golden image, rebuilt")?;
+    gvfs_testbed::data::write_at(&origin, 44 * CHUNK + 9, &[0xa5; 3000])?;
     meta_gen(&origin)?;
 
     let node = Node::start(server.upstream_url())?;
@@ -358,7 +358,7 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
 
     // The image changes: meta show calls the kept profile stale.
     thread::sleep(Duration::from_millis(20));
-    gvfs::data::write_at(&origin, 7 * CHUNK, b"rebuilt")?;
+    gvfs_testbed::data::write_at(&origin, 7 * CHUNK, b"rebuilt")?;
     let shown = gvfsctl(&["meta", "show", &origin.display().to_string()])?;
     ensure!(
         shown.contains("stale: learned on another version"),

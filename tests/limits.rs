@@ -9,13 +9,13 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::libnfs::nfs_cat;
-use gvfs::proxy::chain;
-use gvfs::rpc_client;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::rpc::{self, Credentials};
 use gvfs_nfs::{NfsProc, NfsReply, NfsRequest};
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::proxy::chain;
+use gvfs_testbed::rpc_client;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 fn connect(addr: SocketAddr) -> Result<TcpStream> {
     let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
@@ -209,7 +209,7 @@ fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Resu
     const HOGS: u32 = 8;
     const CALLS: u32 = 128;
     let origin = tempfile::tempdir()?;
-    gvfs::data::write_random_file(&origin.path().join("big"), 8, 16 * MIB)?;
+    gvfs_testbed::data::write_random_file(&origin.path().join("big"), 8, 16 * MIB)?;
     std::fs::write(origin.path().join("small"), b"still served")?;
     let p = Proxy::spawn(ProxyArgs::dir(origin.path()).buffer_memory(&BUDGET.to_string()))?;
     let root = root_of(&p)?;

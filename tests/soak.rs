@@ -7,7 +7,7 @@
 //! wrote. Its figures are the benchmark's (`cargo bench --bench soak`).
 
 use anyhow::{Result, ensure};
-use gvfs::soak::{self, PROCESSES, Settings};
+use gvfs_testbed::soak::{self, PROCESSES, Settings};
 
 #[test]
 fn sixteen_clients_through_a_caching_chain_lose_nothing_and_read_only_right_bytes() -> Result<()> {
@@ -43,8 +43,8 @@ fn sixteen_clients_through_a_caching_chain_lose_nothing_and_read_only_right_byte
     // The LAN proxy's cache was too small for the working set: it evicted.
     let lan = &outcome.lan_stats;
     ensure!(
-        gvfs::proxy::stat(lan, "cache.evictions")
-            + gvfs::proxy::stat(lan, "cache.eviction_write_backs")
+        gvfs_testbed::proxy::stat(lan, "cache.evictions")
+            + gvfs_testbed::proxy::stat(lan, "cache.eviction_write_backs")
             > 0,
         "no evictions: {}",
         outcome.lan_stats

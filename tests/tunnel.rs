@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{compare_files, write_random_file, write_sparse_file};
-use gvfs::libnfs::{nfs_cat, nfs_cp, qemu_img};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::net::stream::RecordStream;
 use gvfs_nfs::record::RecordLimits;
 use gvfs_nfs::rpc::{self, Credentials};
 use gvfs_nfs::xdr::{self, XdrReader};
+use gvfs_testbed::data::{compare_files, write_random_file, write_sparse_file};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp, qemu_img};
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 const MIB: u64 = 1 << 20;
@@ -47,7 +47,7 @@ impl Pki {
     }
 
     fn gvfsctl(&self, args: &[&str]) -> Result<String> {
-        gvfs::proxy::gvfsctl_local(args)
+        gvfs_testbed::proxy::gvfsctl_local(args)
     }
 
     /// A CA with a certificate for each of `names`.
@@ -317,9 +317,9 @@ fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
 /// returns whether it exited with the TLS code (5), and its error output.
 fn start_up_failure(args: ProxyArgs) -> Result<(bool, String)> {
     let control = tempfile::tempdir()?;
-    let mut cmd = std::process::Command::new(gvfs::proxy::proxy_binary()?);
+    let mut cmd = std::process::Command::new(gvfs_testbed::proxy::proxy_binary()?);
     cmd.args(args.control(control.path().join("c.sock")).to_args());
-    let out = gvfs::process::run(&mut cmd, Duration::from_secs(60))?;
+    let out = gvfs_testbed::process::run(&mut cmd, Duration::from_secs(60))?;
     let tls = i32::from(gvfs_proxy::exit::ExitCode::Tls.code());
     Ok((out.status.code() == Some(tls), out.stderr_text()))
 }
@@ -659,7 +659,7 @@ async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Re
         pki.args("node1", ProxyArgs::new(url))
             .cache_dir(cache.path()),
     )?;
-    let c = gvfs::nfsclient::NfsClient::of_proxy(&client, Duration::from_secs(10)).await?;
+    let c = gvfs_testbed::nfsclient::NfsClient::of_proxy(&client, Duration::from_secs(10)).await?;
     let fh = c.resolve("img.bin").await?.context("img.bin")?;
     let read = |offset: u64| {
         let (c, fh) = (c.clone(), fh.clone());
@@ -731,7 +731,7 @@ fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
     let pki = Pki::with(&["image-server", "node1"])?;
     let g = Ganesha::start()?;
     let image = g.export_dir().join("mem.raw");
-    gvfs::data::write_memory_image(&image, 12 * MIB + 4096, 9)?;
+    gvfs_testbed::data::write_memory_image(&image, 12 * MIB + 4096, 9)?;
     pki.gvfsctl(&["meta", "gen", &image.display().to_string(), "--compress"])?;
     let (server, tls) = image_server(
         &pki,
