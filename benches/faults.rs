@@ -47,10 +47,6 @@ fn cached(g: &Ganesha, dir: &Path, keep_dirty: bool) -> Result<Proxy> {
     })
 }
 
-fn n(v: &serde_json::Value, k: &str) -> u64 {
-    v[k].as_u64().unwrap_or(0)
-}
-
 fn main() -> Result<()> {
     let bench = std::env::args().any(|a| a == "--bench");
     let trials = env_u64("GVFS_FAULT_TRIALS", if bench { 100 } else { 3 })?;
@@ -138,7 +134,7 @@ async fn crash(g: &Ganesha, trials: u64) -> Result<()> {
             let _ = wb.wait_with_output();
             p = cached(g, cache.path(), false)?;
         }
-        verifier_changes += n(&p.cache_stats()?, "verifier_changes");
+        verifier_changes += p.stats()?.cache.verifier_changes;
         p.write_back()
             .with_context(|| format!("trial {trial}: write-back after the crash"))?;
         let want = committed as usize * CHUNK;
@@ -243,10 +239,10 @@ async fn corruption(g: &Ganesha, trials: u64) -> Result<()> {
         let lost = (0..dirty.len())
             .filter(|&i| origin.get(i) != Some(&dirty[i]))
             .count() as u64;
-        let stats = p.cache_stats()?;
+        let stats = p.stats()?.cache;
         lost_bytes += lost;
-        dropped += n(&stats, "corrupt_clean_dropped");
-        dirty_lost += n(&stats, "dirty_sub_blocks_lost");
+        dropped += stats.corrupt_clean_dropped;
+        dirty_lost += stats.dirty_sub_blocks_lost;
         if lost > 0 && after.0 == before.0 {
             unreported += 1;
         }

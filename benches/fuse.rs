@@ -135,8 +135,7 @@ fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
     let (mut cpu_nfs, mut cpu_fuse) = (Vec::new(), Vec::new());
     let mut fuse_calls_per_gib = Vec::new();
     let cpu = || proc_usage(pid).map(|u| u.cpu_secs);
-    let fuse_calls =
-        |p: &Proxy| -> Result<u64> { Ok(p.status()?["mount"]["calls"].as_u64().unwrap_or(0)) };
+    let fuse_calls = |p: &Proxy| -> Result<u64> { Ok(p.stats()?.mount()?.counts.calls) };
     for rep in 0..reps {
         let name = format!("w{rep}");
         let _ = std::fs::remove_file(m.join(format!("{name}-nfs")));
@@ -246,7 +245,7 @@ fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
         median(&cpu_nfs),
         median(&cpu_fuse),
         median(&fuse_calls_per_gib),
-        status["mount"]
+        serde_json::to_string(&status.mount)?
     )?;
     Ok(out)
 }

@@ -61,8 +61,9 @@ fn main() -> Result<()> {
             .map_peer("node1", "pass")
             .env("RUST_LOG", "warn"),
     )?;
-    let tls_addr: std::net::SocketAddr = server.status()?["listen_tls"]
-        .as_str()
+    let tls_addr: std::net::SocketAddr = server
+        .status()?
+        .listen_tls
         .context("no TLS listener")?
         .parse()?;
     let plain = Proxy::spawn(
@@ -180,9 +181,7 @@ fn main() -> Result<()> {
         times.last().copied().unwrap_or_default()
     );
     println!("{out}");
-    let refused = server.status()?["connections"]["tls_refused"]
-        .as_u64()
-        .unwrap_or(0);
+    let refused = server.status()?.connections.tls_refused;
     ensure!(refused == 0, "the server refused {refused} connections");
     Ok(())
 }

@@ -36,8 +36,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use gvfs_testbed::Stats;
 use gvfs_testbed::data::compare_bytes;
-use gvfs_testbed::proxy::{Proxy, ProxyArgs, gvfsctl, gvfsctl_local, site_ca, stat};
+use gvfs_testbed::proxy::{Proxy, ProxyArgs, gvfsctl, gvfsctl_local, site_ca};
 
 /// The golden image, in the origin.
 const IMAGE: &str = "images/golden.img";
@@ -164,7 +165,7 @@ impl Site {
             .metrics(metrics)
             .env("RUST_LOG", "warn");
         let proxy = Proxy::spawn(args.clone()).with_context(|| format!("starting {name}"))?;
-        let tls: SocketAddr = match proxy.status()?["listen_tls"].as_str() {
+        let tls: SocketAddr = match proxy.status()?.listen_tls {
             Some(a) => a.parse()?,
             None => SocketAddr::from(([127, 0, 0, 1], 0)),
         };
@@ -237,43 +238,43 @@ impl Site {
 
     /// What the counters say about the image's way through the site.
     fn story(&self) -> Result<String> {
-        let stats = |name: &str| -> Result<serde_json::Value> {
+        let stats = |name: &str| -> Result<Stats> {
             let tier = self
                 .tiers
                 .iter()
                 .find(|t| t.name == name)
                 .with_context(|| format!("no {name}"))?;
-            tier.proxy.cache_stats_all()
+            tier.proxy.stats()
         };
         let (server, lan) = (stats("image-server")?, stats("lan-proxy")?);
-        let mib = |v: &serde_json::Value, k: &str| stat(v, k) as f64 / (1 << 20) as f64;
+        let mib = |n: u64| n as f64 / (1 << 20) as f64;
         let mut s = String::from("What crossed each hop:\n");
         writeln!(
             s,
             "  image-server -> lan-proxy: {} FETCHes, {:.2} MiB of file as {:.2} MiB (zstd, each \
              repeated block once, zero chunks not at all)",
-            stat(&server, "ext.fetch_calls"),
-            mib(&server, "ext.raw_bytes"),
-            mib(&server, "ext.wire_bytes"),
+            server.ext.fetch_calls,
+            mib(server.ext.raw_bytes),
+            mib(server.ext.wire_bytes),
         )?;
         writeln!(
             s,
             "  lan-proxy -> nodes: the image fetched {} time(s) for both nodes ({} of its chunks \
              all zeros); {} of the nodes' FETCHes answered from its file cache, in the frames \
              they came in",
-            stat(&lan, "file_cache.files_fetched"),
-            stat(&lan, "file_cache.zero_chunks"),
-            stat(&lan, "ext.from_file_cache"),
+            lan.file_cache.counts.files_fetched,
+            lan.file_cache.counts.zero_chunks,
+            lan.ext.from_file_cache,
         )?;
         for node in self.nodes() {
-            let v = node.proxy.cache_stats_all()?;
+            let v = node.proxy.stats()?;
             writeln!(
                 s,
                 "  {} -> its client: {:.2} MiB read, {} READs answered from the image held whole \
                  in its file cache",
                 node.name,
-                mib(&v, "status.read_bytes"),
-                stat(&v, "meta.copy_reads"),
+                mib(v.status.read_bytes),
+                v.meta.copy_reads,
             )?;
         }
         Ok(s)

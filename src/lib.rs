@@ -49,6 +49,7 @@ pub mod tmpfs;
 pub mod tree;
 
 pub use ganesha::{Ganesha, Squash};
+pub use gvfs_proxy::status::Status;
 pub use portmap::Portmapper;
 pub use proxy::{Proxy, ProxyArgs, WritePolicy};
 pub use stats::Stats;

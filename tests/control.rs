@@ -108,22 +108,14 @@ fn gvfsctl_reports_counters_and_clear_errors() -> Result<()> {
     let mut p = Proxy::spawn(ProxyArgs::dir(origin.path()))?;
     ensure!(nfs_cat(&p.url("f"))? == b"0123456789");
     let st = p.status()?;
-    ensure!(st["read_bytes"].as_u64() == Some(10), "status: {st}");
+    ensure!(st.read_bytes == 10, "status: {st:?}");
     ensure!(
-        st["nfs_calls"]["READ"].as_u64().unwrap_or(0) >= 1,
-        "status: {st}"
+        st.nfs_calls.get("READ").copied().unwrap_or(0) >= 1,
+        "status: {st:?}"
     );
-    ensure!(st["mount_calls"].as_u64().unwrap_or(0) >= 1, "status: {st}");
-    ensure!(
-        st["upstream"]
-            .as_str()
-            .is_some_and(|u| u.starts_with("dir:")),
-        "status: {st}"
-    );
-    ensure!(
-        st["connections"]["accepted"].as_u64().unwrap_or(0) >= 1,
-        "status: {st}"
-    );
+    ensure!(st.mount_calls >= 1, "status: {st:?}");
+    ensure!(st.upstream.starts_with("dir:"), "status: {st:?}");
+    ensure!(st.connections.accepted >= 1, "status: {st:?}");
     // A socket nobody listens on: a one-line error and a non-zero exit.
     let out = gvfsctl(&origin.path().join("nope.sock"), &["status"])?;
     ensure!(!out.status.success());

@@ -169,7 +169,7 @@ fn a_chain_over_tls_serves_libnfs_and_qemu_byte_for_byte() -> Result<()> {
     );
     ensure!(
         server.stats()?.status.tls_name.as_deref() == Some("image-server"),
-        "status: {}",
+        "status: {:?}",
         server.status()?
     );
     Ok(())
@@ -255,7 +255,7 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
     // for good peers.
     ensure!(
         server.stats()?.status.connections.tls_refused >= refusals,
-        "status: {}",
+        "status: {:?}",
         server.status()?
     );
     let good = Proxy::spawn(pki.args("node1", ProxyArgs::new(gvfs_url(tls))))?;
@@ -564,7 +564,7 @@ fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
     }
     ensure!(
         p.stats()?.status.connections.starttls == 2,
-        "status: {}",
+        "status: {:?}",
         p.status()?
     );
     // AUTH_TLS on anything but NULL is refused with AUTH_BADCRED.

@@ -122,8 +122,9 @@ impl<'a> Bench<'a> {
                 .map_peer("node", "pass")
                 .env("RUST_LOG", "warn"),
         )?;
-        let server_tls = server.status()?["listen_tls"]
-            .as_str()
+        let server_tls = server
+            .status()?
+            .listen_tls
             .context("the image-server proxy has no listen_tls")?
             .parse()?;
         Ok(Self {
@@ -266,9 +267,9 @@ impl<'a> Bench<'a> {
         image: usize,
         wan: &(dyn Fn() -> u64 + Sync),
     ) -> Result<Timing> {
-        let before = NodeFetch::from_stats(&node.proxy.cache_stats_all()?);
+        let before = NodeFetch::from_stats(&node.proxy.stats()?);
         let mut t = self.clone(&node.source(image), Some(wan))?;
-        let after = NodeFetch::from_stats(&node.proxy.cache_stats_all()?);
+        let after = NodeFetch::from_stats(&node.proxy.stats()?);
         t.fetch = Some(after.since(&before));
         Ok(t)
     }
@@ -278,16 +279,9 @@ impl<'a> Bench<'a> {
     /// WAN.
     pub(super) fn wan_calls(&self) -> Result<BTreeMap<String, u64>> {
         let st = self._server.status()?;
-        let mut calls: BTreeMap<String, u64> = st["nfs_calls"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        calls.insert("MOUNT".into(), stat(&st, "mount_calls"));
-        calls.insert("ext".into(), stat(&st, "ext_calls"));
+        let mut calls = st.nfs_calls;
+        calls.insert("MOUNT".into(), st.mount_calls);
+        calls.insert("ext".into(), st.ext_calls);
         Ok(calls)
     }
 

@@ -18,7 +18,7 @@ impl Bench<'_> {
         scenario: Scenario,
         calls: &mut Vec<(String, BTreeMap<String, u64>)>,
         notes: &mut Vec<String>,
-    ) -> Result<(Vec<CloneRecord>, Option<serde_json::Value>)> {
+    ) -> Result<(Vec<CloneRecord>, Option<Stats>)> {
         let s = self.settings;
         let n = s.clones;
         let image_of = |i: usize| (i % s.images) + 1;
@@ -51,7 +51,7 @@ impl Bench<'_> {
                     let t = self.clone_through(&node, image, &|| wire(&wan) - before)?;
                     record(i + 1, image, t, wire(&wan) - before);
                     if i == 0 {
-                        first_stats = Some(node.proxy.cache_stats_all()?);
+                        first_stats = Some(node.proxy.stats()?);
                     }
                     if scenario == Scenario::WanS1 && i < 2 {
                         let label = if i == 0 {
@@ -71,18 +71,14 @@ impl Bench<'_> {
                     self.clone(&warmer.source(image_of(i)), None)?;
                 }
                 drop(warmer);
-                notes.push(lan_fill_note(
-                    label,
-                    wire(&wan),
-                    &lan.proxy.cache_stats_all()?,
-                ));
+                notes.push(lan_fill_note(label, wire(&wan), &lan.proxy.stats()?));
                 let node = self.node(Some(node_ip(1)), lan.proxy.upstream_url(), dedup)?;
                 for i in 0..n {
                     let before = wire(&wan);
                     let t = self.clone_through(&node, image_of(i), &|| wire(&wan) - before)?;
                     record(i + 1, image_of(i), t, wire(&wan) - before);
                     if i == 0 {
-                        first_stats = Some(node.proxy.cache_stats_all()?);
+                        first_stats = Some(node.proxy.stats()?);
                     }
                 }
             }
@@ -138,7 +134,7 @@ impl Bench<'_> {
 
     /// WAN-P: `clones` nodes behind one LAN proxy clone image 1 at once,
     /// cold, then again, warm. Returns the clones and the LAN proxy's stats.
-    pub(super) fn run_parallel(&self) -> Result<(Vec<CloneRecord>, serde_json::Value)> {
+    pub(super) fn run_parallel(&self) -> Result<(Vec<CloneRecord>, Stats)> {
         let wan = self.wan()?;
         let lan = self.node(None, Self::gvfs_url(&wan), Dedup::Off)?;
         let nodes = (0..self.settings.clones)
@@ -151,6 +147,6 @@ impl Bench<'_> {
             let timings = at_once(&nodes, |node| self.clone(&node.source(1), Some(&bytes)))?;
             records.extend(parallel_records(scenario, &timings, wire(&wan) - before));
         }
-        Ok((records, lan.proxy.cache_stats_all()?))
+        Ok((records, lan.proxy.stats()?))
     }
 }

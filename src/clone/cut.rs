@@ -292,7 +292,11 @@ fn cut_record(
     node: &Node,
 ) -> Result<CutRecord> {
     let total = wire(wan);
-    let connects = stat(&node.proxy.status()?, "upstream_client.connects");
+    let connects = node
+        .proxy
+        .status()?
+        .upstream_client
+        .map_or(0, |u| u.connects);
     let cut_at = cut.map(|(at, _)| at);
     let rec = CutRecord {
         clone,

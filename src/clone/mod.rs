@@ -72,8 +72,8 @@ use crate::bench::{loadavg, shm_tempdir};
 use crate::fuse::MountPoint;
 use crate::libnfs::{CopyClient, nfs_url};
 use crate::process::run_ok;
-use crate::proxy::{gvfsctl_local, site_ca, stat};
-use crate::{Ganesha, Proxy, ProxyArgs};
+use crate::proxy::{gvfsctl_local, site_ca};
+use crate::{Ganesha, Proxy, ProxyArgs, Stats};
 use guest::{CONFIG, DISK, FILES, GoldenSize, GuestKit, MEM, RamMapping, Resumed, STATE, Watch};
 use report::{CloneRecord, NodeFetch};
 use summary::{dedup_goals, fmt3, goals, lan_fill_note, lazy_goals, summary};
@@ -194,7 +194,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     let disk_read = stats
         .iter()
         .find(|(s, _)| *s == Scenario::WanS1)
-        .map_or(0, |(_, v)| stat(v, "cache.fetched_bytes"));
+        .map_or(0, |(_, v)| v.cache.counts.fetched_bytes);
     let floor = (zstd_mem + zstd_state + disk_read) as f64 / settings.bytes_per_sec();
     let floor = Floor {
         secs: floor,

@@ -28,13 +28,13 @@ fn floor_of(census: &Census, records: &[CloneRecord], r: &CloneRecord) -> Option
 /// A sentence on what filling WAN-S3's (or its dedup twin's, `label`) LAN
 /// proxy moved across the WAN (`wan` bytes), with the LAN proxy's stats
 /// after it.
-pub(in crate::clone) fn lan_fill_note(label: &str, wan: u64, lan: &serde_json::Value) -> String {
+pub(in crate::clone) fn lan_fill_note(label: &str, wan: u64, lan: &Stats) -> String {
     format!(
         "{label}: another node's clones filled the LAN proxy with {:.1} MiB across the WAN; the \
          LAN proxy's file cache copied {:.1} MiB from blocks it held in other images \
          (`file_cache.dedup_bytes`).",
         mib_of(wan),
-        mib_of(stat(lan, "file_cache.dedup_bytes"))
+        mib_of(lan.file_cache.counts.dedup_bytes)
     )
 }
 
