@@ -26,8 +26,8 @@ use gvfs_testbed::fuse::{self, MountPoint};
 use gvfs_testbed::nfsclient::NfsClient;
 use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
 use gvfs_testbed::require_fuse;
-use gvfs_testbed::{Ganesha, Proxy, ProxyArgs, Stats};
-use gvfs_wanlink::{LinkConfig, WanLink};
+use gvfs_testbed::{Ganesha, Origin, Proxy, ProxyArgs, Site, Tier};
+use gvfs_wanlink::LinkConfig;
 
 const MIB: u64 = 1 << 20;
 /// The file cache's chunk.
@@ -90,10 +90,6 @@ impl Node {
 
     fn path(&self, name: &str) -> PathBuf {
         self.mnt.path().join(name)
-    }
-
-    fn stats(&self) -> Result<Stats> {
-        self.proxy.stats()
     }
 }
 
@@ -270,20 +266,18 @@ async fn a_copy_teaches_nothing() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demand_reads_are_fetched_as_demand() -> Result<()> {
     require_fuse!();
-    let origin_dir = tempfile::tempdir()?;
-    let origin = origin_dir.path().join("golden.mem");
     // 24 chunks of data but for two; incompressible, so the background
     // stream takes about 0.4 s a chunk on this link.
-    image(&origin, 24 * MIB, &[5, 17], 91)?;
-    let server = Proxy::spawn(ProxyArgs::dir(origin_dir.path()))?;
-    let link = WanLink::start(
-        "127.0.0.1:0".parse()?,
-        server.addr(),
-        LinkConfig::from_rtt(Duration::from_millis(20), Some(20_000_000)),
-    )
-    .await?;
-    let node = Node::start(server.upstream_url_at(link.local_addr()))?;
-    let f = File::open(node.path("golden.mem"))?;
+    let site = Site::builder(Origin::Dir)
+        .wan(LinkConfig::from_rtt(
+            Duration::from_millis(20),
+            Some(20_000_000),
+        ))
+        .node(Tier::new().cache("64M").mount())
+        .start_with(|dir| image(&dir.join("golden.mem"), 24 * MIB, &[5, 17], 91))?;
+    let origin = site.origin_dir().join("golden.mem");
+    let (server, node) = (site.image_server(), site.node(0)?);
+    let f = File::open(node.path("golden.mem")?)?;
     read_page(&f, &origin, 0)?;
     read_page(&f, &origin, 22 * CHUNK + 4096)?;
     // Both reads waited, and the far one fetched its bytes itself: with no
@@ -309,8 +303,6 @@ async fn demand_reads_are_fetched_as_demand() -> Result<()> {
         up.ext.demand_calls >= 2,
         "the reads' chunks did not reach the image server as FETCH_DEMAND: {up}"
     );
-    drop(node);
-    link.shutdown().await;
     Ok(())
 }
 

@@ -8,6 +8,7 @@
 //! they were built ([`Bench::check_golden`]): no clone may change them.
 
 use super::*;
+use crate::site::{Origin, Site, Tier};
 
 /// A loopback address for node `n` (< [`MAX_NODES`])'s proxy (QEMU reaches
 /// it on port 111).
@@ -20,12 +21,12 @@ pub(super) struct Bench<'a> {
     pub(super) settings: &'a Settings,
     pub(super) kit: GuestKit,
     rt: tokio::runtime::Runtime,
-    pub(super) ganesha: Ganesha,
-    _server: Proxy,
+    /// nfs-ganesha with the golden images, the image-server proxy in front
+    /// of it and the PKI.
+    site: Site,
     server_tls: SocketAddr,
     ca: PathBuf,
     pub(super) work: tempfile::TempDir,
-    _pki: tempfile::TempDir,
     /// SHA-256 of each golden `mem` (image 1 first) when it was built.
     golden_sums: Vec<String>,
     /// The golden images' census (with two images or more).
@@ -100,43 +101,43 @@ impl<'a> Bench<'a> {
             .worker_threads(2)
             .enable_all()
             .build()?;
-        let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
-        build_images(&kit, ganesha.export_dir(), settings)?;
-        let census = take_census(ganesha.export_dir(), settings)?;
+        // nfs-ganesha with the golden images built in its export (and
+        // counted) before the image-server proxy starts; nodes reach it
+        // over TLS with the certificate `node`, mapped to its own identity.
+        let mut census = None;
+        let site = Site::builder(Origin::Ganesha)
+            .pki()
+            .image_server(Tier::new().args(|a| a.map_peer("node", "pass").env("RUST_LOG", "warn")))
+            .start_with(|export| {
+                build_images(&kit, export, settings)?;
+                census = take_census(export, settings)?;
+                Ok(())
+            })?;
+        let pki = site.pki().context("the site has a PKI")?;
+        pki.issue("node")?;
+        let ca = pki.ca_dir().to_path_buf();
+        let server_tls = site
+            .image_server()
+            .tls_addr()
+            .context("the image-server proxy has no listen_tls")?;
         let no_dedup_flag = proxy_takes("--no-dedup")?;
         if !no_dedup_flag {
             eprintln!("gvfs-proxy has no --no-dedup: every scenario runs its proxies as they are");
         }
 
         let mems: Vec<PathBuf> = (1..=settings.images)
-            .map(|i| ganesha.export_dir().join(image_dir(i)).join(MEM))
+            .map(|i| site.origin_dir().join(image_dir(i)).join(MEM))
             .collect();
         let golden_sums = sha256_of(&mems)?;
 
-        let pki = tempfile::Builder::new().prefix("gvfs-pki-").tempdir()?;
-        let ca = site_ca(pki.path(), &["image-server", "node"])?;
-        let server = Proxy::spawn(
-            ProxyArgs::new(ganesha.upstream_url())
-                .tls(&ca, "image-server")
-                .listen_tls(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-                .map_peer("node", "pass")
-                .env("RUST_LOG", "warn"),
-        )?;
-        let server_tls = server
-            .status()?
-            .listen_tls
-            .context("the image-server proxy has no listen_tls")?
-            .parse()?;
         Ok(Self {
             settings,
             kit,
             rt,
-            ganesha,
-            _server: server,
+            site,
             server_tls,
             ca,
             work: shm_tempdir()?,
-            _pki: pki,
             golden_sums,
             census,
             no_dedup_flag,
@@ -278,7 +279,7 @@ impl<'a> Bench<'a> {
     /// and the gvfs extension program's `ext` included): what crossed the
     /// WAN.
     pub(super) fn wan_calls(&self) -> Result<BTreeMap<String, u64>> {
-        let st = self._server.status()?;
+        let st = self.site.image_server().status()?;
         let mut calls = st.nfs_calls;
         calls.insert("MOUNT".into(), st.mount_calls);
         calls.insert("ext".into(), st.ext_calls);
@@ -304,7 +305,14 @@ impl<'a> Bench<'a> {
 
     /// The directory of golden image `image` in ganesha's export.
     pub(super) fn golden(&self, image: usize) -> PathBuf {
-        self.ganesha.export_dir().join(image_dir(image))
+        self.site.origin_dir().join(image_dir(image))
+    }
+
+    /// nfs-ganesha, the origin.
+    pub(super) fn ganesha(&self) -> Result<&Ganesha> {
+        self.site
+            .ganesha()
+            .context("the site's origin is not nfs-ganesha")
     }
 }
 

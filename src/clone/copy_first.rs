@@ -106,7 +106,7 @@ impl Bench<'_> {
                 record(1, 1, timing, wire(&wan));
             }
             Scenario::PlainNfs => {
-                let g = &self.ganesha;
+                let g = self.ganesha()?;
                 let portmap = SocketAddr::from((Ipv4Addr::LOCALHOST, 111));
                 let links = [
                     self.link(portmap, SocketAddr::from((PLAIN_IP, 111)))?,

@@ -72,7 +72,7 @@ use crate::bench::{loadavg, shm_tempdir};
 use crate::fuse::MountPoint;
 use crate::libnfs::{CopyClient, nfs_url};
 use crate::process::run_ok;
-use crate::proxy::{gvfsctl_local, site_ca};
+use crate::proxy::gvfsctl_local;
 use crate::{Ganesha, Proxy, ProxyArgs, Stats};
 use guest::{CONFIG, DISK, FILES, GoldenSize, GuestKit, MEM, RamMapping, Resumed, STATE, Watch};
 use report::{CloneRecord, NodeFetch};
