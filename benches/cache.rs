@@ -47,17 +47,18 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::bench::{env_u64, loadavg};
-use gvfs::data::{compare_files, fill_at, write_random_file};
-use gvfs::libnfs::CopyClient;
-use gvfs::nfsclient::NfsClient;
-use gvfs::process;
-use gvfs::{Ganesha, Proxy, ProxyArgs, WritePolicy};
+use gvfs_cache::LayerStats;
 use gvfs_nfs::nfs3_types::nfs3::{Nfs3Result, READ3args};
 use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
+use gvfs_testbed::bench::{env_u64, loadavg};
+use gvfs_testbed::data::{compare_files, fill_at, write_random_file};
+use gvfs_testbed::libnfs::CopyClient;
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::process;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs, WritePolicy};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
-/// Seeds of the files' contents (see `gvfs::data`).
+/// Seeds of the files' contents (see `gvfs_testbed::data`).
 const WARM_SEED: u64 = 0x6361_6368_6577_6172;
 const WAN_SEED: u64 = 0x6361_6368_6577_616e;
 const WRITE_SEED: u64 = 0x6361_6368_6577_7269;
@@ -133,7 +134,7 @@ fn main() -> Result<()> {
         .context("starting the tokio runtime")?;
 
     // Local copies land in tmpfs, so the local disk is not part of a read.
-    let local = gvfs::bench::shm_tempdir()?;
+    let local = gvfs_testbed::bench::shm_tempdir()?;
     // Sources and cache directories on the disk, like ganesha's export.
     let work = tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?;
     let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
@@ -259,18 +260,18 @@ impl WarmSetup {
         let secs = t.elapsed().as_secs_f64();
         compare_files(&src, &back).context("warm: the filling read differs")?;
         fs::remove_file(&back)?;
-        let st = proxy.cache_stats()?;
+        let st = proxy.stats()?.cache;
         eprintln!(
             "warm: filled {} MiB through the proxy in {secs:.2} s ({:.0} MiB/s); cached {} MiB, misses {}, hits {}",
             s.warm_mib,
             s.warm_mib as f64 / secs,
-            st["cached_bytes"].as_u64().unwrap_or(0) >> 20,
-            st["misses"],
-            st["hits"]
+            st.cached_bytes >> 20,
+            st.counts.misses,
+            st.counts.hits
         );
         ensure!(
-            st["cached_bytes"].as_u64().unwrap_or(0) >= size,
-            "warm: the cache holds less than the file after the filling read: {st}"
+            st.cached_bytes >= size,
+            "warm: the cache holds less than the file after the filling read: {st:?}"
         );
         Ok(WarmSetup {
             proxy,
@@ -296,7 +297,7 @@ impl WarmSetup {
             (0, CopyClient::Qemu) => format!(
                 "nfs://{}{}/{WARM_FILE}",
                 ganesha.ip(),
-                gvfs::ganesha::EXPORT
+                gvfs_testbed::ganesha::EXPORT
             ),
             (_, CopyClient::NfsCp) => self.proxy.url(WARM_FILE),
             (_, CopyClient::Qemu) => format!(
@@ -311,7 +312,7 @@ impl WarmSetup {
         CopyClient::NfsCp.copy(&url(0, CopyClient::NfsCp), &back_s, timeout)?;
         fs::remove_file(&back)?;
 
-        let before = self.proxy.cache_stats()?;
+        let before = self.proxy.stats()?.cache;
         let mut rates = vec![[Vec::new(), Vec::new()]; clients.len()];
         for rep in 0..s.reps {
             for (ci, &c) in clients.iter().enumerate() {
@@ -336,8 +337,8 @@ impl WarmSetup {
                 }
             }
         }
-        let after = self.proxy.cache_stats()?;
-        let delta = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
+        let after = self.proxy.stats()?.cache;
+        let delta = |k: fn(&LayerStats) -> u64| k(&after) - k(&before);
 
         let mut o = String::new();
         let _ = writeln!(
@@ -364,10 +365,10 @@ impl WarmSetup {
         let _ = writeln!(
             o,
             "\nProxy cache counters over the timed reads: {} READ calls, {} hits, {} misses, {} MiB fetched upstream.",
-            delta("reads"),
-            delta("hits"),
-            delta("misses"),
-            delta("fetched_bytes") >> 20
+            delta(|c| c.counts.reads),
+            delta(|c| c.counts.hits),
+            delta(|c| c.counts.misses),
+            delta(|c| c.counts.fetched_bytes) >> 20
         );
         Ok(o)
     }
@@ -383,7 +384,7 @@ impl WarmSetup {
         let direct = NfsClient::mount(
             ganesha.nfs_addr(),
             mount,
-            gvfs::ganesha::EXPORT,
+            gvfs_testbed::ganesha::EXPORT,
             cred,
             give_up,
         )
@@ -405,7 +406,7 @@ impl WarmSetup {
             x ^= x << 17;
             (x % blocks) * u64::from(READ_SIZE)
         };
-        let before = self.proxy.cache_stats()?;
+        let before = self.proxy.stats()?.cache;
         let warm_up = 200;
         let mut lat = [Vec::new(), Vec::new()];
         let mut expected = vec![0u8; READ_SIZE as usize];
@@ -436,8 +437,8 @@ impl WarmSetup {
                 }
             }
         }
-        let after = self.proxy.cache_stats()?;
-        let delta = |k: &str| after[k].as_u64().unwrap_or(0) - before[k].as_u64().unwrap_or(0);
+        let after = self.proxy.stats()?.cache;
+        let delta = |k: fn(&LayerStats) -> u64| k(&after) - k(&before);
         let mut o = String::new();
         let _ = writeln!(
             o,
@@ -472,9 +473,9 @@ impl WarmSetup {
                 "missed"
             },
             pct(&lat[0], 99.0),
-            delta("reads"),
-            delta("hits"),
-            delta("misses")
+            delta(|c| c.counts.reads),
+            delta(|c| c.counts.hits),
+            delta(|c| c.counts.misses)
         );
         Ok(o)
     }
@@ -494,7 +495,7 @@ impl Wan {
         format!(
             "nfs://127.0.0.1:{}{}?mountport={}",
             self.nfs.local_addr().port(),
-            gvfs::ganesha::EXPORT,
+            gvfs_testbed::ganesha::EXPORT,
             self.mount.local_addr().port()
         )
     }
@@ -557,14 +558,14 @@ impl Wan {
             let st = self.nfs.stats();
             let notes = match proxy {
                 Some(p) => {
-                    let c = p.cache_stats()?;
+                    let c = p.stats()?.cache;
                     format!(
                         "{} READs, {} hits, {} read-ahead hits, {} blocks read ahead, {} coalesced",
-                        c["reads"],
-                        c["hits"],
-                        c["readahead_hits"],
-                        c["readahead_blocks"],
-                        c["coalesced_misses"]
+                        c.counts.reads,
+                        c.counts.hits,
+                        c.counts.readahead_hits,
+                        c.counts.readahead_blocks,
+                        c.counts.coalesced_misses
                     )
                 }
                 None => String::new(),
@@ -584,11 +585,11 @@ impl Wan {
             Ok(())
         };
         if s.wan_direct {
-            let url = gvfs::libnfs::nfs_url(
+            let url = gvfs_testbed::libnfs::nfs_url(
                 ganesha.ip(),
                 self.nfs.local_addr().port(),
                 self.mount.local_addr().port(),
-                gvfs::ganesha::EXPORT,
+                gvfs_testbed::ganesha::EXPORT,
                 WAN_FILE,
             );
             run("nfs-cp over the WAN, no proxy".into(), url, None)?;
@@ -662,9 +663,9 @@ impl Wan {
                 .with_context(|| format!("wan-write: {policy}"))?;
             let client_secs = t.elapsed().as_secs_f64();
             let up_client = self.nfs.stats().upstream_bytes - up0;
-            let st = proxy.cache_stats()?;
-            let commits = st["commits"].as_u64().unwrap_or(0);
-            let dirty = st["dirty_bytes"].as_u64().unwrap_or(0);
+            let st = proxy.stats()?.cache;
+            let commits = st.counts.commits;
+            let dirty = st.dirty_bytes;
             eprintln!(
                 "wan-write: {policy:<13} client done in {client_secs:6.2} s; {} COMMITs; {} MiB dirty; {} MiB over the link meanwhile",
                 commits,
@@ -674,7 +675,7 @@ impl Wan {
             let wb_secs = if policy == "write-back" {
                 let t = Instant::now();
                 let out = process::run_ok(
-                    Command::new(gvfs::proxy::gvfsctl_binary()?)
+                    Command::new(gvfs_testbed::proxy::gvfsctl_binary()?)
                         .arg("--control")
                         .arg(proxy.control_path())
                         .args(["writeback", "--wait"]),

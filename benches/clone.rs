@@ -3,7 +3,7 @@
 //! and resumed in every scenario through gvfs, and the two baselines (full
 //! copy, plain NFS); then the same scenarios with lazy clones (the golden
 //! memory image mapped from the node proxy's FUSE mount instead of copied).
-//! The harness is `gvfs::clone`; see its docs for what a clone is and the
+//! The harness is `gvfs_testbed::clone`; see its docs for what a clone is and the
 //! topology.
 //!
 //! Run: `cargo build --release --workspace --bins && cargo bench --bench
@@ -32,8 +32,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use gvfs::bench::env_u64;
-use gvfs::clone::{self, Scenario, Settings};
+use gvfs_testbed::bench::env_u64;
+use gvfs_testbed::clone::{self, Scenario, Settings};
 
 fn main() -> Result<()> {
     let bench = std::env::args().any(|a| a == "--bench");

@@ -29,11 +29,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use gvfs::bench::{env_u64, loadavg, shm_tempdir};
-use gvfs::data::{compare_files, write_memory_image};
-use gvfs::libnfs::CopyClient;
-use gvfs::proxy::{gvfsctl_local, stat as n};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::Stats;
+use gvfs_testbed::bench::{env_u64, loadavg, shm_tempdir};
+use gvfs_testbed::data::{compare_files, write_memory_image};
+use gvfs_testbed::libnfs::CopyClient;
+use gvfs_testbed::proxy::gvfsctl_local;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
 const SEED: u64 = 0x636f_7079;
@@ -80,12 +81,11 @@ struct Measured {
     secs: f64,
     /// Bytes through the link, both directions.
     wire: u64,
-    client: serde_json::Value,
+    client: Stats,
     server_reads: u64,
     server_fetches: u64,
 }
 
-/// The number at the dotted `path` of a stats JSON document (0 if absent).
 fn mib(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / MIB as f64)
 }
@@ -134,7 +134,7 @@ fn fetch(
             .env("RUST_LOG", "warn"),
     )?;
     let reads_before = server.calls("READ")?;
-    let fetches_before = n(&server.cache_stats_all()?, "ext.fetch_calls");
+    let fetches_before = server.stats()?.ext.fetch_calls;
 
     let back: PathBuf = local.join(way.name);
     let t = Instant::now();
@@ -144,31 +144,31 @@ fn fetch(
     std::fs::remove_file(&back)?;
 
     let s = link.stats();
-    let client_stats = client.cache_stats_all()?;
+    let client_stats = client.stats()?;
     let measured = Measured {
         secs,
         wire: s.downstream_bytes + s.upstream_bytes,
         server_reads: server.calls("READ")? - reads_before,
-        server_fetches: n(&server.cache_stats_all()?, "ext.fetch_calls") - fetches_before,
+        server_fetches: server.stats()?.ext.fetch_calls - fetches_before,
         client: client_stats,
     };
     // The way did what it is named for (else the bench measures another).
     let c = &measured.client;
     match way.meta {
         Meta::None => ensure!(
-            n(c, "meta.meta_found") == 0 && n(c, "meta.zero_bytes") == 0,
+            c.meta.meta_found == 0 && c.meta.zero_bytes == 0,
             "{}: metadata was used: {c}",
             way.label
         ),
         Meta::ZeroMap => ensure!(
-            n(c, "meta.meta_found") >= 1
-                && n(c, "meta.zero_bytes") > 0
-                && n(c, "file_cache.files_fetched") == 0,
+            c.meta.meta_found >= 1
+                && c.meta.zero_bytes > 0
+                && c.file_cache.counts.files_fetched == 0,
             "{}: the zero map was not used alone: {c}",
             way.label
         ),
         Meta::CompressAndCopy => ensure!(
-            n(c, "meta.copy_reads") > 0 && n(c, "file_cache.files_fetched") == 1,
+            c.meta.copy_reads > 0 && c.file_cache.counts.files_fetched == 1,
             "{}: compress-and-copy was not used: {c}",
             way.label
         ),
@@ -272,12 +272,12 @@ fn main() -> Result<()> {
         out += &format!(
             "| {} | {} | {} | {} / {} | {} / {} | {} | {} |\n",
             way.label,
-            mib(n(c, "cache.fetched_bytes")),
-            mib(n(c, "meta.zero_bytes")),
-            mib(n(c, "file_cache.wire_bytes")),
-            mib(n(c, "file_cache.raw_bytes")),
-            n(c, "file_cache.chunks_fetched"),
-            n(c, "file_cache.zero_chunks"),
+            mib(c.cache.counts.fetched_bytes),
+            mib(c.meta.zero_bytes),
+            mib(c.file_cache.counts.wire_bytes),
+            mib(c.file_cache.counts.raw_bytes),
+            c.file_cache.counts.chunks_fetched,
+            c.file_cache.counts.zero_chunks,
             r.server_reads,
             r.server_fetches
         );

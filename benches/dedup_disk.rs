@@ -28,11 +28,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use gvfs::bench::{env_u64, loadavg, shm_tempdir};
-use gvfs::data::{compare_files, fill_at};
-use gvfs::libnfs::CopyClient;
-use gvfs::proxy::{gvfsctl_local, stat as n};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::bench::{env_u64, loadavg, shm_tempdir};
+use gvfs_testbed::data::{compare_files, fill_at};
+use gvfs_testbed::libnfs::CopyClient;
+use gvfs_testbed::proxy::gvfsctl_local;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
 const MIB: u64 = 1 << 20;
@@ -126,22 +126,24 @@ fn way(
     };
     copy("base.img")?;
     if dedup {
-        node.wait_stat("file_cache.blocks_indexed", base_blocks, timeout)?;
+        node.wait_for("the base image's blocks indexed", timeout, |s| {
+            s.file_cache.blocks_indexed >= base_blocks
+        })?;
     }
-    let before = (link.stats(), node.cache_stats_all()?);
+    let before = (link.stats(), node.stats()?);
     let secs = copy("next.img")?;
-    let (after, s) = (link.stats(), node.cache_stats_all()?);
+    let (after, s) = (link.stats(), node.stats()?);
     let m = Measured {
         secs,
         wire: after.downstream_bytes + after.upstream_bytes
             - before.0.downstream_bytes
             - before.0.upstream_bytes,
-        held_fill: n(&s, "cache.held_fill_bytes") - n(&before.1, "cache.held_fill_bytes"),
-        fetched: n(&s, "cache.fetched_bytes") - n(&before.1, "cache.fetched_bytes"),
+        held_fill: s.cache.counts.held_fill_bytes - before.1.cache.counts.held_fill_bytes,
+        fetched: s.cache.counts.fetched_bytes - before.1.cache.counts.fetched_bytes,
     };
     // The way did what it is named for.
     ensure!(
-        n(&s, "file_cache.files_fetched") == 0 && (m.held_fill > 0) == dedup,
+        s.file_cache.counts.files_fetched == 0 && (m.held_fill > 0) == dedup,
         "dedup {dedup}: {s}"
     );
     eprintln!(

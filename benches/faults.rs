@@ -25,13 +25,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use gvfs::bench::{env_u64, loadavg};
-use gvfs::data::{random_bytes_at, write_random_file};
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::nfsclient::NfsClient;
-use gvfs::tmpfs::Tmpfs;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::{nfs_fh3, stable_how};
+use gvfs_testbed::bench::{env_u64, loadavg};
+use gvfs_testbed::data::{random_bytes_at, write_random_file};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::tmpfs::Tmpfs;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use rand::{Rng, SeedableRng};
 
 const CHUNK: usize = 64 << 10;
@@ -45,10 +45,6 @@ fn cached(g: &Ganesha, dir: &Path, keep_dirty: bool) -> Result<Proxy> {
     } else {
         args
     })
-}
-
-fn n(v: &serde_json::Value, k: &str) -> u64 {
-    v[k].as_u64().unwrap_or(0)
 }
 
 fn main() -> Result<()> {
@@ -125,7 +121,7 @@ async fn crash(g: &Ganesha, trials: u64) -> Result<()> {
         if trial % 2 == 1 {
             // Killed again, in the middle of writing back.
             let ctl = p.control_path().to_path_buf();
-            let wb = std::process::Command::new(gvfs::proxy::gvfsctl_binary()?)
+            let wb = std::process::Command::new(gvfs_testbed::proxy::gvfsctl_binary()?)
                 .arg("--control")
                 .arg(&ctl)
                 .args(["writeback", "--wait"])
@@ -138,7 +134,7 @@ async fn crash(g: &Ganesha, trials: u64) -> Result<()> {
             let _ = wb.wait_with_output();
             p = cached(g, cache.path(), false)?;
         }
-        verifier_changes += n(&p.cache_stats()?, "verifier_changes");
+        verifier_changes += p.stats()?.cache.verifier_changes;
         p.write_back()
             .with_context(|| format!("trial {trial}: write-back after the crash"))?;
         let want = committed as usize * CHUNK;
@@ -243,10 +239,10 @@ async fn corruption(g: &Ganesha, trials: u64) -> Result<()> {
         let lost = (0..dirty.len())
             .filter(|&i| origin.get(i) != Some(&dirty[i]))
             .count() as u64;
-        let stats = p.cache_stats()?;
+        let stats = p.stats()?.cache;
         lost_bytes += lost;
-        dropped += n(&stats, "corrupt_clean_dropped");
-        dirty_lost += n(&stats, "dirty_sub_blocks_lost");
+        dropped += stats.corrupt_clean_dropped;
+        dirty_lost += stats.dirty_sub_blocks_lost;
         if lost > 0 && after.0 == before.0 {
             unreported += 1;
         }

@@ -35,11 +35,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use gvfs::bench::{env_u64, loadavg, proc_usage, shm_tempdir};
-use gvfs::data::{compare_files, write_random_file};
-use gvfs::fuse::MountPoint;
-use gvfs::libnfs::nfs_url;
-use gvfs::{Proxy, ProxyArgs, process};
+use gvfs_testbed::bench::{env_u64, loadavg, proc_usage, shm_tempdir};
+use gvfs_testbed::data::{compare_files, write_random_file};
+use gvfs_testbed::fuse::MountPoint;
+use gvfs_testbed::libnfs::nfs_url;
+use gvfs_testbed::{Proxy, ProxyArgs, process};
 
 const SEED: u64 = 0x6675_7365_6265_6e63;
 const ADDR: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 16);
@@ -50,7 +50,7 @@ const STEP_BLOCKS: u64 = 257;
 
 fn main() -> Result<()> {
     let full = std::env::args().any(|a| a == "--bench");
-    if let Some(why) = gvfs::fuse::unavailable() {
+    if let Some(why) = gvfs_testbed::fuse::unavailable() {
         eprintln!("skipping the FUSE bench: {why}");
         return Ok(());
     }
@@ -135,8 +135,7 @@ fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
     let (mut cpu_nfs, mut cpu_fuse) = (Vec::new(), Vec::new());
     let mut fuse_calls_per_gib = Vec::new();
     let cpu = || proc_usage(pid).map(|u| u.cpu_secs);
-    let fuse_calls =
-        |p: &Proxy| -> Result<u64> { Ok(p.status()?["mount"]["calls"].as_u64().unwrap_or(0)) };
+    let fuse_calls = |p: &Proxy| -> Result<u64> { Ok(p.stats()?.mount()?.counts.calls) };
     for rep in 0..reps {
         let name = format!("w{rep}");
         let _ = std::fs::remove_file(m.join(format!("{name}-nfs")));
@@ -246,7 +245,7 @@ fn run(mib: u64, reps: usize, randoms: u64) -> Result<String> {
         median(&cpu_nfs),
         median(&cpu_fuse),
         median(&fuse_calls_per_gib),
-        status["mount"]
+        serde_json::to_string(&status.mount)?
     )?;
     Ok(out)
 }

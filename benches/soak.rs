@@ -2,7 +2,7 @@
 //! (LAN proxy with a write-back block cache, TLS 1.3, image-server proxy,
 //! nfs-ganesha), every byte read checked, the origin compared with what
 //! was written after the final write-back, CPU and RSS of each proxy over
-//! time. The harness is `gvfs::soak`; see its docs for the topology and the
+//! time. The harness is `gvfs_testbed::soak`; see its docs for the topology and the
 //! mix of operations.
 //!
 //! Run: `cargo build --release --workspace --bins && cargo bench --bench
@@ -19,8 +19,8 @@
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use gvfs::bench::env_u64;
-use gvfs::soak::{self, Settings};
+use gvfs_testbed::bench::env_u64;
+use gvfs_testbed::soak::{self, Settings};
 
 fn main() -> Result<()> {
     let bench = std::env::args().any(|a| a == "--bench");

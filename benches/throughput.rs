@@ -44,13 +44,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use gvfs::bench::{env_u64, loadavg};
-use gvfs::data::{compare_files, write_random_file};
-use gvfs::libnfs::CopyClient;
-use gvfs::process;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::bench::{env_u64, loadavg};
+use gvfs_testbed::data::{compare_files, write_random_file};
+use gvfs_testbed::libnfs::CopyClient;
+use gvfs_testbed::process;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
-/// Seed of the source file's content (see `gvfs::data`).
+/// Seed of the source file's content (see `gvfs_testbed::data`).
 const SEED: u64 = 0x6776_6673_6265_6e63;
 /// File size and repetitions of a smoke run (no `--bench` argument).
 const SMOKE_MIB: u64 = 8;
@@ -156,14 +156,14 @@ fn main() -> Result<()> {
 
     let proxy_url = |p: &Proxy| {
         let (ip, port, export) = (p.ip(), p.port(), p.export().to_owned());
-        move |f: &str| gvfs::libnfs::nfs_url(ip, port, port, &export, f)
+        move |f: &str| gvfs_testbed::libnfs::nfs_url(ip, port, port, &export, f)
     };
     let qemu_url = |ip: std::net::IpAddr, export: String| {
         Box::new(move |f: &str| format!("nfs://{ip}{export}/{f}")) as Box<dyn Fn(&str) -> String>
     };
     let ganesha_url = {
         let (ip, nfs, mnt) = (ganesha.ip(), ganesha.nfs_port(), ganesha.mount_port());
-        move |f: &str| gvfs::libnfs::nfs_url(ip, nfs, mnt, gvfs::ganesha::EXPORT, f)
+        move |f: &str| gvfs_testbed::libnfs::nfs_url(ip, nfs, mnt, gvfs_testbed::ganesha::EXPORT, f)
     };
     let pid = |p: &Proxy| p.pid().context("proxy is not running");
     let all = vec![
@@ -171,7 +171,7 @@ fn main() -> Result<()> {
             name: DIRECT,
             origin: Origin::Ganesha,
             url: Box::new(ganesha_url),
-            qemu_url: qemu_url(ganesha.ip(), gvfs::ganesha::EXPORT.to_owned()),
+            qemu_url: qemu_url(ganesha.ip(), gvfs_testbed::ganesha::EXPORT.to_owned()),
             export_dir: ganesha.export_dir().to_owned(),
             proxy_pids: vec![],
         },
@@ -310,13 +310,13 @@ fn measure(
 ) -> Result<Sample> {
     let proxies_before = usage_of_pids(proxy_pids)?;
     let ganesha_before = usage_of_pids(&[ganesha_pid])?;
-    let client_before = gvfs::bench::children_cpu_secs();
+    let client_before = gvfs_testbed::bench::children_cpu_secs();
     let start = Instant::now();
     copy()?;
     let secs = start.elapsed().as_secs_f64();
     Ok(Sample {
         mib_s: size as f64 / f64::from(1 << 20) / secs,
-        cpu_client: gvfs::bench::children_cpu_secs() - client_before,
+        cpu_client: gvfs_testbed::bench::children_cpu_secs() - client_before,
         cpu_proxies: usage_of_pids(proxy_pids)?.cpu - proxies_before.cpu,
         cpu_ganesha: usage_of_pids(&[ganesha_pid])?.cpu - ganesha_before.cpu,
         proxy_faults: usage_of_pids(proxy_pids)?.faults - proxies_before.faults,
@@ -429,7 +429,7 @@ struct Usage {
 /// threads included.
 fn usage_of_pids(pids: &[u32]) -> Result<Usage> {
     pids.iter().try_fold(Usage::default(), |sum, &p| {
-        let u = gvfs::bench::proc_usage(p)?;
+        let u = gvfs_testbed::bench::proc_usage(p)?;
         Ok(Usage {
             cpu: sum.cpu + u.cpu_secs,
             faults: sum.faults + u.minor_faults,

@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use gvfs::bench::{env_u64, loadavg};
-use gvfs::data::{compare_files, write_random_file};
-use gvfs::libnfs::CopyClient;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::bench::{env_u64, loadavg};
+use gvfs_testbed::data::{compare_files, write_random_file};
+use gvfs_testbed::libnfs::CopyClient;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const SEED: u64 = 0x7475_6e6e_656c;
 
@@ -50,9 +50,9 @@ fn main() -> Result<()> {
     let reps = env_u64("GVFS_BENCH_REPS", if bench { 3 } else { 1 })? as usize;
     let handshakes = env_u64("GVFS_BENCH_HANDSHAKES", if bench { 500 } else { 20 })? as usize;
 
-    let local = gvfs::bench::shm_tempdir()?;
+    let local = gvfs_testbed::bench::shm_tempdir()?;
     let work = tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?;
-    let ca: PathBuf = gvfs::proxy::site_ca(work.path(), &["image-server", "node1"])?;
+    let ca: PathBuf = gvfs_testbed::proxy::site_ca(work.path(), &["image-server", "node1"])?;
     let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
     eprintln!("load average {} at start", loadavg());
     let server = Proxy::spawn(
@@ -61,8 +61,9 @@ fn main() -> Result<()> {
             .map_peer("node1", "pass")
             .env("RUST_LOG", "warn"),
     )?;
-    let tls_addr: std::net::SocketAddr = server.status()?["listen_tls"]
-        .as_str()
+    let tls_addr: std::net::SocketAddr = server
+        .status()?
+        .listen_tls
         .context("no TLS listener")?
         .parse()?;
     let plain = Proxy::spawn(
@@ -180,9 +181,7 @@ fn main() -> Result<()> {
         times.last().copied().unwrap_or_default()
     );
     println!("{out}");
-    let refused = server.status()?["connections"]["tls_refused"]
-        .as_u64()
-        .unwrap_or(0);
+    let refused = server.status()?.connections.counts.tls_refused;
     ensure!(refused == 0, "the server refused {refused} connections");
     Ok(())
 }

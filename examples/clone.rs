@@ -5,7 +5,7 @@
 //! sudo cargo run --release --example clone     # about a minute, most of it building the image
 //! ```
 //!
-//! It is the clone benchmark's lazy WAN-S1 scenario (`gvfs::clone`,
+//! It is the clone benchmark's lazy WAN-S1 scenario (`gvfs_testbed::clone`,
 //! `cargo bench --bench clone`) cut down to one small image and one
 //! clone: QEMU builds a golden guest (Debian's kernel, a busybox
 //! initramfs, 128 MiB of RAM kept in a raw file, a qcow2 disk), saved with
@@ -31,7 +31,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use gvfs::clone::{self, Scenario, Settings};
+use gvfs_testbed::clone::{self, Scenario, Settings};
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
 
 /// What the clone needs that is not here, each with how to get it.
 fn missing() -> Vec<String> {
-    let which = gvfs::fuse::which;
+    let which = gvfs_testbed::fuse::which;
     let mut out = Vec::new();
     for (tool, package) in [
         (
@@ -79,10 +79,10 @@ fn missing() -> Vec<String> {
             out.push(format!("{tool} ({package})"));
         }
     }
-    if gvfs::debian_kernel::busybox().is_err() {
+    if gvfs_testbed::debian_kernel::busybox().is_err() {
         out.push("a static busybox (apt-get install busybox-static)".to_owned());
     }
-    if let Some(why) = gvfs::fuse::unavailable() {
+    if let Some(why) = gvfs_testbed::fuse::unavailable() {
         out.push(format!("FUSE: {why}"));
     }
     // SAFETY: geteuid cannot fail and touches no memory.

@@ -25,19 +25,21 @@
 //! proxies, top first, each with SIGTERM. Runs as any user: every port is
 //! a free one on 127.0.0.1 and nothing is mounted.
 //!
-//! The proxies are the `gvfs-proxy` binary, built first (`examples/common`).
+//! The site is the test bed's `gvfs_testbed::Site`; the proxies are the
+//! `gvfs-proxy` binary, built first (`examples/common`).
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::compare_bytes;
-use gvfs::proxy::{Proxy, ProxyArgs, gvfsctl, gvfsctl_local, site_ca, stat};
+use gvfs_testbed::data::compare_bytes;
+use gvfs_testbed::proxy::{Proxy, gvfsctl, gvfsctl_local};
+use gvfs_testbed::site::{self, Origin, Site, Tier};
 
 /// The golden image, in the origin.
 const IMAGE: &str = "images/golden.img";
@@ -72,161 +74,130 @@ fn run() -> Result<()> {
     }
     common::catch_stop_signals()?;
     common::build_binaries()?;
-    let work = tempfile::Builder::new().prefix("gvfs-site-").tempdir()?;
-    let mut site = Site::start(work.path())?;
-    let outcome = site.show_and_check();
+    let mut example = Example::start()?;
+    let outcome = example.show_and_check();
     if outcome.is_ok() && !once {
         println!("\nThe site runs until Ctrl-C (or SIGTERM).");
         common::wait_for_stop();
         println!();
     }
-    let stopped = site.stop();
+    let stopped = example.stop();
     outcome.and(stopped)?;
-    drop(work);
+    drop(example);
     println!("site stopped; its directory is removed");
     Ok(())
 }
 
-/// One proxy of the site.
-struct Tier {
-    name: &'static str,
-    proxy: Proxy,
-    metrics: SocketAddr,
+/// The site ([`gvfs_testbed::Site`]) and each proxy's metrics endpoint.
+struct Example {
+    site: Site,
+    metrics: BTreeMap<String, SocketAddr>,
 }
 
-/// The site's proxies, bottom first, and where its files are.
-struct Site {
-    tiers: Vec<Tier>,
-    origin: PathBuf,
-}
-
-impl Site {
-    fn start(work: &Path) -> Result<Self> {
-        let origin = work.join("origin");
-        let image = origin.join(IMAGE);
-        std::fs::create_dir_all(image.parent().context("the image has a directory")?)?;
-        std::fs::write(&image, golden_image())?;
-        let image_s = image.display().to_string();
-        println!(
-            "origin {}: {IMAGE}, {} MiB",
-            origin.display(),
-            IMAGE_SIZE >> 20
-        );
-        println!("$ gvfsctl meta gen --compress {image_s}");
-        gvfsctl_local(&["meta", "gen", "--compress", &image_s])?;
-        print!("{}", indent(&gvfsctl_local(&["meta", "show", &image_s])?));
-
-        let names = ["image-server", "lan-proxy", "node1", "node2"];
-        let ca = site_ca(work, &names)?;
+impl Example {
+    fn start() -> Result<Self> {
+        // Each proxy's metrics endpoint on a free port, and warnings only.
+        let mut metrics = BTreeMap::new();
+        let mut tier = |name: &str, tier: Tier| -> Result<Tier> {
+            let at = free_port()?;
+            metrics.insert(name.to_owned(), at);
+            Ok(tier.args(move |a| a.metrics(at).env("RUST_LOG", "warn")))
+        };
+        let image_server = tier(site::IMAGE_SERVER, Tier::new())?;
+        let lan = tier(site::LAN, cached())?;
+        let node1 = tier(&site::node_name(0), cached())?;
+        let node2 = tier(&site::node_name(1), cached())?;
+        let site = Site::builder(Origin::Dir)
+            .pki()
+            .image_server(image_server)
+            .lan(lan)
+            .node(node1)
+            .node(node2)
+            .start_with(|origin| {
+                let image = origin.join(IMAGE);
+                std::fs::create_dir_all(image.parent().context("the image has a directory")?)?;
+                std::fs::write(&image, golden_image())?;
+                let image_s = image.display().to_string();
+                println!(
+                    "origin {}: {IMAGE}, {} MiB",
+                    origin.display(),
+                    IMAGE_SIZE >> 20
+                );
+                println!("$ gvfsctl meta gen --compress {image_s}");
+                gvfsctl_local(&["meta", "gen", "--compress", &image_s])?;
+                print!("{}", indent(&gvfsctl_local(&["meta", "show", &image_s])?));
+                common::stop_requested()
+            })?;
+        let ca = site.pki().context("the site has a PKI")?.ca_dir();
         println!("$ gvfsctl ca init {}", ca.display());
-        for name in names {
+        for p in site.proxies() {
             println!(
-                "$ gvfsctl ca issue --ca {} --name {name} --ip 127.0.0.1",
-                ca.display()
+                "$ gvfsctl ca issue --ca {} --name {} --ip 127.0.0.1",
+                ca.display(),
+                p.name()
+            );
+        }
+        for p in site.proxies() {
+            let mut words = p.args().clone().listen(p.addr()).to_args();
+            if let Some(i) = words.iter().position(|w| w == "--listen-tls")
+                && let Some(at) = words.get_mut(i + 1)
+                && let Some(tls) = p.tls_addr()
+            {
+                *at = tls.to_string();
+            }
+            println!(
+                "\n{}: serving on {}\n  $ gvfs-proxy {}",
+                p.name(),
+                p.addr(),
+                shell_words(&words)
             );
         }
         common::stop_requested()?;
-
-        let mut site = Self {
-            tiers: Vec::new(),
-            origin,
-        };
-        let server = ProxyArgs::dir(&site.origin)
-            .tls(&ca, "image-server")
-            .listen_tls(SocketAddr::from(([127, 0, 0, 1], 0)))
-            .map_peer("lan-proxy", "pass");
-        let server_tls = site.add(work, "image-server", server)?;
-        let lan = cached(
-            work,
-            "lan-proxy",
-            &format!("{server_tls}/export?name=image-server"),
-        )
-        .tls(&ca, "lan-proxy")
-        .listen_tls(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .map_peer("node1", "pass")
-        .map_peer("node2", "pass");
-        let lan_tls = site.add(work, "lan-proxy", lan)?;
-        for node in ["node1", "node2"] {
-            let args =
-                cached(work, node, &format!("{lan_tls}/export?name=lan-proxy")).tls(&ca, node);
-            site.add(work, node, args)?;
-        }
-        Ok(site)
-    }
-
-    /// Starts the proxy `name` with `args` on free ports of 127.0.0.1;
-    /// returns its TLS listener's address (`127.0.0.1:0` when it has none).
-    fn add(&mut self, work: &Path, name: &'static str, args: ProxyArgs) -> Result<SocketAddr> {
-        common::stop_requested()?;
-        let metrics = free_port()?;
-        let args = args
-            .control(work.join("run").join(format!("{name}.sock")))
-            .metrics(metrics)
-            .env("RUST_LOG", "warn");
-        let proxy = Proxy::spawn(args.clone()).with_context(|| format!("starting {name}"))?;
-        let tls: SocketAddr = match proxy.status()?["listen_tls"].as_str() {
-            Some(a) => a.parse()?,
-            None => SocketAddr::from(([127, 0, 0, 1], 0)),
-        };
-        let mut words = args.listen(proxy.addr()).to_args();
-        if let Some(i) = words.iter().position(|w| w == "--listen-tls")
-            && let Some(at) = words.get_mut(i + 1)
-        {
-            *at = tls.to_string();
-        }
-        let command = format!("gvfs-proxy {}", shell_words(&words));
-        println!("\n{name}: serving on {}\n  $ {command}", proxy.addr());
-        self.tiers.push(Tier {
-            name,
-            proxy,
-            metrics,
-        });
-        Ok(tls)
+        Ok(Self { site, metrics })
     }
 
     /// Prints how to use the site, reads the image through both nodes
     /// (every byte checked), and prints each proxy's stats.
     fn show_and_check(&self) -> Result<()> {
-        let golden = std::fs::read(self.origin.join(IMAGE))?;
+        let golden = std::fs::read(self.site.origin_dir().join(IMAGE))?;
         println!(
             "\nMount a node (any NFSv3 client; QEMU's nfs:// needs port 111, as root: --listen 127.0.0.N:111):"
         );
-        for node in self.nodes() {
-            let p = &node.proxy;
-            println!("  {}:", node.name);
+        for node in self.site.nodes() {
+            println!("  {}:", node.name());
             println!(
                 "    Linux:  sudo mount -t nfs -o vers=3,proto=tcp,port={0},mountport={0},nolock {1}:{2} /mnt/{3}",
-                p.port(),
-                p.ip(),
-                p.export(),
-                node.name
+                node.port(),
+                node.ip(),
+                node.export(),
+                node.name()
             );
-            println!("    libnfs: nfs-cat '{}'", p.url(IMAGE));
+            println!("    libnfs: nfs-cat '{}'", node.url(IMAGE));
         }
-        for node in self.nodes() {
+        for node in self.site.nodes() {
             common::stop_requested()?;
-            let (bytes, client) = read_through(&node.proxy)?;
+            let (bytes, client) = read_through(node)?;
             compare_bytes(&golden, &bytes)
-                .with_context(|| format!("{IMAGE} read through {}", node.name))?;
+                .with_context(|| format!("{IMAGE} read through {}", node.name()))?;
             println!(
                 "read {IMAGE} through {} with {client}: {} bytes, the same as the origin's",
-                node.name,
+                node.name(),
                 bytes.len()
             );
         }
-        for tier in &self.tiers {
-            let control = tier.proxy.control_path();
+        for p in self.site.proxies() {
+            let control = p.control_path();
             println!(
                 "\n$ gvfsctl --control {} stats      # {}, metrics at http://{}/metrics",
                 control.display(),
-                tier.name,
-                tier.metrics
+                p.name(),
+                self.metrics[p.name()]
             );
             let out = gvfsctl(control, &["stats"])?;
             ensure!(
                 out.status.success(),
                 "gvfsctl stats of {}: {}",
-                tier.name,
+                p.name(),
                 out.stderr_text()
             );
             print!("{}", indent(&out.stdout_text()));
@@ -237,68 +208,56 @@ impl Site {
 
     /// What the counters say about the image's way through the site.
     fn story(&self) -> Result<String> {
-        let stats = |name: &str| -> Result<serde_json::Value> {
-            let tier = self
-                .tiers
-                .iter()
-                .find(|t| t.name == name)
-                .with_context(|| format!("no {name}"))?;
-            tier.proxy.cache_stats_all()
-        };
-        let (server, lan) = (stats("image-server")?, stats("lan-proxy")?);
-        let mib = |v: &serde_json::Value, k: &str| stat(v, k) as f64 / (1 << 20) as f64;
+        let (server, lan) = (self.site.image_server().stats()?, self.site.lan()?.stats()?);
+        let mib = |n: u64| n as f64 / (1 << 20) as f64;
         let mut s = String::from("What crossed each hop:\n");
         writeln!(
             s,
             "  image-server -> lan-proxy: {} FETCHes, {:.2} MiB of file as {:.2} MiB (zstd, each \
              repeated block once, zero chunks not at all)",
-            stat(&server, "ext.fetch_calls"),
-            mib(&server, "ext.raw_bytes"),
-            mib(&server, "ext.wire_bytes"),
+            server.ext.fetch_calls,
+            mib(server.ext.raw_bytes),
+            mib(server.ext.wire_bytes),
         )?;
         writeln!(
             s,
             "  lan-proxy -> nodes: the image fetched {} time(s) for both nodes ({} of its chunks \
              all zeros); {} of the nodes' FETCHes answered from its file cache, in the frames \
              they came in",
-            stat(&lan, "file_cache.files_fetched"),
-            stat(&lan, "file_cache.zero_chunks"),
-            stat(&lan, "ext.from_file_cache"),
+            lan.file_cache.counts.files_fetched,
+            lan.file_cache.counts.zero_chunks,
+            lan.ext.from_file_cache,
         )?;
-        for node in self.nodes() {
-            let v = node.proxy.cache_stats_all()?;
+        for node in self.site.nodes() {
+            let v = node.stats()?;
             writeln!(
                 s,
                 "  {} -> its client: {:.2} MiB read, {} READs answered from the image held whole \
                  in its file cache",
-                node.name,
-                mib(&v, "status.read_bytes"),
-                stat(&v, "meta.copy_reads"),
+                node.name(),
+                mib(v.status.front.read_bytes),
+                v.meta.copy_reads,
             )?;
         }
         Ok(s)
-    }
-
-    fn nodes(&self) -> impl Iterator<Item = &Tier> {
-        self.tiers.iter().filter(|t| t.name.starts_with("node"))
     }
 
     /// Stops every proxy, top first (nodes, then what they read through),
     /// each with SIGTERM; fails if one did not exit 0.
     fn stop(&mut self) -> Result<()> {
         let mut failed = Vec::new();
-        while let Some(mut tier) = self.tiers.pop() {
-            match tier.proxy.terminate() {
-                Ok(status) if status.success() => println!("{}: stopped ({status})", tier.name),
+        for p in self.site.proxies_top_first_mut() {
+            if p.pid().is_none() {
+                continue;
+            }
+            let name = p.name().to_owned();
+            match p.proxy_mut().terminate() {
+                Ok(status) if status.success() => println!("{name}: stopped ({status})"),
                 Ok(status) => {
-                    println!("{}: stopped ({status})", tier.name);
-                    failed.push(format!(
-                        "{} exited with {status}: {}",
-                        tier.name,
-                        tier.proxy.output()
-                    ));
+                    println!("{name}: stopped ({status})");
+                    failed.push(format!("{name} exited with {status}: {}", p.output()));
                 }
-                Err(e) => failed.push(format!("{}: {e:#}", tier.name)),
+                Err(e) => failed.push(format!("{name}: {e:#}")),
             }
         }
         ensure!(failed.is_empty(), "{}", failed.join("\n"));
@@ -306,21 +265,13 @@ impl Site {
     }
 }
 
-impl Drop for Site {
-    fn drop(&mut self) {
-        let _ = self.stop();
-    }
-}
-
-/// A proxy with a small block cache (and file cache) in `work/NAME-cache`,
-/// in front of the gvfs:// upstream `peer` (`HOST:PORT/EXPORT?name=...`),
-/// answering attributes from replies up to a minute old (golden images
-/// do not change), as examples/deploy/'s LAN proxy and node do.
-fn cached(work: &Path, name: &str, peer: &str) -> ProxyArgs {
-    ProxyArgs::new(format!("gvfs://{peer}"))
-        .cache(&work.join(format!("{name}-cache")), "64M")
-        .file_cache_size("256M")
-        .attr_timeout(60)
+/// A proxy with a small block cache (and file cache) in a fresh
+/// directory, answering attributes from replies up to a minute old (golden
+/// images do not change), as examples/deploy/'s LAN proxy and node do.
+fn cached() -> Tier {
+    Tier::new()
+        .cache("64M")
+        .args(|a| a.file_cache_size("256M").attr_timeout(60))
 }
 
 /// The golden image: its fifth MiB all zeros (a chunk never sent); else
@@ -347,7 +298,7 @@ fn golden_image() -> Vec<u8> {
             continue;
         }
         let half = BLOCK / 2;
-        gvfs::data::fill_at(7, at as u64, &mut block[..half]);
+        gvfs_testbed::data::fill_at(7, at as u64, &mut block[..half]);
         for (j, b) in block[half..].iter_mut().enumerate() {
             *b = b"page cache of a guest. "[j % 23];
         }
@@ -358,8 +309,11 @@ fn golden_image() -> Vec<u8> {
 /// Reads [`IMAGE`] whole through `node`: with libnfs' `nfs-cat` when it
 /// is installed, else with gvfs' own NFS client (as this user).
 fn read_through(node: &Proxy) -> Result<(Vec<u8>, &'static str)> {
-    if gvfs::fuse::which("nfs-cat").is_some() {
-        return Ok((gvfs::libnfs::nfs_cat(&node.url(IMAGE))?, "nfs-cat (libnfs)"));
+    if gvfs_testbed::fuse::which("nfs-cat").is_some() {
+        return Ok((
+            gvfs_testbed::libnfs::nfs_cat(&node.url(IMAGE))?,
+            "nfs-cat (libnfs)",
+        ));
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -378,7 +332,8 @@ async fn read_with_gvfs_client(node: &Proxy) -> Result<Vec<u8>> {
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let cred = Credentials::unix(uid, gid);
     let (a, give_up) = (node.addr(), Duration::from_secs(60));
-    let client = gvfs::nfsclient::NfsClient::mount(a, a, node.export(), cred, give_up).await?;
+    let client =
+        gvfs_testbed::nfsclient::NfsClient::mount(a, a, node.export(), cred, give_up).await?;
     let file = client
         .resolve(IMAGE)
         .await?

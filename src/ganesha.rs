@@ -221,7 +221,7 @@ fn write_config(root: &Path, nfs_port: u16, mount_port: u16, squash: Squash) -> 
         Squash::Root => "Root_Squash",
     };
     let text = format!(
-        r#"# Written by gvfs::ganesha for a test.
+        r#"# Written by gvfs_testbed::ganesha for a test.
 NFS_CORE_PARAM {{
   Protocols = 3;
   NFS_Port = {nfs_port};

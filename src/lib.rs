@@ -1,4 +1,4 @@
-//! Test fixtures for gvfs: real peers (nfs-ganesha, libnfs, QEMU) and the
+//! gvfs' test bed (`gvfs-testbed`): real peers (nfs-ganesha, libnfs, QEMU) and the
 //! proxy binary, run on loopback from integration tests.
 //!
 //! - [`portmap`]: a loopback-only portmapper (PORTMAP v2, rpcbind v3/v4) in
@@ -10,6 +10,8 @@
 //!   libnfs cannot make.
 //! - [`proxy`]: the `gvfs-proxy` binary as a child process.
 //! - [`stats`]: its counters (`gvfsctl stats --json`), typed.
+//! - [`site`]: a whole site built from what a test names (origin, image
+//!   server, WAN link, LAN proxy, nodes, PKI), torn down on drop.
 //! - [`data`]: deterministic file contents, sparse files, comparisons.
 //! - [`process`]: child processes with deadlines.
 //! - [`debian_kernel`]: Debian's kernel package and an initramfs writer for
@@ -43,12 +45,15 @@ pub mod portmap;
 pub mod process;
 pub mod proxy;
 pub mod rpc_client;
+pub mod site;
 pub mod soak;
 pub mod stats;
 pub mod tmpfs;
 pub mod tree;
 
 pub use ganesha::{Ganesha, Squash};
+pub use gvfs_proxy::status::Status;
 pub use portmap::Portmapper;
 pub use proxy::{Proxy, ProxyArgs, WritePolicy};
+pub use site::{Origin, Site, SiteProxy, Tier};
 pub use stats::Stats;

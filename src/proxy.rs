@@ -22,6 +22,7 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use gvfs_proxy::status::Status;
 
 use crate::libnfs::nfs_url;
 use crate::process;
@@ -428,13 +429,6 @@ pub fn site_ca(dir: &Path, names: &[&str]) -> Result<PathBuf> {
     Ok(ca)
 }
 
-/// The number at a dotted `path` (`"file_cache.wire_bytes"`) of a stats
-/// snapshot, 0 when absent. Untyped: for JSON another version of the proxy
-/// wrote (tests/compat.rs) and the benchmarks; tests read [`Proxy::stats`].
-pub fn stat(v: &serde_json::Value, path: &str) -> u64 {
-    path.split('.').fold(v, |v, k| &v[k]).as_u64().unwrap_or(0)
-}
-
 /// Spawns `n` proxies in a chain in front of `upstream`, the arguments of
 /// each made by `configure` (`|a| a` for none); the last one returned is
 /// the one clients talk to.
@@ -477,14 +471,10 @@ impl Proxy {
         process::signal(child, sig).context("signalling gvfs-proxy")
     }
 
-    /// The block cache counters as `gvfsctl stats --json` reports them.
-    pub fn cache_stats(&self) -> Result<serde_json::Value> {
-        Ok(self.cache_stats_all()?["cache"].clone())
-    }
-
-    /// Everything `gvfsctl stats --json` reports: `status`, `cache`, `meta`
-    /// and `writeback`, as JSON ([`Proxy::stats`] reads it typed).
-    pub fn cache_stats_all(&self) -> Result<serde_json::Value> {
+    /// Everything `gvfsctl stats --json` reports, untyped: for a test
+    /// that checks the JSON itself (tests/compat.rs); others read
+    /// [`Proxy::stats`].
+    pub fn stats_json(&self) -> Result<serde_json::Value> {
         let out = gvfsctl(self.control_path(), &["stats", "--json"])?;
         if !out.status.success() {
             bail!("gvfsctl stats failed: {}", out.stderr_text());
@@ -492,31 +482,10 @@ impl Proxy {
         serde_json::from_str(&out.stdout_text()).context("parsing gvfsctl stats --json")
     }
 
-    /// Waits until the counter `key` of [`Proxy::cache_stats_all`] (a
-    /// dotted path, as [`stat`] takes) is at least `min`, and returns the
-    /// stats it saw then; fails with them and the proxy's output after
-    /// `timeout`.
-    pub fn wait_stat(&self, key: &str, min: u64, timeout: Duration) -> Result<serde_json::Value> {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let s = self.cache_stats_all()?;
-            if stat(&s, key) >= min {
-                return Ok(s);
-            }
-            if std::time::Instant::now() >= deadline {
-                bail!(
-                    "{key} did not reach {min} within {timeout:?}: {s}\noutput:\n{}",
-                    self.output()
-                );
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-    }
-
     /// Everything `gvfsctl stats --json` reports, typed: every counter a
     /// field (see [`Stats`]).
     pub fn stats(&self) -> Result<Stats> {
-        Stats::from_json(self.cache_stats_all()?)
+        Stats::from_json(self.stats_json()?)
     }
 
     /// Waits until `done` holds of the proxy's [`Stats`], and returns the
@@ -563,8 +532,9 @@ impl Proxy {
         Ok(out.stdout_text())
     }
 
-    /// The proxy's status as `gvfsctl status --json` reports it.
-    pub fn status(&self) -> Result<serde_json::Value> {
+    /// The proxy's status as `gvfsctl status --json` reports it, typed
+    /// (the proxy's own [`Status`]).
+    pub fn status(&self) -> Result<Status> {
         let out = gvfsctl(self.control_path(), &["status", "--json"])?;
         if !out.status.success() {
             bail!("gvfsctl status failed: {}", out.stderr_text());
@@ -574,7 +544,7 @@ impl Proxy {
 
     /// How many times the proxy ran NFS procedure `name` (e.g. "COMMIT").
     pub fn calls(&self, name: &str) -> Result<u64> {
-        Ok(self.status()?["nfs_calls"][name].as_u64().unwrap_or(0))
+        Ok(self.status()?.nfs_calls.get(name).copied().unwrap_or(0))
     }
 
     /// Starts the proxy and waits (10 s at most) for its `listening on` line.

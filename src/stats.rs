@@ -18,6 +18,7 @@ use gvfs_fuse::FuseStats;
 use gvfs_meta::MetaStats;
 use gvfs_proxy::ext_server::ExtStats;
 use gvfs_proxy::status::Status;
+use gvfs_proxy::writeback::JobState;
 
 /// One `gvfsctl stats --json` snapshot of a proxy.
 #[derive(Debug, Clone)]
@@ -35,6 +36,8 @@ pub struct Stats {
     pub attr_cache: AttrCacheStats,
     /// The extension program, answering other proxies.
     pub ext: ExtStats,
+    /// The write-back job (`gvfsctl writeback`): running, bytes done.
+    pub writeback: JobState,
     /// The snapshot as the proxy sent it.
     json: serde_json::Value,
 }
@@ -51,6 +54,7 @@ impl Stats {
             file_cache: typed.file_cache.unwrap_or_default(),
             attr_cache: typed.attr_cache.unwrap_or_default(),
             ext: typed.ext,
+            writeback: typed.writeback,
             json,
         })
     }
@@ -67,6 +71,12 @@ impl Stats {
     /// The snapshot as JSON, as the proxy sent it.
     pub fn json(&self) -> &serde_json::Value {
         &self.json
+    }
+
+    /// How many times the proxy ran NFS procedure `name` (`"READ"`), 0 if
+    /// never: the procedures are the keys of `status.nfs_calls`.
+    pub fn calls(&self, name: &str) -> u64 {
+        self.status.nfs_calls.get(name).copied().unwrap_or(0)
     }
 }
 

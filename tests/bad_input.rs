@@ -10,11 +10,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::libnfs::nfs_cat;
-use gvfs::proxy::{proxy_binary, unreachable_upstream_args};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::rpc::{self, Credentials, ReplyError, ReplyStatus, auth_stat};
 use gvfs_nfs::xdr;
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::proxy::{proxy_binary, unreachable_upstream_args};
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 /// A raw RPC connection that sends whatever bytes a test wants.
 struct Raw(TcpStream);
@@ -132,8 +132,8 @@ fn oversized_fragment_header_closes_the_connection_without_allocating() -> Resul
     );
     let st = p.status()?;
     ensure!(
-        st["connections"]["closed_oversized"].as_u64() == Some(3),
-        "status: {st}"
+        st.connections.counts.closed_oversized == 3,
+        "status: {st:?}"
     );
     still_serves(&p)
 }
@@ -302,7 +302,7 @@ fn unknown_program_version_and_procedure_get_their_rpc_errors() -> Result<()> {
             )))
     );
     let st = p.status()?;
-    ensure!(st["rpc_errors"].as_u64().unwrap_or(0) >= 9, "status: {st}");
+    ensure!(st.front.rpc_errors >= 9, "status: {st:?}");
     still_serves(&p)
 }
 
@@ -330,8 +330,8 @@ fn upstream_down_then_back_delays_the_client_without_an_error() -> Result<()> {
     );
     let st = p.status()?;
     ensure!(
-        st["upstream_client"]["connects"].as_u64().unwrap_or(0) >= 2,
-        "no reconnect seen: {st}"
+        st.upstream_client.as_ref().map_or(0, |u| u.connects) >= 2,
+        "no reconnect seen: {st:?}"
     );
     Ok(())
 }
@@ -356,10 +356,7 @@ fn upstream_never_back_gives_a_clean_error_and_the_proxy_lives_on() -> Result<()
     eprintln!("client saw: {err}");
     still_serves(&p)?;
     let st = p.status()?;
-    ensure!(
-        st["service_errors"].as_u64().unwrap_or(0) >= 1,
-        "status: {st}"
-    );
+    ensure!(st.front.service_errors >= 1, "status: {st:?}");
     ensure!(
         p.output().contains("unavailable"),
         "no log line naming the outage:\n{}",
@@ -373,7 +370,7 @@ fn upstream_never_back_gives_a_clean_error_and_the_proxy_lives_on() -> Result<()
 fn refuses(args: &[&str], expect: &str) -> Result<()> {
     let mut cmd = Command::new(proxy_binary()?);
     cmd.args(args);
-    let out = gvfs::process::run(&mut cmd, Duration::from_secs(30))?;
+    let out = gvfs_testbed::process::run(&mut cmd, Duration::from_secs(30))?;
     let err = out.stderr_text();
     ensure!(
         !out.status.success(),
@@ -471,7 +468,7 @@ fn unreadable_directory_is_refused_for_a_non_root_user() -> Result<()> {
             "--upstream",
         ])
         .arg(format!("dir:{}", locked.display()));
-    let out = gvfs::process::run(&mut cmd, Duration::from_secs(30))?;
+    let out = gvfs_testbed::process::run(&mut cmd, Duration::from_secs(30))?;
     ensure!(!out.status.success(), "started on an unreadable directory");
     ensure!(
         out.stderr_text().contains("locked"),

@@ -7,19 +7,15 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_file_with, compare_files, random_bytes_at, write_random_file};
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::nfsclient::NfsClient;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::NfsRequest;
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_testbed::data::{compare_file_with, compare_files, random_bytes_at, write_random_file};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
-
-fn n(v: &serde_json::Value, k: &str) -> u64 {
-    v[k].as_u64().unwrap_or(0)
-}
 
 #[test]
 fn write_back_reaches_ganesha_only_on_writeback_and_byte_identical() -> Result<()> {
@@ -352,11 +348,11 @@ fn a_directory_read_with_its_first_lookup_answers_the_next_names() -> Result<()>
             .cache_dir(cache.path())
             .attr_timeout(60),
     )?;
-    let upstream = |proc_: &str| -> Result<u64> { Ok(n(&server.status()?["nfs_calls"], proc_)) };
+    let upstream = |proc_: &str| server.calls(proc_);
     compare_file_with(&nfs_cat(&client.url("img1/vm.json"))?, &dir.join("vm.json"))?;
     ensure!(
         upstream("READDIRPLUS")? >= 1,
-        "no READDIRPLUS with the first LOOKUP in img1: {}",
+        "no READDIRPLUS with the first LOOKUP in img1: {:?}",
         server.status()?
     );
     let lookups = upstream("LOOKUP")?;
@@ -401,13 +397,9 @@ fn attribute_cache_answers_repeat_sessions_locally_and_empties_on_writes() -> Re
     )?;
     let calls = |p: &Proxy| -> Result<u64> {
         let s = p.status()?;
-        let nfs: u64 = s["nfs_calls"]
-            .as_object()
-            .map(|m| m.values().filter_map(|v| v.as_u64()).sum())
-            .unwrap_or(0);
-        Ok(nfs + n(&s, "mount_calls"))
+        Ok(s.nfs_calls.values().sum::<u64>() + s.front.mount_calls)
     };
-    let getattrs = |p: &Proxy| -> Result<u64> { Ok(n(&p.status()?["nfs_calls"], "GETATTR")) };
+    let getattrs = |p: &Proxy| p.calls("GETATTR");
     let before = getattrs(&server)?;
     let first = nfs_cat(&client.url("golden.img"))?;
     compare_file_with(&first, &src)?;
@@ -424,7 +416,7 @@ fn attribute_cache_answers_repeat_sessions_locally_and_empties_on_writes() -> Re
     compare_file_with(&second, &src)?;
     ensure!(
         calls(&server)? == before,
-        "a repeat session reached upstream: {}",
+        "a repeat session reached upstream: {:?}",
         server.status()?
     );
     let s = client.stats()?;

@@ -13,9 +13,8 @@
 //! (`cargo bench --bench clone`).
 
 use anyhow::{Result, ensure};
-use gvfs::clone::cut::CutPoint;
-use gvfs::clone::{self, Scenario, Settings, report::CloneRecord};
-use gvfs::proxy::stat;
+use gvfs_testbed::clone::cut::CutPoint;
+use gvfs_testbed::clone::{self, Scenario, Settings, report::CloneRecord};
 
 fn find<'a>(records: &'a [CloneRecord], scenario: &str, clone: usize) -> Result<&'a CloneRecord> {
     records
@@ -103,7 +102,7 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("no LAN proxy stats from WAN-P"))?;
     ensure!(
-        stat(lan, "file_cache.frames_reused") > 0 && stat(lan, "file_cache.frames_made") == 0,
+        lan.file_cache.counts.frames_reused > 0 && lan.file_cache.counts.frames_made == 0,
         "WAN-P's LAN proxy compressed chunks again: {lan}"
     );
     // The full copy moves every byte; metadata actions move less.
@@ -121,7 +120,7 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
         .find(|(s, _)| *s == Scenario::WanS1)
         .ok_or_else(|| anyhow::anyhow!("no WAN-S1 client stats"))?;
     ensure!(
-        stat(s1, "file_cache.files_fetched") >= 2 && stat(s1, "meta.copy_reads") > 0,
+        s1.file_cache.counts.files_fetched >= 2 && s1.meta.copy_reads > 0,
         "WAN-S1's cold clone did not use compress-and-copy: {s1}"
     );
     let calls = |label: &str| {

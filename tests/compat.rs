@@ -32,13 +32,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{compare_bytes, write_sparse_chunks};
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::nfsclient::NfsClient;
-use gvfs::process;
-use gvfs::proxy::stat as n;
-use gvfs::{Proxy, ProxyArgs, WritePolicy};
 use gvfs_nfs::nfs3_types::nfs3::stable_how;
+use gvfs_testbed::data::{compare_bytes, write_sparse_chunks};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::process;
+use gvfs_testbed::{Proxy, ProxyArgs, WritePolicy};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -290,6 +289,14 @@ fn check_quiet(p: &Proxy, when: &str) -> Result<()> {
     Ok(())
 }
 
+/// The number at a dotted `path` (`"cache.dirty_bytes"`) of a stats
+/// snapshot, 0 when absent. Untyped on purpose: the snapshots here are the
+/// JSON of two versions of the proxy (the old one's recorded in the
+/// fixture), and [`counters`] checks that each key is there.
+fn n(v: &serde_json::Value, path: &str) -> u64 {
+    path.split('.').fold(v, |v, k| &v[k]).as_u64().unwrap_or(0)
+}
+
 /// The counters that say something was lost or refused: all must be 0.
 const LOSS: [&str; 9] = [
     "cache.banks_lost",
@@ -319,7 +326,7 @@ const COUNTED: [&str; 9] = [
 /// `gvfsctl stats --json` of `p`, which must have every counter the checks
 /// read (one renamed would otherwise read as 0 and pass).
 fn counters(p: &Proxy) -> Result<serde_json::Value> {
-    let s = p.cache_stats_all()?;
+    let s = p.stats_json()?;
     for k in LOSS.iter().chain(&COUNTED) {
         let v = k.split('.').fold(&s, |v, k| &v[k]);
         ensure!(v.is_u64(), "gvfsctl stats --json has no counter {k}: {s}");

@@ -7,9 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::libnfs::{nfs_cat, nfs_ls_names};
-use gvfs::proxy::{gvfsctl, proxy_binary};
-use gvfs::{Proxy, ProxyArgs};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_ls_names};
+use gvfs_testbed::proxy::{gvfsctl, proxy_binary};
+use gvfs_testbed::{Proxy, ProxyArgs};
 
 #[test]
 fn with_no_arguments_the_proxy_serves_the_sample_and_says_how_to_use_it() -> Result<()> {
@@ -84,7 +84,7 @@ fn with_no_arguments_the_proxy_serves_the_sample_and_says_how_to_use_it() -> Res
         Ok(())
     })();
     sigterm(child.id());
-    let exit = gvfs::process::wait_timeout(&mut child, Duration::from_secs(15))?;
+    let exit = gvfs_testbed::process::wait_timeout(&mut child, Duration::from_secs(15))?;
     if exit.is_none() {
         let _ = child.kill();
     }
@@ -108,22 +108,14 @@ fn gvfsctl_reports_counters_and_clear_errors() -> Result<()> {
     let mut p = Proxy::spawn(ProxyArgs::dir(origin.path()))?;
     ensure!(nfs_cat(&p.url("f"))? == b"0123456789");
     let st = p.status()?;
-    ensure!(st["read_bytes"].as_u64() == Some(10), "status: {st}");
+    ensure!(st.front.read_bytes == 10, "status: {st:?}");
     ensure!(
-        st["nfs_calls"]["READ"].as_u64().unwrap_or(0) >= 1,
-        "status: {st}"
+        st.nfs_calls.get("READ").copied().unwrap_or(0) >= 1,
+        "status: {st:?}"
     );
-    ensure!(st["mount_calls"].as_u64().unwrap_or(0) >= 1, "status: {st}");
-    ensure!(
-        st["upstream"]
-            .as_str()
-            .is_some_and(|u| u.starts_with("dir:")),
-        "status: {st}"
-    );
-    ensure!(
-        st["connections"]["accepted"].as_u64().unwrap_or(0) >= 1,
-        "status: {st}"
-    );
+    ensure!(st.front.mount_calls >= 1, "status: {st:?}");
+    ensure!(st.upstream.starts_with("dir:"), "status: {st:?}");
+    ensure!(st.connections.counts.accepted >= 1, "status: {st:?}");
     // A socket nobody listens on: a one-line error and a non-zero exit.
     let out = gvfsctl(&origin.path().join("nope.sock"), &["status"])?;
     ensure!(!out.status.success());

@@ -11,12 +11,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_files, write_memory_image};
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::nfsclient::NfsClient;
-use gvfs::process;
-use gvfs::proxy::gvfsctl_local as gvfsctl;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::NfsReply;
 use gvfs_nfs::NfsRequest;
 use gvfs_nfs::nfs3_types::nfs3::{
@@ -24,6 +18,12 @@ use gvfs_nfs::nfs3_types::nfs3::{
     cookieverf3, createhow3, diropargs3, filename3, sattr3, stable_how,
 };
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
+use gvfs_testbed::data::{compare_files, write_memory_image};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::process;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use gvfs_wanlink::{LinkConfig, WanLink};
 
 const MIB: u64 = 1 << 20;

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_files, fill_at};
-use gvfs::libnfs::nfs_cp;
-use gvfs::proxy::gvfsctl_local as gvfsctl;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
-use gvfs_wanlink::{LinkConfig, WanLink};
+use gvfs_testbed::data::{compare_files, fill_at};
+use gvfs_testbed::libnfs::nfs_cp;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::{Ganesha, Origin, Proxy, ProxyArgs, Site, Tier};
+use gvfs_wanlink::LinkConfig;
 
 const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
@@ -29,8 +29,8 @@ const WAIT: Duration = Duration::from_secs(30);
 /// Image A (its own random blocks) and image B, whose even block `2j` is
 /// A's block `j` and whose odd blocks are its own, each with
 /// compress-and-copy metadata (and so block hashes) beside it.
-fn images(g: &Ganesha) -> Result<(PathBuf, PathBuf)> {
-    pair(g, ["a.img", "b.img"], BLOCK, BLOCKS, 1, "--compress")
+fn images(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    pair(dir, ["a.img", "b.img"], BLOCK, BLOCKS, 1, "--compress")
 }
 
 /// Two images named `names` of `count` units of `unit` bytes: the first of
@@ -38,14 +38,14 @@ fn images(g: &Ganesha) -> Result<(PathBuf, PathBuf)> {
 /// unit `j` and its odd units its own; each with metadata made by `gvfsctl
 /// meta gen FILE META_FLAG`, which must record block hashes.
 fn pair(
-    g: &Ganesha,
+    dir: &Path,
     names: [&str; 2],
     unit: u64,
     count: u64,
     seed: u64,
     meta_flag: &str,
 ) -> Result<(PathBuf, PathBuf)> {
-    let (a, b) = (g.export_dir().join(names[0]), g.export_dir().join(names[1]));
+    let (a, b) = (dir.join(names[0]), dir.join(names[1]));
     let (fa, fb) = (File::create(&a)?, File::create(&b)?);
     let mut buf = vec![0u8; unit as usize];
     for i in 0..count {
@@ -114,34 +114,29 @@ async fn wait_indexed(p: &Proxy, blocks: u64) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Result<()> {
-    let g = Ganesha::start()?;
-    let (a, b) = images(&g)?;
-    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
-    let link = WanLink::start(
-        "127.0.0.1:0".parse()?,
-        server.addr(),
-        LinkConfig::from_rtt(Duration::from_millis(2), None),
-    )
-    .await?;
-    let (lan_dir, node_dir, out) = (
-        tempfile::tempdir()?,
-        tempfile::tempdir()?,
-        tempfile::tempdir()?,
+    // Node 2 runs with dedup off, for the end.
+    let site = Site::builder(Origin::Ganesha)
+        .wan(LinkConfig::from_rtt(Duration::from_millis(2), None))
+        .lan(Tier::new().cache("64M"))
+        .node(Tier::new().cache("64M"))
+        .node(Tier::new().cache("64M").args(ProxyArgs::no_dedup))
+        .start_with(|origin| images(origin).map(drop))?;
+    let (a, b) = (
+        site.origin_dir().join("a.img"),
+        site.origin_dir().join("b.img"),
     );
-    let lan = Proxy::spawn(
-        ProxyArgs::new(server.upstream_url_at(link.local_addr())).cache(lan_dir.path(), "64M"),
-    )?;
-    let node = Proxy::spawn(ProxyArgs::new(lan.upstream_url()).cache(node_dir.path(), "64M"))?;
+    let (server, lan, node, link) = (site.image_server(), site.lan()?, site.node(0)?, site.wan()?);
+    let out = tempfile::tempdir()?;
     let wan = || link.stats().downstream_bytes + link.stats().upstream_bytes;
 
-    copy_through(&node, "a.img", &a, &out.path().join("a"))?;
+    copy_through(node, "a.img", &a, &out.path().join("a"))?;
     lan.wait_files_complete(1, WAIT)?;
     node.wait_files_complete(1, WAIT)?;
-    wait_indexed(&lan, BLOCKS).await?;
-    wait_indexed(&node, BLOCKS).await?;
+    wait_indexed(lan, BLOCKS).await?;
+    wait_indexed(node, BLOCKS).await?;
     let wan_a = wan();
     // Before B is fetched, `meta show` says half of it is held already.
-    let shown = gvfs::proxy::gvfsctl(
+    let shown = gvfs_testbed::proxy::gvfsctl(
         node.control_path(),
         &["meta", "show", &b.display().to_string()],
     )?
@@ -150,7 +145,7 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
         shown.contains("block hashes:    3072") && shown.contains("1536 of 3072 data blocks"),
         "gvfsctl meta show:\n{shown}"
     );
-    copy_through(&node, "b.img", &b, &out.path().join("b"))?;
+    copy_through(node, "b.img", &b, &out.path().join("b"))?;
     let lan_stats = lan.wait_files_complete(2, WAIT)?;
     let node_stats = node.wait_files_complete(2, WAIT)?;
     let wan_b = wan() - wan_a;
@@ -183,14 +178,9 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
     );
 
     // With dedup off, a node fetches every block, and gets the same bytes.
-    let off_dir = tempfile::tempdir()?;
-    let off = Proxy::spawn(
-        ProxyArgs::new(lan.upstream_url())
-            .cache(off_dir.path(), "64M")
-            .no_dedup(),
-    )?;
-    copy_through(&off, "a.img", &a, &out.path().join("a2"))?;
-    copy_through(&off, "b.img", &b, &out.path().join("b2"))?;
+    let off = site.node(1)?;
+    copy_through(off, "a.img", &a, &out.path().join("a2"))?;
+    copy_through(off, "b.img", &b, &out.path().join("b2"))?;
     let s = off.wait_files_complete(2, WAIT)?;
     ensure!(
         s.file_cache.counts.dedup_bytes == 0 && s.file_cache.counts.raw_bytes >= 2 * BLOCKS * BLOCK,
@@ -198,7 +188,7 @@ async fn an_image_crosses_the_wan_as_only_the_blocks_no_held_image_has() -> Resu
     );
 
     // `gvfsctl stats` names what dedup saved, per image.
-    let text = gvfs::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
+    let text = gvfs_testbed::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
     ensure!(
         text.contains("dedup") && text.contains("b.img"),
         "gvfsctl stats does not show dedup per image:\n{text}"
@@ -221,7 +211,7 @@ fn cached_copy(cache_dir: &Path, size: u64) -> Result<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_blocks_serve_after_a_restart_and_rotted_ones_are_fetched() -> Result<()> {
     let g = Ganesha::start()?;
-    let (a, b) = images(&g)?;
+    let (a, b) = images(g.export_dir())?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let mut node = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(dir.path(), "64M"))?;
@@ -261,7 +251,7 @@ async fn held_blocks_serve_after_a_restart_and_rotted_ones_are_fetched() -> Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_hashes_or_with_an_older_format_fetches_everything() -> Result<()> {
     let g = Ganesha::start()?;
-    let (a, b) = images(&g)?;
+    let (a, b) = images(g.export_dir())?;
     // B's metadata without hashes (format 1): nothing to match it by.
     let said = gvfsctl(&[
         "meta",
@@ -286,12 +276,12 @@ async fn a_node_without_hashes_or_with_an_older_format_fetches_everything() -> R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result<()> {
-    gvfs::require_fuse!();
+    gvfs_testbed::require_fuse!();
     let g = Ganesha::start()?;
-    let (a, b) = images(&g)?;
+    let (a, b) = images(g.export_dir())?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mnt = gvfs::fuse::MountPoint::new()?;
+    let mnt = gvfs_testbed::fuse::MountPoint::new()?;
     let node = Proxy::spawn(
         ProxyArgs::new(server.upstream_url())
             .cache(dir.path(), "64M")
@@ -332,7 +322,7 @@ async fn a_lazy_readers_faults_copy_shared_blocks_and_fetch_the_rest() -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() -> Result<()> {
     let g = Ganesha::start()?;
-    let (a, b) = images(&g)?;
+    let (a, b) = images(g.export_dir())?;
     // B's metadata lies about its odd block 1 (its own bytes): it gives it
     // the fingerprint of A's block 7. Its piece hashes are B's true ones.
     lie(&g, "b.img", "a.img", &[(1, 7)])?;
@@ -363,9 +353,9 @@ async fn a_fingerprint_that_names_other_bytes_costs_a_fetch_not_wrong_bytes() ->
 /// start: the fault, and the profile's fetch, get B's true bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Result<()> {
-    gvfs::require_fuse!();
+    gvfs_testbed::require_fuse!();
     let g = Ganesha::start()?;
-    let (a, b) = images(&g)?;
+    let (a, b) = images(g.export_dir())?;
     lie(&g, "b.img", "a.img", &[(1, 7)])?;
     let m = std::fs::metadata(&b)?;
     let time = |s: i64, ns: i64| (s as u32, ns as u32);
@@ -381,7 +371,7 @@ async fn a_fault_smaller_than_a_piece_hash_gets_no_unchecked_held_block() -> Res
 
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).meta())?;
     let (dir, out) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mnt = gvfs::fuse::MountPoint::new()?;
+    let mnt = gvfs_testbed::fuse::MountPoint::new()?;
     let node = Proxy::spawn(
         ProxyArgs::new(server.upstream_url())
             .cache(dir.path(), "64M")
@@ -427,14 +417,14 @@ const PIECE: u64 = 16 * BLOCK;
 /// Disk images C and D, read block by block (metadata with `--hashes`, no
 /// compress-and-copy): D's even piece `2j` is C's piece `j`, its odd
 /// pieces its own.
-fn disks(g: &Ganesha) -> Result<(PathBuf, PathBuf)> {
-    pair(g, ["c.img", "d.img"], PIECE, PIECES, 3, "--hashes")
+fn disks(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    pair(dir, ["c.img", "d.img"], PIECE, PIECES, 3, "--hashes")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Result<()> {
     let g = Ganesha::start()?;
-    let (c, d) = disks(&g)?;
+    let (c, d) = disks(g.export_dir())?;
     // D's metadata lies about its own piece 1: its blocks get the
     // fingerprints of C's piece 90 (held), its piece hash stays D's.
     let blocks: Vec<(usize, u64)> = (0..16).map(|i| (16 + i, 90 * 16 + i as u64)).collect();
@@ -460,7 +450,7 @@ async fn a_disk_read_block_by_block_fills_shared_blocks_from_held_ones() -> Resu
             && s.file_cache.counts.dedup_bytes == (PIECES / 2 - 1) * PIECE,
         "D through the block cache: {s}"
     );
-    let text = gvfs::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
+    let text = gvfs_testbed::proxy::gvfsctl(node.control_path(), &["stats"])?.stdout_text();
     ensure!(
         text.contains("d.img") && text.contains("filled from blocks with the same content"),
         "gvfsctl stats does not show the block cache's dedup:\n{text}"

@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::process::{self, Output};
-use gvfs::proxy::{Proxy, ProxyArgs, proxy_binary};
+use gvfs_testbed::process::{self, Output};
+use gvfs_testbed::proxy::{Proxy, ProxyArgs, proxy_binary};
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/deploy")

@@ -14,12 +14,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::chain;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::proxy::chain;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -503,7 +503,7 @@ async fn step(pair: &Pair, rng: &mut StdRng, dirs: &mut Vec<String>, i: usize) -
             };
             let len = rng.gen_range(1..70_000usize);
             let seed: u64 = rng.r#gen();
-            let data = gvfs::data::random_bytes(seed, len);
+            let data = gvfs_testbed::data::random_bytes(seed, len);
             let stable = [
                 stable_how::UNSTABLE,
                 stable_how::DATA_SYNC,

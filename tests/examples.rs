@@ -19,11 +19,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::Stats;
-use gvfs::data::compare_bytes;
-use gvfs::libnfs::nfs_cat;
-use gvfs::process;
-use gvfs::proxy::{gvfsctl, proxy_binary};
+use gvfs_testbed::Stats;
+use gvfs_testbed::data::compare_bytes;
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::process;
+use gvfs_testbed::proxy::{gvfsctl, proxy_binary};
 
 /// Longest the site may take to come up and do its reads.
 const SITE_TIMEOUT: Duration = Duration::from_secs(120);

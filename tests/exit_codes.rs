@@ -8,15 +8,15 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::proxy::{proxy_binary, unreachable_upstream_args};
 use gvfs_proxy::exit::ExitCode;
+use gvfs_testbed::proxy::{proxy_binary, unreachable_upstream_args};
 
 /// Runs gvfs-proxy with `args` (its control socket in `dir`) and checks
 /// that it exits at once with `want`.
 fn exits_with(dir: &Path, args: &[&str], want: ExitCode) -> Result<()> {
     let mut cmd = Command::new(proxy_binary()?);
     cmd.arg("--control").arg(dir.join("ctl.sock")).args(args);
-    let out = gvfs::process::run(&mut cmd, Duration::from_secs(30))?;
+    let out = gvfs_testbed::process::run(&mut cmd, Duration::from_secs(30))?;
     let code = out.status.code().context("killed by a signal")?;
     ensure!(
         code == i32::from(want.code()),
@@ -73,7 +73,7 @@ fn a_listen_address_in_use_exits_4() -> Result<()> {
 
 #[test]
 fn help_lists_the_exit_codes() -> Result<()> {
-    let out = gvfs::process::run(
+    let out = gvfs_testbed::process::run(
         Command::new(proxy_binary()?).arg("--help"),
         Duration::from_secs(30),
     )?;

@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::write_sparse_file;
-use gvfs::libnfs::nfs_cat;
-use gvfs::proxy::{gvfsctl_local as gvfsctl, stat};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::data::write_sparse_file;
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
 
@@ -63,13 +63,13 @@ fn fetch_whole(src: &Path, server: &Proxy, binary: Option<&Path>) -> Result<(u64
         nfs_cat(&node.url("image.raw"))? == want,
         "the node served other bytes"
     );
-    node.wait_stat("file_cache.files_complete", 1, WAIT)?;
+    node.wait_files_complete(1, WAIT)?;
     ensure!(
         nfs_cat(&node.url("image.raw"))? == want,
         "the node served other bytes from its file cache"
     );
-    let s = server.cache_stats_all()?;
-    Ok((stat(&s, "ext.fetch_calls"), stat(&s, "ext.hello_calls")))
+    let s = server.stats()?;
+    Ok((s.ext.fetch_calls, s.ext.hello_calls))
 }
 
 #[test]

@@ -3,28 +3,28 @@
 //! write-back that would overwrite a change made at the origin, a kept
 //! copy of a file changed while the proxy was down, and a full disk.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::write_sparse_file;
-use gvfs::libnfs::nfs_cat;
-use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::gvfsctl_local as gvfsctl;
-use gvfs::tmpfs::Tmpfs;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::{
     COMMIT3args, Nfs3Result, WRITE3args, nfs_fh3, nfsstat3, stable_how,
 };
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::{NfsReply, NfsRequest};
+use gvfs_testbed::data::write_sparse_file;
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::tmpfs::Tmpfs;
+use gvfs_testbed::{Ganesha, Origin, Proxy, ProxyArgs, Site, Tier};
 
 const MIB: u64 = 1 << 20;
 
 /// A 4 MiB image with data in its first and last chunk and zeros between,
 /// marked for compress-and-copy.
-fn image(g: &Ganesha, name: &str, seed: u64) -> Result<PathBuf> {
-    let path = g.export_dir().join(name);
+fn image(dir: &Path, name: &str, seed: u64) -> Result<PathBuf> {
+    let path = dir.join(name);
     write_sparse_file(&path, 4 * MIB, seed, &[(0, MIB), (3 * MIB, MIB)])?;
     gvfsctl(&["meta", "gen", &path.display().to_string(), "--compress"])?;
     Ok(path)
@@ -83,15 +83,15 @@ async fn commit(nfs: &NfsClient, fh: &nfs_fh3) -> Result<nfsstat3> {
 /// `gvfsctl writeback` fails, naming the conflict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() -> Result<()> {
-    let g = Ganesha::start()?;
-    let src = image(&g, "shared.raw", 41)?;
-    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
-    let cache = tempfile::tempdir()?;
-    let client = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(cache.path(), "16M"))?;
+    let site = Site::builder(Origin::Ganesha)
+        .node(Tier::new().cache("16M"))
+        .start_with(|origin| image(origin, "shared.raw", 41).map(drop))?;
+    let src = site.origin_dir().join("shared.raw");
+    let client = site.node(0)?;
     ensure!(nfs_cat(&client.url("shared.raw"))? == std::fs::read(&src)?);
     client.wait_files_complete(1, WAIT)?;
 
-    let nfs = NfsClient::of_proxy(&client, Duration::from_secs(30)).await?;
+    let nfs = NfsClient::of_proxy(client, Duration::from_secs(30)).await?;
     let fh = nfs.resolve("shared.raw").await?.context("shared.raw")?;
     let ours = b"the proxy's client wrote this";
     ensure!(write(&nfs, &fh, MIB + 100, ours, false).await? == nfsstat3::NFS3_OK);
@@ -100,7 +100,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() -> Result
     // Meanwhile, at the origin, in the same 1 MiB chunk.
     let theirs = b"someone changed the origin";
     std::thread::sleep(Duration::from_millis(20));
-    gvfs::data::write_at(&src, MIB + 500_000, theirs)?;
+    gvfs_testbed::data::write_at(&src, MIB + 500_000, theirs)?;
     let origin = std::fs::read(&src)?;
 
     let e = client.write_back().expect_err("the write-back went ahead");
@@ -139,7 +139,7 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
     use gvfs_nfs::Credentials;
     use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
     let g = Ganesha::start()?;
-    let src = image(&g, "kept.raw", 31)?;
+    let src = image(g.export_dir(), "kept.raw", 31)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let lan_dir = tempfile::tempdir()?;
     let mut lan = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(lan_dir.path(), "16M"))?;
@@ -151,7 +151,7 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
     lan.terminate()?;
     // The image changes at the origin while the LAN proxy is down: same
     // size, other bytes in its last chunk.
-    gvfs::data::write_at(&src, 3 * MIB + 100, b"changed while the LAN proxy was down")?;
+    gvfs_testbed::data::write_at(&src, 3 * MIB + 100, b"changed while the LAN proxy was down")?;
     let want = std::fs::read(&src)?;
 
     let lan = Proxy::spawn(ProxyArgs::new(server.upstream_url()).cache(lan_dir.path(), "16M"))?;
@@ -198,7 +198,7 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_file_cache_disk_answers_nospc_and_recovers() -> Result<()> {
     let g = Ganesha::start()?;
-    let src = image(&g, "full.raw", 51)?;
+    let src = image(g.export_dir(), "full.raw", 51)?;
     let mut want = std::fs::read(&src)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
     let cache = tempfile::tempdir()?;

@@ -7,14 +7,14 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{
+use gvfs_nfs::rpc::{self, Credentials};
+use gvfs_testbed::data::{
     self, compare_bytes, compare_file_with, compare_files, random_bytes, write_random_file,
 };
-use gvfs::libnfs::{nfs_cat, nfs_cp, nfs_ls, nfs_ls_entries, nfs_ls_names, qemu_img};
-use gvfs::portmap::{self, Portmapper};
-use gvfs::rpc_client::{self, MOUNT_PROGRAM, NFS_PROGRAM};
-use gvfs::{Ganesha, Proxy, ProxyArgs, ganesha};
-use gvfs_nfs::rpc::{self, Credentials};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp, nfs_ls, nfs_ls_entries, nfs_ls_names, qemu_img};
+use gvfs_testbed::portmap::{self, Portmapper};
+use gvfs_testbed::rpc_client::{self, MOUNT_PROGRAM, NFS_PROGRAM};
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs, ganesha};
 
 /// QEMU finds ganesha through the portmapper, which answers with the most
 /// recently registered instance: the QEMU test runs alone (write lock)

@@ -11,11 +11,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{MIB, compare_bytes, random_bytes, random_bytes_at};
-use gvfs::fuse::{self, MountPoint, drop_caches, mounted};
-use gvfs::require_fuse;
-use gvfs::tree::{Model, check_tree};
-use gvfs::{Proxy, ProxyArgs};
+use gvfs_testbed::data::{MIB, compare_bytes, random_bytes, random_bytes_at};
+use gvfs_testbed::fuse::{self, MountPoint, drop_caches, mounted};
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::tree::{Model, check_tree};
+use gvfs_testbed::{Proxy, ProxyArgs};
 
 const WRITERS: usize = 4;
 const READERS: usize = 4;

@@ -1,7 +1,7 @@
 //! Credentials on the FUSE mount (`gvfs-proxy --mount DIR`), per call
 //! (uid, gid, supplementary groups) and per open file (uid 1000 vs 1001),
 //! on the `dir:` origin and on nfs-ganesha. Calls as another user run in
-//! forked children ([`gvfs::fuse::in_child`]).
+//! forked children ([`gvfs_testbed::fuse::in_child`]).
 //!
 //! Skipped (with a message) only when `/dev/fuse` or `fusermount3` is
 //! missing; the tests run as root, as the CI does.
@@ -13,11 +13,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_file_with, random_bytes};
-use gvfs::fuse::{self, MountPoint, TOOL_TIMEOUT, drop_caches, errno_name, in_child, mounted};
-use gvfs::process::run_ok;
-use gvfs::require_fuse;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::data::{compare_file_with, random_bytes};
+use gvfs_testbed::fuse::{
+    self, MountPoint, TOOL_TIMEOUT, drop_caches, errno_name, in_child, mounted,
+};
+use gvfs_testbed::process::run_ok;
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 /// How long a child process calling the mount as another user may take.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);

@@ -17,12 +17,12 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{MIB, compare_file_with, random_bytes};
-use gvfs::fuse::{self, MountPoint, drop_caches, errno_name, errno_of, mounted};
-use gvfs::require_fuse;
-use gvfs::tmpfs::Tmpfs;
-use gvfs::tree::{Model, check_tree};
-use gvfs::{Proxy, ProxyArgs};
+use gvfs_testbed::data::{MIB, compare_file_with, random_bytes};
+use gvfs_testbed::fuse::{self, MountPoint, drop_caches, errno_name, errno_of, mounted};
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::tmpfs::Tmpfs;
+use gvfs_testbed::tree::{Model, check_tree};
+use gvfs_testbed::{Proxy, ProxyArgs};
 
 /// Fails unless the proxy still answers `gvfsctl status` and the mount
 /// still writes and reads a file.

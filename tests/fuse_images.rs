@@ -11,12 +11,12 @@ use std::os::unix::fs::FileExt;
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::ProxyArgs;
-use gvfs::data::{MIB, compare_bytes, compare_files};
-use gvfs::fuse::{self, Mapping, MountPoint, TOOL_TIMEOUT, drop_caches, mounted};
-use gvfs::libnfs::qemu_img;
-use gvfs::process::run_ok;
-use gvfs::require_fuse;
+use gvfs_testbed::ProxyArgs;
+use gvfs_testbed::data::{MIB, compare_bytes, compare_files};
+use gvfs_testbed::fuse::{self, Mapping, MountPoint, TOOL_TIMEOUT, drop_caches, mounted};
+use gvfs_testbed::libnfs::qemu_img;
+use gvfs_testbed::process::run_ok;
+use gvfs_testbed::require_fuse;
 
 #[test]
 fn qemu_images_on_the_mount() -> Result<()> {
@@ -85,7 +85,7 @@ fn qemu_images_on_the_mount() -> Result<()> {
 
         // A raw memory image, converted in by path and compared.
         let mem = local.path().join("mem.img");
-        gvfs::data::write_memory_image(&mem, 32 * MIB as u64, 11)?;
+        gvfs_testbed::data::write_memory_image(&mem, 32 * MIB as u64, 11)?;
         let on_mount = mnt.path().join("mem.raw");
         qemu_img(&[
             "convert",

@@ -10,9 +10,9 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use gvfs::ProxyArgs;
-use gvfs::fuse::{MountPoint, drop_caches, mounted};
-use gvfs::require_fuse;
+use gvfs_testbed::ProxyArgs;
+use gvfs_testbed::fuse::{MountPoint, drop_caches, mounted};
+use gvfs_testbed::require_fuse;
 
 /// A listing hands the kernel every entry's attributes and node
 /// (READDIRPLUS): `ls -l` of 1,000 files needs no LOOKUP per name, and

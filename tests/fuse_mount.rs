@@ -15,13 +15,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{MIB, compare_file_with, random_bytes};
-use gvfs::fuse::{self, MountPoint, TOOL_TIMEOUT, drop_caches, errno_name, errno_of, mounted};
-use gvfs::process::{self, run_ok};
-use gvfs::proxy::{gvfsctl, proxy_binary};
-use gvfs::require_fuse;
-use gvfs::{Proxy, ProxyArgs};
 use gvfs_proxy::exit::ExitCode;
+use gvfs_testbed::data::{MIB, compare_file_with, random_bytes};
+use gvfs_testbed::fuse::{
+    self, MountPoint, TOOL_TIMEOUT, drop_caches, errno_name, errno_of, mounted,
+};
+use gvfs_testbed::process::{self, run_ok};
+use gvfs_testbed::proxy::{gvfsctl, proxy_binary};
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::{Proxy, ProxyArgs, Status};
 
 /// Runs gvfs-proxy serving `origin` with `--mount mnt`, expecting it to refuse at once: returns its stderr
 /// once it exited with the local-resource code (4).
@@ -285,17 +287,17 @@ fn listen_none_serves_the_mount_only() -> Result<()> {
         "gvfsctl status failed: {}",
         out.stderr_text()
     );
-    let status: serde_json::Value =
+    let status: Status =
         serde_json::from_str(&out.stdout_text()).context("parsing gvfsctl status --json")?;
     ensure!(
-        status["listen"].as_str() == Some("none"),
-        "gvfsctl status --json: listen is {}, expected \"none\"",
-        status["listen"]
+        status.listen == "none",
+        "gvfsctl status --json: listen is {:?}, expected \"none\"",
+        status.listen
     );
     ensure!(
-        status["mount"]["path"].as_str() == Some(&*mnt.path().display().to_string()),
-        "gvfsctl status --json: mount is {}, expected path {}",
-        status["mount"],
+        status.mount.as_ref().map(|m| m.path.as_str()) == Some(&*mnt.path().display().to_string()),
+        "gvfsctl status --json: mount is {:?}, expected path {}",
+        status.mount,
         mnt.path().display()
     );
 

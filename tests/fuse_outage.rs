@@ -15,10 +15,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{compare_bytes, random_bytes};
-use gvfs::fuse::{self, MountPoint, mounted};
-use gvfs::require_fuse;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::data::{compare_bytes, random_bytes};
+use gvfs_testbed::fuse::{self, MountPoint, mounted};
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 /// How long a read must still be waiting while the link is cut.
 const STILL_BLOCKED: Duration = Duration::from_secs(3);
@@ -56,7 +56,7 @@ impl Wan {
         format!(
             "nfs://127.0.0.1:{}{}?mountport={}",
             self.nfs.addr().port(),
-            gvfs::ganesha::EXPORT,
+            gvfs_testbed::ganesha::EXPORT,
             self.mount.addr().port()
         )
     }

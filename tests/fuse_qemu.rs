@@ -20,7 +20,7 @@
 //!   and through the mount, is unchanged.
 //!
 //! QEMU is driven over QMP with the clone benchmark's client
-//! ([`gvfs::clone::guest::Qmp`]). Skipped (with a message) when FUSE
+//! ([`gvfs_testbed::clone::guest::Qmp`]). Skipped (with a message) when FUSE
 //! (`/dev/fuse`, `fusermount3`), `qemu-system-x86_64` or `qemu-img` is
 //! missing.
 
@@ -32,12 +32,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::clone::guest::Qmp;
-use gvfs::data::{compare_bytes, compare_file_with, compare_files, random_bytes};
-use gvfs::fuse::{self, MountPoint, drop_caches};
-use gvfs::libnfs::qemu_img;
-use gvfs::process;
-use gvfs::{Proxy, ProxyArgs};
+use gvfs_testbed::clone::guest::Qmp;
+use gvfs_testbed::data::{compare_bytes, compare_file_with, compare_files, random_bytes};
+use gvfs_testbed::fuse::{self, MountPoint, drop_caches};
+use gvfs_testbed::libnfs::qemu_img;
+use gvfs_testbed::process;
+use gvfs_testbed::{Proxy, ProxyArgs};
 use serde_json::{Value, json};
 
 const MIB: u64 = 1 << 20;
@@ -60,12 +60,12 @@ const RUN_ON: Duration = Duration::from_millis(1000);
 /// missing.
 macro_rules! require_fuse_and_qemu {
     () => {
-        if let Some(why) = gvfs::fuse::unavailable() {
+        if let Some(why) = gvfs_testbed::fuse::unavailable() {
             eprintln!("skipping: {why}");
             return Ok(());
         }
         for tool in ["qemu-system-x86_64", "qemu-img"] {
-            if gvfs::fuse::which(tool).is_none() {
+            if gvfs_testbed::fuse::which(tool).is_none() {
                 eprintln!(
                     "skipping: {tool} is not installed (apt-get install qemu-system-x86 qemu-utils)"
                 );

@@ -27,15 +27,15 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{MIB, compare_bytes, compare_file_with, random_bytes};
-use gvfs::fuse::{
+use gvfs_testbed::data::{MIB, compare_bytes, compare_file_with, random_bytes};
+use gvfs_testbed::fuse::{
     self, Mapping, MountPoint, TOOL_TIMEOUT, drop_caches, errno_name, errno_of, mounted,
 };
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::process::run_ok;
-use gvfs::require_fuse;
-use gvfs::tree::{Model, Want, check_tree};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::process::run_ok;
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::tree::{Model, Want, check_tree};
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 /// How long the file system may take to drop a file removed while open
 /// after its last close (FUSE sends RELEASE after close(2) returns).

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{random_bytes_at, write_random_file};
-use gvfs::libnfs::{nfs_cat, nfs_cp};
-use gvfs::nfsclient::NfsClient;
-use gvfs::tmpfs::Tmpfs;
-use gvfs::{Ganesha, Proxy, ProxyArgs, Squash};
 use gvfs_nfs::Credentials;
 use gvfs_nfs::nfs3_types::nfs3::stable_how;
+use gvfs_testbed::data::{random_bytes_at, write_random_file};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::tmpfs::Tmpfs;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs, Squash};
 
 const KIB: usize = 1024;
 const MIB: u64 = 1 << 20;

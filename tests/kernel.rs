@@ -20,8 +20,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::kernel::{self, GuestReport, NfsClientKit, Server, Workload};
-use gvfs::{Ganesha, Proxy, ProxyArgs, WritePolicy};
+use gvfs_testbed::kernel::{self, GuestReport, NfsClientKit, Server, Workload};
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs, WritePolicy};
 
 /// Boots the guest on `server`; fails unless every step passed.
 fn workload(server: &Server, what: Workload, label: &str) -> Result<GuestReport> {

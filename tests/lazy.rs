@@ -18,16 +18,16 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_bytes, compare_files, write_sparse_file};
-use gvfs::fuse::{self, MountPoint};
-use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::gvfsctl_local as gvfsctl;
-use gvfs::require_fuse;
-use gvfs::{Ganesha, Proxy, ProxyArgs, Stats};
 use gvfs_ext::{ChunkSource, ExtClient};
 use gvfs_nfs::Credentials;
 use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
-use gvfs_wanlink::{LinkConfig, WanLink};
+use gvfs_testbed::data::{compare_bytes, compare_files, write_sparse_file};
+use gvfs_testbed::fuse::{self, MountPoint};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::require_fuse;
+use gvfs_testbed::{Ganesha, Origin, Proxy, ProxyArgs, Site, Tier};
+use gvfs_wanlink::LinkConfig;
 
 const MIB: u64 = 1 << 20;
 /// The file cache's chunk.
@@ -90,10 +90,6 @@ impl Node {
 
     fn path(&self, name: &str) -> PathBuf {
         self.mnt.path().join(name)
-    }
-
-    fn stats(&self) -> Result<Stats> {
-        self.proxy.stats()
     }
 }
 
@@ -214,8 +210,8 @@ async fn a_changed_image_drops_its_profile() -> Result<()> {
     // A new version: other bytes in two chunks of data (one the profile
     // names), mtime and ctime move on.
     thread::sleep(Duration::from_millis(20));
-    gvfs::data::write_at(&origin, 30 * CHUNK + 512, b"the golden image, rebuilt")?;
-    gvfs::data::write_at(&origin, 44 * CHUNK + 9, &[0xa5; 3000])?;
+    gvfs_testbed::data::write_at(&origin, 30 * CHUNK + 512, b"the golden image, rebuilt")?;
+    gvfs_testbed::data::write_at(&origin, 44 * CHUNK + 9, &[0xa5; 3000])?;
     meta_gen(&origin)?;
 
     let node = Node::start(server.upstream_url())?;
@@ -270,20 +266,18 @@ async fn a_copy_teaches_nothing() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demand_reads_are_fetched_as_demand() -> Result<()> {
     require_fuse!();
-    let origin_dir = tempfile::tempdir()?;
-    let origin = origin_dir.path().join("golden.mem");
     // 24 chunks of data but for two; incompressible, so the background
     // stream takes about 0.4 s a chunk on this link.
-    image(&origin, 24 * MIB, &[5, 17], 91)?;
-    let server = Proxy::spawn(ProxyArgs::dir(origin_dir.path()))?;
-    let link = WanLink::start(
-        "127.0.0.1:0".parse()?,
-        server.addr(),
-        LinkConfig::from_rtt(Duration::from_millis(20), Some(20_000_000)),
-    )
-    .await?;
-    let node = Node::start(server.upstream_url_at(link.local_addr()))?;
-    let f = File::open(node.path("golden.mem"))?;
+    let site = Site::builder(Origin::Dir)
+        .wan(LinkConfig::from_rtt(
+            Duration::from_millis(20),
+            Some(20_000_000),
+        ))
+        .node(Tier::new().cache("64M").mount())
+        .start_with(|dir| image(&dir.join("golden.mem"), 24 * MIB, &[5, 17], 91))?;
+    let origin = site.origin_dir().join("golden.mem");
+    let (server, node) = (site.image_server(), site.node(0)?);
+    let f = File::open(node.path("golden.mem")?)?;
     read_page(&f, &origin, 0)?;
     read_page(&f, &origin, 22 * CHUNK + 4096)?;
     // Both reads waited, and the far one fetched its bytes itself: with no
@@ -309,8 +303,6 @@ async fn demand_reads_are_fetched_as_demand() -> Result<()> {
         up.ext.demand_calls >= 2,
         "the reads' chunks did not reach the image server as FETCH_DEMAND: {up}"
     );
-    drop(node);
-    link.shutdown().await;
     Ok(())
 }
 
@@ -358,7 +350,7 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
 
     // The image changes: meta show calls the kept profile stale.
     thread::sleep(Duration::from_millis(20));
-    gvfs::data::write_at(&origin, 7 * CHUNK, b"rebuilt")?;
+    gvfs_testbed::data::write_at(&origin, 7 * CHUNK, b"rebuilt")?;
     let shown = gvfsctl(&["meta", "show", &origin.display().to_string()])?;
     ensure!(
         shown.contains("stale: learned on another version"),

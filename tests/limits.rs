@@ -9,13 +9,13 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::libnfs::nfs_cat;
-use gvfs::proxy::chain;
-use gvfs::rpc_client;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::rpc::{self, Credentials};
 use gvfs_nfs::{NfsProc, NfsReply, NfsRequest};
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::proxy::chain;
+use gvfs_testbed::rpc_client;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 fn connect(addr: SocketAddr) -> Result<TcpStream> {
     let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
@@ -83,7 +83,7 @@ fn resent_remove_succeeds_each_time(p: &Proxy, origin: &std::path::Path) -> Resu
     send_call(&mut s2, 0x5152, &req)?;
     ensure!(recv_reply(&mut s2, NfsProc::Remove)?.status() == nfsstat3::NFS3ERR_NOENT);
     let st = p.status()?;
-    ensure!(st["drc_hits"].as_u64() == Some(2), "status: {st}");
+    ensure!(st.front.drc_hits == 2, "status: {st:?}");
     Ok(())
 }
 
@@ -161,10 +161,10 @@ fn idle_and_half_sent_connections_do_not_lock_out_a_new_client() -> Result<()> {
         "the oldest silent connection is still open"
     );
     let st = p.status()?;
-    let conns = &st["connections"];
+    let conns = &st.connections.counts;
     ensure!(
-        conns["evicted_idle"].as_u64() >= Some(1) && conns["evicted_pending"].as_u64() >= Some(8),
-        "status: {st}"
+        conns.evicted_idle >= 1 && conns.evicted_pending >= 8,
+        "status: {st:?}"
     );
     let log = p.output();
     ensure!(
@@ -209,7 +209,7 @@ fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Resu
     const HOGS: u32 = 8;
     const CALLS: u32 = 128;
     let origin = tempfile::tempdir()?;
-    gvfs::data::write_random_file(&origin.path().join("big"), 8, 16 * MIB)?;
+    gvfs_testbed::data::write_random_file(&origin.path().join("big"), 8, 16 * MIB)?;
     std::fs::write(origin.path().join("small"), b"still served")?;
     let p = Proxy::spawn(ProxyArgs::dir(origin.path()).buffer_memory(&BUDGET.to_string()))?;
     let root = root_of(&p)?;
@@ -245,15 +245,15 @@ fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Resu
     // Each of them stops being read, sooner or later.
     let mut st = p.status()?;
     for _ in 0..300 {
-        if st["buffers"]["throttled"].as_u64() >= Some(u64::from(HOGS)) {
+        if st.buffers.throttled >= u64::from(HOGS) {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
         st = p.status()?;
     }
     ensure!(
-        st["buffers"]["throttled"].as_u64() >= Some(u64::from(HOGS)),
-        "the clients that read nothing were not held back: {st}"
+        st.buffers.throttled >= u64::from(HOGS),
+        "the clients that read nothing were not held back: {st:?}"
     );
     // Meanwhile a client that reads its replies is served.
     let url = format!(
@@ -263,7 +263,7 @@ fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Resu
     ensure!(nfs_cat(&url)? == b"still served");
     let peak = peak_rss_kib(&p)?;
     let st = p.status()?;
-    let held_peak = st["buffers"]["peak_bytes"].as_u64().unwrap_or(u64::MAX);
+    let held_peak = st.buffers.peak_bytes;
     eprintln!(
         "proxy peak RSS {} MiB before, {} MiB with {HOGS} clients not reading (budget {} MiB, \
          most held at once {} MiB)",
@@ -274,7 +274,7 @@ fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Resu
     );
     // At most one call per connection past the budget (a reply swapped in
     // for its estimate counts twice for a moment).
-    ensure!(held_peak <= BUDGET + 32 * MIB, "status: {st}");
+    ensure!(held_peak <= BUDGET + 32 * MIB, "status: {st:?}");
     // Not wall-clock: without the budget this was 128 replies of 1 MiB per
     // client, over 1 GiB.
     ensure!(
@@ -322,6 +322,6 @@ fn a_toml_config_file_configures_the_proxy() -> Result<()> {
     );
     ensure!(nfs_cat(&url)? == b"from the config");
     let st = p.status()?;
-    ensure!(st["export"] == "/images", "status: {st}");
+    ensure!(st.export == "/images", "status: {st:?}");
     Ok(())
 }

@@ -7,13 +7,13 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_file_with, write_sparse_file};
-use gvfs::libnfs::nfs_cat;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::data::{compare_file_with, write_sparse_file};
+use gvfs_testbed::libnfs::nfs_cat;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
 
-use gvfs::proxy::gvfsctl_local as gvfsctl;
+use gvfs_testbed::proxy::gvfsctl_local as gvfsctl;
 
 /// A 24 MiB "memory image": data in a few places, zeros elsewhere (holes
 /// and written zeros alike), with an odd tail.
@@ -136,7 +136,7 @@ fn bad_metadata_is_ignored_with_a_warning_and_the_data_stays_right() -> Result<(
     // now holds data the old map calls zero).
     std::fs::write(&meta_path, &good)?;
     std::thread::sleep(std::time::Duration::from_millis(20));
-    gvfs::data::write_at(&image, 5 * MIB, b"no longer zero")?;
+    gvfs_testbed::data::write_at(&image, 5 * MIB, b"no longer zero")?;
     let want = std::fs::read(&image)?;
     let cache = tempfile::tempdir()?;
     let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
@@ -161,7 +161,8 @@ async fn a_lookup_finds_the_metadata_before_any_read() -> Result<()> {
     gvfsctl(&["meta", "gen", &image.display().to_string()])?;
     let cache = tempfile::tempdir()?;
     let p = Proxy::spawn(ProxyArgs::new(g.upstream_url()).cache_dir(cache.path()))?;
-    let nfs = gvfs::nfsclient::NfsClient::of_proxy(&p, std::time::Duration::from_secs(30)).await?;
+    let nfs = gvfs_testbed::nfsclient::NfsClient::of_proxy(&p, std::time::Duration::from_secs(30))
+        .await?;
     ensure!(nfs.lookup(&nfs.root, "early.img").await?.is_some());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let stats = loop {
@@ -301,7 +302,7 @@ fn a_change_with_its_mtime_put_back_makes_metadata_stale() -> Result<()> {
     gvfsctl(&["meta", "gen", &image.display().to_string()])?;
     let (_, mtime, _) = times(&image)?;
     std::thread::sleep(std::time::Duration::from_millis(20));
-    gvfs::data::write_at(&image, 5 * MIB, b"data where the map says zeros")?;
+    gvfs_testbed::data::write_at(&image, 5 * MIB, b"data where the map says zeros")?;
     let when = std::time::UNIX_EPOCH + std::time::Duration::new(mtime.0, mtime.1);
     std::fs::File::options()
         .write(true)

@@ -67,7 +67,7 @@ fn probe() {
 fn run_probe(filtered: bool) -> Result<(String, Option<i32>)> {
     let me = std::env::current_exe()?;
     let mut cmd = if filtered {
-        let mut c = Command::new(gvfs::proxy::gvfsctl_binary()?);
+        let mut c = Command::new(gvfs_testbed::proxy::gvfsctl_binary()?);
         c.args(["no-huge-pages", "--"]).arg(&me);
         c
     } else {
@@ -116,7 +116,7 @@ fn huge_page_advice_is_a_no_op_under_gvfsctl_no_huge_pages() -> Result<()> {
 
 #[test]
 fn a_command_that_cannot_run_is_a_clear_error() -> Result<()> {
-    let out = Command::new(gvfs::proxy::gvfsctl_binary()?)
+    let out = Command::new(gvfs_testbed::proxy::gvfsctl_binary()?)
         .args(["no-huge-pages", "--", "/nonexistent/vmm"])
         .output()?;
     let err = String::from_utf8_lossy(&out.stderr);

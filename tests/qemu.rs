@@ -8,9 +8,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::write_sparse_file;
-use gvfs::libnfs::qemu_img;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::data::write_sparse_file;
+use gvfs_testbed::libnfs::qemu_img;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
 

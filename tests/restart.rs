@@ -8,12 +8,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::random_bytes_at;
-use gvfs::libnfs::nfs_cp;
-use gvfs::nfsclient::NfsClient;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::NfsRequest;
 use gvfs_nfs::nfs3_types::nfs3::*;
+use gvfs_testbed::data::random_bytes_at;
+use gvfs_testbed::libnfs::nfs_cp;
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const CHUNK: usize = 256 * 1024;
 
@@ -158,7 +158,7 @@ fn nfs_cp_survives_proxy_restarts_mid_copy() -> Result<()> {
     let (up_middle, up_outer) = (inner.upstream_url(), middle.upstream_url());
     let local = tempfile::tempdir()?;
     let src = local.path().join("big.bin");
-    gvfs::data::write_random_file(&src, 11, 512 << 20)?;
+    gvfs_testbed::data::write_random_file(&src, 11, 512 << 20)?;
     let (s, dst) = (src.display().to_string(), outer.url("big.bin"));
     let copier = std::thread::spawn(move || nfs_cp(&s, &dst));
     std::thread::sleep(Duration::from_millis(200));
@@ -176,5 +176,5 @@ fn nfs_cp_survives_proxy_restarts_mid_copy() -> Result<()> {
     copier
         .join()
         .map_err(|_| anyhow::anyhow!("copier panicked"))??;
-    gvfs::data::compare_files(&src, &g.export_dir().join("big.bin"))
+    gvfs_testbed::data::compare_files(&src, &g.export_dir().join("big.bin"))
 }

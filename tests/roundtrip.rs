@@ -8,14 +8,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gvfs::data::{compare_files, random_bytes_at, write_random_file, write_sparse_file};
-use gvfs::libnfs::{nfs_cat, nfs_cp, nfs_ls_names};
-use gvfs::nfsclient::NfsClient;
-use gvfs::proxy::chain;
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::{Credentials, NfsReply, NfsRequest};
+use gvfs_testbed::data::{compare_files, random_bytes_at, write_random_file, write_sparse_file};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp, nfs_ls_names};
+use gvfs_testbed::nfsclient::NfsClient;
+use gvfs_testbed::proxy::chain;
+use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
 
 const MIB: u64 = 1 << 20;
 

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs::data::{compare_files, write_random_file, write_sparse_file};
-use gvfs::libnfs::{nfs_cat, nfs_cp, qemu_img};
-use gvfs::{Ganesha, Proxy, ProxyArgs};
 use gvfs_nfs::net::stream::RecordStream;
 use gvfs_nfs::record::RecordLimits;
 use gvfs_nfs::rpc::{self, Credentials};
 use gvfs_nfs::xdr::{self, XdrReader};
+use gvfs_testbed::data::{compare_files, write_random_file, write_sparse_file};
+use gvfs_testbed::libnfs::{nfs_cat, nfs_cp, qemu_img};
+use gvfs_testbed::{Origin, Proxy, ProxyArgs, Site, Tier};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 const MIB: u64 = 1 << 20;
@@ -47,7 +47,7 @@ impl Pki {
     }
 
     fn gvfsctl(&self, args: &[&str]) -> Result<String> {
-        gvfs::proxy::gvfsctl_local(args)
+        gvfs_testbed::proxy::gvfsctl_local(args)
     }
 
     /// A CA with a certificate for each of `names`.
@@ -134,20 +134,18 @@ fn gvfs_url(tls: SocketAddr) -> String {
 
 #[test]
 fn a_chain_over_tls_serves_libnfs_and_qemu_byte_for_byte() -> Result<()> {
-    let pki = Pki::with(&["image-server", "node1"])?;
-    let g = Ganesha::start()?;
-    let (server, tls) = image_server(
-        &pki,
-        ProxyArgs::new(g.upstream_url()).map_peer("node1", "pass"),
-    )?;
     let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 31)), 111);
-    let client = Proxy::spawn(pki.args("node1", ProxyArgs::new(gvfs_url(tls)).listen(listen)))?;
+    let site = Site::builder(Origin::Ganesha)
+        .pki()
+        .node(Tier::new().listen(listen))
+        .start()?;
+    let (server, client) = (site.image_server(), site.node(0)?);
     // libnfs: write through the tunnel, read back, compare at the origin.
     let local = tempfile::tempdir()?;
     let src = local.path().join("src.bin");
     write_random_file(&src, 4, 24 * MIB + 777)?;
     nfs_cp(&src.display().to_string(), &client.url("img.bin"))?;
-    compare_files(&src, &g.export_dir().join("img.bin")).context("at ganesha")?;
+    compare_files(&src, &site.origin_dir().join("img.bin")).context("at ganesha")?;
     let back = local.path().join("back.bin");
     nfs_cp(&client.url("img.bin"), &back.display().to_string())?;
     compare_files(&src, &back).context("read back through the tunnel")?;
@@ -160,7 +158,7 @@ fn a_chain_over_tls_serves_libnfs_and_qemu_byte_for_byte() -> Result<()> {
     qemu_img(&["check", &url])?;
     qemu_img(&["compare", "-f", "raw", "-F", "qcow2", &raw_s, &url])?;
     ensure!(
-        g.export_dir().join("disk.qcow2").is_file(),
+        site.origin_dir().join("disk.qcow2").is_file(),
         "the qcow2 did not land at ganesha"
     );
     ensure!(
@@ -169,7 +167,7 @@ fn a_chain_over_tls_serves_libnfs_and_qemu_byte_for_byte() -> Result<()> {
     );
     ensure!(
         server.stats()?.status.tls_name.as_deref() == Some("image-server"),
-        "status: {}",
+        "status: {:?}",
         server.status()?
     );
     Ok(())
@@ -255,7 +253,7 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
     // for good peers.
     ensure!(
         server.stats()?.status.connections.counts.tls_refused >= refusals,
-        "status: {}",
+        "status: {:?}",
         server.status()?
     );
     let good = Proxy::spawn(pki.args("node1", ProxyArgs::new(gvfs_url(tls))))?;
@@ -317,9 +315,9 @@ fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
 /// returns whether it exited with the TLS code (5), and its error output.
 fn start_up_failure(args: ProxyArgs) -> Result<(bool, String)> {
     let control = tempfile::tempdir()?;
-    let mut cmd = std::process::Command::new(gvfs::proxy::proxy_binary()?);
+    let mut cmd = std::process::Command::new(gvfs_testbed::proxy::proxy_binary()?);
     cmd.args(args.control(control.path().join("c.sock")).to_args());
-    let out = gvfs::process::run(&mut cmd, Duration::from_secs(60))?;
+    let out = gvfs_testbed::process::run(&mut cmd, Duration::from_secs(60))?;
     let tls = i32::from(gvfs_proxy::exit::ExitCode::Tls.code());
     Ok((out.status.code() == Some(tls), out.stderr_text()))
 }
@@ -564,7 +562,7 @@ fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
     }
     ensure!(
         p.stats()?.status.connections.counts.starttls == 2,
-        "status: {}",
+        "status: {:?}",
         p.status()?
     );
     // AUTH_TLS on anything but NULL is refused with AUTH_BADCRED.
@@ -594,20 +592,15 @@ fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_20_second_outage_delays_a_large_read_and_write_without_errors() -> Result<()> {
-    let pki = Pki::with(&["image-server", "node1"])?;
-    let g = Ganesha::start()?;
-    let (_server, tls) = image_server(
-        &pki,
-        ProxyArgs::new(g.upstream_url()).map_peer("node1", "pass"),
-    )?;
-    let link = gvfs_wanlink::WanLink::start(
-        "127.0.0.1:0".parse()?,
-        tls,
-        gvfs_wanlink::LinkConfig::from_rtt(Duration::from_millis(2), None),
-    )
-    .await?;
-    let url = format!("gvfs://{}/export?name=image-server", link.local_addr());
-    let client = Proxy::spawn(pki.args("node1", ProxyArgs::new(url)))?;
+    let site = Site::builder(Origin::Ganesha)
+        .pki()
+        .wan(gvfs_wanlink::LinkConfig::from_rtt(
+            Duration::from_millis(2),
+            None,
+        ))
+        .node(Tier::new())
+        .start()?;
+    let (link, client) = (site.wan()?, site.node(0)?);
     let local = tempfile::tempdir()?;
     let src = local.path().join("big.bin");
     write_random_file(&src, 8, 160 * MIB)?;
@@ -629,7 +622,7 @@ async fn a_20_second_outage_delays_a_large_read_and_write_without_errors() -> Re
         copy.await?
             .with_context(|| format!("the {direction} failed across the outage"))?;
     }
-    compare_files(&src, &g.export_dir().join("big.bin")).context("written across the outage")?;
+    compare_files(&src, &site.origin_dir().join("big.bin")).context("written across the outage")?;
     compare_files(&src, &local.path().join("back.bin")).context("read across the outage")?;
     Ok(())
 }
@@ -640,26 +633,18 @@ async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Re
     use gvfs_nfs::nfs3_types::nfs3::*;
     use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 
-    let pki = Pki::with(&["image-server", "node1"])?;
-    let site = tempfile::tempdir()?;
-    let image = site.path().join("img.bin");
-    write_random_file(&image, 3, 4 * MIB)?;
+    let site = Site::builder(Origin::Dir)
+        .pki()
+        .wan(gvfs_wanlink::LinkConfig::from_rtt(
+            Duration::from_millis(2),
+            None,
+        ))
+        .node(Tier::new().cache_dir())
+        .start_with(|dir| write_random_file(&dir.join("img.bin"), 3, 4 * MIB))?;
+    let image = site.origin_dir().join("img.bin");
     let want = std::fs::read(&image)?;
-    let origin = format!("dir:{}", site.path().display());
-    let (_server, tls) = image_server(&pki, ProxyArgs::new(origin).map_peer("node1", "pass"))?;
-    let link = gvfs_wanlink::WanLink::start(
-        "127.0.0.1:0".parse()?,
-        tls,
-        gvfs_wanlink::LinkConfig::from_rtt(Duration::from_millis(2), None),
-    )
-    .await?;
-    let url = format!("gvfs://{}/export?name=image-server", link.local_addr());
-    let cache = tempfile::tempdir()?;
-    let client = Proxy::spawn(
-        pki.args("node1", ProxyArgs::new(url))
-            .cache_dir(cache.path()),
-    )?;
-    let c = gvfs::nfsclient::NfsClient::of_proxy(&client, Duration::from_secs(10)).await?;
+    let (link, client) = (site.wan()?, site.node(0)?);
+    let c = gvfs_testbed::nfsclient::NfsClient::of_proxy(client, Duration::from_secs(10)).await?;
     let fh = c.resolve("img.bin").await?.context("img.bin")?;
     let read = |offset: u64| {
         let (c, fh) = (c.clone(), fh.clone());
@@ -728,20 +713,22 @@ async fn the_block_cache_keeps_serving_reads_and_writes_during_an_outage() -> Re
 
 #[test]
 fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
-    let pki = Pki::with(&["image-server", "node1"])?;
-    let g = Ganesha::start()?;
-    let image = g.export_dir().join("mem.raw");
-    gvfs::data::write_memory_image(&image, 12 * MIB + 4096, 9)?;
-    pki.gvfsctl(&["meta", "gen", &image.display().to_string(), "--compress"])?;
-    let (server, tls) = image_server(
-        &pki,
-        ProxyArgs::new(g.upstream_url()).map_peer("node1", "pass"),
-    )?;
-    let cache = tempfile::tempdir()?;
-    let client = Proxy::spawn(pki.args(
-        "node1",
-        ProxyArgs::new(gvfs_url(tls)).cache(cache.path(), "64M"),
-    ))?;
+    let site = Site::builder(Origin::Ganesha)
+        .pki()
+        .node(Tier::new().cache("64M"))
+        .start_with(|dir| {
+            let image = dir.join("mem.raw");
+            gvfs_testbed::data::write_memory_image(&image, 12 * MIB + 4096, 9)?;
+            gvfs_testbed::proxy::gvfsctl_local(&[
+                "meta",
+                "gen",
+                &image.display().to_string(),
+                "--compress",
+            ])
+            .map(drop)
+        })?;
+    let image = site.origin_dir().join("mem.raw");
+    let (server, client) = (site.image_server(), site.node(0)?);
     let local = tempfile::tempdir()?;
     let back = local.path().join("mem.raw");
     nfs_cp(&client.url("mem.raw"), &back.display().to_string())?;

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --example NAME` builds the example, not the binaries of the
 //! `gvfs-proxy` package, which it runs through the test harness
-//! (`gvfs::proxy`, which looks for them beside the example, in
+//! (`gvfs_testbed::proxy`, which looks for them beside the example, in
 //! `target/<profile>/`). So an example first runs `cargo build
 //! --workspace --bins` in the same profile, as CI and the README do (a
 //! no-op when they are up to date; building only `-p gvfs-proxy` would
@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 /// built in, unless `GVFS_EXAMPLE_BUILD=0`.
 pub(crate) fn build_binaries() -> Result<()> {
     if std::env::var("GVFS_EXAMPLE_BUILD").as_deref() == Ok("0") {
-        gvfs::proxy::gvfsctl_binary()?;
+        gvfs_testbed::proxy::gvfsctl_binary()?;
         return Ok(());
     }
     let exe = std::env::current_exe().context("locating this example")?;
@@ -56,7 +56,7 @@ pub(crate) fn build_binaries() -> Result<()> {
     }
     // Fails, saying what to do, when they landed elsewhere (a --target
     // build, another target directory).
-    gvfs::proxy::gvfsctl_binary()?;
+    gvfs_testbed::proxy::gvfsctl_binary()?;
     Ok(())
 }
 

@@ -24,7 +24,7 @@ use super::scenario::{ATTR_TIMEOUT_SECS, Dedup, MAX_NODES, MIB, Scenario, Settin
 use crate::bench::shm_tempdir;
 use crate::fuse::MountPoint;
 use crate::process::run_ok;
-use crate::proxy::{site_ca, stat};
+use crate::site::{Origin, Site, Tier};
 use crate::{Ganesha, Proxy, ProxyArgs};
 
 /// A loopback address for node `n` (< [`MAX_NODES`])'s proxy (QEMU reaches
@@ -38,12 +38,12 @@ pub(super) struct Bench<'a> {
     pub(super) settings: &'a Settings,
     pub(super) kit: GuestKit,
     rt: tokio::runtime::Runtime,
-    pub(super) ganesha: Ganesha,
-    _server: Proxy,
+    /// nfs-ganesha with the golden images, the image-server proxy in front
+    /// of it and the PKI.
+    site: Site,
     server_tls: SocketAddr,
     ca: PathBuf,
     pub(super) work: tempfile::TempDir,
-    _pki: tempfile::TempDir,
     /// SHA-256 of each golden `mem` (image 1 first) when it was built.
     golden_sums: Vec<String>,
     /// The golden images' census (with two images or more).
@@ -118,42 +118,43 @@ impl<'a> Bench<'a> {
             .worker_threads(2)
             .enable_all()
             .build()?;
-        let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
-        build_images(&kit, ganesha.export_dir(), settings)?;
-        let census = take_census(ganesha.export_dir(), settings)?;
+        // nfs-ganesha with the golden images built in its export (and
+        // counted) before the image-server proxy starts; nodes reach it
+        // over TLS with the certificate `node`, mapped to its own identity.
+        let mut census = None;
+        let site = Site::builder(Origin::Ganesha)
+            .pki()
+            .image_server(Tier::new().args(|a| a.map_peer("node", "pass").env("RUST_LOG", "warn")))
+            .start_with(|export| {
+                build_images(&kit, export, settings)?;
+                census = take_census(export, settings)?;
+                Ok(())
+            })?;
+        let pki = site.pki().context("the site has a PKI")?;
+        pki.issue("node")?;
+        let ca = pki.ca_dir().to_path_buf();
+        let server_tls = site
+            .image_server()
+            .tls_addr()
+            .context("the image-server proxy has no listen_tls")?;
         let no_dedup_flag = proxy_takes("--no-dedup")?;
         if !no_dedup_flag {
             eprintln!("gvfs-proxy has no --no-dedup: every scenario runs its proxies as they are");
         }
 
         let mems: Vec<PathBuf> = (1..=settings.images)
-            .map(|i| ganesha.export_dir().join(image_dir(i)).join(MEM))
+            .map(|i| site.origin_dir().join(image_dir(i)).join(MEM))
             .collect();
         let golden_sums = sha256_of(&mems)?;
 
-        let pki = tempfile::Builder::new().prefix("gvfs-pki-").tempdir()?;
-        let ca = site_ca(pki.path(), &["image-server", "node"])?;
-        let server = Proxy::spawn(
-            ProxyArgs::new(ganesha.upstream_url())
-                .tls(&ca, "image-server")
-                .listen_tls(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-                .map_peer("node", "pass")
-                .env("RUST_LOG", "warn"),
-        )?;
-        let server_tls = server.status()?["listen_tls"]
-            .as_str()
-            .context("the image-server proxy has no listen_tls")?
-            .parse()?;
         Ok(Self {
             settings,
             kit,
             rt,
-            ganesha,
-            _server: server,
+            site,
             server_tls,
             ca,
             work: shm_tempdir()?,
-            _pki: pki,
             golden_sums,
             census,
             no_dedup_flag,
@@ -284,9 +285,9 @@ impl<'a> Bench<'a> {
         image: usize,
         wan: &(dyn Fn() -> u64 + Sync),
     ) -> Result<Timing> {
-        let before = NodeFetch::from_stats(&node.proxy.cache_stats_all()?);
+        let before = NodeFetch::from_stats(&node.proxy.stats()?);
         let mut t = self.clone(&node.source(image), Some(wan))?;
-        let after = NodeFetch::from_stats(&node.proxy.cache_stats_all()?);
+        let after = NodeFetch::from_stats(&node.proxy.stats()?);
         t.fetch = Some(after.since(&before));
         Ok(t)
     }
@@ -295,17 +296,10 @@ impl<'a> Bench<'a> {
     /// and the gvfs extension program's `ext` included): what crossed the
     /// WAN.
     pub(super) fn wan_calls(&self) -> Result<BTreeMap<String, u64>> {
-        let st = self._server.status()?;
-        let mut calls: BTreeMap<String, u64> = st["nfs_calls"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        calls.insert("MOUNT".into(), stat(&st, "mount_calls"));
-        calls.insert("ext".into(), stat(&st, "ext_calls"));
+        let st = self.site.image_server().status()?;
+        let mut calls = st.nfs_calls;
+        calls.insert("MOUNT".into(), st.front.mount_calls);
+        calls.insert("ext".into(), st.front.ext_calls);
         Ok(calls)
     }
 
@@ -328,7 +322,14 @@ impl<'a> Bench<'a> {
 
     /// The directory of golden image `image` in ganesha's export.
     pub(super) fn golden(&self, image: usize) -> PathBuf {
-        self.ganesha.export_dir().join(image_dir(image))
+        self.site.origin_dir().join(image_dir(image))
+    }
+
+    /// nfs-ganesha, the origin.
+    pub(super) fn ganesha(&self) -> Result<&Ganesha> {
+        self.site
+            .ganesha()
+            .context("the site's origin is not nfs-ganesha")
     }
 }
 

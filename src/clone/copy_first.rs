@@ -16,6 +16,7 @@ use super::report::CloneRecord;
 use super::scenario::{Dedup, Scenario};
 use super::stream::{FileServer, fetch_stream};
 use super::summary::lan_fill_note;
+use crate::Stats;
 
 /// The address plain NFS reaches the image server at through the WAN.
 const PLAIN_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 58);
@@ -31,7 +32,7 @@ impl Bench<'_> {
         scenario: Scenario,
         calls: &mut Vec<(String, BTreeMap<String, u64>)>,
         notes: &mut Vec<String>,
-    ) -> Result<(Vec<CloneRecord>, Option<serde_json::Value>)> {
+    ) -> Result<(Vec<CloneRecord>, Option<Stats>)> {
         let s = self.settings;
         let n = s.clones;
         let image_of = |i: usize| (i % s.images) + 1;
@@ -64,7 +65,7 @@ impl Bench<'_> {
                     let t = self.clone_through(&node, image, &|| wire(&wan) - before)?;
                     record(i + 1, image, t, wire(&wan) - before);
                     if i == 0 {
-                        first_stats = Some(node.proxy.cache_stats_all()?);
+                        first_stats = Some(node.proxy.stats()?);
                     }
                     if scenario == Scenario::WanS1 && i < 2 {
                         let label = if i == 0 {
@@ -84,18 +85,14 @@ impl Bench<'_> {
                     self.clone(&warmer.source(image_of(i)), None)?;
                 }
                 drop(warmer);
-                notes.push(lan_fill_note(
-                    label,
-                    wire(&wan),
-                    &lan.proxy.cache_stats_all()?,
-                ));
+                notes.push(lan_fill_note(label, wire(&wan), &lan.proxy.stats()?));
                 let node = self.node(Some(node_ip(1)), lan.proxy.upstream_url(), dedup)?;
                 for i in 0..n {
                     let before = wire(&wan);
                     let t = self.clone_through(&node, image_of(i), &|| wire(&wan) - before)?;
                     record(i + 1, image_of(i), t, wire(&wan) - before);
                     if i == 0 {
-                        first_stats = Some(node.proxy.cache_stats_all()?);
+                        first_stats = Some(node.proxy.stats()?);
                     }
                 }
             }
@@ -123,7 +120,7 @@ impl Bench<'_> {
                 record(1, 1, timing, wire(&wan));
             }
             Scenario::PlainNfs => {
-                let g = &self.ganesha;
+                let g = self.ganesha()?;
                 let portmap = SocketAddr::from((Ipv4Addr::LOCALHOST, 111));
                 let links = [
                     self.link(portmap, SocketAddr::from((PLAIN_IP, 111)))?,
@@ -151,7 +148,7 @@ impl Bench<'_> {
 
     /// WAN-P: `clones` nodes behind one LAN proxy clone image 1 at once,
     /// cold, then again, warm. Returns the clones and the LAN proxy's stats.
-    pub(super) fn run_parallel(&self) -> Result<(Vec<CloneRecord>, serde_json::Value)> {
+    pub(super) fn run_parallel(&self) -> Result<(Vec<CloneRecord>, Stats)> {
         let wan = self.wan()?;
         let lan = self.node(None, Self::gvfs_url(&wan), Dedup::Off)?;
         let nodes = (0..self.settings.clones)
@@ -164,6 +161,6 @@ impl Bench<'_> {
             let timings = at_once(&nodes, |node| self.clone(&node.source(1), Some(&bytes)))?;
             records.extend(parallel_records(scenario, &timings, wire(&wan) - before));
         }
-        Ok((records, lan.proxy.cache_stats_all()?))
+        Ok((records, lan.proxy.stats()?))
     }
 }

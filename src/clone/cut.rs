@@ -44,7 +44,6 @@ use super::lazy::POLL;
 use super::procedure::Timing;
 use super::report::CloneRecord;
 use super::scenario::{Dedup, MIB, Scenario};
-use crate::proxy::stat;
 
 /// Where in a cold clone the link is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,7 +261,11 @@ fn cut_record(
     node: &Node,
 ) -> Result<CutRecord> {
     let total = wire(wan);
-    let connects = stat(&node.proxy.status()?, "upstream_client.connects");
+    let connects = node
+        .proxy
+        .status()?
+        .upstream_client
+        .map_or(0, |u| u.connects);
     let cut_at = cut.map(|(at, _)| at);
     let rec = CutRecord {
         clone,

@@ -75,7 +75,6 @@ use std::time::Instant;
 use anyhow::{Result, ensure};
 
 use crate::bench::loadavg;
-use crate::proxy::stat;
 use bench::Bench;
 use guest::{MEM, STATE};
 pub use images::run_census;
@@ -174,7 +173,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     let disk_read = stats
         .iter()
         .find(|(s, _)| *s == Scenario::WanS1)
-        .map_or(0, |(_, v)| stat(v, "cache.fetched_bytes"));
+        .map_or(0, |(_, v)| v.cache.counts.fetched_bytes);
     let floor = (zstd_mem + zstd_state + disk_read) as f64 / settings.bytes_per_sec();
     let floor = Floor {
         secs: floor,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use super::report::CloneRecord;
 use super::scenario::Scenario;
 use super::{census, cut, lazy};
+use crate::Stats;
 
 /// The results of a run.
 #[derive(Debug, Clone)]
@@ -15,14 +16,14 @@ pub struct Outcome {
     pub markdown: String,
     /// `gvfsctl stats --json` of the first node's proxy after its first
     /// clone, per sequential WAN scenario.
-    pub client_stats: Vec<(Scenario, serde_json::Value)>,
+    pub client_stats: Vec<(Scenario, Stats)>,
     /// Calls that crossed the WAN, by procedure, for WAN-S1's cold and warm
     /// clone.
     pub wan_calls: Vec<(String, BTreeMap<String, u64>)>,
     /// `gvfsctl stats --json` of WAN-P's LAN proxy after its clones.
-    pub lan_stats: Option<serde_json::Value>,
+    pub lan_stats: Option<Stats>,
     /// The same for lazy WAN-P's LAN proxy.
-    pub lazy_lan_stats: Option<serde_json::Value>,
+    pub lazy_lan_stats: Option<Stats>,
     /// The goals, as measured.
     pub goals: Vec<Goal>,
     /// The lazy clones' goals, as measured.

@@ -94,22 +94,20 @@ pub struct NodeFetch {
 }
 
 impl NodeFetch {
-    /// The counters of a `gvfsctl stats --json` snapshot.
-    pub fn from_stats(v: &serde_json::Value) -> Self {
-        let n = |k: &str| v["file_cache"][k].as_u64().unwrap_or_default();
+    /// The counters of a `gvfsctl stats` snapshot.
+    pub fn from_stats(v: &crate::Stats) -> Self {
+        let n = &v.file_cache.counts;
         Self {
-            wire_bytes: n("wire_bytes"),
-            demand_wire_bytes: n("demand_wire_bytes"),
-            profile_wire_bytes: n("profile_wire_bytes"),
-            background_wire_bytes: n("background_wire_bytes"),
-            faults_waited: n("faults_waited"),
-            fault_wait_micros: n("fault_wait_micros"),
-            profile_hits: n("profile_hits"),
-            profile_pieces: n("profile_pieces"),
-            mount_read_bytes: v["status"]["mount"]["read_bytes"]
-                .as_u64()
-                .unwrap_or_default(),
-            dedup_bytes: n("dedup_bytes"),
+            wire_bytes: n.wire_bytes,
+            demand_wire_bytes: n.demand_wire_bytes,
+            profile_wire_bytes: n.profile_wire_bytes,
+            background_wire_bytes: n.background_wire_bytes,
+            faults_waited: n.faults_waited,
+            fault_wait_micros: n.fault_wait_micros,
+            profile_hits: n.profile_hits,
+            profile_pieces: n.profile_pieces,
+            mount_read_bytes: v.status.mount.as_ref().map_or(0, |m| m.counts.read_bytes),
+            dedup_bytes: n.dedup_bytes,
         }
     }
 

@@ -10,7 +10,7 @@ use super::cut;
 use super::outcome::{Floor, Goal, Outcome, fmt3};
 use super::report::{self, CloneRecord};
 use super::scenario::{MIB, Scenario, Settings, is_lazy_label};
-use crate::proxy::stat;
+use crate::Stats;
 use table::{goals_rows, mean};
 
 /// The issue's goals, from the clones of one run.
@@ -173,7 +173,8 @@ pub(super) fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, loa
         .find(|r| r.scenario == "WAN-S1" && r.clone == 1);
     let s1 = stats.iter().find(|(s, _)| *s == Scenario::WanS1);
     if let (Some(r), Some((_, v))) = (first, s1) {
-        let micros = |k: &str| stat(v, k) as f64 / 1e6;
+        let c = &v.file_cache.counts;
+        let micros = |n: u64| n as f64 / 1e6;
         out += &format!(
             "\nWhere the time goes in the cold clone (WAN-S1 #1, {:.2} s): copying vm.json, the \
              memory image and the device state {:.2} s, in which the node proxy's whole-file \
@@ -182,9 +183,9 @@ pub(super) fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, loa
              the verified tick {:.2} s (the disk blocks it reads come through the block cache).\n",
             r.total_secs,
             r.copy_secs,
-            micros("file_cache.fetch_micros"),
-            stat(v, "file_cache.wire_bytes") as f64 / MIB as f64,
-            micros("file_cache.decompress_micros"),
+            micros(c.fetch_micros),
+            c.wire_bytes as f64 / MIB as f64,
+            micros(c.decompress_micros),
             r.overlay_secs,
             r.resume_secs,
         );
@@ -194,17 +195,18 @@ pub(super) fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, loa
                 | scenario | file cache wire / raw | repeated blocks copied here | chunks fetched / zero | block cache fetched | zero-map bytes |\n\
                 |---|---:|---:|---:|---:|---:|\n";
         for (scenario, v) in stats {
-            let m = |k: &str| format!("{:.1}", stat(v, k) as f64 / MIB as f64);
+            let m = |n: u64| format!("{:.1}", n as f64 / MIB as f64);
+            let c = &v.file_cache.counts;
             out += &format!(
                 "| {} | {} / {} | {} | {} / {} | {} | {} |\n",
                 scenario.label(),
-                m("file_cache.wire_bytes"),
-                m("file_cache.raw_bytes"),
-                m("file_cache.repeat_bytes"),
-                stat(v, "file_cache.chunks_fetched"),
-                stat(v, "file_cache.zero_chunks"),
-                m("cache.fetched_bytes"),
-                m("meta.zero_bytes"),
+                m(c.wire_bytes),
+                m(c.raw_bytes),
+                m(c.repeat_bytes),
+                c.chunks_fetched,
+                c.zero_chunks,
+                m(v.cache.counts.fetched_bytes),
+                m(v.meta.zero_bytes),
             );
         }
     }
@@ -213,11 +215,11 @@ pub(super) fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, loa
             "\nWAN-P's LAN proxy fetched {} chunks ({:.1} MiB) across the WAN for all the nodes \
              and answered {} FETCHes from its file cache: {} chunks handed on in the frames \
              they came in, {} compressed there.\n",
-            stat(v, "file_cache.chunks_fetched"),
-            stat(v, "file_cache.wire_bytes") as f64 / MIB as f64,
-            stat(v, "ext.from_file_cache"),
-            stat(v, "file_cache.frames_reused"),
-            stat(v, "file_cache.frames_made"),
+            v.file_cache.counts.chunks_fetched,
+            v.file_cache.counts.wire_bytes as f64 / MIB as f64,
+            v.ext.from_file_cache,
+            v.file_cache.counts.frames_reused,
+            v.file_cache.counts.frames_made,
         );
         out += &parallel_time(records, v, size.ram_mib);
     }
@@ -246,7 +248,7 @@ pub(super) fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, loa
 /// Where WAN-P cold's time goes: the LAN proxy's fetches across the WAN,
 /// then the nodes' copying after the last chunk, set against the same
 /// copies with every cache warm. Empty without WAN-P's records.
-fn parallel_time(records: &[CloneRecord], lan: &serde_json::Value, ram_mib: u64) -> String {
+fn parallel_time(records: &[CloneRecord], lan: &Stats, ram_mib: u64) -> String {
     let of = |label: &'static str| records.iter().filter(move |r| r.scenario == label);
     let Some(slowest) =
         of(Scenario::WanPCold.label()).max_by(|a, b| a.total_secs.total_cmp(&b.total_secs))
@@ -258,7 +260,7 @@ fn parallel_time(records: &[CloneRecord], lan: &serde_json::Value, ram_mib: u64)
         .collect();
     let warm_copy = warm.iter().sum::<f64>() / warm.len().max(1) as f64;
     let nodes = of(Scenario::WanPCold.label()).count();
-    let fetch = stat(lan, "file_cache.fetch_micros") as f64 / 1e6;
+    let fetch = lan.file_cache.counts.fetch_micros as f64 / 1e6;
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let after = slowest.copy_secs - fetch;
     let rest = if after > PARALLEL_SLACK_SECS {

@@ -36,8 +36,7 @@ use gvfs_nfs::Credentials;
 use crate::bench::{loadavg, machine_busy_secs};
 use crate::data::{fill_at, write_random_file};
 use crate::nfsclient::NfsClient;
-use crate::proxy::stat;
-use crate::{Ganesha, Proxy, ProxyArgs, WritePolicy};
+use crate::{Ganesha, Proxy, ProxyArgs, Stats, Status, WritePolicy};
 use sample::{Sample, Sampler};
 use workload::{Client, ClientEnd, ClientKind, Plan, SharedFile, Tally};
 
@@ -144,11 +143,12 @@ pub struct Outcome {
     pub cpus: usize,
     /// Load average at the start and at the end.
     pub load: (String, String),
-    /// The LAN proxy's `gvfsctl stats --json` after the write-back.
-    pub lan_stats: serde_json::Value,
-    /// The image-server proxy's `gvfsctl status --json` at the end of the
-    /// clients' run (before the write-back).
-    pub image_status: serde_json::Value,
+    /// The LAN proxy's `gvfsctl stats` after the write-back (`None` if
+    /// it did not answer).
+    pub lan_stats: Option<Stats>,
+    /// The image-server proxy's `gvfsctl status` at the end of the
+    /// clients' run (before the write-back; all zeros if it did not answer).
+    pub image_status: Status,
 }
 
 impl Outcome {
@@ -210,8 +210,9 @@ pub fn run(s: &Settings) -> Result<Outcome> {
         image_args = image_args.binary(b);
     }
     let image = Proxy::spawn(image_args).context("starting the image-server proxy")?;
-    let tls: SocketAddr = image.status()?["listen_tls"]
-        .as_str()
+    let tls: SocketAddr = image
+        .status()?
+        .listen_tls
         .context("the image server has no TLS listener")?
         .parse()?;
     let cache = work.path().join("cache");
@@ -289,7 +290,7 @@ pub fn run(s: &Settings) -> Result<Outcome> {
     let t = Instant::now();
     lan.write_back().context("writing back the LAN proxy")?;
     let writeback_secs = t.elapsed().as_secs_f64();
-    let lan_stats = lan.cache_stats_all().unwrap_or_default();
+    let lan_stats = lan.stats().ok();
 
     let mut tally = Tally::default();
     for e in &ends {
@@ -574,25 +575,26 @@ pub fn report_markdown(o: &Outcome, command: &str) -> String {
         }
     }
     let st = &o.image_status;
-    if let Some(calls) = st["nfs_calls"].as_object() {
-        let nfs: u64 = calls.values().filter_map(serde_json::Value::as_u64).sum();
-        let all = nfs + stat(st, "mount_calls") + stat(st, "ext_calls");
-        let bytes = stat(st, "read_bytes") + stat(st, "write_bytes");
+    if !st.nfs_calls.is_empty() {
+        let nfs: u64 = st.nfs_calls.values().sum();
+        let all = nfs + st.front.mount_calls + st.front.ext_calls;
+        let bytes = st.front.read_bytes + st.front.write_bytes;
         if let Some(p) = o.proc_summary(0) {
             let _ = writeln!(
                 m,
                 "\nThe image-server proxy answered {all} calls ({:.0}/s; {:.0} MiB read, {:.0} MiB \
                  written through it): {:.0} CPU µs per call, {:.1} CPU ms per MiB.",
                 all as f64 / o.run_secs.max(1e-9),
-                mib(stat(st, "read_bytes")),
-                mib(stat(st, "write_bytes")),
+                mib(st.front.read_bytes),
+                mib(st.front.write_bytes),
                 p.cpu_secs * 1e6 / all.max(1) as f64,
                 p.cpu_secs * 1e3 / mib(bytes).max(1e-9),
             );
         }
     }
-    let cache = &o.lan_stats["cache"];
-    if cache.is_object() {
+    if let Some(lan) = &o.lan_stats
+        && let Ok(cache) = serde_json::to_string(&lan.cache)
+    {
         let _ = writeln!(m, "\nLAN proxy cache after the write-back: `{cache}`");
     }
     if !t.messages.is_empty() {

@@ -3,11 +3,11 @@
 //! WAN-S2's clones 2.. within 1.1x of the bytes new to each image, their
 //! clone time correspondingly lower, and no cost to WAN-S1.
 
+use crate::Stats;
 use crate::clone::census::Census;
 use crate::clone::outcome::{Goal, Outcome};
 use crate::clone::report::CloneRecord;
 use crate::clone::scenario::{MIB, Scenario, Settings};
-use crate::proxy::stat;
 
 use super::table::{goals_rows, mean};
 
@@ -34,13 +34,13 @@ fn floor_of(census: &Census, records: &[CloneRecord], r: &CloneRecord) -> Option
 /// A sentence on what filling WAN-S3's (or its dedup twin's, `label`) LAN
 /// proxy moved across the WAN (`wan` bytes), with the LAN proxy's stats
 /// after it.
-pub(in crate::clone) fn lan_fill_note(label: &str, wan: u64, lan: &serde_json::Value) -> String {
+pub(in crate::clone) fn lan_fill_note(label: &str, wan: u64, lan: &Stats) -> String {
     format!(
         "{label}: another node's clones filled the LAN proxy with {:.1} MiB across the WAN; the \
          LAN proxy's file cache copied {:.1} MiB from blocks it held in other images \
          (`file_cache.dedup_bytes`).",
         mib_of(wan),
-        mib_of(stat(lan, "file_cache.dedup_bytes"))
+        mib_of(lan.file_cache.counts.dedup_bytes)
     )
 }
 

@@ -4,7 +4,6 @@
 use crate::clone::outcome::{Floor, Goal, Outcome};
 use crate::clone::report::CloneRecord;
 use crate::clone::scenario::{MIB, Scenario, Settings, is_lazy_label};
-use crate::proxy::stat;
 
 use super::table::{goals_rows, mean};
 
@@ -274,11 +273,11 @@ pub(super) fn lazy_markdown(outcome: &Outcome) -> String {
             "\nLazy WAN-P's LAN proxy fetched {} chunks ({:.1} MiB) across the WAN for all the \
              nodes and answered {} FETCHes from its file cache: {} chunks handed on in the \
              frames they came in, {} compressed there.\n",
-            stat(v, "file_cache.chunks_fetched"),
-            mib_of(stat(v, "file_cache.wire_bytes")),
-            stat(v, "ext.from_file_cache"),
-            stat(v, "file_cache.frames_reused"),
-            stat(v, "file_cache.frames_made"),
+            v.file_cache.counts.chunks_fetched,
+            mib_of(v.file_cache.counts.wire_bytes),
+            v.ext.from_file_cache,
+            v.file_cache.counts.frames_reused,
+            v.file_cache.counts.frames_made,
         );
     }
     out

@@ -1,4 +1,5 @@
 use super::*;
+use crate::Stats;
 use crate::clone::census::{self, Census};
 use crate::clone::guest::MEM;
 use crate::clone::report::NodeFetch;
@@ -119,7 +120,8 @@ fn wan_p_time_splits_at_the_lan_proxy_s_last_chunk() {
         rec("WAN-P warm", 1, 4.0),
         rec("WAN-P warm", 2, 6.0),
     ];
-    let lan = serde_json::json!({"file_cache": {"fetch_micros": 8_000_000}});
+    let lan = Stats::from_json(serde_json::json!({"file_cache": {"fetch_micros": 8_000_000}}))
+        .expect("a stats snapshot");
     let text = parallel_time(&records, &lan, 1024);
     // The slowest cold clone copied for 10 s, 8 of them fetching.
     assert!(
@@ -131,7 +133,8 @@ fn wan_p_time_splits_at_the_lan_proxy_s_last_chunk() {
     assert!(text.contains("took 2.50 s (WAN-P warm, mean)"), "{text}");
     assert_eq!(parallel_time(&records[..1], &lan, 1024), "");
     // Copies that end with the last fetch kept up with the chunks.
-    let lan = serde_json::json!({"file_cache": {"fetch_micros": 9_800_000}});
+    let lan = Stats::from_json(serde_json::json!({"file_cache": {"fetch_micros": 9_800_000}}))
+        .expect("a stats snapshot");
     let text = parallel_time(&records, &lan, 256);
     assert!(text.contains("on disk): the copies kept up"), "{text}");
     assert!(!text.contains("after them"), "{text}");
