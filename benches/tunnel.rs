@@ -52,7 +52,8 @@ fn main() -> Result<()> {
 
     let local = gvfs_testbed::bench::shm_tempdir()?;
     let work = tempfile::Builder::new().prefix("gvfs-bench-").tempdir()?;
-    let ca: PathBuf = gvfs_testbed::proxy::site_ca(work.path(), &["image-server", "node1"])?;
+    let pki = gvfs_testbed::site::Pki::new(&["image-server", "node1"])?;
+    let ca: PathBuf = pki.ca_dir().to_path_buf();
     let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
     eprintln!("load average {} at start", loadavg());
     let server = Proxy::spawn(

@@ -120,7 +120,7 @@ impl ProxyArgs {
     }
 
     /// `--cert --key --ca`: certificate `name` of the site CA in `ca`
-    /// (made by [`site_ca`]).
+    /// (made by [`Pki`](crate::site::Pki)).
     pub fn tls(self, ca: &Path, name: &str) -> Self {
         self.tls_files(
             &ca.join(format!("{name}.pem")),
@@ -405,28 +405,6 @@ pub fn gvfsctl_local(args: &[&str]) -> Result<String> {
         bail!("gvfsctl {args:?} failed: {}", out.stderr_text());
     }
     Ok(out.stdout_text())
-}
-
-/// A site CA made with `gvfsctl ca init` in `dir/ca`, and a certificate
-/// (for IP 127.0.0.1) issued by it for each of `names` (`NAME.pem`,
-/// `NAME-key.pem` beside `ca.pem`); returns the CA directory.
-pub fn site_ca(dir: &Path, names: &[&str]) -> Result<PathBuf> {
-    let ca = dir.join("ca");
-    let ca_s = ca.display().to_string();
-    gvfsctl_local(&["ca", "init", &ca_s])?;
-    for name in names {
-        gvfsctl_local(&[
-            "ca",
-            "issue",
-            "--ca",
-            &ca_s,
-            "--name",
-            name,
-            "--ip",
-            "127.0.0.1",
-        ])?;
-    }
-    Ok(ca)
 }
 
 /// Spawns `n` proxies in a chain in front of `upstream`, the arguments of

@@ -307,11 +307,11 @@ impl SiteBuilder {
 
         let node_names: Vec<String> = (0..self.nodes.len()).map(node_name).collect();
         let pki = if self.pki {
-            let mut names = vec![IMAGE_SERVER.to_owned()];
+            let mut names = vec![IMAGE_SERVER];
             if self.lan.is_some() {
-                names.push(LAN.to_owned());
+                names.push(LAN);
             }
-            names.extend(node_names.iter().cloned());
+            names.extend(node_names.iter().map(String::as_str));
             Some(Pki::new(&names)?)
         } else {
             None

@@ -7,9 +7,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use gvfs_nfs::net::stream::RecordStream;
@@ -18,95 +18,11 @@ use gvfs_nfs::rpc::{self, Credentials};
 use gvfs_nfs::xdr::{self, XdrReader};
 use gvfs_testbed::data::{compare_files, write_random_file, write_sparse_file};
 use gvfs_testbed::libnfs::{nfs_cat, nfs_cp, qemu_img};
+use gvfs_testbed::site::Pki;
 use gvfs_testbed::{Origin, Proxy, ProxyArgs, Site, Tier};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 const MIB: u64 = 1 << 20;
-
-/// A site CA and node certificates, made with `gvfsctl ca`.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Result<Pki> {
-        Self::named("gvfs site CA")
-    }
-
-    /// A CA whose certificate is named `name`.
-    fn named(name: &str) -> Result<Pki> {
-        let dir = tempfile::tempdir()?;
-        let pki = Pki { dir };
-        let ca = pki.ca_dir().display().to_string();
-        pki.gvfsctl(&["ca", "init", &ca, "--name", name])?;
-        Ok(pki)
-    }
-
-    fn ca_dir(&self) -> PathBuf {
-        self.dir.path().join("ca")
-    }
-
-    fn gvfsctl(&self, args: &[&str]) -> Result<String> {
-        gvfs_testbed::proxy::gvfsctl_local(args)
-    }
-
-    /// A CA with a certificate for each of `names`.
-    fn with(names: &[&str]) -> Result<Pki> {
-        let pki = Pki::new()?;
-        for name in names {
-            pki.issue(name)?;
-        }
-        Ok(pki)
-    }
-
-    /// Issues a certificate for `name` (with IP 127.0.0.1) with gvfsctl.
-    fn issue(&self, name: &str) -> Result<()> {
-        let ca = self.ca_dir().display().to_string();
-        self.gvfsctl(&[
-            "ca",
-            "issue",
-            "--ca",
-            &ca,
-            "--name",
-            name,
-            "--ip",
-            "127.0.0.1",
-        ])?;
-        Ok(())
-    }
-
-    /// Issues a certificate for `name` that expired yesterday.
-    fn issue_expired(&self, name: &str) -> Result<()> {
-        let day = Duration::from_secs(86_400);
-        gvfs_tunnel::pki::issue(
-            &self.ca_dir(),
-            &self.ca_dir(),
-            &gvfs_tunnel::pki::IssueOptions {
-                name: name.to_string(),
-                ips: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-                dns: Vec::new(),
-                days: 1,
-                not_before: Some(SystemTime::now() - 3 * day),
-                not_after: Some(SystemTime::now() - day),
-            },
-        )?;
-        Ok(())
-    }
-
-    fn files(&self, name: &str) -> gvfs_tunnel::TlsFiles {
-        let d = self.ca_dir();
-        gvfs_tunnel::TlsFiles {
-            cert: d.join(format!("{name}.pem")),
-            key: d.join(format!("{name}-key.pem")),
-            ca: d.join("ca.pem"),
-        }
-    }
-
-    /// `--cert --key --ca` for `name`.
-    fn args(&self, name: &str, p: ProxyArgs) -> ProxyArgs {
-        with_files(self.files(name), p)
-    }
-}
 
 fn with_files(f: gvfs_tunnel::TlsFiles, p: ProxyArgs) -> ProxyArgs {
     p.tls_files(&f.cert, &f.key, &f.ca)
@@ -184,8 +100,8 @@ fn refused_client(args: ProxyArgs) -> Result<String> {
 
 #[test]
 fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() -> Result<()> {
-    let pki = Pki::new()?;
-    let rogue = Pki::new()?;
+    let pki = Pki::new(&[])?;
+    let rogue = Pki::new(&[])?;
     pki.issue("image-server")?;
     pki.issue("node1")?;
     pki.issue_expired("stale")?;
@@ -270,7 +186,7 @@ fn bad_certificates_and_wrong_protocols_are_refused_and_the_server_stays_up() ->
 
 #[test]
 fn silent_sockets_on_the_tls_port_do_not_keep_a_peer_out() -> Result<()> {
-    let pki = Pki::with(&["image-server", "node1"])?;
+    let pki = Pki::new(&["image-server", "node1"])?;
     let site = tempfile::tempdir()?;
     std::fs::write(site.path().join("f"), b"through the crowd")?;
     let origin = format!("dir:{}", site.path().display());
@@ -324,14 +240,14 @@ fn start_up_failure(args: ProxyArgs) -> Result<(bool, String)> {
 
 #[test]
 fn a_client_proxy_refused_by_tls_exits_at_once_with_the_reason() -> Result<()> {
-    let pki = Pki::with(&["image-server"])?;
+    let pki = Pki::new(&["image-server"])?;
     let site = tempfile::tempdir()?;
     let origin = format!("dir:{}", site.path().display());
     let (_server, tls) = image_server(&pki, ProxyArgs::new(origin))?;
     // Another site's CA, and one that happens to have our CA's name.
     let rogue = Pki::named("another site CA")?;
     rogue.issue("intruder")?;
-    let namesake = Pki::new()?;
+    let namesake = Pki::new(&[])?;
     namesake.issue("intruder")?;
     for (other, reason) in [
         (&rogue, "the server rejected our certificate: unknown CA"),
@@ -343,7 +259,7 @@ fn a_client_proxy_refused_by_tls_exits_at_once_with_the_reason() -> Result<()> {
         // The intruder's CA file holds both CAs: its own certificate passes
         // its own check at start and it trusts the server, but the server
         // does not trust the intruder's CA.
-        let both = other.dir.path().join("both.pem");
+        let both = other.ca_dir().join("both.pem");
         std::fs::write(
             &both,
             [
@@ -383,7 +299,7 @@ fn owner(path: &Path) -> Result<(u32, u32)> {
 
 #[test]
 fn peers_are_mapped_to_their_configured_identities_at_the_origin() -> Result<()> {
-    let pki = Pki::new()?;
+    let pki = Pki::new(&[])?;
     for n in ["image-server", "node1", "node2", "node3", "node4"] {
         pki.issue(n)?;
     }
@@ -511,7 +427,7 @@ async fn probe(s: &mut tokio::net::TcpStream) -> Result<Vec<u8>> {
 
 #[test]
 fn rfc_9289_starttls_probe_switches_the_connection_to_tls() -> Result<()> {
-    let pki = Pki::with(&["image-server", "node1"])?;
+    let pki = Pki::new(&["image-server", "node1"])?;
     let site = tempfile::tempdir()?;
     std::fs::write(site.path().join("f"), b"inside tls")?;
     let p = Proxy::spawn(pki.args(

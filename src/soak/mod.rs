@@ -188,7 +188,8 @@ pub fn run(s: &Settings) -> Result<Outcome> {
     }
     let work = tempfile::Builder::new().prefix("gvfs-soak-").tempdir()?;
     let scratch = crate::bench::shm_tempdir()?;
-    let ca = crate::proxy::site_ca(work.path(), &["image-server", "lan"])?;
+    let pki = crate::site::Pki::new(&["image-server", "lan"])?;
+    let ca = pki.ca_dir().to_path_buf();
     let ganesha = Ganesha::start().context("starting nfs-ganesha")?;
     let shared: Vec<SharedFile> = (0..s.shared_files)
         .map(|i| SharedFile {

@@ -141,7 +141,7 @@ impl ExtClient {
 
     /// Connections the RPC client has opened: a new one is agreed anew.
     fn connection(&self) -> u64 {
-        self.client.stats().connects.load(Ordering::Relaxed)
+        self.client.stats().connects.get()
     }
 
     /// Sends HELLO naming every capability: `Ok` with the agreement, or

@@ -180,41 +180,14 @@ async fn counting_server(
 async fn answering_server(
     answer: impl Fn(u32, u32) -> Option<(ReplyStatus, Vec<u8>)> + Send + Sync + 'static,
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-    let answer = Arc::new(answer);
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let counted = counted.clone();
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                let mut head = [0u8; 4];
-                while s.read_exact(&mut head).await.is_ok() {
-                    let len = (u32::from_be_bytes(head) & 0x7fff_ffff) as usize;
-                    let mut call = vec![0; len.min(1 << 16)];
-                    if s.read_exact(&mut call).await.is_err() || call.len() < 4 {
-                        return;
-                    }
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    let word = |i: usize| {
-                        call.get(i..i + 4)
-                            .map_or(0, |w| u32::from_be_bytes(w.try_into().unwrap()))
-                    };
-                    let xid = word(0);
-                    if let Some((status, results)) = answer(word(16), word(20)) {
-                        let reply = gvfs_nfs::rpc::reply_record(xid, status, &results);
-                        if s.write_all(&reply).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
+    let addr = connection_aware_server(move |_, vers, proc_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        answer(vers, proc_).map(|(status, results)| (status, results, false))
+    })
+    .await;
     (addr, calls)
 }
 
@@ -495,11 +468,12 @@ async fn a_probe_without_an_answer_gives_up_and_is_asked_again() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
-/// A loopback server that answers each call as `answer` says for its
-/// connection (0 for the first accepted), version and procedure number,
-/// and closes the connection after a reply when `answer` says so.
+/// A loopback server of RPC records that answers each call as `answer`
+/// says for its connection (0 for the first accepted), version and
+/// procedure number (never, for `None`), and closes the connection after a
+/// reply when `answer` says so.
 async fn connection_aware_server(
-    answer: impl Fn(usize, u32, u32) -> (ReplyStatus, Vec<u8>, bool) + Send + Sync + 'static,
+    answer: impl Fn(usize, u32, u32) -> Option<(ReplyStatus, Vec<u8>, bool)> + Send + Sync + 'static,
 ) -> std::net::SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let answer = Arc::new(answer);
@@ -518,7 +492,9 @@ async fn connection_aware_server(
                         return;
                     }
                     let word = |i: usize| u32::from_be_bytes(call[i..i + 4].try_into().unwrap());
-                    let (status, results, close) = answer(conn, word(16), word(20));
+                    let Some((status, results, close)) = answer(conn, word(16), word(20)) else {
+                        continue;
+                    };
                     let reply = gvfs_nfs::rpc::reply_record(word(0), status, &results);
                     if s.write_all(&reply).await.is_err() || close {
                         return;
@@ -545,13 +521,13 @@ async fn a_new_connection_is_agreed_anew() {
     // (upgraded, say) agrees to everything.
     let addr = connection_aware_server(move |conn, _, proc_| {
         log.lock().unwrap().push((conn, proc_));
-        match (conn, proc_) {
+        Some(match (conn, proc_) {
             (0, PROC_HELLO) => (ReplyStatus::Success, hello_res(Caps::REPEATS), false),
             (_, PROC_HELLO) => (ReplyStatus::Success, hello_res(Caps::ALL), false),
             (_, PROC_FETCH_REPEATS) => (ReplyStatus::Success, fetched.clone(), conn == 0),
             (_, PROC_PROFILE_GET) => (ReplyStatus::Success, no_profile.clone(), false),
             _ => (ReplyStatus::ProcUnavail, Vec::new(), false),
-        }
+        })
     })
     .await;
     let ext = client_of(addr, PROBE_TIMEOUT);

@@ -240,12 +240,12 @@ impl StatusSource {
             nfs_calls: self.front.nfs_calls(),
             front: self.front.stats(),
             upstream_client: self.stack.client.as_ref().map(|c| {
-                let u = c.stats();
+                let u = c.stats().snapshot();
                 UpstreamClient {
                     server: c.server().to_string(),
-                    calls: load(&u.calls),
-                    retransmits: load(&u.retransmits),
-                    connects: load(&u.connects),
+                    calls: u.calls,
+                    retransmits: u.retransmits,
+                    connects: u.connects,
                 }
             }),
             cache: self.stack.cache.as_ref().map(|c| DirtyBytes {

@@ -160,15 +160,16 @@ pub enum ClientError {
     },
 }
 
-/// Counters of an [`RpcClient`].
-#[derive(Debug, Default)]
-pub struct ClientStats {
-    /// Calls started.
-    pub calls: AtomicU64,
-    /// Calls sent again after a timeout or a dropped connection.
-    pub retransmits: AtomicU64,
-    /// Connections opened.
-    pub connects: AtomicU64,
+crate::counters! {
+    /// Counters of an [`RpcClient`].
+    pub struct ClientStats => ClientCounts {
+        /// Calls started.
+        calls,
+        /// Calls sent again after a timeout or a dropped connection.
+        retransmits,
+        /// Connections opened.
+        connects,
+    }
 }
 
 /// A multiplexing RPC client. Cheap to clone; clones share the connection.
@@ -322,7 +323,7 @@ impl RpcClient {
                 waited: Duration::ZERO,
                 last_error: "client closed".into(),
             })?;
-        inner.stats.calls.fetch_add(1, Ordering::Relaxed);
+        inner.stats.calls.inc();
         let xid = inner.next_xid.fetch_add(1, Ordering::Relaxed);
         let mut record = rpc::call_record(xid, prog, vers, proc_, cred);
         encode(&mut record);
@@ -332,7 +333,7 @@ impl RpcClient {
         let mut attempt = 0u32;
         loop {
             if attempt > 0 {
-                inner.stats.retransmits.fetch_add(1, Ordering::Relaxed);
+                inner.stats.retransmits.inc();
             }
             attempt += 1;
             let conn = inner.connection(deadline, start).await?;
@@ -485,7 +486,7 @@ impl Inner {
             };
             let err = match tokio::time::timeout(budget, self.connector.connect()).await {
                 Ok(Ok(stream)) => {
-                    self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                    self.stats.connects.inc();
                     let conn = Arc::new(Conn::start(stream, &self.cfg, self.connector.clone()));
                     slot.conn = Some(conn.clone());
                     return Ok(conn);
