@@ -555,8 +555,34 @@ impl<'a> Workload<'a> {
 
     fn verify(&mut self) -> Result<()> {
         drop_caches();
+        // A file removed while open lives on under a hidden name until its
+        // last RELEASE, which the kernel sends after close() has returned:
+        // give those a moment to go (one that never goes still fails).
+        let deadline = std::time::Instant::now() + RELEASE_WAIT;
+        while hidden_removed(self.mnt)? && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         check_tree(self.mnt, &self.model, "through the mount")
     }
+}
+
+/// Whether any file under `dir` is one the mount keeps for a removed file
+/// still open (`.gvfs-fuse` and 16 hex digits).
+fn hidden_removed(dir: &Path) -> Result<bool> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".gvfs-fuse")
+        {
+            return Ok(true);
+        }
+        if entry.file_type()?.is_dir() && hidden_removed(&entry.path())? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Runs the workload on `mnt` (mounted by `front`), then checks `origin`
