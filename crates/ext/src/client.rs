@@ -277,7 +277,7 @@ impl ChunkSource for ExtClient {
         &'a self,
         cred: &'a Credentials,
         args: &'a FetchArgs,
-        urgency: Urgency,
+        urgency: Class,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
         Box::pin(async move {
             let terms = self.terms().await;
@@ -287,7 +287,7 @@ impl ChunkSource for ExtClient {
             let held = match &args.have {
                 Some(have) if with_repeats && !have.is_empty() => {
                     let mut buf = Vec::with_capacity(buf.len() + 48);
-                    encode_have_args(&mut buf, args, have, urgency == Urgency::Demand);
+                    encode_have_args(&mut buf, args, have, urgency == Class::Demand);
                     self.call_if(terms, Caps::HAVE, PROC_FETCH_HAVE, cred, &buf)
                         .await?
                 }
@@ -295,7 +295,7 @@ impl ChunkSource for ExtClient {
             };
             let demand = match held {
                 Some(bytes) => Some(bytes),
-                None if urgency == Urgency::Demand && with_repeats => {
+                None if urgency == Class::Demand && with_repeats => {
                     self.call_if(terms, Caps::DEMAND, PROC_FETCH_DEMAND, cred, &buf)
                         .await?
                 }

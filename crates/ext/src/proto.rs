@@ -49,16 +49,7 @@ pub(crate) const FHSIZE: usize = 64;
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a chunk is fetched, which decides what goes first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Urgency {
-    /// Ahead of any reader, in file order.
-    Background,
-    /// Named by the file's working-set profile: fetched first, ahead of
-    /// the readers that will want it.
-    Profile,
-    /// A reader waits for it now.
-    Demand,
-}
+pub use gvfs_nfs::Class;
 
 /// What a peer speaks beyond NULL, FETCH and STORE: one bit per
 /// procedure (or pair) that came after them. Agreed once per connection

@@ -6,7 +6,7 @@ use gvfs_nfs::{BoxFuture, Credentials};
 use crate::error::FetchError;
 use crate::fetch::{FetchArgs, FetchOk};
 use crate::profile::Profile;
-use crate::proto::Urgency;
+use crate::proto::Class;
 use crate::store::StoreArgs;
 
 /// Where chunks of whole files come from: an upstream that speaks this
@@ -17,7 +17,7 @@ pub trait ChunkSource: Send + Sync + 'static {
         &'a self,
         cred: &'a Credentials,
         args: &'a FetchArgs,
-        urgency: Urgency,
+        urgency: Class,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>>;
 
     /// Keeps a file's working-set profile upstream (PROFILE_PUT). A source

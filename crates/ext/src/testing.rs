@@ -11,7 +11,7 @@ use gvfs_metafile::ByteRepeat;
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
 use gvfs_nfs::{BoxFuture, Credentials};
 
-use crate::{ChunkSource, FetchArgs, FetchError, FetchOk, Profile, StoreArgs, Urgency, compress};
+use crate::{ChunkSource, Class, FetchArgs, FetchError, FetchOk, Profile, StoreArgs, compress};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -46,7 +46,7 @@ pub struct FakeSource {
     /// A gate each STORE waits at (open unless a test closes it).
     pub store_gate: tokio::sync::Semaphore,
     /// Every FETCH's offset, count and urgency, in the order they came.
-    pub fetched: Mutex<Vec<(u64, u32, Urgency)>>,
+    pub fetched: Mutex<Vec<(u64, u32, Class)>>,
     /// The profile PROFILE_GET answers.
     pub profile: Mutex<Option<Profile>>,
     /// Profiles PROFILE_PUT was given.
@@ -79,7 +79,7 @@ impl ChunkSource for FakeSource {
         &'a self,
         _cred: &'a Credentials,
         args: &'a FetchArgs,
-        urgency: Urgency,
+        urgency: Class,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::Relaxed);

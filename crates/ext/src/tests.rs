@@ -273,7 +273,7 @@ async fn a_version_2_peer_is_asked_only_what_it_agreed_to() {
     let cred = Credentials::default();
     for _ in 0..2 {
         let got = ext
-            .fetch(&cred, &small_fetch(), Urgency::Demand)
+            .fetch(&cred, &small_fetch(), Class::Demand)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(decompress(got).ok(), Some(raw.clone()));
@@ -314,7 +314,7 @@ async fn a_version_1_peer_is_spoken_to_in_version_1() {
     assert!(ext.supported().await);
     let cred = Credentials::default();
     let got = ext
-        .fetch(&cred, &small_fetch(), Urgency::Demand)
+        .fetch(&cred, &small_fetch(), Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(decompress(got).ok(), Some(raw));
@@ -386,7 +386,7 @@ async fn an_upstream_without_fetch_repeats_is_asked_with_fetch_from_then_on() {
     // FETCH; then FETCH alone.
     for (i, want_calls) in [(0, 3), (1, 4)] {
         let got = ext
-            .fetch(&cred, &args, Urgency::Background)
+            .fetch(&cred, &args, Class::Background)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(decompress(got).ok(), Some(raw.clone()), "fetch {i}");
@@ -533,7 +533,7 @@ async fn a_new_connection_is_agreed_anew() {
     let ext = client_of(addr, PROBE_TIMEOUT);
     let cred = Credentials::default();
     let args = small_fetch();
-    let fetch = || ext.fetch(&cred, &args, Urgency::Background);
+    let fetch = || ext.fetch(&cred, &args, Class::Background);
     fetch().await.unwrap_or_else(|e| panic!("{e}"));
     // Profiles were not agreed on this connection: not asked.
     assert_eq!(ext.get_profile(&cred, b"fh").await, Ok(None));

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use gvfs_ext::{CHUNK, ChunkSource, Have, LEVEL, Urgency, compress};
+use gvfs_ext::{CHUNK, ChunkSource, Class, Have, LEVEL, compress};
 use gvfs_nfs::Credentials;
 use gvfs_nfs::nfs3_types::nfs3::fattr3;
 use gvfs_nfs::xdr::zeros;
@@ -23,12 +23,12 @@ pub struct Asked {
     /// It fills repeats itself (FETCH_REPEATS, FETCH_DEMAND).
     pub repeats: bool,
     /// Fetch it here with this urgency if it has not arrived.
-    pub urgency: Urgency,
+    pub urgency: Class,
 }
 
 impl Asked {
     /// A FETCH asked this way.
-    pub fn new(repeats: bool, urgency: Urgency) -> Self {
+    pub fn new(repeats: bool, urgency: Class) -> Self {
         Self { repeats, urgency }
     }
 }
@@ -44,7 +44,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-        urgency: Urgency,
+        urgency: Class,
     ) -> Result<(Cow<'static, [u8]>, bool), FileCacheError> {
         let size = self.size();
         let end = offset.saturating_add(u64::from(count)).min(size);
@@ -245,7 +245,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-        urgency: Urgency,
+        urgency: Class,
         have: &Have,
     ) -> Result<(Frame, u32, bool), FileCacheError> {
         let (raw, eof) = self

@@ -54,6 +54,8 @@ gvfs_nfs::counters! {
         profile_wire_bytes,
         /// Wire bytes of chunks fetched by the background stream.
         background_wire_bytes,
+        /// Wire bytes of bulk fetches (whole-file copies, sequential readers).
+        bulk_wire_bytes,
         /// Reads that waited for a chunk not here yet (faults).
         faults_waited,
         /// Time those reads waited, summed (microseconds).

@@ -4,7 +4,7 @@ use crate::fetch::rest::STREAM_RUN;
 use crate::index::MemIndex;
 use crate::names::file_name;
 use gvfs_ext::FetchOk;
-use gvfs_ext::{CHUNK, ChunkSource, Urgency};
+use gvfs_ext::{CHUNK, ChunkSource, Class};
 use gvfs_metafile::ZeroMap;
 use gvfs_metafile::{ByteRepeat, MetaFile};
 use gvfs_nfs::Credentials;
@@ -117,7 +117,7 @@ async fn fetches_whole_file_and_skips_zero_chunks() {
     let (_dir, fake, c, f) = started(b"fh1", content(len), true, Some(&meta), false);
     let cred = Credentials::default();
     let (all, eof) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(eof);
@@ -170,13 +170,13 @@ async fn repeated_bytes_are_copied_from_earlier_ones_in_any_order() {
             // A reader that needs the last chunk before the others came.
             let at = 6 * c - 4096;
             let (got, _) = f
-                .read(&cache, &src(&fake), &cred, at, 4096, Urgency::Demand)
+                .read(&cache, &src(&fake), &cred, at, 4096, Class::Demand)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(*got, data[at as usize..]);
         }
         let (all, _) = f
-            .read(&cache, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
+            .read(&cache, &src(&fake), &cred, 0, len as u32, Class::Demand)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(
@@ -229,7 +229,7 @@ async fn repeats_that_do_not_fit_their_chunk_fail_the_fetch() {
                 &Credentials::default(),
                 0,
                 3 * CHUNK,
-                Urgency::Demand,
+                Class::Demand,
             )
             .await
             .map(|_| ())
@@ -258,7 +258,7 @@ async fn a_repeat_from_a_chunk_of_zeros_fails_the_fetch() {
     }];
     let cred = Credentials::default();
     let err = f
-        .read(&cache, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
+        .read(&cache, &src(&fake), &cred, 0, len as u32, Class::Demand)
         .await
         .map(|_| ())
         .expect_err("the repeat contradicts the zero map");
@@ -278,14 +278,14 @@ async fn a_read_far_ahead_is_served_before_the_rest() {
     fake.gate.add_permits(WINDOW + 1);
     let at = 30 * u64::from(CHUNK) + 5;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 1000, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, at, 1000, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
     assert!(!f.complete(), "served before the end arrived");
     fake.gate.add_permits(1 << 20);
     let (all, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(all == fake.data);
@@ -301,7 +301,7 @@ async fn a_reader_that_goes_away_mid_fetch_leaves_no_chunk_stranded() {
     let at = 30 * u64::from(CHUNK);
     let gone = tokio::time::timeout(
         std::time::Duration::from_millis(50),
-        f.read(&c, &src(&fake), &cred, at, 1000, Urgency::Demand),
+        f.read(&c, &src(&fake), &cred, at, 1000, Class::Demand),
     )
     .await;
     assert!(gone.is_err(), "the read waited for its chunk");
@@ -309,7 +309,7 @@ async fn a_reader_that_goes_away_mid_fetch_leaves_no_chunk_stranded() {
     // Its chunk still arrives: the file completes, and reads of it end.
     whole(&c).await;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 1000, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, at, 1000, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
@@ -327,7 +327,7 @@ async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
         let (c, fake, cred) = (c.clone(), fake.clone(), cred.clone());
         tasks.push(tokio::spawn(async move {
             let f = c.start(b"fh3", &fake.attrs, None, fake.clone(), &cred, false)?;
-            f.read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
+            f.read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
                 .await
         }));
     }
@@ -352,7 +352,7 @@ async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
         .get(b"fh3")
         .unwrap_or_else(|| panic!("kept across reopen"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(got == fake.data);
@@ -385,7 +385,7 @@ async fn zero_chunks_stay_unread_after_a_restart() {
     assert_eq!(zero, [1, 4, 7]);
     let at = 4 * u64::from(CHUNK);
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, CHUNK, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, at, CHUNK, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(
@@ -393,7 +393,7 @@ async fn zero_chunks_stay_unread_after_a_restart() {
         "a zero chunk was read from the file"
     );
     let (all, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(all == fake.data);
@@ -413,7 +413,7 @@ async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
         .start(b"fh5", &fake.attrs, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
     // A write before the file is whole is refused (the caller forwards it).
-    f.read(&c, &src(&fake), &cred, 0, 10, Urgency::Demand)
+    f.read(&c, &src(&fake), &cred, 0, 10, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
@@ -443,7 +443,7 @@ async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
     let f = c.get(b"fh5").unwrap_or_else(|| panic!("dirty file kept"));
     assert!(f.is_dirty());
     let (got, eof) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32 + 100, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32 + 100, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(eof && got == want, "reads see the writes");
@@ -522,7 +522,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
     );
     assert_eq!(c.stats().counts.write_back_conflicts, 1);
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 10, 5, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, 10, 5, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&got[..], b"local");
@@ -638,7 +638,7 @@ async fn chunks_of_zeros_are_not_read_until_written() {
         .unwrap_or_else(|e| panic!("{e}"));
     let at = u64::from(CHUNK) - 100;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 2 * CHUNK, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, at, 2 * CHUNK, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(got[..] == fake.data[at as usize..at as usize + 2 * CHUNK as usize]);
@@ -648,7 +648,7 @@ async fn chunks_of_zeros_are_not_read_until_written() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at - 1, 7, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, at - 1, 7, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&*got, b"\0hello\0");
@@ -678,7 +678,7 @@ async fn a_write_of_no_bytes_past_the_end_changes_nothing() {
         .get(b"fn")
         .unwrap_or_else(|| panic!("the writes were dropped"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 3, 4, Urgency::Demand)
+        .read(&c, &src(&fake), &cred, 3, 4, Class::Demand)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&*got, b"kept");
@@ -697,7 +697,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             &cred,
             0,
             CHUNK,
-            Asked::new(true, Urgency::Background),
+            Asked::new(true, Class::Background),
             None,
         )
         .await
@@ -713,7 +713,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             &cred,
             0,
             CHUNK,
-            Asked::new(true, Urgency::Background),
+            Asked::new(true, Class::Background),
             None,
         )
         .await
@@ -733,7 +733,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             &cred,
             0,
             CHUNK,
-            Asked::new(true, Urgency::Background),
+            Asked::new(true, Class::Background),
             None,
         )
         .await;
@@ -753,9 +753,7 @@ async fn a_changed_file_fails_the_fetch() {
     let f = c
         .start(b"fh4", &old, None, fake.clone(), &cred, false)
         .unwrap_or_else(|e| panic!("{e}"));
-    let r = f
-        .read(&c, &src(&fake), &cred, 0, 100, Urgency::Demand)
-        .await;
+    let r = f.read(&c, &src(&fake), &cred, 0, 100, Class::Demand).await;
     assert!(r.is_err(), "bytes of another version were served");
     assert!(c.get(b"fh4").is_none());
 }

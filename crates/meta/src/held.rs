@@ -3,7 +3,7 @@
 //! write-back, and the attributes clients see of a file with local writes.
 
 use super::*;
-use gvfs_ext::Urgency;
+use gvfs_ext::Class;
 use gvfs_filecache::FileCacheError;
 use gvfs_nfs::layer::{Backlog, Lifecycle, Progress, WriteBackKind, WriteBackReport};
 
@@ -67,7 +67,7 @@ impl MetaLayer {
                 &cx.cred,
                 args.offset,
                 count,
-                Urgency::Demand,
+                Class::Demand,
             )
             .await?;
         self.counters.copy_reads.add(1);

@@ -1,5 +1,6 @@
 //! The protocol core of gvfs.
 //!
+//! - [`class`]: a request's priority class and the tenant it is billed to.
 //! - [`record`]: RPC record marking with caps enforced before allocation.
 //! - [`rpc`]: ONC RPC call and reply headers, AUTH_UNIX credentials.
 //! - [`proc`]: the 22 NFSv3 procedures as typed requests and replies.
@@ -17,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+pub mod class;
 pub mod layer;
 #[cfg(feature = "net")]
 pub mod net;
@@ -30,6 +32,7 @@ pub mod testing;
 pub mod version;
 pub mod xdr;
 
+pub use class::{Class, Tenant};
 pub use nfs3_types;
 pub use proc::{NfsProc, NfsReply, NfsRequest};
 pub use rpc::Credentials;

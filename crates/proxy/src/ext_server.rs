@@ -42,7 +42,7 @@ use gvfs_nfs::rpc::ReplyStatus;
 use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
 
 use gvfs_ext::{
-    self as ext, CHUNK, ChunkSource, FetchArgs, FetchOk, LEVEL, StoreArgs, Urgency, compress,
+    self as ext, CHUNK, ChunkSource, Class, FetchArgs, FetchOk, LEVEL, StoreArgs, compress,
     encode_fetch_repeats_res, encode_fetch_res, encode_store_res, profile,
 };
 use gvfs_filecache::{Asked, FileCache, Profiles, SideFiles, same_version};
@@ -229,9 +229,9 @@ impl ExtServer {
         let repeats = proc_ != ext::PROC_FETCH;
         let urgency = if proc_ == ext::PROC_FETCH_DEMAND || demand {
             self.counters.demand_calls.add(1);
-            Urgency::Demand
+            Class::Demand
         } else {
-            Urgency::Background
+            Class::Background
         };
         self.counters.fetch_calls.add(1);
         let upstream_speaks = match &self.upstream {
@@ -443,7 +443,7 @@ impl ExtServer {
         up: Arc<dyn ChunkSource>,
         args: &FetchArgs,
         repeats: bool,
-        urgency: Urgency,
+        urgency: Class,
     ) -> Result<FetchOk, nfsstat3> {
         files.keep_frames();
         let cached = files.get(&args.fh);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use gvfs_ext::{ChunkSource, FetchArgs, Urgency, decompress};
+use gvfs_ext::{ChunkSource, Class, FetchArgs, decompress};
 use gvfs_metafile::ByteRepeat;
 use gvfs_nfs::{Credentials, same_version};
 
@@ -31,7 +31,7 @@ use crate::pieces::{Mask, PIECE, all_pieces};
 struct Ask {
     offset: u64,
     count: u32,
-    urgency: Urgency,
+    urgency: Class,
     /// The chunk it is all of, whose frame may be kept.
     whole: Option<usize>,
 }
@@ -45,7 +45,7 @@ impl CachedFile {
         cred: &Credentials,
         idx: usize,
         mask: Mask,
-        urgency: Urgency,
+        urgency: Class,
     ) -> Result<(), FileCacheError> {
         let (_, len) = self.chunk_range(idx);
         let result = self
@@ -67,7 +67,7 @@ impl CachedFile {
         source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         idx: usize,
-        urgency: Urgency,
+        urgency: Class,
     ) -> Result<(), FileCacheError> {
         let (offset, count) = self.chunk_range(idx);
         let pieces = self.fetch.pieces(idx);
@@ -101,7 +101,7 @@ impl CachedFile {
         cred: &Credentials,
         idx: usize,
         run: Mask,
-        urgency: Urgency,
+        urgency: Class,
     ) -> Result<(), FileCacheError> {
         let (start, len) = self.chunk_range(idx);
         let from = start + u64::from(run.trailing_zeros() * PIECE);
@@ -134,7 +134,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-        urgency: Urgency,
+        urgency: Class,
         whole: Option<usize>,
     ) -> Result<(), FileCacheError> {
         let mut held = self.find_held(cache, offset, count).await?;
@@ -263,9 +263,10 @@ impl CachedFile {
         cache.counters.chunks_fetched.add(1);
         cache.counters.wire_bytes.add(wire);
         match urgency {
-            Urgency::Demand => cache.counters.demand_wire_bytes.add(wire),
-            Urgency::Profile => cache.counters.profile_wire_bytes.add(wire),
-            Urgency::Background => cache.counters.background_wire_bytes.add(wire),
+            Class::Demand => cache.counters.demand_wire_bytes.add(wire),
+            Class::Profile => cache.counters.profile_wire_bytes.add(wire),
+            Class::Background => cache.counters.background_wire_bytes.add(wire),
+            Class::Bulk => cache.counters.bulk_wire_bytes.add(wire),
         }
         let (spent, dedup) = match done {
             Ok(done) => done,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use gvfs_ext::{ChunkSource, Urgency};
+use gvfs_ext::{ChunkSource, Class};
 use gvfs_nfs::Credentials;
 
 use crate::cache::FileCache;
@@ -58,7 +58,7 @@ impl CachedFile {
                 run = hashed_pieces_around(run) & all;
             }
             result = self
-                .fetch_pieces(cache, source, cred, idx, run, Urgency::Demand)
+                .fetch_pieces(cache, source, cred, idx, run, Class::Demand)
                 .await;
             if result.is_err() {
                 break;
@@ -81,7 +81,7 @@ impl CachedFile {
         cred: &Credentials,
         idx: usize,
         pieces: Pieces,
-        urgency: Urgency,
+        urgency: Class,
     ) -> Result<(), FileCacheError> {
         let (_, len) = self.chunk_range(idx);
         let all = all_pieces(len);

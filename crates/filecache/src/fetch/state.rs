@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use gvfs_ext::Urgency;
+use gvfs_ext::Class;
 use gvfs_nfs::layer::lock;
 use tokio::sync::watch;
 
@@ -240,7 +240,7 @@ impl FetchState {
         offset: u64,
         end: u64,
         size: u64,
-        urgency: Urgency,
+        urgency: Class,
     ) -> (Vec<Planned>, bool) {
         let (first, last) = chunks_of(offset, end);
         let mut fetch: Vec<Planned> = Vec::new();
@@ -265,8 +265,8 @@ impl FetchState {
             // its pieces (not waited for), so its next faults nearby find
             // their bytes here, and the background stream goes on after
             // it. With a profile, the profile brings the rest.
-            let demand = urgency == Urgency::Demand;
-            let pieces = urgency == Urgency::Profile || demand;
+            let demand = urgency == Class::Demand;
+            let pieces = urgency == Class::Profile || demand;
             let rest = demand && !self.profiled.load(Ordering::Acquire);
             if demand {
                 self.follow.store(idx + 2, Ordering::Release);

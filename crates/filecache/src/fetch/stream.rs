@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gvfs_ext::{CHUNK, ChunkSource, Urgency};
+use gvfs_ext::{CHUNK, ChunkSource, Class};
 use gvfs_metafile::MetaFile;
 use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::fattr3;
@@ -220,7 +220,7 @@ impl FileCache {
                         profile_bytes += bytes;
                         set.spawn(async move {
                             let _ = entry
-                                .fetch_pieces(&cache, &source, &cred, idx, mask, Urgency::Profile)
+                                .fetch_pieces(&cache, &source, &cred, idx, mask, Class::Profile)
                                 .await;
                             bytes
                         });
@@ -228,7 +228,7 @@ impl FileCache {
                     None => {
                         set.spawn(async move {
                             let _ = entry
-                                .fetch_chunk(&cache, &source, &cred, idx, Urgency::Background)
+                                .fetch_chunk(&cache, &source, &cred, idx, Class::Background)
                                 .await;
                             0
                         });

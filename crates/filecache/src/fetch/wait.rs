@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gvfs_ext::{ChunkSource, Urgency};
+use gvfs_ext::{ChunkSource, Class};
 use gvfs_nfs::{BoxFuture, Credentials};
 
 use super::state::Planned;
@@ -26,7 +26,7 @@ impl CachedFile {
         cred: &'a Credentials,
         from: u64,
         end: u64,
-        urgency: Urgency,
+        urgency: Class,
     ) -> BoxFuture<'a, Result<(), FileCacheError>> {
         Box::pin(async move {
             if end <= from {
@@ -58,7 +58,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         len: u64,
-        urgency: Urgency,
+        urgency: Class,
     ) -> Result<(), FileCacheError> {
         if len == 0 {
             return Ok(());
@@ -75,7 +75,7 @@ impl CachedFile {
             if fetch.is_empty() && !waiting {
                 break;
             }
-            if urgency == Urgency::Demand && !faulted {
+            if urgency == Class::Demand && !faulted {
                 faulted = true;
                 cache.counters.faults_waited.add(1);
             }
@@ -90,7 +90,7 @@ impl CachedFile {
             for Planned { idx, pieces, wait } in fetch {
                 let (me, cache, source, cred) =
                     (self.clone(), cache.clone(), source.clone(), cred.clone());
-                let demand = urgency == Urgency::Demand;
+                let demand = urgency == Class::Demand;
                 if demand {
                     self.fetch.demand_started();
                 }

@@ -82,7 +82,7 @@ async fn after_crash(
             &Credentials::default(),
             at,
             len,
-            Urgency::Demand,
+            Class::Demand,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -49,7 +49,7 @@ async fn read_at(c: &Arc<FileCache>, f: &Arc<CachedFile>, fake: &Arc<Fake>, chun
             &Credentials::default(),
             off,
             4096,
-            Urgency::Demand,
+            Class::Demand,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -68,7 +68,7 @@ async fn a_readers_own_fetch_goes_as_demand_and_is_counted_as_a_fault() {
     let demand = |fake: &Fake| -> Vec<(u64, u32)> {
         let mut d: Vec<(u64, u32)> = lock(&fake.fetched)
             .iter()
-            .filter(|(_, _, u)| *u == Urgency::Demand)
+            .filter(|(_, _, u)| *u == Class::Demand)
             .map(|(o, c, _)| (*o, *c))
             .collect();
         d.sort_unstable();
@@ -171,7 +171,7 @@ async fn the_background_stream_goes_on_after_a_readers_fault() {
     read_all(&c, &f, &fake).await;
     let background: Vec<u64> = lock(&fake.fetched)
         .iter()
-        .filter(|(_, _, u)| *u == Urgency::Background)
+        .filter(|(_, _, u)| *u == Class::Background)
         .map(|(o, _, _)| *o / MIB as u64)
         .collect();
     // The first window, then on from chunk 31 to the end, then what
@@ -228,7 +228,7 @@ async fn a_known_profile_is_fetched_first_and_a_stale_one_is_not() {
         let fetched = lock(&fake.fetched).clone();
         let first: Vec<(u64, u32)> = fetched
             .iter()
-            .filter(|(_, _, u)| *u == Urgency::Profile)
+            .filter(|(_, _, u)| *u == Class::Profile)
             .map(|(o, c, _)| (*o, *c))
             .collect();
         let s = c.stats().counts;
@@ -289,7 +289,7 @@ async fn a_reader_of_the_whole_file_teaches_nothing() {
             &Credentials::default(),
             at,
             CHUNK,
-            Urgency::Demand,
+            Class::Demand,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -327,7 +327,7 @@ async fn read_all(c: &Arc<FileCache>, f: &Arc<CachedFile>, fake: &Arc<Fake>) {
             &Credentials::default(),
             0,
             len,
-            Urgency::Background,
+            Class::Background,
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -356,7 +356,7 @@ async fn a_profile_is_fetched_many_pieces_at_once_but_so_many_bytes_at_most() {
         assert!(
             lock(&fake.fetched)
                 .iter()
-                .all(|(_, _, u)| *u == Urgency::Profile)
+                .all(|(_, _, u)| *u == Class::Profile)
         );
         fake.gate.add_permits(1 << 20);
         read_all(&c, &f, &fake).await;
@@ -383,9 +383,7 @@ async fn the_rest_of_a_chunk_a_profile_left_pieces_of_comes_in_one_fetch() {
         let at = idx * u64::from(CHUNK);
         lock(&fake.fetched)
             .iter()
-            .filter(|(o, _, u)| {
-                *u == Urgency::Background && (at..at + u64::from(CHUNK)).contains(o)
-            })
+            .filter(|(o, _, u)| *u == Class::Background && (at..at + u64::from(CHUNK)).contains(o))
             .map(|(o, c, _)| (*o, *c))
             .collect()
     };
