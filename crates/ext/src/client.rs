@@ -23,6 +23,7 @@ use crate::error::FetchError;
 use crate::fetch::{
     FetchArgs, FetchOk, decode_fetch_repeats_res, decode_fetch_res, encode_have_args,
 };
+use crate::gate::Gate;
 use crate::profile::{self, Profile};
 use crate::proto::*;
 use crate::source::ChunkSource;
@@ -63,6 +64,9 @@ pub struct ExtClient {
     probe_timeout: Duration,
     /// Whether the warning that write-backs go unguarded was given.
     warned_unguarded: AtomicBool,
+    /// Orders fetches to the upstream by class and tenant, over the link
+    /// `client` measures.
+    gate: Gate,
 }
 
 impl std::fmt::Debug for ExtClient {
@@ -83,12 +87,18 @@ impl ExtClient {
     /// `probe_timeout` for the upstream to say what it speaks.
     pub(crate) fn with_probe_timeout(client: RpcClient, probe_timeout: Duration) -> Self {
         Self {
+            gate: Gate::new(client.link()),
             client,
             known: Mutex::new(Known::Unknown),
             agreeing: tokio::sync::Mutex::new(()),
             probe_timeout,
             warned_unguarded: AtomicBool::new(false),
         }
+    }
+
+    /// The gate fetches to the upstream pass ([`Gate`]).
+    pub fn gate(&self) -> &Gate {
+        &self.gate
     }
 
     /// The version and capabilities agreed with the upstream, if it speaks

@@ -125,6 +125,7 @@ mod client;
 mod codec;
 mod error;
 mod fetch;
+pub mod gate;
 mod have;
 pub mod profile;
 mod proto;
@@ -138,6 +139,7 @@ pub use fetch::{
     FetchArgs, FetchOk, decode_fetch_repeats_res, decode_fetch_res, decode_have_args, decompress,
     encode_fetch_repeats_res, encode_fetch_res, encode_have_args,
 };
+pub use gate::{Gate, Permit, Ticket};
 pub use gvfs_metafile::LEVEL;
 pub use have::{Have, MAX_HAVE_BYTES};
 pub use profile::Profile;

@@ -52,6 +52,8 @@ pub struct Stack {
     pub layers: Vec<Arc<dyn Lifecycle>>,
     /// The upstream's RPC client, when it is reached over RPC.
     pub client: Option<RpcClient>,
+    /// The gate in front of it ([`gvfs_ext::Gate`]), with the client.
+    pub gate: Option<gvfs_ext::Gate>,
     /// The block cache.
     pub cache: Option<Arc<CacheLayer>>,
     /// The attribute cache.
@@ -132,6 +134,7 @@ impl Stack {
             top: stacked.top,
             layers: stacked.layers,
             client: upstream.client,
+            gate: wiring.gate.clone(),
             cache,
             attrs,
             meta,

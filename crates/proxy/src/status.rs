@@ -115,6 +115,24 @@ pub struct UpstreamClient {
     pub retransmits: u64,
     /// Connections made.
     pub connects: u64,
+    /// The link to the server as the client measures it, once a call has
+    /// been answered.
+    pub link: Option<LinkStatus>,
+    /// The gate fetches to the server pass.
+    pub gate: Option<gvfs_ext::gate::GateStats>,
+}
+
+/// The link to the upstream, measured from the RPC client's calls
+/// ([`gvfs_nfs::net::estimate`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LinkStatus {
+    /// The least round trip in the last 10 s, microseconds.
+    pub min_rtt_us: u64,
+    /// The most delivery rate in the last 10 round trips, bits per second.
+    pub rate_bps: u64,
+    /// Their product, the bytes in flight that fill the link.
+    pub bdp_bytes: u64,
 }
 
 /// The block cache's dirty bytes (in `status`).
@@ -211,6 +229,25 @@ impl StatusSource {
         Ok(json!({ "held": held, "dedup": files.dedup_on() }))
     }
 
+    /// The upstream's RPC client, its link and its gate.
+    fn upstream_client(&self) -> Option<UpstreamClient> {
+        let c = self.stack.client.as_ref()?;
+        let u = c.stats().snapshot();
+        let link = c.link().estimate().map(|e| LinkStatus {
+            min_rtt_us: u64::try_from(e.min_rtt.as_micros()).unwrap_or(u64::MAX),
+            rate_bps: e.rate.saturating_mul(8),
+            bdp_bytes: e.bdp(),
+        });
+        Some(UpstreamClient {
+            server: c.server().to_string(),
+            calls: u.calls,
+            retransmits: u.retransmits,
+            connects: u.connects,
+            link,
+            gate: self.stack.gate.as_ref().map(|g| g.stats()),
+        })
+    }
+
     fn status(&self) -> Status {
         let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let s = &self.server;
@@ -239,15 +276,7 @@ impl StatusSource {
             },
             nfs_calls: self.front.nfs_calls(),
             front: self.front.stats(),
-            upstream_client: self.stack.client.as_ref().map(|c| {
-                let u = c.stats().snapshot();
-                UpstreamClient {
-                    server: c.server().to_string(),
-                    calls: u.calls,
-                    retransmits: u.retransmits,
-                    connects: u.connects,
-                }
-            }),
+            upstream_client: self.upstream_client(),
             cache: self.stack.cache.as_ref().map(|c| DirtyBytes {
                 dirty_bytes: c.dirty_bytes(),
             }),

@@ -57,6 +57,8 @@ pub(crate) struct Wiring {
     /// The upstream's side of the extension program, when it is reached
     /// over RPC (it may be another gvfs-proxy that compresses for us).
     pub(crate) ext_client: Option<Arc<dyn ChunkSource>>,
+    /// The gate in front of the upstream, the extension client's.
+    pub(crate) gate: Option<gvfs_ext::Gate>,
     /// Whether the block cache and the file cache share blocks.
     dedup: bool,
 }
@@ -77,7 +79,9 @@ impl Wiring {
         // Made first: the block cache below the metadata layer asks it
         // which ranges are known zeros, so read-ahead skips them.
         let table = plan.meta().then(MetaFiles::new);
-        let ext_client = client.map(|c| ExtClient::new(c.clone()) as Arc<dyn ChunkSource>);
+        let ext = client.map(|c| ExtClient::new(c.clone()));
+        let gate = ext.as_ref().map(|e| e.gate().clone());
+        let ext_client = ext.map(|e| e as Arc<dyn ChunkSource>);
         let index = plan.meta().then(|| open_meta_index(plan.file_cache()));
         // Working-set profiles live in the same index, beside the records
         // of the files they order. Without an index (no --meta) they are
@@ -112,6 +116,7 @@ impl Wiring {
             profiles,
             files,
             ext_client,
+            gate,
             dedup,
         })
     }

@@ -22,6 +22,9 @@
 //! certificate; or a certificate we reject) is no outage: the connector
 //! says so ([`Connector::refusal`]), and every call waiting on that
 //! connection fails at once with [`ClientError::Refused`] and the reason.
+//!
+//! Every call answered on its first send is a sample of the link's round
+//! trip and delivery rate ([`RpcClient::link`], `estimate.rs`).
 
 use std::collections::HashMap;
 use std::io;
@@ -33,6 +36,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::net::estimate::LinkHandle;
 use crate::net::stream::{RecordStream, StreamError};
 use crate::proc::CallName;
 use crate::record::RecordLimits;
@@ -185,6 +189,7 @@ struct Inner {
     in_flight: Semaphore,
     conn: tokio::sync::Mutex<Slot>,
     stats: ClientStats,
+    link: LinkHandle,
 }
 
 /// The connection, and the pause before dialling again after one that
@@ -265,6 +270,7 @@ impl RpcClient {
                 next_xid: AtomicU32::new(seed ^ std::process::id()),
                 conn: tokio::sync::Mutex::new(Slot::default()),
                 stats: ClientStats::default(),
+                link: LinkHandle::new(),
             }),
         }
     }
@@ -277,6 +283,12 @@ impl RpcClient {
     /// The client's counters.
     pub fn stats(&self) -> &ClientStats {
         &self.inner.stats
+    }
+
+    /// The link to the server as its calls measure it (every answered
+    /// call that was sent once is a sample).
+    pub fn link(&self) -> LinkHandle {
+        self.inner.link.clone()
     }
 
     /// Connects now (if not connected) and reports failure, to check an
@@ -361,8 +373,12 @@ impl RpcClient {
                     continue;
                 }
             }
+            let sent = (attempt == 1).then(|| inner.link.sent());
             match tokio::time::timeout(inner.wait(deadline), rx).await {
                 Ok(Ok(reply)) => {
+                    if let Some(sent) = sent {
+                        inner.link.replied(sent, reply.len() as u64);
+                    }
                     tracing::trace!(
                         server = %inner.connector.describe(),
                         call = %CallName(prog, proc_),
@@ -628,6 +644,8 @@ fn millis_since(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+#[cfg(test)]
+mod link_tests;
 #[cfg(test)]
 mod tests {
     use super::*;

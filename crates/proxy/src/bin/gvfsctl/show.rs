@@ -287,6 +287,14 @@ pub(super) fn print_status(s: &Status) {
             "  upstream rpc {}: {} calls, {} retransmits, {} connects",
             u.server, u.calls, u.retransmits, u.connects
         );
+        if let Some(l) = &u.link {
+            println!(
+                "    link: min rtt {:.1} ms, {:.1} Mbit/s, bdp {} KiB",
+                l.min_rtt_us as f64 / 1e3,
+                l.rate_bps as f64 / 1e6,
+                l.bdp_bytes >> 10
+            );
+        }
     }
     if let Some(m) = &s.mount {
         println!("  FUSE mount  {}", m.path);
