@@ -325,4 +325,31 @@ mod tests {
         let back: Status = serde_json::from_value(v).unwrap();
         assert_eq!(back.connections.counts, ConnCounts::default());
     }
+
+    /// The link estimate and the gate's counters sit under the upstream
+    /// client, by the names scripts read.
+    #[test]
+    fn the_link_and_the_gate_are_under_the_upstream_client() {
+        let u = UpstreamClient {
+            link: Some(LinkStatus {
+                min_rtt_us: 40_000,
+                rate_bps: 80_000_000,
+                bdp_bytes: 400_000,
+            }),
+            gate: Some(gvfs_ext::gate::GateStats::default()),
+            ..UpstreamClient::default()
+        };
+        let v = json!(u);
+        for key in ["min_rtt_us", "rate_bps", "bdp_bytes"] {
+            assert!(v["link"][key].is_u64(), "link.{key}: {v}");
+        }
+        for key in ["low_in_flight_bytes", "cap_bytes", "queued"] {
+            assert!(v["gate"][key].is_u64(), "gate.{key}: {v}");
+        }
+        for class in ["bulk", "background", "profile", "demand"] {
+            for key in ["waits", "wait_micros", "admitted_bytes"] {
+                assert!(v["gate"][class][key].is_u64(), "gate.{class}.{key}: {v}");
+            }
+        }
+    }
 }
