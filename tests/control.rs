@@ -142,3 +142,35 @@ fn a_second_proxy_refuses_a_control_socket_in_use() -> Result<()> {
     ensure!(err.contains("in use by another running proxy"), "{err}");
     Ok(())
 }
+
+/// `gvfsctl learned` asks a proxy to end its learnings of working sets: a
+/// proxy with no file cache says it has none, and an unknown command's
+/// error lists `learned` among those it knows.
+#[test]
+fn learned_without_a_file_cache_is_refused() -> Result<()> {
+    let origin = tempfile::tempdir()?;
+    let p = Proxy::spawn(ProxyArgs::dir(origin.path()))?;
+    for args in [&["learned"][..], &["learned", "mem", "--wait"]] {
+        let out = gvfsctl(p.control_path(), args)?;
+        ensure!(!out.status.success(), "gvfsctl {args:?} succeeded");
+        ensure!(
+            out.stderr_text()
+                .contains("this proxy holds no whole files (start it with --cache-dir"),
+            "gvfsctl {args:?}: {}",
+            out.stderr_text()
+        );
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let err = rt
+        .block_on(gvfs_proxy::control::request(
+            p.control_path(),
+            &serde_json::json!({ "cmd": "learn" }),
+        ))
+        .err()
+        .context("an unknown command was answered")?
+        .to_string();
+    ensure!(err.contains("held_blocks, learned"), "{err}");
+    Ok(())
+}

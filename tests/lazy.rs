@@ -358,3 +358,89 @@ async fn a_profile_is_kept_beside_the_image_and_outlives_the_image_server() -> R
     );
     Ok(())
 }
+
+/// A busy guest never goes quiet: scattered reads that never stop, so its
+/// node's learning would close only with its window. `gvfsctl learned
+/// NAME --wait`, as a middleware that knows the guest is ready says it,
+/// ends the learning of that file (and of no other name) at once: the
+/// profile is sent, and the image server keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_guests_learning_ends_with_gvfsctl_learned() -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    require_fuse!();
+    let g = Ganesha::start()?;
+    let origin = g.export_dir().join("golden.mem");
+    image(&origin, IMAGE_SIZE, &ZERO_CHUNKS, 97)?;
+    let server = image_server(&g)?;
+    let node = Node::start(server.upstream_url())?;
+    let (stop, reads) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    // The n-th read: a page of data chunk 17n mod 48 (jumping back and
+    // forth), a new piece each time.
+    let reader = {
+        let (stop, reads) = (stop.clone(), reads.clone());
+        let (f, origin) = (File::open(node.path("golden.mem"))?, origin.clone());
+        thread::spawn(move || -> Result<()> {
+            for n in 0u64.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let chunk = n * 17 % (IMAGE_SIZE / CHUNK);
+                if !ZERO_CHUNKS.contains(&chunk) {
+                    let page = (n * 3 * 8192) % CHUNK;
+                    read_page(&f, &origin, chunk * CHUNK + page)?;
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            Ok(())
+        })
+    };
+    let started = std::time::Instant::now();
+    while reads.load(Ordering::Relaxed) < 5 && !reader.is_finished() {
+        ensure!(started.elapsed() < FETCH_WAIT, "the reads did not start");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let ctl = |args: &[&str]| gvfs_testbed::proxy::gvfsctl(node.proxy.control_path(), args);
+    // Another name: nothing ended.
+    let out = ctl(&["learned", "other.mem"])?;
+    ensure!(
+        out.status.success() && out.stdout_text().contains("no learning"),
+        "gvfsctl learned other.mem: {}{}",
+        out.stdout_text(),
+        out.stderr_text()
+    );
+    let out = ctl(&["learned", "golden.mem", "--wait"])?;
+    stop.store(true, Ordering::Relaxed);
+    let read = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("the reader panicked"))?;
+    ensure!(
+        out.status.success() && out.stdout_text().contains("sent upstream"),
+        "gvfsctl learned golden.mem --wait: {}{}\noutput:\n{}",
+        out.stdout_text(),
+        out.stderr_text(),
+        node.proxy.output()
+    );
+    read?;
+    let s = node.proxy.stats()?;
+    let c = &s.file_cache.counts;
+    ensure!(
+        c.learn_ended_early == 1 && c.learn_closed_time + c.learn_closed_quiet == 0,
+        "the learning did not end on request: {s}"
+    );
+    ensure!(c.profiles_sent == 1, "node: {s}");
+    let up = server.stats()?;
+    ensure!(
+        up.ext.profiles_stored == 1,
+        "the image server did not keep the profile: {up}"
+    );
+    let kept = profile_at(&server, "golden.mem")
+        .await?
+        .context("no profile at the image server")?;
+    ensure!(kept.first() == Some(&0), "the profile kept: {kept:?}");
+    Ok(())
+}

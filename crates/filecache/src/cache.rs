@@ -19,6 +19,7 @@ use crate::dedup::parts::{BlockReader, Dedup};
 use crate::entry::CachedFile;
 use crate::error::{FileCacheError, HeldWriteError, IndexError};
 use crate::index::MetaIndex;
+use crate::learn::LearnSettings;
 use crate::names::{file_name, index_key, parse_name};
 use crate::profiles::Profiles;
 use crate::record::{decode_record, encode_record};
@@ -39,6 +40,8 @@ pub struct FileCache {
     /// Where working-set profiles are kept (without, they are only passed
     /// on).
     pub(crate) profiles: Option<Arc<Profiles>>,
+    /// How learnings of working sets end.
+    pub(crate) learn: LearnSettings,
     /// Copies of blocks held here instead of fetches (with dedup on).
     pub(crate) dedup: Dedup,
     pub(crate) counters: Counters,
@@ -66,6 +69,9 @@ pub struct FileCacheParts {
     /// With dedup on: reads the block cache's blocks, so they are found
     /// there too.
     pub block_reader: Option<BlockReader>,
+    /// How learnings of working sets end (the window after the first
+    /// touch).
+    pub learn: LearnSettings,
 }
 
 impl std::fmt::Debug for FileCacheParts {
@@ -74,6 +80,7 @@ impl std::fmt::Debug for FileCacheParts {
             .field("profiles", &self.profiles.is_some())
             .field("blocks", &self.blocks.is_some())
             .field("block_reader", &self.block_reader.is_some())
+            .field("learn", &self.learn)
             .finish()
     }
 }
@@ -101,6 +108,7 @@ impl FileCache {
             max_bytes,
             keep_frames: AtomicBool::new(false),
             profiles: parts.profiles,
+            learn: parts.learn,
             dedup: Dedup::new(parts.blocks, parts.block_reader),
             counters: Counters::default(),
         });

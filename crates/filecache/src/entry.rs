@@ -52,6 +52,8 @@ pub struct CachedFile {
     pub(crate) frames: FrameStore,
     /// The order readers first touch chunks in, while it is learned.
     pub(crate) learning: Mutex<Option<Learning>>,
+    /// Wakes the learning's task when it is ended on request.
+    pub(crate) learn_end: tokio::sync::Notify,
     /// The file's metadata when it has block hashes (for dedup).
     pub(crate) content: Option<Arc<MetaFile>>,
     /// Bytes of it copied from blocks held here instead of fetched.
@@ -87,6 +89,7 @@ impl CachedFile {
             fetch: FetchState::new(chunks),
             last_used: AtomicU64::new(now_secs()),
             learning: Mutex::new(learning),
+            learn_end: tokio::sync::Notify::new(),
             content,
             dedup_bytes: AtomicU64::new(0),
         }

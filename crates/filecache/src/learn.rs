@@ -4,23 +4,26 @@
 //! An entry started by the file's own clients (a READ here, not another
 //! proxy's FETCH) notes the pieces ([`PIECE`]) its readers touch, first
 //! touch first, skipping chunks of zeros (a [`Learning`], in
-//! `learn/learning.rs`). The learning ends once no new chunk has been
-//! touched for [`LEARN_QUIET`] (the guest of a lazy clone has resumed and
-//! answered; what it touches from then on comes slowly), or after
-//! [`LEARN_MAX`]. What was learned is kept here and sent upstream, unless
-//! the readers touched the file in file order, give or take the READs the
-//! kernel's read-ahead sends at once (a copy of it, even one that stalled,
-//! not a working set: a guest's faults jump about), or it adds nothing to
-//! the profile the fetch started with. A profile that was known is
-//! extended, never reordered: what a later guest touched that the profile
-//! missed goes at its end.
-//!
-//! [`LEARN_MAX`]: learning::LEARN_MAX
+//! `learn/learning.rs`, which says when it closes: readers quiet for
+//! [`LEARN_QUIET`], the window after the first touch passed, as many
+//! pieces as a profile may hold, or ended on request with
+//! [`FileCache::end_learning`] by someone who knows the guest is ready).
+//! A busy guest never goes quiet: the window still closes, and what was
+//! touched before it is published. What was learned is kept here and sent
+//! upstream, unless the readers touched the file in file order, give or
+//! take the READs the kernel's read-ahead sends at once (a copy of it,
+//! even one that stalled, not a working set: a guest's faults jump
+//! about), or they touched more than [`KEEP_SHARE`] of its data (most of
+//! the image: fetching it first would be a copy), or it is the profile the
+//! fetch started with. A profile that was known is merged with this
+//! clone's order (`learn/merge.rs`: this clone's first, then what it
+//! missed, bounded), so it follows the image's guests. `profile_plan`
+//! ignores a kept or upstream profile over [`KEEP_SHARE`] too.
 
 use std::sync::Arc;
 
 use gvfs_ext::ChunkSource;
-use gvfs_ext::profile::{MAX_PROFILE_PARTS, Profile};
+use gvfs_ext::profile::Profile;
 use gvfs_nfs::Credentials;
 use gvfs_nfs::layer::lock;
 
@@ -28,14 +31,16 @@ use crate::cache::FileCache;
 use crate::chunks::{chunk_len, chunks_of};
 use crate::entry::CachedFile;
 use crate::pieces::{Mask, PIECE, piece_mask};
-use learning::Learning;
+use learning::{Closed, Learning, data_bytes, over_share};
+use merge::merge;
 
 pub(crate) mod learning;
+mod merge;
 
-pub use learning::LEARN_QUIET;
+pub use learning::{DEFAULT_LEARN_WINDOW, KEEP_SHARE, LEARN_MAX, LEARN_QUIET, LearnSettings};
 
 /// How often a learning is looked at.
-const LEARN_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+pub(crate) const LEARN_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 /// The longest wait for an upstream's PROFILE_GET or PROFILE_PUT: a
 /// profile only speeds things up, it is never waited out.
 pub const PROFILE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -55,9 +60,28 @@ impl CachedFile {
 }
 
 impl FileCache {
+    /// Ends the learnings under way of the files whose handle `pred`
+    /// accepts, now: their profiles are published as if their window had
+    /// closed (the caller knows the guest is ready). Returns how many it
+    /// ended.
+    pub fn end_learning(&self, pred: impl Fn(&[u8]) -> bool) -> usize {
+        // `pred` may take other locks (the metadata layer's names): not
+        // under the files lock.
+        let entries: Vec<Arc<CachedFile>> = lock(&self.files).values().cloned().collect();
+        let mut ended = 0;
+        for f in entries.iter().filter(|f| pred(&f.fh)) {
+            if lock(&f.learning).as_mut().is_some_and(Learning::end) {
+                f.learn_end.notify_one();
+                ended += 1;
+            }
+        }
+        ended
+    }
+
     /// The pieces to fetch first for `entry`, as runs within a chunk: the
     /// profile kept here for its version, else the one its upstream knows
-    /// (kept here then).
+    /// (kept here then). One over [`KEEP_SHARE`] of the file's data is not
+    /// used.
     pub(crate) async fn profile_plan(
         &self,
         entry: &Arc<CachedFile>,
@@ -65,17 +89,29 @@ impl FileCache {
         cred: &Credentials,
     ) -> Vec<(usize, Mask)> {
         let attrs = entry.attrs();
+        let data = data_bytes(attrs.size, &entry.fetch.chunks());
+        let usable = |p: &Profile| {
+            let over = over_share(p.bytes(), data);
+            if over {
+                tracing::debug!(
+                    bytes = p.bytes(),
+                    data,
+                    "a working-set profile names most of the file: not used"
+                );
+            }
+            !over
+        };
         let kept = self
             .profiles
             .as_ref()
             .and_then(|p| p.get(&entry.fh, &attrs));
         let profile = match kept {
-            Some(p) => Some(p),
+            Some(p) => Some(p).filter(usable),
             None => {
                 let asked =
                     tokio::time::timeout(PROFILE_WAIT, source.get_profile(cred, &entry.fh)).await;
                 match asked {
-                    Ok(Ok(Some(p))) if p.version().describes(&attrs) => {
+                    Ok(Ok(Some(p))) if p.version().describes(&attrs) && usable(&p) => {
                         if let Some(profiles) = self.profiles.as_ref() {
                             profiles.put(&entry.fh, &p);
                         }
@@ -123,64 +159,105 @@ impl FileCache {
         plan
     }
 
-    /// Learns `entry`'s working set until its readers go quiet, then keeps
-    /// it and sends it upstream.
+    /// Learns `entry`'s working set until the learning closes, then
+    /// publishes it.
     pub(crate) async fn learn(
         self: Arc<Self>,
         entry: Arc<CachedFile>,
         source: Arc<dyn ChunkSource>,
         cred: Credentials,
     ) {
-        loop {
-            tokio::time::sleep(LEARN_TICK).await;
+        let closed = loop {
+            tokio::select! {
+                () = tokio::time::sleep(LEARN_TICK) => {}
+                () = entry.learn_end.notified() => {}
+            }
             if entry.failure().is_some() || !self.holds(&entry) {
                 *lock(&entry.learning) = None;
                 return;
             }
-            if lock(&entry.learning).as_ref().is_none_or(Learning::done) {
-                break;
+            match lock(&entry.learning).as_mut().map(Learning::closed) {
+                None => return,
+                Some(Some(closed)) => break closed,
+                Some(None) => {}
             }
-        }
+        };
         let Some(l) = lock(&entry.learning).take() else {
             return;
         };
+        let c = &self.counters;
+        match closed {
+            Closed::Quiet => c.learn_closed_quiet.add(1),
+            Closed::Time => c.learn_closed_time.add(1),
+            Closed::Size => c.learn_closed_size.add(1),
+            Closed::Ended => c.learn_ended_early.add(1),
+            Closed::Idle => {}
+        }
+        self.publish(&entry, l, closed, &source, &cred).await;
+    }
+
+    /// Keeps what `l` learned and sends it upstream, unless it is nothing,
+    /// a copy, most of the file, or what was known.
+    async fn publish(
+        &self,
+        entry: &CachedFile,
+        l: Learning,
+        closed: Closed,
+        source: &Arc<dyn ChunkSource>,
+        cred: &Credentials,
+    ) {
+        let c = &self.counters;
         if l.order.is_empty() {
+            c.learned_nothing.add(1);
             return;
         }
         if copied(&l.order) {
-            self.counters.profiles_discarded.add(1);
+            c.profiles_discarded.add(1);
             tracing::debug!(
                 touched = l.order.len(),
                 "not a working set: the readers read the file in order (a copy)"
             );
             return;
         }
-        let mut chunks = l.known.clone();
-        let known: std::collections::HashSet<u32> = chunks.iter().copied().collect();
-        chunks.extend(l.order.iter().filter(|c| !known.contains(c)));
-        if chunks.len() == l.known.len() {
+        if l.too_big() {
+            c.profiles_too_big.add(1);
+            tracing::info!(
+                file = %entry.path.display(),
+                touched = l.order.len(),
+                "file cache: readers touched most of the file: no working-set profile kept"
+            );
             return;
         }
-        chunks.truncate(MAX_PROFILE_PARTS);
-        let profile = Profile::of(&entry.attrs(), PIECE, chunks);
+        let parts = merge(&l.known, &l.order, l.max_parts);
+        if parts == l.known {
+            c.profiles_unchanged.add(1);
+            return;
+        }
+        let profile = Profile::of(&entry.attrs(), PIECE, parts);
         if let Some(profiles) = self.profiles.as_ref() {
             profiles.put(&entry.fh, &profile);
         }
         let sent =
-            tokio::time::timeout(PROFILE_WAIT, source.put_profile(&cred, &entry.fh, &profile))
-                .await;
+            tokio::time::timeout(PROFILE_WAIT, source.put_profile(cred, &entry.fh, &profile)).await;
         match sent {
             Ok(Ok(())) => {
-                self.counters.profiles_sent.add(1);
+                c.profiles_sent.add(1);
                 tracing::info!(
                     file = %entry.path.display(),
                     parts = profile.parts.len(),
                     bytes = profile.bytes(),
+                    closed = ?closed,
                     "file cache: learned a working set and sent it upstream"
                 );
             }
-            Ok(Err(e)) => tracing::info!(error = %e, "upstream did not keep a working-set profile"),
-            Err(_) => tracing::info!("upstream did not answer PROFILE_PUT in time"),
+            Ok(Err(e)) => {
+                c.profiles_refused.add(1);
+                tracing::info!(error = %e, "upstream did not keep a working-set profile");
+            }
+            Err(_) => {
+                c.profiles_refused.add(1);
+                tracing::info!("upstream did not answer PROFILE_PUT in time");
+            }
         }
     }
 }

@@ -59,7 +59,9 @@ pub use fetch::{PROFILE_BYTES, PROFILE_WINDOW, UNDER_DEMAND, WINDOW};
 pub use frames::Frame;
 pub use gvfs_nfs::same_version;
 pub use index::{Entry, MemIndex, MetaIndex, SledIndex};
-pub use learn::{LEARN_QUIET, PROFILE_WAIT};
+pub use learn::{
+    DEFAULT_LEARN_WINDOW, KEEP_SHARE, LEARN_MAX, LEARN_QUIET, LearnSettings, PROFILE_WAIT,
+};
 pub use names::parse_handle;
 pub use pieces::PIECE;
 pub use profiles::Profiles;

@@ -69,6 +69,29 @@ gvfs_nfs::counters! {
         /// Learned read orders not kept as profiles: the file was read in
         /// file order (a copy, not a working set).
         profiles_discarded,
+        /// Learnings not kept as profiles because readers touched more
+        /// than `KEEP_SHARE` of the file's data (most of the image).
+        profiles_too_big,
+        /// Learnings that found only the profile the fetch started with
+        /// (nothing sent).
+        profiles_unchanged,
+        /// Profiles learned here (and kept) that upstream did not take: an
+        /// error, or no answer within `PROFILE_WAIT`.
+        profiles_refused,
+        /// Learnings that closed with no piece touched.
+        learned_nothing,
+        /// Learnings closed because readers touched nothing new for
+        /// `LEARN_QUIET`.
+        learn_closed_quiet,
+        /// Learnings closed because their window (`--learn-window`) after
+        /// the first touch passed, the readers still busy.
+        learn_closed_time,
+        /// Learnings closed because they held as many pieces as a profile
+        /// may (`MAX_PROFILE_PARTS`, or `KEEP_SHARE` of the data).
+        learn_closed_size,
+        /// Learnings ended on request (`gvfsctl learned`): the guest was
+        /// ready.
+        learn_ended_early,
         /// File bytes copied from blocks held here (of another image, or
         /// earlier in the same one) with the content hash the metadata
         /// names, instead of fetched.

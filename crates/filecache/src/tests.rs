@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 mod crash;
 mod frames;
 mod lazy;
+mod learn;
 
 pub(crate) use gvfs_nfs::testing::file_attrs as attrs;
 

@@ -35,6 +35,7 @@
 //! meta = true                          # metadata actions (default: on with a cache or listen_tls)
 //! file_cache_size = "16G"              # whole files fetched by compress-and-copy
 //! dedup = true                         # copy blocks shared with held images
+//! learn_window_secs = 20               # a lazy clone's working set, learned this long
 //!
 //! # TLS between proxies (certificates from `gvfsctl ca init` / `ca issue`)
 //! listen_tls = "0.0.0.0:20049"         # accept gvfs:// peers here
@@ -241,6 +242,8 @@ pub struct CacheSettings {
     pub file_cache_size: u64,
     /// Copy blocks shared with held images instead of fetching them.
     pub dedup: bool,
+    /// How long a working set is learned after its first touch.
+    pub learn_window: Duration,
 }
 
 /// The smallest memory budget for call records and replies: two of the
@@ -313,6 +316,11 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
                 ),
                 ("--dedup/--no-dedup", "dedup", f.meta.dedup.is_some()),
                 (
+                    "--learn-window",
+                    "learn_window_secs",
+                    f.meta.learn_window_secs.is_some(),
+                ),
+                (
                     "--readahead",
                     "readahead_blocks",
                     f.cache.readahead_blocks.is_some(),
@@ -377,7 +385,20 @@ fn cache_settings(f: &FileConfig) -> Result<Option<CacheSettings>, ConfigError> 
             None => DEFAULT_FILE_CACHE_SIZE,
         },
         dedup: f.meta.dedup.unwrap_or(true),
+        learn_window: learn_window(f)?,
     }))
+}
+
+/// `--learn-window`, from 1 s to [`gvfs_filecache::LEARN_MAX`].
+fn learn_window(f: &FileConfig) -> Result<Duration, ConfigError> {
+    let max = gvfs_filecache::LEARN_MAX.as_secs();
+    match f.meta.learn_window_secs {
+        None => Ok(gvfs_filecache::DEFAULT_LEARN_WINDOW),
+        Some(s) if (1..=max).contains(&s) => Ok(Duration::from_secs(s)),
+        Some(s) => Err(ConfigError::Invalid(format!(
+            "--learn-window {s} (learn_window_secs in the file): from 1 to {max} seconds"
+        ))),
+    }
 }
 
 /// The largest `--mount-readahead`.

@@ -52,13 +52,14 @@ pub enum CommandError {
     NoCommand,
     /// The request names a command this proxy does not know.
     #[error(
-        "unknown command {0:?}; this proxy knows: status, stats, writeback, flush, held_blocks"
+        "unknown command {0:?}; this proxy knows: status, stats, writeback, flush, held_blocks, learned"
     )]
     UnknownCommand(String),
     /// A write-back or flush asked of a proxy with no block cache.
     #[error("this proxy has no block cache (start it with --cache-dir)")]
     NoBlockCache,
-    /// A question about held blocks asked of a proxy with no file cache.
+    /// A question about held blocks, or an end to learnings, asked of a
+    /// proxy with no file cache.
     #[error("this proxy holds no whole files (start it with --cache-dir and metadata on)")]
     NoFileCache,
     /// A command's argument is missing or wrong.

@@ -172,6 +172,7 @@ impl StatusSource {
             Some("writeback") => job(writeback::JobKind::WriteBack),
             Some("flush") => job(writeback::JobKind::Flush),
             Some("held_blocks") => self.held_blocks(req),
+            Some("learned") => self.learned(req),
             Some(other) => Err(CommandError::UnknownCommand(other.to_string())),
             None => Err(CommandError::NoCommand),
         }
@@ -197,6 +198,23 @@ impl StatusSource {
             ext: self.stack.ext.stats(),
             writeback: self.jobs.state(),
         }
+    }
+
+    /// Ends the learnings of working sets under way, of the files named
+    /// `req["name"]` (as a LOOKUP named them), or of every file without a
+    /// name: their profiles are published now. Answers how many it ended.
+    fn learned(&self, req: &Value) -> Result<Value, CommandError> {
+        let files = self.stack.files.as_ref().ok_or(CommandError::NoFileCache)?;
+        let name = match &req["name"] {
+            Value::Null => None,
+            Value::String(s) => Some(s.as_str()),
+            _ => return Err(CommandError::BadArgument("\"name\" must be a file name")),
+        };
+        let meta = self.stack.meta.as_ref();
+        let ended = files.end_learning(|fh| {
+            name.is_none_or(|n| meta.and_then(|m| m.name_of(fh)).as_deref() == Some(n))
+        });
+        Ok(json!({ "ended": ended }))
     }
 
     /// How many of the block fingerprints `req["hashes"]` (hex, at most

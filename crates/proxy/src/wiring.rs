@@ -97,6 +97,9 @@ impl Wiring {
             (Some(c), Some(index)) => {
                 let mut parts = FileCacheParts {
                     profiles: Some(profiles.clone()),
+                    learn: gvfs_filecache::LearnSettings {
+                        window: c.learn_window,
+                    },
                     ..FileCacheParts::default()
                 };
                 // Held blocks by content hash, in the same index: they come

@@ -112,13 +112,14 @@ impl FileCache {
         let content = zero
             .filter(|m| m.hashes.is_some() && m.file_size == attrs.size)
             .map(|m| Arc::new(m.clone()));
+        let learning = learn.then(|| Learning::new(attrs.size, &chunks, &self.learn));
         let entry = Arc::new(CachedFile::new(
             fh,
             path,
             file,
             Versions::new(attrs.clone()),
             chunks,
-            learn.then(|| Learning::new(attrs.size)),
+            learning,
             content,
         ));
         files.insert(fh.to_vec(), entry.clone());

@@ -264,6 +264,18 @@ pub struct MetaSection {
         help_heading = "Metadata actions"
     )]
     pub dedup: Option<bool>,
+
+    /// How long a lazy clone's node learns its guest's working set after
+    /// the first page the guest touches: the profile learned is then kept
+    /// and sent upstream, even if the guest never goes quiet (3 s without a
+    /// new page ends it sooner, and so does `gvfsctl learned`), from 1 to
+    /// 300 [default: 20].
+    #[arg(
+        long = "learn-window",
+        value_name = "SECS",
+        help_heading = "Metadata actions"
+    )]
+    pub learn_window_secs: Option<u64>,
 }
 
 impl FileConfig {

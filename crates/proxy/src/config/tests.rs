@@ -372,6 +372,7 @@ fn every_key_of_every_section_parses() {
          cache_banks = 16\ncache_ways = 16\nblock_size = \"64K\"\n\
          write_policy = \"write-back\"\nreadahead_blocks = 32\nwriteback_on_exit = true\n\
          exit_writeback_timeout_secs = 60\nmeta = true\nfile_cache_size = \"16G\"\ndedup = false\n\
+         learn_window_secs = 20\n\
          listen_tls = \"127.0.0.1:20049\"\ncert = \"n.pem\"\nkey = \"k.pem\"\nca = \"ca.pem\"\n\
          handshake_timeout_secs = 10\nunknown_peers = \"squash\"\nnobody = [65534, 65534]\n\
          [peers]\nsite-a = \"fixed:1000:1000\"\n",
@@ -392,7 +393,8 @@ fn every_key_of_every_section_parses() {
     assert_eq!(f.meta.dedup, Some(false));
     assert_eq!(f.server.mount, Some(PathBuf::from("/mnt/gvfs")));
     // Every key the help names is a key of the file, and nothing else.
-    assert_eq!(FileConfig::keys().len(), 37);
+    assert_eq!(f.meta.learn_window_secs, Some(20));
+    assert_eq!(FileConfig::keys().len(), 38);
 }
 
 #[test]
@@ -412,6 +414,36 @@ fn mount_readahead_needs_a_mount_and_is_capped() {
     assert!(e.contains("needs --mount"), "{e}");
     let e = parse(&["--mount", "/mnt/g", "--mount-readahead", "1G"]).unwrap_err();
     assert!(e.contains("at most"), "{e}");
+}
+
+#[test]
+fn the_learn_window_needs_a_cache_and_is_bounded() {
+    let parse = |args: &[&str]| {
+        let mut all = vec!["gvfs-proxy", "--upstream", "dir:/srv"];
+        all.extend_from_slice(args);
+        <Flags as clap::Parser>::try_parse_from(all)
+            .map_err(|e| e.to_string())
+            .and_then(|f| Config::from_file_config(f.settings).map_err(|e| e.to_string()))
+    };
+    let window = |c: Config| c.cache.map(|c| c.learn_window.as_secs());
+    let cache = ["--cache-dir", "/var/cache/gvfs"];
+    assert_eq!(parse(&cache).map(window), Ok(Some(20)));
+    let c = parse(&[&cache[..], &["--learn-window", "300"]].concat());
+    assert_eq!(c.map(window), Ok(Some(300)));
+    for bad in ["0", "301"] {
+        let e = parse(&[&cache[..], &["--learn-window", bad]].concat()).unwrap_err();
+        assert!(
+            e.contains("--learn-window") && e.contains("from 1 to 300"),
+            "{e}"
+        );
+    }
+    let e = parse(&["--learn-window", "5"]).unwrap_err();
+    assert!(e.contains("there is no cache"), "{e}");
+    let f =
+        FileConfig::parse("upstream = \"dir:/srv\"\ncache_dir = \"/c\"\nlearn_window_secs = 0\n")
+            .unwrap();
+    let e = Config::from_file_config(f).unwrap_err().to_string();
+    assert!(e.contains("learn_window_secs in the file"), "{e}");
 }
 
 #[test]

@@ -12,6 +12,8 @@ use serde_json::json;
 mod control;
 use control::control_path;
 
+mod learned;
+
 mod meta;
 use meta::{MetaCmd, meta};
 
@@ -24,7 +26,7 @@ use show::{NOT_UNDERSTOOD, print_stats, print_status, wait_for_job};
 #[command(
     name = "gvfsctl",
     version,
-    about = "Control a running gvfs-proxy (status, stats, writeback, flush); make a site CA and \
+    about = "Control a running gvfs-proxy (status, stats, writeback, flush, learned); make a site CA and \
 node certificates (ca); make and show metadata files (meta); run a VM monitor for lazy clones \
 (no-huge-pages)",
     after_help = "Without --control, gvfsctl uses the only gvfs-proxy control socket in \
@@ -63,6 +65,20 @@ enum Cmd {
     },
     /// Write back, then drop the cached data; waits until done.
     Flush,
+    /// Tell a lazy clone's node that its guest is ready (it answered):
+    /// the working sets it is learning are published now (kept and sent
+    /// upstream, for the next clones to fetch first) instead of when their
+    /// window closes (--learn-window) or the guest goes quiet.
+    Learned {
+        /// Only the files of this name (the last part of their path, e.g.
+        /// `mem`), as the proxy last looked them up; without, every file.
+        name: Option<String>,
+        /// Wait (at most 10 s) until they were published, and say how:
+        /// sent upstream, or not kept (a copy, most of the image, nothing
+        /// new). Fails if one was not sent in time or upstream refused it.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Make the site CA and node certificates for TLS between proxies
     /// (runs locally; no proxy needed).
     Ca {
@@ -153,11 +169,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let ask = |cmd: &str| {
+    let request = |req: &serde_json::Value| {
         runtime
-            .block_on(gvfs_proxy::control::request(&path, &json!({ "cmd": cmd })))
+            .block_on(gvfs_proxy::control::request(&path, req))
             .map_err(anyhow::Error::msg)
     };
+    let ask = |cmd: &str| request(&json!({ "cmd": cmd }));
     match cmd {
         Cmd::Status { json } => {
             let status = ask("status")?;
@@ -191,6 +208,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let started = ask("flush")?;
             wait_for_job(&ask, &started)?;
         }
+        Cmd::Learned { name, wait } => learned::learned(&request, name.as_deref(), wait)?,
         Cmd::Ca { .. } | Cmd::Meta { .. } | Cmd::NoHugePages { .. } => {
             unreachable!("local commands are handled before the control socket lookup")
         }

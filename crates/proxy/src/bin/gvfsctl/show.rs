@@ -109,7 +109,9 @@ pub(super) fn print_stats(s: &Stats) {
             f.cached_bytes, f.dirty_files, f.counts.written_back_files, f.counts.written_back_bytes
         );
         let c = &f.counts;
-        if c.faults_waited + c.demand_wire_bytes + c.profile_hits + c.profiles_sent > 0 {
+        let closed =
+            c.learn_closed_quiet + c.learn_closed_time + c.learn_closed_size + c.learn_ended_early;
+        if c.faults_waited + c.demand_wire_bytes + c.profile_hits + c.profiles_sent + closed > 0 {
             println!(
                 "  lazy        {} bytes for readers waiting, {} for working-set profiles, {} in the background",
                 c.demand_wire_bytes, c.profile_wire_bytes, c.background_wire_bytes
@@ -126,6 +128,19 @@ pub(super) fn print_stats(s: &Stats) {
                 gvfs_filecache::PIECE >> 10,
                 c.profiles_sent,
                 c.profiles_discarded
+            );
+            println!(
+                "  learning    {} closed: {} readers quiet, {} window passed, {} size cap, {} ended by `gvfsctl learned`; \
+                 {} not kept (most of the image), {} unchanged, {} not taken upstream, {} learned nothing",
+                closed,
+                c.learn_closed_quiet,
+                c.learn_closed_time,
+                c.learn_closed_size,
+                c.learn_ended_early,
+                c.profiles_too_big,
+                c.profiles_unchanged,
+                c.profiles_refused,
+                c.learned_nothing
             );
         }
         if c.dedup_bytes + c.dedup_rejected + c.hash_mismatches + f.blocks_indexed > 0 {
