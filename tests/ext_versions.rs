@@ -2,7 +2,8 @@
 //! node fetches a compress-and-copy image whole through its upstream
 //! proxy, with nfs-ganesha as the image server and libnfs as the client.
 //!
-//! Two proxies of this build agree on version 2 with HELLO. A proxy of the
+//! Two proxies of this build agree on version 2 with HELLO, and fetch with
+//! FETCH_CLASS (each call carrying its priority class). A proxy of the
 //! build before version 2 (no HELLO; `GVFS_OLD_BINS` names the directory
 //! of its `gvfs-proxy`) works on either side: as the upstream, this build
 //! learns from its PROG_MISMATCH to speak version 1; as the node, it
@@ -50,8 +51,9 @@ fn old_binary() -> Result<PathBuf> {
 /// Reads the image through a node proxy (of `binary`, or this build's)
 /// over `server`, checks every byte, and that the node fetched it whole
 /// and served it from its file cache; returns the server's extension
-/// counters (`fetch_calls`, `hello_calls`).
-fn fetch_whole(src: &Path, server: &Proxy, binary: Option<&Path>) -> Result<(u64, u64)> {
+/// counters (`fetch_calls`, `hello_calls`, and the FETCH_CLASS calls of
+/// every class).
+fn fetch_whole(src: &Path, server: &Proxy, binary: Option<&Path>) -> Result<(u64, u64, u64)> {
     let cache = tempfile::tempdir()?;
     let mut args = ProxyArgs::new(server.upstream_url()).cache(cache.path(), "16M");
     if let Some(b) = binary {
@@ -68,8 +70,12 @@ fn fetch_whole(src: &Path, server: &Proxy, binary: Option<&Path>) -> Result<(u64
         nfs_cat(&node.url("image.raw"))? == want,
         "the node served other bytes from its file cache"
     );
-    let s = server.stats()?;
-    Ok((s.ext.fetch_calls, s.ext.hello_calls))
+    let e = server.stats()?.ext;
+    let classed = e.class_calls_demand
+        + e.class_calls_profile
+        + e.class_calls_background
+        + e.class_calls_bulk;
+    Ok((e.fetch_calls, e.hello_calls, classed))
 }
 
 #[test]
@@ -77,12 +83,16 @@ fn proxies_of_this_build_agree_on_version_2() -> Result<()> {
     let g = Ganesha::start()?;
     let src = image(&g)?;
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
-    let (fetches, hellos) = fetch_whole(&src, &server, None)?;
+    let (fetches, hellos, classed) = fetch_whole(&src, &server, None)?;
     ensure!(
         fetches >= 2,
         "the image did not come by FETCH: {fetches} calls"
     );
     ensure!(hellos >= 1, "no HELLO reached the upstream");
+    ensure!(
+        classed == fetches,
+        "{classed} of {fetches} FETCHes came as FETCH_CLASS"
+    );
     Ok(())
 }
 
@@ -95,13 +105,14 @@ fn a_proxy_of_the_build_before_version_2_works_on_either_side() -> Result<()> {
 
     // An older upstream: this node speaks version 1 to it.
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()).binary(&old))?;
-    let (fetches, _) = fetch_whole(&src, &server, None)?;
+    let (fetches, _, _) = fetch_whole(&src, &server, None)?;
     ensure!(fetches >= 2, "an older upstream got {fetches} FETCHes");
 
     // An older node: this upstream serves its version-1 calls.
     let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
-    let (fetches, hellos) = fetch_whole(&src, &server, Some(&old))?;
+    let (fetches, hellos, classed) = fetch_whole(&src, &server, Some(&old))?;
     ensure!(fetches >= 2, "an older node sent {fetches} FETCHes");
     ensure!(hellos == 0, "an older node sent HELLO?");
+    ensure!(classed == 0, "an older node sent FETCH_CLASS?");
     Ok(())
 }

@@ -135,7 +135,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() -> Result
 /// file changed meanwhile at the origin is not served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() -> Result<()> {
-    use gvfs_ext::{CHUNK, ChunkSource, Class, ExtClient, FetchArgs, decompress};
+    use gvfs_ext::{CHUNK, ChunkSource, Class, ExtClient, FetchArgs, Want, decompress};
     use gvfs_nfs::Credentials;
     use gvfs_nfs::net::client::{ClientConfig, RpcClient, TcpConnector};
     let g = Ganesha::start()?;
@@ -179,7 +179,7 @@ async fn a_restored_file_is_checked_against_the_origin_before_its_first_use() ->
                 count: CHUNK,
                 have: None,
             },
-            Class::Background,
+            &Want::local(Class::Background),
         )
         .await?;
     let got = decompress(ok).map_err(anyhow::Error::msg)?;

@@ -444,3 +444,105 @@ async fn a_busy_guests_learning_ends_with_gvfsctl_learned() -> Result<()> {
     ensure!(kept.first() == Some(&0), "the profile kept: {kept:?}");
     Ok(())
 }
+
+/// Bytes of a working-set profile's piece.
+const PROFILE_PIECE: u32 = 8 << 10;
+
+/// Keeps `parts` (in 8 KiB pieces) as `name`'s working-set profile at
+/// `server`, with PROFILE_PUT on its extension program.
+async fn put_profile_at(server: &Proxy, name: &str, parts: Vec<u32>) -> Result<()> {
+    use gvfs_nfs::nfs3_types::nfs3::{GETATTR3args, Nfs3Result};
+    use gvfs_nfs::{NfsReply, NfsRequest};
+    let give_up = Duration::from_secs(20);
+    let nfs = NfsClient::of_proxy(server, give_up).await?;
+    let fh = nfs.resolve(name).await?.context("resolving the image")?;
+    let reply = nfs
+        .call(NfsRequest::Getattr(GETATTR3args { object: fh.clone() }))
+        .await?;
+    let NfsReply::Getattr(Nfs3Result::Ok(ok)) = reply else {
+        anyhow::bail!("GETATTR of the image failed");
+    };
+    let profile = gvfs_ext::Profile::of(&ok.obj_attributes, PROFILE_PIECE, parts);
+    let ext = ExtClient::new(RpcClient::new(
+        TcpConnector {
+            addr: server.addr(),
+        },
+        ClientConfig {
+            give_up_after: Some(give_up),
+            ..ClientConfig::default()
+        },
+    ));
+    ext.put_profile(&Credentials::unix(0, 0), &fh.data, &profile)
+        .await?;
+    Ok(())
+}
+
+/// A node's working-set profile crosses a LAN proxy as its pieces: the
+/// node asks for each run as a profile's (FETCH_CLASS), and the LAN
+/// fetches those pieces across the WAN, not the chunks they are in (when
+/// it did, eight nodes' profiles moved 64 MiB before any guest answered).
+/// By the time the node has the profile's bytes, the WAN has carried
+/// little more than they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_runs_cross_a_lan_proxy_as_pieces() -> Result<()> {
+    require_fuse!();
+    // Incompressible data in every chunk but the zeros; a WAN slow enough
+    // that a whole chunk crossing it shows.
+    let site = Site::builder(Origin::Dir)
+        .wan(LinkConfig::from_rtt(
+            Duration::from_millis(40),
+            Some(8_000_000),
+        ))
+        .lan(Tier::new().cache("128M"))
+        .node(Tier::new().cache("128M").mount())
+        .start_with(|dir| image(&dir.join("golden.mem"), IMAGE_SIZE, &ZERO_CHUNKS, 97))?;
+    let origin = site.origin_dir().join("golden.mem");
+    // Three pieces from the middle of each of 40 chunks of data: 960 KiB,
+    // a run per chunk (under PROFILE_BYTES: all asked for at once).
+    let per = (CHUNK / u64::from(PROFILE_PIECE)) as u32;
+    let chunks: Vec<u32> = (0..IMAGE_SIZE / CHUNK)
+        .filter(|c| !ZERO_CHUNKS.contains(c))
+        .take(40)
+        .map(|c| c as u32)
+        .collect();
+    let parts: Vec<u32> = chunks
+        .iter()
+        .flat_map(|c| (0..3).map(move |i| c * per + 16 + i))
+        .collect();
+    let profile_bytes = parts.len() as u64 * u64::from(PROFILE_PIECE);
+    put_profile_at(site.image_server(), "golden.mem", parts).await?;
+
+    // A first read of a chunk of zeros: it starts the node's fetch (its
+    // metadata, then the profile) and fetches nothing itself.
+    let node = site.node(0)?;
+    let f = File::open(node.path("golden.mem")?)?;
+    read_page(&f, &origin, ZERO_CHUNKS[0] * CHUNK + 4096)?;
+    let wan = site.wan()?;
+    let before = wan.stats().downstream_bytes;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut s = node.stats()?;
+    while s.file_cache.counts.profile_wire_bytes < profile_bytes {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the node did not get its profile's bytes: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        s = node.stats()?;
+    }
+    let crossed = wan.stats().downstream_bytes - before;
+    ensure!(
+        s.file_cache.counts.profile_hits == 1 && s.file_cache.counts.profile_pieces == 120,
+        "the node did not fetch the profile first: {s}"
+    );
+    ensure!(
+        crossed * 10 <= profile_bytes * 12,
+        "{crossed} bytes crossed the WAN for a profile of {profile_bytes}"
+    );
+    let (lan, up) = (site.lan()?.stats()?, site.image_server().stats()?);
+    ensure!(
+        lan.ext.class_calls_profile > 0 && up.ext.class_calls_profile > 0,
+        "profile runs did not go as FETCH_CLASS(profile): LAN {lan}\nimage server {up}"
+    );
+    compare_files(&origin, &node.path("golden.mem")?).context("the whole file through the node")?;
+    Ok(())
+}

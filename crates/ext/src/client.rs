@@ -8,6 +8,11 @@
 //! (PROC_UNAVAIL), which is then left out for as long as the agreement
 //! lasts. A new connection (the upstream restarted, perhaps as another
 //! build) is agreed anew before its first call.
+//!
+//! A FETCH goes as FETCH_CLASS, carrying its class, when both sides speak
+//! it; to an older upstream as FETCH_HAVE (when the caller holds blocks),
+//! FETCH_DEMAND (a reader waits), FETCH_REPEATS or, oldest, FETCH: each
+//! call one of them, the next tried only after a refusal.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,12 +26,13 @@ use gvfs_nfs::{BoxFuture, Credentials};
 
 use crate::error::FetchError;
 use crate::fetch::{
-    FetchArgs, FetchOk, decode_fetch_repeats_res, decode_fetch_res, encode_have_args,
+    FetchArgs, FetchOk, decode_fetch_repeats_res, decode_fetch_res, encode_class_args,
+    encode_have_args,
 };
 use crate::gate::Gate;
 use crate::profile::{self, Profile};
 use crate::proto::*;
-use crate::source::ChunkSource;
+use crate::source::{ChunkSource, Want};
 use crate::store::{StoreArgs, decode_store_res};
 
 /// What was agreed with the upstream on one of its connections.
@@ -143,7 +149,7 @@ impl ExtClient {
                 _ => Agreement {
                     connection: 0,
                     version: VERSION_1,
-                    caps: Caps::ALL,
+                    caps: Caps::VERSION_1,
                 },
             },
         }
@@ -192,7 +198,7 @@ impl ExtClient {
                     server = %self.client.server(),
                     "upstream speaks version 1 of the gvfs extension (an older gvfs-proxy)"
                 );
-                Ok(Some(agreement(VERSION_1, Caps::ALL)))
+                Ok(Some(agreement(VERSION_1, Caps::VERSION_1)))
             }
             Ok(Err(ClientError::Rpc {
                 error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
@@ -200,7 +206,7 @@ impl ExtClient {
             })) => {
                 // It runs the program in version 2 but not HELLO: learn
                 // what it knows one refusal at a time, as in version 1.
-                Ok(Some(agreement(VERSION, Caps::ALL)))
+                Ok(Some(agreement(VERSION, Caps::VERSION_1)))
             }
             Ok(Err(ClientError::Rpc { error, .. })) => {
                 tracing::info!(
@@ -244,17 +250,23 @@ impl ExtClient {
                 error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
                 ..
             }) => {
-                tracing::info!(
-                    server = %self.client.server(),
-                    proc_,
-                    "upstream does not know this extension procedure (an older gvfs-proxy)"
-                );
-                if let Known::Agreed(a) = &mut *lock(&self.known) {
-                    a.caps = a.caps.without(cap);
-                }
+                self.refused(proc_, cap);
                 Ok(None)
             }
             Err(e) => Err(FetchError::Transport(e)),
+        }
+    }
+
+    /// The upstream refused `proc_` (PROC_UNAVAIL): `cap` is left out of
+    /// the agreement for as long as it lasts.
+    fn refused(&self, proc_: u32, cap: Caps) {
+        tracing::info!(
+            server = %self.client.server(),
+            proc_,
+            "upstream does not know this extension procedure (an older gvfs-proxy)"
+        );
+        if let Known::Agreed(a) = &mut *lock(&self.known) {
+            a.caps = a.caps.without(cap);
         }
     }
 
@@ -276,6 +288,83 @@ impl ExtClient {
     }
 }
 
+impl ExtClient {
+    /// One FETCH: each round one call, in the procedure the terms allow
+    /// ([`fetch_call`]); one the upstream refuses is left out and the next
+    /// round asks with the next. Every FETCH of this proxy's upstream goes
+    /// through here, one wire call at a time, so that whatever orders
+    /// them by class sits at one place: before `send`.
+    async fn fetch_chunk(
+        &self,
+        cred: &Credentials,
+        args: &FetchArgs,
+        want: &Want,
+    ) -> Result<FetchOk, FetchError> {
+        let mut terms = self.terms().await;
+        let (proc_, bytes) = loop {
+            let (cap, proc_, buf) = fetch_call(terms.caps, args, want.class);
+            let send = self.client.call(PROGRAM, terms.version, proc_, cred, &buf);
+            match send.await {
+                Ok(reply) => break (proc_, reply.to_vec()),
+                Err(ClientError::Rpc {
+                    error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
+                    ..
+                }) if cap != Caps(0) => {
+                    self.refused(proc_, cap);
+                    terms.caps = terms.caps.without(cap);
+                }
+                Err(e) => return Err(FetchError::Transport(e)),
+            }
+        };
+        let decoded = if proc_ == PROC_FETCH {
+            decode_fetch_res(&bytes)
+        } else {
+            decode_fetch_repeats_res(&bytes)
+        };
+        match decoded {
+            Ok(Ok(ok)) => Ok(ok),
+            Ok(Err(st)) => Err(FetchError::Nfs(st)),
+            Err(source) => Err(FetchError::BadReply {
+                server: self.client.server(),
+                call: "FETCH",
+                source,
+            }),
+        }
+    }
+}
+
+/// The procedure a FETCH of `class` goes as under `caps`, the capability
+/// it needs (none for FETCH, which every peer speaks) and its arguments:
+/// FETCH_CLASS; else (an older peer) FETCH_HAVE when the caller holds
+/// blocks, FETCH_DEMAND when a reader waits, FETCH_REPEATS; else FETCH.
+fn fetch_call(caps: Caps, args: &FetchArgs, class: Class) -> (Caps, u32, Vec<u8>) {
+    let mut buf = Vec::with_capacity(args.fh.len() + 64);
+    let have = args.have.as_ref().filter(|h| !h.is_empty());
+    if caps.has(Caps::CLASS) {
+        encode_class_args(&mut buf, args, class);
+        return (Caps::CLASS, PROC_FETCH_CLASS, buf);
+    }
+    if !caps.has(Caps::REPEATS) {
+        args.encode(&mut buf);
+        return (Caps(0), PROC_FETCH, buf);
+    }
+    let demand = class == Class::Demand;
+    match have {
+        Some(have) if caps.has(Caps::HAVE) => {
+            encode_have_args(&mut buf, args, have, demand);
+            (Caps::HAVE, PROC_FETCH_HAVE, buf)
+        }
+        _ => {
+            args.encode(&mut buf);
+            if demand && caps.has(Caps::DEMAND) {
+                (Caps::DEMAND, PROC_FETCH_DEMAND, buf)
+            } else {
+                (Caps::REPEATS, PROC_FETCH_REPEATS, buf)
+            }
+        }
+    }
+}
+
 /// Locks `m`, a poisoned lock included (its data stays consistent: every
 /// section only assigns).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -287,51 +376,9 @@ impl ChunkSource for ExtClient {
         &'a self,
         cred: &'a Credentials,
         args: &'a FetchArgs,
-        urgency: Class,
+        want: &'a Want,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
-        Box::pin(async move {
-            let terms = self.terms().await;
-            let mut buf = Vec::with_capacity(args.fh.len() + 24);
-            args.encode(&mut buf);
-            let with_repeats = terms.caps.has(Caps::REPEATS);
-            let held = match &args.have {
-                Some(have) if with_repeats && !have.is_empty() => {
-                    let mut buf = Vec::with_capacity(buf.len() + 48);
-                    encode_have_args(&mut buf, args, have, urgency == Class::Demand);
-                    self.call_if(terms, Caps::HAVE, PROC_FETCH_HAVE, cred, &buf)
-                        .await?
-                }
-                _ => None,
-            };
-            let demand = match held {
-                Some(bytes) => Some(bytes),
-                None if urgency == Class::Demand && with_repeats => {
-                    self.call_if(terms, Caps::DEMAND, PROC_FETCH_DEMAND, cred, &buf)
-                        .await?
-                }
-                None => None,
-            };
-            let repeats = match demand {
-                Some(bytes) => Some(bytes),
-                None => {
-                    self.call_if(terms, Caps::REPEATS, PROC_FETCH_REPEATS, cred, &buf)
-                        .await?
-                }
-            };
-            let decoded = match repeats {
-                Some(bytes) => decode_fetch_repeats_res(&bytes),
-                None => decode_fetch_res(&self.call(terms, PROC_FETCH, cred, &buf).await?),
-            };
-            match decoded {
-                Ok(Ok(ok)) => Ok(ok),
-                Ok(Err(st)) => Err(FetchError::Nfs(st)),
-                Err(source) => Err(FetchError::BadReply {
-                    server: self.client.server(),
-                    call: "FETCH",
-                    source,
-                }),
-            }
-        })
+        Box::pin(self.fetch_chunk(cred, args, want))
     }
 
     fn store<'a>(

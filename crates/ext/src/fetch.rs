@@ -1,4 +1,5 @@
-//! FETCH, FETCH_REPEATS and FETCH_DEMAND: their arguments and results.
+//! FETCH, FETCH_REPEATS, FETCH_DEMAND and FETCH_CLASS: their arguments
+//! and results.
 
 use std::io::Cursor;
 
@@ -10,7 +11,7 @@ use gvfs_nfs::xdr::{XdrError, XdrReader, encode_into, put_opaque, put_u32, put_u
 use crate::codec::{Codec, codec_of, data_limit, unpack};
 use crate::error::ChunkError;
 use crate::have::{Have, MAX_HAVE_BYTES};
-use crate::proto::{CHUNK, FHSIZE, MAX_REPEATS};
+use crate::proto::{CHUNK, Class, FHSIZE, MAX_REPEATS};
 
 /// The arguments of FETCH.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,35 +216,80 @@ pub fn encode_have_args(out: &mut Vec<u8>, args: &FetchArgs, have: &Have, demand
 /// over [`MAX_HAVE_BYTES`] or an offset not on a block.
 pub fn decode_have_args(bytes: &[u8]) -> Result<(FetchArgs, bool), XdrError> {
     let mut r = XdrReader::new(bytes);
+    let mut args = fetch_args(&mut r)?;
+    let demand = bool_of(r.u32()?)?;
+    args.have = Some(have_of(&mut r, args.offset)?);
+    r.end()?;
+    Ok((args, demand))
+}
+
+/// Appends FETCH_CLASS's XDR arguments: the FETCH, its class, and the
+/// blocks the caller holds when it names any.
+pub fn encode_class_args(out: &mut Vec<u8>, args: &FetchArgs, class: Class) {
+    args.encode(out);
+    put_u32(out, class.wire());
+    match args.have.as_ref().filter(|h| !h.is_empty()) {
+        Some(have) => {
+            put_u32(out, 1);
+            put_u32(out, have.block_size);
+            put_opaque(out, &have.bits);
+        }
+        None => put_u32(out, 0),
+    }
+}
+
+/// Decodes FETCH_CLASS's arguments: the FETCH (with its `have`, if any)
+/// and its class. Refuses what FETCH_HAVE refuses and a class over 3.
+pub fn decode_class_args(bytes: &[u8]) -> Result<(FetchArgs, Class), XdrError> {
+    let mut r = XdrReader::new(bytes);
+    let mut args = fetch_args(&mut r)?;
+    let n = r.u32()?;
+    let class = Class::from_wire(n).ok_or(XdrError::InvalidValue(n))?;
+    if bool_of(r.u32()?)? {
+        args.have = Some(have_of(&mut r, args.offset)?);
+    }
+    r.end()?;
+    Ok((args, class))
+}
+
+/// FETCH's arguments at the front of a longer call, counts over [`CHUNK`]
+/// refused.
+fn fetch_args(r: &mut XdrReader<'_>) -> Result<FetchArgs, XdrError> {
     let fh = r.opaque(FHSIZE)?.to_vec();
     let offset = r.u64()?;
     let count = r.u32()?;
-    let demand = match r.u32()? {
-        0 => false,
-        1 => true,
-        v => return Err(XdrError::InvalidValue(v)),
-    };
-    let block_size = r.u32()?;
-    let bits = r.opaque(MAX_HAVE_BYTES)?.to_vec();
-    r.end()?;
-    let bad_size =
-        !block_size.is_power_of_two() || !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size);
     if count > CHUNK {
         return Err(XdrError::TooLong {
             len: count as usize,
             limit: CHUNK as usize,
         });
     }
+    Ok(FetchArgs {
+        fh,
+        offset,
+        count,
+        have: None,
+    })
+}
+
+fn bool_of(v: u32) -> Result<bool, XdrError> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(XdrError::InvalidValue(v)),
+    }
+}
+
+/// A have bitmap (block size, then the bits) for a range at `offset`:
+/// a power-of-two block size in bounds, the offset on a block, at most
+/// [`MAX_HAVE_BYTES`] of bits.
+fn have_of(r: &mut XdrReader<'_>, offset: u64) -> Result<Have, XdrError> {
+    let block_size = r.u32()?;
+    let bits = r.opaque(MAX_HAVE_BYTES)?.to_vec();
+    let bad_size =
+        !block_size.is_power_of_two() || !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size);
     if bad_size || !offset.is_multiple_of(u64::from(block_size)) {
         return Err(XdrError::InvalidValue(block_size));
     }
-    Ok((
-        FetchArgs {
-            fh,
-            offset,
-            count,
-            have: Some(Have { block_size, bits }),
-        },
-        demand,
-    ))
+    Ok(Have { block_size, bits })
 }

@@ -3,20 +3,31 @@
 //! there is one).
 //!
 //! Version 1 has eight procedures besides NULL (the eighth, FETCH_HAVE, is
-//! specified in `have.rs`); version 2 has the same and HELLO, so that
+//! specified in `have.rs`); version 2 has the same, HELLO, so that
 //! what two proxies speak is agreed once per connection instead of learned
-//! from refusals:
+//! from refusals, and FETCH_CLASS:
 //!
 //! ```text
 //! version 2
 //!   0..8   as in version 1
 //!   9  HELLO  (uint32 caps) -> uint32 caps
+//!   10 FETCH_CLASS (fetch_class_args) -> fetch_repeats_res
+//!
+//! struct have_set {        /* as in fetch_have_args (have.rs) */
+//!     uint32   block_size;
+//!     opaque   have<32>;
+//! };
+//! struct fetch_class_args {
+//!     fetch_args args;
+//!     uint32     class;    /* 0 bulk, 1 background, 2 profile, 3 demand */
+//!     have_set   *have;    /* the blocks the caller holds, if any */
+//! };
 //! ```
 //!
 //! HELLO's argument names the capabilities the caller speaks (bit 0
 //! FETCH_REPEATS, 1 STORE_GUARDED, 2 FETCH_DEMAND, 3 PROFILE_PUT and
-//! PROFILE_GET, 4 FETCH_HAVE: [`Caps`]), its result those the server
-//! speaks too. A caller sends it first on each connection (a reconnect may
+//! PROFILE_GET, 4 FETCH_HAVE, 5 FETCH_CLASS: [`Caps`]), its result those
+//! the server speaks too. A caller sends it first on each connection (a reconnect may
 //! reach another build) and then calls only what was agreed. A server
 //! answers versions 1 and 2 (PROG_MISMATCH 1..2 otherwise); a proxy from
 //! before version 2 answers version 2 with PROG_MISMATCH 1..1, and is then
@@ -107,6 +118,20 @@
 //! of a cascade demand goes first. A caller whose upstream answers it with
 //! PROC_UNAVAIL (an older proxy) uses FETCH_REPEATS from then on.
 //!
+//! FETCH_CLASS is FETCH_REPEATS (or FETCH_HAVE, with `have`) that says
+//! why the bytes are wanted, its priority class ([`Class`]): a reader
+//! waits for them (demand), a working-set profile names them (profile),
+//! the file's background stream is at them (background), or a copy reads
+//! the file in order (bulk). A proxy that fetches them from its own
+//! upstream in turn asks with the same class, so a node's profile run is
+//! fetched at every hop as its pieces (a LAN proxy used to widen it to its
+//! whole chunk). A class over 3 is GARBAGE_ARGS. No tenant goes on the
+//! wire: an upstream's tenants are its own peers. A caller sends it only
+//! when HELLO agreed on bit 5; to an older peer (one that speaks version
+//! 1, or version 2 without the bit) demand goes as FETCH_DEMAND (or
+//! FETCH_HAVE with `demand` set) and every other class as FETCH_REPEATS
+//! (or FETCH_HAVE), and a server takes those as demand and background.
+//!
 //! PROFILE_PUT and PROFILE_GET carry a file's working-set profile (the
 //! chunks a guest touched first, `profile.rs`): PUT keeps it at every proxy
 //! up to the image server's (NFS3_OK, or an error status), GET answers it
@@ -136,15 +161,16 @@ pub use client::ExtClient;
 pub use codec::{Codec, compress};
 pub use error::{ChunkError, FetchError};
 pub use fetch::{
-    FetchArgs, FetchOk, decode_fetch_repeats_res, decode_fetch_res, decode_have_args, decompress,
-    encode_fetch_repeats_res, encode_fetch_res, encode_have_args,
+    FetchArgs, FetchOk, decode_class_args, decode_fetch_repeats_res, decode_fetch_res,
+    decode_have_args, decompress, encode_class_args, encode_fetch_repeats_res, encode_fetch_res,
+    encode_have_args,
 };
 pub use gate::{Gate, Permit, Ticket};
 pub use gvfs_metafile::LEVEL;
 pub use have::{Have, MAX_HAVE_BYTES};
 pub use profile::Profile;
 pub use proto::*;
-pub use source::ChunkSource;
+pub use source::{ChunkSource, Want};
 pub use store::{StoreArgs, decode_store_res, encode_store_res};
 
 #[cfg(any(test, feature = "test-util"))]

@@ -34,6 +34,9 @@ pub const PROC_FETCH_HAVE: u32 = 8;
 /// HELLO (version 2 only): the capabilities a caller speaks in, those
 /// both speak out; sent once on each connection before any other call.
 pub const PROC_HELLO: u32 = 9;
+/// FETCH_CLASS (version 2 only): FETCH_REPEATS (or FETCH_HAVE) with the
+/// caller's priority class.
+pub const PROC_FETCH_CLASS: u32 = 10;
 /// Most repeats one FETCH_REPEATS answer lists (one per 4 KiB block).
 pub const MAX_REPEATS: usize = (CHUNK / 4096) as usize;
 /// Bytes of file data per chunk (and the most one FETCH may ask for).
@@ -50,6 +53,8 @@ pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a chunk is fetched, which decides what goes first.
 pub use gvfs_nfs::Class;
+/// Whom a fetch is billed to at a shared proxy.
+pub use gvfs_nfs::Tenant;
 
 /// What a peer speaks beyond NULL, FETCH and STORE: one bit per
 /// procedure (or pair) that came after them. Agreed once per connection
@@ -70,8 +75,13 @@ impl Caps {
     pub const PROFILES: Caps = Caps(1 << 3);
     /// FETCH_HAVE.
     pub const HAVE: Caps = Caps(1 << 4);
+    /// FETCH_CLASS (version 2 only: a version-1 peer never has it).
+    pub const CLASS: Caps = Caps(1 << 5);
     /// Everything this build speaks.
-    pub const ALL: Caps = Caps(0b1_1111);
+    pub const ALL: Caps = Caps(0b11_1111);
+    /// What a peer is taken to speak without HELLO's answer: every
+    /// procedure of version 1 (FETCH_CLASS came after HELLO).
+    pub const VERSION_1: Caps = Caps::ALL.without(Caps::CLASS);
 
     /// Whether every capability of `other` is here.
     pub fn has(self, other: Caps) -> bool {
@@ -84,7 +94,7 @@ impl Caps {
     }
 
     /// These without `other`'s.
-    pub fn without(self, other: Caps) -> Caps {
+    pub const fn without(self, other: Caps) -> Caps {
         Caps(self.0 & !other.0)
     }
 }
@@ -98,7 +108,7 @@ pub fn hello_answer(asked: u32) -> u32 {
 
 /// The RPC-level answer to an extension call that did not run: a version
 /// other than 1 and 2 (RFC 5531, PROG_MISMATCH with the range served), a
-/// procedure past the last, or HELLO in version 1.
+/// procedure past the last, or HELLO or FETCH_CLASS in version 1.
 pub fn rpc_refusal(vers: u32, proc_: u32) -> Option<ReplyStatus> {
     if !(VERSION_1..=VERSION).contains(&vers) {
         return Some(ReplyStatus::ProgMismatch {
@@ -109,7 +119,7 @@ pub fn rpc_refusal(vers: u32, proc_: u32) -> Option<ReplyStatus> {
     let last = if vers == VERSION_1 {
         PROC_FETCH_HAVE
     } else {
-        PROC_HELLO
+        PROC_FETCH_CLASS
     };
     (proc_ > last).then_some(ReplyStatus::ProcUnavail)
 }

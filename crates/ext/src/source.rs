@@ -6,18 +6,52 @@ use gvfs_nfs::{BoxFuture, Credentials};
 use crate::error::FetchError;
 use crate::fetch::{FetchArgs, FetchOk};
 use crate::profile::Profile;
-use crate::proto::Class;
+use crate::proto::{Class, Tenant};
 use crate::store::StoreArgs;
+
+/// What a fetch is for: its priority class, and the tenant it is billed
+/// to (whoever started it: a node's LAN proxy, or this proxy itself).
+/// Readers' fetches go as [`Class::Demand`], a working-set profile's as
+/// [`Class::Profile`], a file's background stream as
+/// [`Class::Background`] (or [`Class::Bulk`] behind a sequential reader).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Want {
+    /// How much it matters.
+    pub class: Class,
+    /// Whom it is for.
+    pub tenant: Tenant,
+}
+
+impl Want {
+    /// A fetch of `class` for `tenant`.
+    pub const fn new(class: Class, tenant: Tenant) -> Self {
+        Self { class, tenant }
+    }
+
+    /// A fetch of `class` for this proxy itself ([`Tenant::LOCAL`]).
+    pub const fn local(class: Class) -> Self {
+        Self::new(class, Tenant::LOCAL)
+    }
+
+    /// The same tenant's fetch, of `class`.
+    pub fn with_class(&self, class: Class) -> Self {
+        Self {
+            class,
+            ..self.clone()
+        }
+    }
+}
 
 /// Where chunks of whole files come from: an upstream that speaks this
 /// program (or, in tests, anything else).
 pub trait ChunkSource: Send + Sync + 'static {
-    /// One FETCH, asked with FETCH_DEMAND when a reader waits for it.
+    /// One FETCH, asked with the class `want` names (FETCH_CLASS, or with
+    /// an older upstream FETCH_DEMAND when a reader waits for it).
     fn fetch<'a>(
         &'a self,
         cred: &'a Credentials,
         args: &'a FetchArgs,
-        urgency: Class,
+        want: &'a Want,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>>;
 
     /// Keeps a file's working-set profile upstream (PROFILE_PUT). A source

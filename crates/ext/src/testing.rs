@@ -11,7 +11,9 @@ use gvfs_metafile::ByteRepeat;
 use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
 use gvfs_nfs::{BoxFuture, Credentials};
 
-use crate::{ChunkSource, Class, FetchArgs, FetchError, FetchOk, Profile, StoreArgs, compress};
+use crate::{
+    ChunkSource, Class, FetchArgs, FetchError, FetchOk, Profile, StoreArgs, Tenant, Want, compress,
+};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -45,8 +47,10 @@ pub struct FakeSource {
     pub stores: AtomicU64,
     /// A gate each STORE waits at (open unless a test closes it).
     pub store_gate: tokio::sync::Semaphore,
-    /// Every FETCH's offset, count and urgency, in the order they came.
+    /// Every FETCH's offset, count and class, in the order they came.
     pub fetched: Mutex<Vec<(u64, u32, Class)>>,
+    /// Every FETCH's tenant, in the same order.
+    pub tenants: Mutex<Vec<Tenant>>,
     /// The profile PROFILE_GET answers.
     pub profile: Mutex<Option<Profile>>,
     /// Profiles PROFILE_PUT was given.
@@ -68,6 +72,7 @@ impl FakeSource {
             stores: AtomicU64::new(0),
             store_gate: tokio::sync::Semaphore::new(1 << 20),
             fetched: Mutex::new(Vec::new()),
+            tenants: Mutex::new(Vec::new()),
             profile: Mutex::new(None),
             put: Mutex::new(Vec::new()),
         })
@@ -79,11 +84,16 @@ impl ChunkSource for FakeSource {
         &'a self,
         _cred: &'a Credentials,
         args: &'a FetchArgs,
-        urgency: Class,
+        want: &'a Want,
     ) -> BoxFuture<'a, Result<FetchOk, FetchError>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::Relaxed);
-            lock(&self.fetched).push((args.offset, args.count, urgency));
+            {
+                // Both under one lock's section, so their orders agree.
+                let mut fetched = lock(&self.fetched);
+                fetched.push((args.offset, args.count, want.class));
+                lock(&self.tenants).push(want.tenant);
+            }
             // Each fetch uses up a permit: the test decides how many pass.
             if let Ok(p) = self.gate.acquire().await {
                 p.forget();

@@ -273,7 +273,7 @@ async fn a_version_2_peer_is_asked_only_what_it_agreed_to() {
     let cred = Credentials::default();
     for _ in 0..2 {
         let got = ext
-            .fetch(&cred, &small_fetch(), Class::Demand)
+            .fetch(&cred, &small_fetch(), &Want::local(Class::Demand))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(decompress(got).ok(), Some(raw.clone()));
@@ -314,7 +314,7 @@ async fn a_version_1_peer_is_spoken_to_in_version_1() {
     assert!(ext.supported().await);
     let cred = Credentials::default();
     let got = ext
-        .fetch(&cred, &small_fetch(), Class::Demand)
+        .fetch(&cred, &small_fetch(), &Want::local(Class::Demand))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(decompress(got).ok(), Some(raw));
@@ -346,10 +346,12 @@ fn the_server_side_refuses_versions_and_procedures_it_does_not_have() {
         Some(ReplyStatus::ProcUnavail)
     );
     assert_eq!(rpc_refusal(VERSION, PROC_HELLO), None);
+    assert_eq!(rpc_refusal(VERSION, PROC_FETCH_CLASS), None);
     assert_eq!(
-        rpc_refusal(VERSION, PROC_HELLO + 1),
+        rpc_refusal(VERSION_1, PROC_FETCH_CLASS),
         Some(ReplyStatus::ProcUnavail)
     );
+    assert_eq!(rpc_refusal(2, 11), Some(ReplyStatus::ProcUnavail));
     assert_eq!(hello_answer(u32::MAX), Caps::ALL.0);
     assert_eq!(hello_answer(Caps::HAVE.0 | 1 << 30), Caps::HAVE.0);
 }
@@ -386,7 +388,7 @@ async fn an_upstream_without_fetch_repeats_is_asked_with_fetch_from_then_on() {
     // FETCH; then FETCH alone.
     for (i, want_calls) in [(0, 3), (1, 4)] {
         let got = ext
-            .fetch(&cred, &args, Class::Background)
+            .fetch(&cred, &args, &Want::local(Class::Background))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(decompress(got).ok(), Some(raw.clone()), "fetch {i}");
@@ -533,7 +535,8 @@ async fn a_new_connection_is_agreed_anew() {
     let ext = client_of(addr, PROBE_TIMEOUT);
     let cred = Credentials::default();
     let args = small_fetch();
-    let fetch = || ext.fetch(&cred, &args, Class::Background);
+    let want = Want::local(Class::Background);
+    let fetch = || ext.fetch(&cred, &args, &want);
     fetch().await.unwrap_or_else(|e| panic!("{e}"));
     // Profiles were not agreed on this connection: not asked.
     assert_eq!(ext.get_profile(&cred, b"fh").await, Ok(None));
@@ -551,4 +554,133 @@ async fn a_new_connection_is_agreed_anew() {
             (1, PROC_PROFILE_GET)
         ]
     );
+}
+
+#[test]
+fn fetch_class_args_round_trip_and_refuse_unknown_classes() {
+    let mut have = Have::new(4096, 64 << 10);
+    have.set(3);
+    have.set(15);
+    for class in Class::ALL {
+        for have in [None, Some(have.clone())] {
+            let a = FetchArgs {
+                fh: vec![9; 40],
+                offset: 3 << 20,
+                count: 64 << 10,
+                have,
+            };
+            let mut b = Vec::new();
+            encode_class_args(&mut b, &a, class);
+            assert_eq!(decode_class_args(&b), Ok((a.clone(), class)));
+            for cut in 0..b.len() {
+                assert!(decode_class_args(&b[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+    }
+    // An empty have is not sent: the same as none.
+    let a = FetchArgs {
+        have: Some(Have::new(4096, 8192)),
+        ..small_fetch()
+    };
+    let mut b = Vec::new();
+    encode_class_args(&mut b, &a, Class::Profile);
+    assert_eq!(decode_class_args(&b), Ok((small_fetch(), Class::Profile)));
+    // Class 4 (after demand) is no class: GARBAGE_ARGS at the server.
+    let mut b = Vec::new();
+    small_fetch().encode(&mut b);
+    gvfs_nfs::xdr::put_u32(&mut b, 4);
+    gvfs_nfs::xdr::put_u32(&mut b, 0);
+    assert_eq!(decode_class_args(&b), Err(XdrError::InvalidValue(4)));
+    // A have that is not a bool, a count over a chunk: refused.
+    let mut b = Vec::new();
+    small_fetch().encode(&mut b);
+    gvfs_nfs::xdr::put_u32(&mut b, 1);
+    gvfs_nfs::xdr::put_u32(&mut b, 2);
+    assert!(decode_class_args(&b).is_err());
+    let big = FetchArgs {
+        count: CHUNK + 1,
+        ..small_fetch()
+    };
+    let mut b = Vec::new();
+    encode_class_args(&mut b, &big, Class::Demand);
+    assert!(decode_class_args(&b).is_err());
+}
+
+/// A peer speaking `caps` (HELLO's answer), that answers FETCH_CLASS,
+/// FETCH_DEMAND and FETCH_REPEATS with sevens and logs the procedures and
+/// classes it was asked with.
+async fn peer_logging_fetches(
+    hello: Option<Caps>,
+) -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<(u32, u32)>>>) {
+    let (_, ok) = sevens();
+    let mut res = Vec::new();
+    encode_fetch_repeats_res(&mut res, &Ok(ok));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let (addr, _) = answering_server(move |vers, proc_| {
+        log.lock().unwrap().push((vers, proc_));
+        match (hello, vers, proc_) {
+            // A proxy from before version 2.
+            (None, v, _) if v != VERSION_1 => {
+                let mismatch = ReplyStatus::ProgMismatch { low: 1, high: 1 };
+                Some((mismatch, Vec::new()))
+            }
+            (Some(caps), _, PROC_HELLO) => Some((ReplyStatus::Success, hello_res(caps))),
+            (_, _, PROC_FETCH_CLASS | PROC_FETCH_DEMAND | PROC_FETCH_REPEATS) => {
+                Some((ReplyStatus::Success, res.clone()))
+            }
+            _ => Some((ReplyStatus::ProcUnavail, Vec::new())),
+        }
+    })
+    .await;
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn hello_agrees_on_fetch_class_and_fetches_carry_their_class() {
+    let (addr, seen) = peer_logging_fetches(Some(Caps(hello_answer(Caps::ALL.0)))).await;
+    let ext = client_of(addr, PROBE_TIMEOUT);
+    let cred = Credentials::default();
+    for class in [Class::Profile, Class::Demand] {
+        let got = ext
+            .fetch(&cred, &small_fetch(), &Want::local(class))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(decompress(got).ok(), Some(vec![7u8; 4096]));
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (VERSION, PROC_HELLO),
+            (VERSION, PROC_FETCH_CLASS),
+            (VERSION, PROC_FETCH_CLASS)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn older_peers_get_fetch_demand_and_fetch_repeats() {
+    // A version-2 peer of before FETCH_CLASS (HELLO's answer without its
+    // bit), and a version-1 peer.
+    let old_v2 = Caps::ALL.without(Caps::CLASS);
+    for (hello, version) in [(Some(old_v2), VERSION), (None, VERSION_1)] {
+        let (addr, seen) = peer_logging_fetches(hello).await;
+        let ext = client_of(addr, PROBE_TIMEOUT);
+        let cred = Credentials::default();
+        for class in [Class::Demand, Class::Profile, Class::Bulk] {
+            ext.fetch(&cred, &small_fetch(), &Want::local(class))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let fetches: Vec<(u32, u32)> = seen.lock().unwrap()[1..].to_vec();
+        assert_eq!(
+            fetches,
+            [
+                (version, PROC_FETCH_DEMAND),
+                (version, PROC_FETCH_REPEATS),
+                (version, PROC_FETCH_REPEATS)
+            ],
+            "{hello:?}"
+        );
+    }
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use gvfs_ext::{Class, Tenant};
 use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::writeverf3;
 
@@ -18,6 +19,7 @@ use crate::chunks::restored_chunks;
 use crate::dedup::parts::{BlockReader, Dedup};
 use crate::entry::CachedFile;
 use crate::error::{FileCacheError, HeldWriteError, IndexError};
+use crate::fetch::state::FetchState;
 use crate::index::MetaIndex;
 use crate::learn::LearnSettings;
 use crate::names::{file_name, index_key, parse_name};
@@ -177,7 +179,7 @@ impl FileCache {
             path.to_path_buf(),
             file,
             versions,
-            chunks,
+            FetchState::new(chunks, Tenant::LOCAL, Class::Background),
             None,
             None,
         )))

@@ -21,7 +21,7 @@ use gvfs_ext::CHUNK;
 use gvfs_metafile::MetaFile;
 use gvfs_nfs::nfs3_types::nfs3::fattr3;
 
-use crate::chunks::{Chunk, chunk_len};
+use crate::chunks::chunk_len;
 use crate::error::FileCacheError;
 use crate::fetch::state::FetchState;
 use crate::frames::FrameStore;
@@ -70,13 +70,14 @@ impl std::fmt::Debug for CachedFile {
 
 impl CachedFile {
     /// The entry of `fh`, held in `file` at `path`, with these versions and
-    /// chunks, learning its readers' order when `learning` is given.
+    /// its fetch (its chunks' states), learning its readers' order when
+    /// `learning` is given.
     pub(crate) fn new(
         fh: &[u8],
         path: PathBuf,
         file: std::fs::File,
         versions: Versions,
-        chunks: Vec<Chunk>,
+        fetch: FetchState,
         learning: Option<Learning>,
         content: Option<Arc<MetaFile>>,
     ) -> Self {
@@ -86,7 +87,7 @@ impl CachedFile {
             frames: FrameStore::new(frames_path(&path)),
             path,
             file,
-            fetch: FetchState::new(chunks),
+            fetch,
             last_used: AtomicU64::new(now_secs()),
             learning: Mutex::new(learning),
             learn_end: tokio::sync::Notify::new(),

@@ -66,6 +66,7 @@ pub use names::parse_handle;
 pub use pieces::PIECE;
 pub use profiles::Profiles;
 pub use read::Asked;
+pub use seq::{BULK_BYTES, BULK_READS, SEQ_SLACK};
 pub use side::SideFiles;
 pub use stats::{Counters, DEDUP_FILES_SHOWN, FileCacheCounts, FileCacheStats, FileDedup};
 
@@ -78,6 +79,7 @@ mod dedup;
 mod fetch;
 mod learn;
 mod read;
+mod seq;
 mod write;
 mod writeback;
 

@@ -70,9 +70,78 @@ pub(crate) fn span_of(mask: Mask) -> Mask {
     }
 }
 
+/// Most pieces between two runs a claim joins (fetching them again, when
+/// they are here, costs less than a round trip of its own).
+pub(crate) const JOIN_GAP: u32 = 2;
+
+/// The runs of consecutive pieces of `mask`, first to last.
+pub(crate) fn runs_of(mut mask: Mask) -> Vec<Mask> {
+    let mut runs = Vec::new();
+    while mask != 0 {
+        let a = mask.trailing_zeros();
+        let len = (mask >> a).trailing_ones();
+        let run = span_bits(a, a + len - 1);
+        runs.push(run);
+        mask &= !run;
+    }
+    runs
+}
+
+/// The runs a fetch claims for the pieces of `need` (neither here nor
+/// being fetched): each run of `need`, two joined when at most
+/// [`JOIN_GAP`] pieces lie between them and none of those is being
+/// fetched (`fetching`), so no piece is ever fetched twice at once.
+pub(crate) fn claim_runs(need: Mask, fetching: Mask) -> Vec<Mask> {
+    let mut out: Vec<Mask> = Vec::new();
+    for run in runs_of(need) {
+        if let Some(last) = out.last_mut() {
+            let end = Mask::BITS - last.leading_zeros();
+            let gap = run.trailing_zeros() - end;
+            let between = if gap == 0 {
+                0
+            } else {
+                span_bits(end, run.trailing_zeros() - 1)
+            };
+            if gap <= JOIN_GAP && between & fetching == 0 {
+                *last |= between | run;
+                continue;
+            }
+        }
+        out.push(run);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_are_found_and_joined_only_over_short_gaps_nobody_fetches() {
+        assert_eq!(runs_of(0), Vec::<Mask>::new());
+        assert_eq!(runs_of(Mask::MAX), vec![Mask::MAX]);
+        let m = span_bits(0, 2) | span_bits(5, 5) | span_bits(9, 12) | 1 << 127;
+        assert_eq!(
+            runs_of(m),
+            vec![span_bits(0, 2), 1 << 5, span_bits(9, 12), 1 << 127]
+        );
+        // Gaps of 2 (3..=4) joined, of 3 (6..=8) not.
+        assert_eq!(
+            claim_runs(m, 0),
+            vec![span_bits(0, 5), span_bits(9, 12), 1 << 127]
+        );
+        // A short gap with a piece being fetched in it stays a gap.
+        assert_eq!(
+            claim_runs(m, 1 << 4),
+            vec![span_bits(0, 2), 1 << 5, span_bits(9, 12), 1 << 127]
+        );
+        for (need, fetching) in [(m, 1 << 4), (m, 0), (Mask::MAX, 0)] {
+            let runs = claim_runs(need, fetching);
+            let all = runs.iter().fold(0, |a, r| a | r);
+            assert_eq!(all & need, need);
+            assert_eq!(all & fetching, 0);
+        }
+    }
 
     #[test]
     fn a_run_widens_to_the_hashed_pieces_it_touches() {

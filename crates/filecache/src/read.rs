@@ -6,8 +6,9 @@ use std::borrow::Cow;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use gvfs_ext::{CHUNK, ChunkSource, Class, Have, LEVEL, compress};
+use gvfs_ext::{CHUNK, ChunkSource, Class, Have, LEVEL, Want, compress};
 use gvfs_nfs::Credentials;
+use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::fattr3;
 use gvfs_nfs::xdr::zeros;
 
@@ -18,25 +19,25 @@ use crate::error::FileCacheError;
 use crate::frames::Frame;
 
 /// How another proxy asked for a chunk.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Asked {
-    /// It fills repeats itself (FETCH_REPEATS, FETCH_DEMAND).
+    /// It fills repeats itself (every FETCH but the first version's).
     pub repeats: bool,
-    /// Fetch it here with this urgency if it has not arrived.
-    pub urgency: Class,
+    /// Fetch it here as this (upstream too) if it has not arrived.
+    pub want: Want,
 }
 
 impl Asked {
     /// A FETCH asked this way.
-    pub fn new(repeats: bool, urgency: Class) -> Self {
-        Self { repeats, urgency }
+    pub fn new(repeats: bool, want: Want) -> Self {
+        Self { repeats, want }
     }
 }
 
 impl CachedFile {
     /// Reads `offset..offset + count` (clipped to the file), waiting for
-    /// (or fetching) the chunks it needs. Returns the bytes and whether they
-    /// reach the end of the file.
+    /// (or fetching, as `want`) the chunks it needs. Returns the bytes and
+    /// whether they reach the end of the file.
     pub async fn read(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -44,13 +45,12 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-        urgency: Class,
+        want: &Want,
     ) -> Result<(Cow<'static, [u8]>, bool), FileCacheError> {
         let size = self.size();
         let end = offset.saturating_add(u64::from(count)).min(size);
         let len = end.saturating_sub(offset);
-        self.ensure(cache, source, cred, offset, len, urgency)
-            .await?;
+        self.ensure(cache, source, cred, offset, len, want).await?;
         self.used();
         let pieces = self.data_pieces(offset, end);
         let data = if pieces.is_empty() {
@@ -116,7 +116,8 @@ impl CachedFile {
     }
 
     /// `offset..offset + count` for another proxy's FETCH (fetched here
-    /// with `urgency` if it has not arrived), as a frame: the
+    /// as it asked, `asked.want`, if it has not arrived: a profile's run
+    /// as its pieces, not their chunk), as a frame: the
     /// one kept for that chunk (one with repeats only when the caller fills
     /// them, `repeats`), or compressed now (and kept, when it is a whole
     /// chunk and none is). Returns the frame, the file bytes it holds,
@@ -139,6 +140,7 @@ impl CachedFile {
         have: Option<&Have>,
     ) -> Result<(Frame, u32, bool, fattr3), FileCacheError> {
         let (seen, attrs) = self.stamp().ok_or(FileCacheError::WrittenDuringFetch)?;
+        self.fetch.note_class(asked.want.class);
         // A whole chunk goes in its frame (kept, or made and kept now),
         // held blocks and all: the caller places its own over them, and a
         // proxy that keeps frames serves its site, where the bytes cost
@@ -147,7 +149,7 @@ impl CachedFile {
         let have = have.filter(|h| !h.is_empty() && !self.is_whole(offset, count));
         let (frame, len, eof) = match have {
             Some(have) => {
-                self.frame_leaving(cache, source, cred, offset, count, asked.urgency, have)
+                self.frame_leaving(cache, source, cred, offset, count, &asked.want, have)
                     .await?
             }
             None => {
@@ -170,12 +172,12 @@ impl CachedFile {
         count: u32,
         asked: Asked,
     ) -> Result<(Frame, u32, bool), FileCacheError> {
-        let Asked { repeats, urgency } = asked;
+        let Asked { repeats, want } = asked;
         let idx = usize::try_from(offset / u64::from(CHUNK)).unwrap_or(usize::MAX);
         let (start, len) = self.chunk_range(idx);
         let whole = len > 0 && offset == start && count >= len;
         if whole {
-            self.ensure(cache, source, cred, offset, u64::from(len), urgency)
+            self.ensure(cache, source, cred, offset, u64::from(len), &want)
                 .await?;
             if let Some(slot) = self
                 .frames
@@ -203,9 +205,7 @@ impl CachedFile {
             }
         }
         let writes = self.versions.writes_seen();
-        let (raw, eof) = self
-            .read(cache, source, cred, offset, count, urgency)
-            .await?;
+        let (raw, eof) = self.read(cache, source, cred, offset, count, &want).await?;
         let raw_len = raw.len() as u32;
         let keep = whole && raw_len == len && self.frames.slot(idx).is_none();
         let me = self.clone();
@@ -245,12 +245,10 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-        urgency: Class,
+        want: &Want,
         have: &Have,
     ) -> Result<(Frame, u32, bool), FileCacheError> {
-        let (raw, eof) = self
-            .read(cache, source, cred, offset, count, urgency)
-            .await?;
+        let (raw, eof) = self.read(cache, source, cred, offset, count, want).await?;
         let raw_len = raw.len() as u32;
         let have = have.clone();
         let frame = tokio::task::spawn_blocking(move || {
@@ -267,5 +265,37 @@ impl CachedFile {
         .await
         .map_err(|e| FileCacheError::task("compressing a chunk", e))?;
         Ok((frame, raw_len, eof))
+    }
+}
+
+impl CachedFile {
+    /// Notes a reader's READ of `offset..offset + len` (this proxy's own
+    /// clients); returns the class it is fetched as ([`reader_class`]).
+    /// The background stream follows: bulk behind a sequential reader,
+    /// else background.
+    ///
+    /// [`reader_class`]: CachedFile::reader_class
+    pub fn note_read(&self, offset: u64, len: u64) -> Class {
+        let mut seq = lock(&self.fetch.seq);
+        let was = seq.bulk();
+        seq.read(offset, len);
+        let bulk = seq.bulk();
+        drop(seq);
+        if bulk && !was {
+            self.fetch.set_bulk();
+        } else if was && !bulk {
+            self.fetch.note_class(Class::Demand);
+        }
+        if bulk { Class::Bulk } else { Class::Demand }
+    }
+
+    /// The class this proxy's readers' fetches go as: [`Class::Bulk`]
+    /// while they read in file order, else [`Class::Demand`].
+    pub fn reader_class(&self) -> Class {
+        if lock(&self.fetch.seq).bulk() {
+            Class::Bulk
+        } else {
+            Class::Demand
+        }
     }
 }

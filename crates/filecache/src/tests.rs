@@ -4,7 +4,7 @@ use crate::fetch::rest::STREAM_RUN;
 use crate::index::MemIndex;
 use crate::names::file_name;
 use gvfs_ext::FetchOk;
-use gvfs_ext::{CHUNK, ChunkSource, Class};
+use gvfs_ext::{CHUNK, ChunkSource, Class, Want};
 use gvfs_metafile::ZeroMap;
 use gvfs_metafile::{ByteRepeat, MetaFile};
 use gvfs_nfs::Credentials;
@@ -17,6 +17,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+mod claims;
 mod crash;
 mod frames;
 mod lazy;
@@ -25,6 +26,14 @@ mod learn;
 pub(crate) use gvfs_nfs::testing::file_attrs as attrs;
 
 pub(crate) use gvfs_ext::testing::FakeSource as Fake;
+
+/// What the first request of a test's file wants: this proxy's own
+/// background fetch.
+pub(crate) const FIRST: Want = BACKGROUND;
+/// A reader's fetch here.
+pub(crate) const DEMAND: Want = Want::local(Class::Demand);
+/// The background stream's, or another proxy's background FETCH.
+pub(crate) const BACKGROUND: Want = Want::local(Class::Background);
 
 /// `fake` as the file cache's reads take their source.
 fn src(fake: &Arc<Fake>) -> Arc<dyn ChunkSource> {
@@ -105,6 +114,7 @@ fn started(
             fake.clone(),
             &Credentials::default(),
             false,
+            &FIRST,
         )
         .unwrap_or_else(|e| panic!("{e}"));
     (dir, fake, c, f)
@@ -118,7 +128,7 @@ async fn fetches_whole_file_and_skips_zero_chunks() {
     let (_dir, fake, c, f) = started(b"fh1", content(len), true, Some(&meta), false);
     let cred = Credentials::default();
     let (all, eof) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(eof);
@@ -171,13 +181,13 @@ async fn repeated_bytes_are_copied_from_earlier_ones_in_any_order() {
             // A reader that needs the last chunk before the others came.
             let at = 6 * c - 4096;
             let (got, _) = f
-                .read(&cache, &src(&fake), &cred, at, 4096, Class::Demand)
+                .read(&cache, &src(&fake), &cred, at, 4096, &DEMAND)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(*got, data[at as usize..]);
         }
         let (all, _) = f
-            .read(&cache, &src(&fake), &cred, 0, len as u32, Class::Demand)
+            .read(&cache, &src(&fake), &cred, 0, len as u32, &DEMAND)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(
@@ -230,7 +240,7 @@ async fn repeats_that_do_not_fit_their_chunk_fail_the_fetch() {
                 &Credentials::default(),
                 0,
                 3 * CHUNK,
-                Class::Demand,
+                &DEMAND,
             )
             .await
             .map(|_| ())
@@ -259,7 +269,7 @@ async fn a_repeat_from_a_chunk_of_zeros_fails_the_fetch() {
     }];
     let cred = Credentials::default();
     let err = f
-        .read(&cache, &src(&fake), &cred, 0, len as u32, Class::Demand)
+        .read(&cache, &src(&fake), &cred, 0, len as u32, &DEMAND)
         .await
         .map(|_| ())
         .expect_err("the repeat contradicts the zero map");
@@ -279,14 +289,14 @@ async fn a_read_far_ahead_is_served_before_the_rest() {
     fake.gate.add_permits(WINDOW + 1);
     let at = 30 * u64::from(CHUNK) + 5;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 1000, Class::Demand)
+        .read(&c, &src(&fake), &cred, at, 1000, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
     assert!(!f.complete(), "served before the end arrived");
     fake.gate.add_permits(1 << 20);
     let (all, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(all == fake.data);
@@ -302,7 +312,7 @@ async fn a_reader_that_goes_away_mid_fetch_leaves_no_chunk_stranded() {
     let at = 30 * u64::from(CHUNK);
     let gone = tokio::time::timeout(
         std::time::Duration::from_millis(50),
-        f.read(&c, &src(&fake), &cred, at, 1000, Class::Demand),
+        f.read(&c, &src(&fake), &cred, at, 1000, &DEMAND),
     )
     .await;
     assert!(gone.is_err(), "the read waited for its chunk");
@@ -310,7 +320,7 @@ async fn a_reader_that_goes_away_mid_fetch_leaves_no_chunk_stranded() {
     // Its chunk still arrives: the file completes, and reads of it end.
     whole(&c).await;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 1000, Class::Demand)
+        .read(&c, &src(&fake), &cred, at, 1000, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(*got, fake.data[at as usize..at as usize + 1000]);
@@ -327,9 +337,16 @@ async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
     for _ in 0..8 {
         let (c, fake, cred) = (c.clone(), fake.clone(), cred.clone());
         tasks.push(tokio::spawn(async move {
-            let f = c.start(b"fh3", &fake.attrs, None, fake.clone(), &cred, false)?;
-            f.read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
-                .await
+            let f = c.start(
+                b"fh3",
+                &fake.attrs,
+                None,
+                fake.clone(),
+                &cred,
+                false,
+                &FIRST,
+            )?;
+            f.read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND).await
         }));
     }
     for t in tasks {
@@ -353,7 +370,7 @@ async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
         .get(b"fh3")
         .unwrap_or_else(|| panic!("kept across reopen"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(got == fake.data);
@@ -366,8 +383,16 @@ async fn zero_chunks_stay_unread_after_a_restart() {
     let meta = zero_meta(len, &[1, 4, 7]);
     let (dir, index, c, fake) = restartable(content(len));
     let cred = Credentials::default();
-    c.start(b"fh0", &fake.attrs, Some(&meta), fake.clone(), &cred, false)
-        .unwrap_or_else(|e| panic!("{e}"));
+    c.start(
+        b"fh0",
+        &fake.attrs,
+        Some(&meta),
+        fake.clone(),
+        &cred,
+        false,
+        &FIRST,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     drop(c);
     // The zero map is not asked again: the file's holes tell.
@@ -386,7 +411,7 @@ async fn zero_chunks_stay_unread_after_a_restart() {
     assert_eq!(zero, [1, 4, 7]);
     let at = 4 * u64::from(CHUNK);
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, CHUNK, Class::Demand)
+        .read(&c, &src(&fake), &cred, at, CHUNK, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(
@@ -394,7 +419,7 @@ async fn zero_chunks_stay_unread_after_a_restart() {
         "a zero chunk was read from the file"
     );
     let (all, _) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32, Class::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(all == fake.data);
@@ -411,10 +436,18 @@ async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
     let (dir, index, c, fake) = restartable(content(len));
     let cred = Credentials::unix(7, 8);
     let f = c
-        .start(b"fh5", &fake.attrs, None, fake.clone(), &cred, false)
+        .start(
+            b"fh5",
+            &fake.attrs,
+            None,
+            fake.clone(),
+            &cred,
+            false,
+            &FIRST,
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     // A write before the file is whole is refused (the caller forwards it).
-    f.read(&c, &src(&fake), &cred, 0, 10, Class::Demand)
+    f.read(&c, &src(&fake), &cred, 0, 10, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
@@ -444,7 +477,7 @@ async fn writes_stay_local_survive_a_reopen_and_are_written_back() {
     let f = c.get(b"fh5").unwrap_or_else(|| panic!("dirty file kept"));
     assert!(f.is_dirty());
     let (got, eof) = f
-        .read(&c, &src(&fake), &cred, 0, len as u32 + 100, Class::Demand)
+        .read(&c, &src(&fake), &cred, 0, len as u32 + 100, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(eof && got == want, "reads see the writes");
@@ -478,11 +511,27 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
     let other = Fake::new(content(CHUNK as usize), true);
     let cred = Credentials::unix(7, 8);
     let f = c
-        .start(b"fhA", &fake.attrs, None, fake.clone(), &cred, false)
+        .start(
+            b"fhA",
+            &fake.attrs,
+            None,
+            fake.clone(),
+            &cred,
+            false,
+            &FIRST,
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     let g = c
-        .start(b"fhB", &other.attrs, None, other.clone(), &cred, false)
+        .start(
+            b"fhB",
+            &other.attrs,
+            None,
+            other.clone(),
+            &cred,
+            false,
+            &FIRST,
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     for _ in 0..500 {
         if c.stats().counts.files_complete == 2 {
@@ -523,7 +572,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
     );
     assert_eq!(c.stats().counts.write_back_conflicts, 1);
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 10, 5, Class::Demand)
+        .read(&c, &src(&fake), &cred, 10, 5, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&got[..], b"local");
@@ -541,7 +590,7 @@ async fn a_write_back_does_not_overwrite_a_change_made_at_the_origin() {
     let h = Fake::new(content(len), true);
     let (_dir2, _index2, c2, _) = restartable(content(len));
     let f2 = c2
-        .start(b"fhC", &h.attrs, None, h.clone(), &cred, false)
+        .start(b"fhC", &h.attrs, None, h.clone(), &cred, false, &FIRST)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c2).await;
     for at in [0, u64::from(CHUNK) + 5, 2 * u64::from(CHUNK) + 5] {
@@ -564,7 +613,15 @@ async fn a_write_during_a_setattrs_write_back_does_not_stay_behind() {
     let (_dir, _index, c, fake) = restartable(content(len));
     let cred = Credentials::unix(7, 8);
     let f = c
-        .start(b"fhS", &fake.attrs, None, fake.clone(), &cred, false)
+        .start(
+            b"fhS",
+            &fake.attrs,
+            None,
+            fake.clone(),
+            &cred,
+            false,
+            &FIRST,
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     f.write(&c, &cred, 0, b"first".to_vec(), false)
@@ -639,7 +696,7 @@ async fn chunks_of_zeros_are_not_read_until_written() {
         .unwrap_or_else(|e| panic!("{e}"));
     let at = u64::from(CHUNK) - 100;
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at, 2 * CHUNK, Class::Demand)
+        .read(&c, &src(&fake), &cred, at, 2 * CHUNK, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(got[..] == fake.data[at as usize..at as usize + 2 * CHUNK as usize]);
@@ -649,7 +706,7 @@ async fn chunks_of_zeros_are_not_read_until_written() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, at - 1, 7, Class::Demand)
+        .read(&c, &src(&fake), &cred, at - 1, 7, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&*got, b"\0hello\0");
@@ -661,7 +718,7 @@ async fn a_write_of_no_bytes_past_the_end_changes_nothing() {
     let (dir, index, c, fake) = restartable(content(len));
     let cred = Credentials::default();
     let f = c
-        .start(b"fn", &fake.attrs, None, fake.clone(), &cred, false)
+        .start(b"fn", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     f.write(&c, &cred, 3, b"kept".to_vec(), true)
@@ -679,7 +736,7 @@ async fn a_write_of_no_bytes_past_the_end_changes_nothing() {
         .get(b"fn")
         .unwrap_or_else(|| panic!("the writes were dropped"));
     let (got, _) = f
-        .read(&c, &src(&fake), &cred, 3, 4, Class::Demand)
+        .read(&c, &src(&fake), &cred, 3, 4, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(&*got, b"kept");
@@ -698,7 +755,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             &cred,
             0,
             CHUNK,
-            Asked::new(true, Class::Background),
+            Asked::new(true, BACKGROUND),
             None,
         )
         .await
@@ -714,7 +771,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             &cred,
             0,
             CHUNK,
-            Asked::new(true, Class::Background),
+            Asked::new(true, BACKGROUND),
             None,
         )
         .await
@@ -734,7 +791,7 @@ async fn a_fetch_of_a_file_written_here_carries_its_local_attributes() {
             &cred,
             0,
             CHUNK,
-            Asked::new(true, Class::Background),
+            Asked::new(true, BACKGROUND),
             None,
         )
         .await;
@@ -752,9 +809,9 @@ async fn a_changed_file_fails_the_fetch() {
     // The proxy believes in an older version of the file.
     let old = attrs(len as u64, 6);
     let f = c
-        .start(b"fh4", &old, None, fake.clone(), &cred, false)
+        .start(b"fh4", &old, None, fake.clone(), &cred, false, &FIRST)
         .unwrap_or_else(|e| panic!("{e}"));
-    let r = f.read(&c, &src(&fake), &cred, 0, 100, Class::Demand).await;
+    let r = f.read(&c, &src(&fake), &cred, 0, 100, &DEMAND).await;
     assert!(r.is_err(), "bytes of another version were served");
     assert!(c.get(b"fh4").is_none());
 }

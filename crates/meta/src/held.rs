@@ -3,7 +3,7 @@
 //! write-back, and the attributes clients see of a file with local writes.
 
 use super::*;
-use gvfs_ext::Class;
+use gvfs_ext::{Class, Want};
 use gvfs_filecache::FileCacheError;
 use gvfs_nfs::layer::{Backlog, Lifecycle, Progress, WriteBackKind, WriteBackReport};
 
@@ -30,8 +30,15 @@ impl MetaLayer {
             .filter(|f| same_version(&f.attrs(), attrs))
             .map(Ok);
         let entry = held.unwrap_or_else(|| {
-            copy.files
-                .start(fh, attrs, Some(meta), copy.source.clone(), &cx.cred, true)
+            copy.files.start(
+                fh,
+                attrs,
+                Some(meta),
+                copy.source.clone(),
+                &cx.cred,
+                true,
+                &Want::local(Class::Demand),
+            )
         });
         let result = match entry {
             Ok(f) => self.read_held(cx, copy, &f, args).await,
@@ -50,7 +57,9 @@ impl MetaLayer {
     }
 
     /// A READ served from a file held in the file cache (waiting for the
-    /// chunks it needs), with the attributes clients see.
+    /// chunks it needs), with the attributes clients see. Its fetches go
+    /// as demand, or as bulk once the file's reader reads it in order (a
+    /// copy: `CachedFile::note_read`).
     pub(super) async fn read_held(
         &self,
         cx: &CallContext,
@@ -60,6 +69,7 @@ impl MetaLayer {
     ) -> Result<NfsReply, FileCacheError> {
         let count = args.count.min(MAX_READ);
         f.touch(args.offset, u64::from(count));
+        let want = Want::local(f.note_read(args.offset, u64::from(count)));
         let (data, eof) = f
             .read(
                 &copy.files,
@@ -67,7 +77,7 @@ impl MetaLayer {
                 &cx.cred,
                 args.offset,
                 count,
-                Class::Demand,
+                &want,
             )
             .await?;
         self.counters.copy_reads.add(1);

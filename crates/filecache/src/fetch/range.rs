@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use gvfs_ext::{ChunkSource, Class, FetchArgs, decompress};
+use gvfs_ext::{ChunkSource, Class, FetchArgs, Want, decompress};
 use gvfs_metafile::ByteRepeat;
 use gvfs_nfs::{Credentials, same_version};
 
@@ -28,30 +28,33 @@ use crate::pieces::{Mask, PIECE, all_pieces};
 
 /// A range to fetch, and why.
 #[derive(Debug, Clone, Copy)]
-struct Ask {
+struct Ask<'a> {
     offset: u64,
     count: u32,
-    urgency: Class,
+    want: &'a Want,
     /// The chunk it is all of, whose frame may be kept.
     whole: Option<usize>,
 }
 
 impl CachedFile {
-    /// Fetches the run of pieces `mask` (claimed) of chunk `idx`.
+    /// Fetches the run of pieces `run` of chunk `idx`, which holds the
+    /// pieces `claimed` (claimed; the rest of the run, if any, is here
+    /// already or another's).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn fetch_pieces(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
         source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         idx: usize,
-        mask: Mask,
-        urgency: Class,
+        claimed: Mask,
+        run: Mask,
+        want: &Want,
     ) -> Result<(), FileCacheError> {
         let (_, len) = self.chunk_range(idx);
-        let result = self
-            .fetch_run(cache, source, cred, idx, mask, urgency)
-            .await;
-        self.fetch.pieces_ended(idx, len, mask, result.is_ok());
+        let result = self.fetch_run(cache, source, cred, idx, run, want).await;
+        self.fetch
+            .pieces_ended(idx, len, claimed, run, result.is_ok());
         if let Err(why) = &result {
             self.fail(why.clone());
         }
@@ -67,15 +70,15 @@ impl CachedFile {
         source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         idx: usize,
-        urgency: Class,
+        want: &Want,
     ) -> Result<(), FileCacheError> {
         let (offset, count) = self.chunk_range(idx);
         let pieces = self.fetch.pieces(idx);
         let result = if pieces.here | pieces.fetching == 0 {
-            self.fetch_range(cache, source, cred, offset, count, urgency, Some(idx))
+            self.fetch_range(cache, source, cred, offset, count, want, Some(idx))
                 .await
         } else {
-            self.fetch_rest(cache, source, cred, idx, pieces, urgency)
+            self.fetch_rest(cache, source, cred, idx, pieces, want)
                 .await
         };
         match result {
@@ -101,7 +104,7 @@ impl CachedFile {
         cred: &Credentials,
         idx: usize,
         run: Mask,
-        urgency: Class,
+        want: &Want,
     ) -> Result<(), FileCacheError> {
         let (start, len) = self.chunk_range(idx);
         let from = start + u64::from(run.trailing_zeros() * PIECE);
@@ -111,16 +114,8 @@ impl CachedFile {
             return Ok(());
         }
         let whole = (run == all_pieces(len)).then_some(idx);
-        self.fetch_range(
-            cache,
-            source,
-            cred,
-            from,
-            (to - from) as u32,
-            urgency,
-            whole,
-        )
-        .await
+        self.fetch_range(cache, source, cred, from, (to - from) as u32, want, whole)
+            .await
     }
 
     /// Fetches `offset..offset + count` (inside one chunk) and writes it
@@ -134,7 +129,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         count: u32,
-        urgency: Class,
+        want: &Want,
         whole: Option<usize>,
     ) -> Result<(), FileCacheError> {
         let mut held = self.find_held(cache, offset, count).await?;
@@ -149,7 +144,7 @@ impl CachedFile {
         let asked = Ask {
             offset,
             count,
-            urgency,
+            want,
             whole,
         };
         if let Some(wrong) = self
@@ -174,14 +169,14 @@ impl CachedFile {
         cache: &Arc<FileCache>,
         source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
-        asked: Ask,
+        asked: Ask<'_>,
         held: Option<Held>,
         suspect: Option<Held>,
     ) -> Result<Option<Held>, FileCacheError> {
         let Ask {
             offset,
             count,
-            urgency,
+            want,
             whole,
         } = asked;
         let writes = self.versions.writes_seen();
@@ -191,7 +186,7 @@ impl CachedFile {
             count,
             have: held.as_ref().map(|h| h.have.clone()),
         };
-        let ok = source.fetch(cred, &args, urgency).await?;
+        let ok = source.fetch(cred, &args, want).await?;
         if !same_version(&ok.attrs, &self.attrs()) {
             return Err(FileCacheError::ChangedUpstream);
         }
@@ -211,7 +206,7 @@ impl CachedFile {
         // fetches them yet, as urgently as this range).
         for r in repeats.iter().filter(|r| r.from < offset) {
             let end = (r.from + u64::from(r.len)).min(offset);
-            self.wait_for(cache, source, cred, r.from, end, urgency)
+            self.wait_for(cache, source, cred, r.from, end, want)
                 .await?;
         }
         let repeated: u64 = repeats.iter().map(|r| u64::from(r.len)).sum();
@@ -262,7 +257,7 @@ impl CachedFile {
         .map_err(|e| FileCacheError::task("decompressing a chunk", e))??;
         cache.counters.chunks_fetched.add(1);
         cache.counters.wire_bytes.add(wire);
-        match urgency {
+        match want.class {
             Class::Demand => cache.counters.demand_wire_bytes.add(wire),
             Class::Profile => cache.counters.profile_wire_bytes.add(wire),
             Class::Background => cache.counters.background_wire_bytes.add(wire),

@@ -47,20 +47,34 @@
 //!     guest faulting its memory in walks through regions of it;
 //!   - `profiled`: whether the stream follows a working-set profile (set
 //!     once it knows): a reader's fault then fetches only the pieces it
-//!     needs; without one, also the rest of their chunk behind them.
+//!     needs; without one, also the rest of their chunk behind them;
+//!   - `stream_class`: the class the background stream's chunks go as:
+//!     [`Class::Background`], or [`Class::Bulk`] while the only reader is
+//!     sequential (a copy, `seq.rs`) or the first proxy that asked for the
+//!     file asked as bulk; any later request above bulk raises it again
+//!     ([`note_class`](FetchState::note_class)).
+//!
+//! **Claims are exact.** A run of pieces is claimed only where none is
+//! being fetched (`pieces::claim_runs`): a reader's pieces between others'
+//! in-flight ones become runs of their own, so no piece is fetched twice
+//! at once, and the fetch that ends a run gives back only the pieces it
+//! claimed, never another's. (A run widened to whole hashed pieces, for
+//! dedup, may fetch a neighbour's pieces again, but still gives back only
+//! its own.)
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
-use gvfs_ext::Class;
+use gvfs_ext::{Class, Tenant};
 use gvfs_nfs::layer::lock;
 use tokio::sync::watch;
 
 use crate::chunks::{Chunk, Chunks, Pieces, chunk_len, chunks_of};
 use crate::error::FileCacheError;
-use crate::pieces::{Mask, all_pieces, piece_mask, span_of};
+use crate::pieces::{Mask, all_pieces, claim_runs, piece_mask};
+use crate::seq::SeqReads;
 
 /// How long after a reader's own fetch the background stream stays at
 /// `UNDER_DEMAND`.
@@ -81,6 +95,14 @@ pub(crate) struct FetchState {
     behind_in_flight: AtomicUsize,
     follow: AtomicUsize,
     profiled: AtomicBool,
+    /// The class of the background stream's chunks (a [`Class`] as `u8`).
+    stream_class: AtomicU8,
+    /// Whom the entry's own fetches (the background stream) are for: who
+    /// started it.
+    pub(crate) owner: Tenant,
+    /// The run of in-order READs its readers are in (`seq.rs`), which
+    /// sets `stream_class` while they copy the file.
+    pub(crate) seq: Mutex<SeqReads>,
 }
 
 /// A fetch a reader's wait starts.
@@ -103,8 +125,10 @@ impl Planned {
 }
 
 impl FetchState {
-    /// A fetch of chunks in these states, nothing under way.
-    pub(crate) fn new(chunks: Vec<Chunk>) -> Self {
+    /// A fetch of chunks in these states, nothing under way, for `owner`;
+    /// its background stream goes as `stream` (bulk, else background).
+    pub(crate) fn new(chunks: Vec<Chunk>, owner: Tenant, stream: Class) -> Self {
+        let stream = stream.min(Class::Background);
         Self {
             chunks: Mutex::new(Chunks::new(chunks)),
             failed: Mutex::new(None),
@@ -115,6 +139,9 @@ impl FetchState {
             behind_in_flight: AtomicUsize::new(0),
             follow: AtomicUsize::new(0),
             profiled: AtomicBool::new(false),
+            stream_class: AtomicU8::new(stream as u8),
+            owner,
+            seq: Mutex::new(SeqReads::default()),
         }
     }
 
@@ -181,33 +208,40 @@ impl FetchState {
     }
 
     /// Claims the pieces of `mask` in chunk `idx` that are neither here nor
-    /// being fetched, as one run (those between them too), if the chunk is
-    /// not being fetched whole.
-    pub(crate) fn claim_pieces(&self, idx: usize, mask: Mask) -> Option<Mask> {
+    /// being fetched, as runs (`pieces::claim_runs`), if the chunk is not
+    /// being fetched whole.
+    pub(crate) fn claim_pieces(&self, idx: usize, mask: Mask) -> Vec<Mask> {
         let mut chunks = self.chunks();
         if chunks.get(idx) != Some(&Chunk::Missing) {
-            return None;
+            return Vec::new();
         }
         let p = chunks.pieces.entry(idx).or_default();
-        let need = span_of(mask & !p.here & !p.fetching);
-        if need == 0 {
-            return None;
+        let runs = claim_runs(mask & !p.here & !p.fetching, p.fetching);
+        for run in &runs {
+            p.fetching |= run;
         }
-        p.fetching |= need;
-        Some(need)
+        runs
     }
 
-    /// Ends the fetch of the pieces `mask` of chunk `idx` (`len` bytes):
-    /// here if they `arrived`, given back if not; the chunk is whole once
-    /// all its pieces are here.
-    pub(crate) fn pieces_ended(&self, idx: usize, len: u32, mask: Mask, arrived: bool) {
+    /// Ends the fetch of the pieces `fetched` of chunk `idx` (`len`
+    /// bytes), which claimed `claimed` of them: here if they `arrived`,
+    /// the claim given back either way; the chunk is whole once all its
+    /// pieces are here.
+    pub(crate) fn pieces_ended(
+        &self,
+        idx: usize,
+        len: u32,
+        claimed: Mask,
+        fetched: Mask,
+        arrived: bool,
+    ) {
         {
             let mut chunks = self.chunks();
             let whole = chunks.get(idx).is_some_and(|c| c.here());
             let p = chunks.pieces.entry(idx).or_default();
-            p.fetching &= !mask;
+            p.fetching &= !claimed;
             if arrived {
-                p.here |= mask;
+                p.here |= fetched;
             }
             let done = p.here & all_pieces(len) == all_pieces(len);
             if whole || (done && chunks[idx] == Chunk::Missing) {
@@ -240,7 +274,7 @@ impl FetchState {
         offset: u64,
         end: u64,
         size: u64,
-        urgency: Class,
+        class: Class,
     ) -> (Vec<Planned>, bool) {
         let (first, last) = chunks_of(offset, end);
         let mut fetch: Vec<Planned> = Vec::new();
@@ -265,8 +299,8 @@ impl FetchState {
             // its pieces (not waited for), so its next faults nearby find
             // their bytes here, and the background stream goes on after
             // it. With a profile, the profile brings the rest.
-            let demand = urgency == Class::Demand;
-            let pieces = urgency == Class::Profile || demand;
+            let demand = class == Class::Demand;
+            let pieces = class == Class::Profile || demand;
             let rest = demand && !self.profiled.load(Ordering::Acquire);
             if demand {
                 self.follow.store(idx + 2, Ordering::Release);
@@ -274,10 +308,9 @@ impl FetchState {
             let whole_planned = fetch.iter().any(|f| f.pieces.is_none());
             match state {
                 Chunk::Missing if pieces => {
-                    let need = span_of(want & !p.here & !p.fetching);
-                    if need != 0 {
-                        chunks.pieces.entry(idx).or_default().fetching |= need;
-                        fetch.push(Planned::waited(idx, Some(need)));
+                    for run in claim_runs(want & !p.here & !p.fetching, p.fetching) {
+                        chunks.pieces.entry(idx).or_default().fetching |= run;
+                        fetch.push(Planned::waited(idx, Some(run)));
                     }
                     let p = chunks.pieces.entry(idx).or_default();
                     if rest && !p.streaming {
@@ -343,6 +376,30 @@ impl FetchState {
     /// none yet).
     pub(crate) fn follow(&self) -> usize {
         self.follow.load(Ordering::Acquire)
+    }
+
+    /// The class the background stream's chunks go as.
+    pub(crate) fn stream_class(&self) -> Class {
+        match self.stream_class.load(Ordering::Acquire) {
+            0 => Class::Bulk,
+            _ => Class::Background,
+        }
+    }
+
+    /// A request of `class` came for the file: one above bulk raises the
+    /// background stream to [`Class::Background`].
+    pub(crate) fn note_class(&self, class: Class) {
+        if class > Class::Bulk {
+            self.stream_class
+                .fetch_max(Class::Background as u8, Ordering::AcqRel);
+        }
+    }
+
+    /// The file's only reader copies it: the background stream goes as
+    /// bulk, behind every other class.
+    pub(crate) fn set_bulk(&self) {
+        self.stream_class
+            .store(Class::Bulk as u8, Ordering::Release);
     }
 
     /// Says whether the background fetch follows a working-set profile.

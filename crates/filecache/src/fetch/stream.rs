@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gvfs_ext::{CHUNK, ChunkSource, Class};
+use gvfs_ext::{CHUNK, ChunkSource, Class, Want};
 use gvfs_metafile::MetaFile;
 use gvfs_nfs::layer::lock;
 use gvfs_nfs::nfs3_types::nfs3::fattr3;
@@ -18,9 +18,10 @@ use crate::cache::FileCache;
 use crate::chunks::{Chunk, chunk_count};
 use crate::entry::CachedFile;
 use crate::error::FileCacheError;
+use crate::fetch::state::FetchState;
 use crate::learn::learning::Learning;
 use crate::names::{file_name, index_key};
-use crate::pieces::PIECE;
+use crate::pieces::{Mask, PIECE};
 use crate::versions::Versions;
 
 /// Chunks one file's background fetch keeps in flight.
@@ -50,6 +51,12 @@ impl FileCache {
     /// With `learn` (the file's own clients read it here, rather than
     /// other proxies fetching it) the order in which readers first touch
     /// its chunks is learned as its working-set profile (`learn.rs`).
+    ///
+    /// `first` is what the first request wants: its tenant owns the
+    /// entry (the background stream fetches for it), and a bulk one makes
+    /// the background stream bulk until a request of a higher class
+    /// comes.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         self: &Arc<Self>,
         fh: &[u8],
@@ -58,6 +65,7 @@ impl FileCache {
         source: Arc<dyn ChunkSource>,
         cred: &Credentials,
         learn: bool,
+        first: &Want,
     ) -> Result<Arc<CachedFile>, FileCacheError> {
         let mut files = lock(&self.files);
         if let Some(f) = files.get(fh) {
@@ -118,7 +126,7 @@ impl FileCache {
             path,
             file,
             Versions::new(attrs.clone()),
-            chunks,
+            FetchState::new(chunks, first.tenant, first.class),
             learning,
             content,
         ));
@@ -157,13 +165,17 @@ impl FileCache {
         );
         let mut set = tokio::task::JoinSet::new();
         let (mut planned, mut next, mut followed) = (0, 0, 0);
+        // Runs of the plan claimed and not yet started, last first.
+        let mut claimed: Vec<(usize, Mask)> = Vec::new();
+        let profile = Want::new(Class::Profile, entry.fetch.owner);
         // Bytes of profile pieces in flight.
         let mut profile_bytes = 0;
         let mut rx = entry.fetch.subscribe();
         loop {
             let mut exhausted = false;
             loop {
-                let window = if planned < plan.len() {
+                let profiling = planned < plan.len() || !claimed.is_empty();
+                let window = if profiling {
                     PROFILE_WINDOW
                 } else if entry.fetch.demand_active() {
                     UNDER_DEMAND
@@ -174,18 +186,17 @@ impl FileCache {
                 // take the background's place on the link.
                 let behind = entry.fetch.behind();
                 if set.len() + behind >= window
-                    || (planned < plan.len() && !set.is_empty() && profile_bytes >= PROFILE_BYTES)
+                    || (profiling && !set.is_empty() && profile_bytes >= PROFILE_BYTES)
                     || entry.failure().is_some()
                 {
                     break;
                 }
-                let mut claimed = None;
-                while claimed.is_none() && planned < plan.len() {
+                // The plan's next part, claimed as runs (several when
+                // pieces others fetch split it), taken one at a time.
+                while claimed.is_empty() && planned < plan.len() {
                     let (idx, mask) = plan[planned];
-                    claimed = entry
-                        .fetch
-                        .claim_pieces(idx, mask)
-                        .map(|need| (idx, Some(need)));
+                    let runs = entry.fetch.claim_pieces(idx, mask);
+                    claimed.extend(runs.into_iter().rev().map(|r| (idx, r)));
                     planned += 1;
                 }
                 // Where a reader faulted last, then on from there;
@@ -194,8 +205,8 @@ impl FileCache {
                 if follow != followed {
                     (followed, next) = (follow, follow - 1);
                 }
-                let (idx, pieces) = match claimed {
-                    Some(c) => c,
+                let (idx, pieces) = match claimed.pop() {
+                    Some((idx, run)) => (idx, Some(run)),
                     None => match entry
                         .fetch
                         .claim_next(next)
@@ -215,22 +226,24 @@ impl FileCache {
                     (self.clone(), entry.clone(), source.clone(), cred.clone());
                 match pieces {
                     Some(mask) => {
+                        let want = profile.clone();
                         let n = mask.count_ones();
                         self.counters.profile_pieces.add(u64::from(n));
                         let bytes = u64::from(n * PIECE);
                         profile_bytes += bytes;
                         set.spawn(async move {
                             let _ = entry
-                                .fetch_pieces(&cache, &source, &cred, idx, mask, Class::Profile)
+                                .fetch_pieces(&cache, &source, &cred, idx, mask, mask, &want)
                                 .await;
                             bytes
                         });
                     }
                     None => {
+                        // As bulk behind a sequential reader, else as
+                        // background: decided chunk by chunk.
+                        let want = Want::new(entry.fetch.stream_class(), entry.fetch.owner);
                         set.spawn(async move {
-                            let _ = entry
-                                .fetch_chunk(&cache, &source, &cred, idx, Class::Background)
-                                .await;
+                            let _ = entry.fetch_chunk(&cache, &source, &cred, idx, &want).await;
                             0
                         });
                     }

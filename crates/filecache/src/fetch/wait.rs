@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gvfs_ext::{ChunkSource, Class};
+use gvfs_ext::{ChunkSource, Class, Want};
 use gvfs_nfs::{BoxFuture, Credentials};
 
 use super::state::Planned;
@@ -26,7 +26,7 @@ impl CachedFile {
         cred: &'a Credentials,
         from: u64,
         end: u64,
-        urgency: Class,
+        want: &'a Want,
     ) -> BoxFuture<'a, Result<(), FileCacheError>> {
         Box::pin(async move {
             if end <= from {
@@ -42,15 +42,16 @@ impl CachedFile {
                     return Err(FileCacheError::RepeatFromZeros { from });
                 }
             }
-            self.ensure(cache, source, cred, from, end - from, urgency)
+            self.ensure(cache, source, cred, from, end - from, want)
                 .await
         })
     }
 
     /// Waits until `offset..offset + len` has arrived, fetching what
-    /// nobody fetches yet (with `urgency`): a reader (`Demand`) fetches the
-    /// pieces its range covers, others whole chunks. A reader's wait counts
-    /// as a fault when its bytes were not here.
+    /// nobody fetches yet (as `want`, upstream too): a reader (`Demand`)
+    /// or a profile's run fetches the pieces its range covers, others
+    /// whole chunks. A reader's wait counts as a fault when its bytes were
+    /// not here.
     pub(crate) async fn ensure(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -58,7 +59,7 @@ impl CachedFile {
         cred: &Credentials,
         offset: u64,
         len: u64,
-        urgency: Class,
+        want: &Want,
     ) -> Result<(), FileCacheError> {
         if len == 0 {
             return Ok(());
@@ -71,11 +72,12 @@ impl CachedFile {
             if let Some(why) = self.failure() {
                 return Err(why);
             }
-            let (fetch, waiting) = self.fetch.plan(offset, end, self.size(), urgency);
+            let (fetch, waiting) = self.fetch.plan(offset, end, self.size(), want.class);
             if fetch.is_empty() && !waiting {
                 break;
             }
-            if urgency == Class::Demand && !faulted {
+            let demand = want.class == Class::Demand;
+            if demand && !faulted {
                 faulted = true;
                 cache.counters.faults_waited.add(1);
             }
@@ -88,9 +90,13 @@ impl CachedFile {
             // depend on this one, whose client may go away mid-fetch.
             let mut tasks = Vec::with_capacity(fetch.len());
             for Planned { idx, pieces, wait } in fetch {
-                let (me, cache, source, cred) =
-                    (self.clone(), cache.clone(), source.clone(), cred.clone());
-                let demand = urgency == Class::Demand;
+                let (me, cache, source, cred, want) = (
+                    self.clone(),
+                    cache.clone(),
+                    source.clone(),
+                    cred.clone(),
+                    want.clone(),
+                );
                 if demand {
                     self.fetch.demand_started();
                 }
@@ -99,12 +105,12 @@ impl CachedFile {
                 }
                 let task = tokio::spawn(async move {
                     let r = match pieces {
-                        Some(mask) => {
-                            me.fetch_pieces(&cache, &source, &cred, idx, mask, urgency)
+                        Some(run) => {
+                            me.fetch_pieces(&cache, &source, &cred, idx, run, run, &want)
                                 .await
                         }
-                        None if !wait => me.stream_rest(&cache, &source, &cred, idx).await,
-                        None => me.fetch_chunk(&cache, &source, &cred, idx, urgency).await,
+                        None if !wait => me.stream_rest(&cache, &source, &cred, idx, &want).await,
+                        None => me.fetch_chunk(&cache, &source, &cred, idx, &want).await,
                     };
                     if demand {
                         me.fetch.demand_ended();

@@ -76,14 +76,7 @@ async fn after_crash(
     let f = c.get(fh).unwrap_or_else(|| panic!("the file was not kept"));
     let dirty = f.versions.lock().dirty.keys().copied().collect();
     let (got, _) = f
-        .read(
-            &c,
-            &src(fake),
-            &Credentials::default(),
-            at,
-            len,
-            Class::Demand,
-        )
+        .read(&c, &src(fake), &Credentials::default(), at, len, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     (index, dirty, got.to_vec())
@@ -97,7 +90,7 @@ async fn writes_are_recorded_durably_before_they_land_or_are_acknowledged() {
     let fake = Fake::new(content(4 * CHUNK as usize), true);
     let cred = Credentials::default();
     let f = c
-        .start(b"fd", &fake.attrs, None, fake.clone(), &cred, false)
+        .start(b"fd", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     // Sled's own flush, half a second later: the clean record is durable.
@@ -173,7 +166,7 @@ async fn a_record_of_an_entry_let_go_does_not_describe_its_successor() {
     let cred = Credentials::default();
     // The file changes before its fetch runs: the old entry's fetch
     // finishes into its unlinked file while the new one's is held.
-    c.start(b"fs", &fake.attrs, None, fake.clone(), &cred, false)
+    c.start(b"fs", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
         .unwrap_or_else(|e| panic!("{e}"));
     let newer = Fake::new(content(len), false);
     c.start(
@@ -183,6 +176,7 @@ async fn a_record_of_an_entry_let_go_does_not_describe_its_successor() {
         newer.clone(),
         &cred,
         false,
+        &FIRST,
     )
     .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
@@ -194,7 +188,7 @@ async fn a_record_of_an_entry_let_go_does_not_describe_its_successor() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let index = Arc::new(CrashIndex::default());
     let c = crash_open(dir.path(), &index);
-    c.start(b"ft", &fake.attrs, None, fake.clone(), &cred, false)
+    c.start(b"ft", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     index.flush().unwrap_or_else(|e| panic!("{e}"));
@@ -206,6 +200,7 @@ async fn a_record_of_an_entry_let_go_does_not_describe_its_successor() {
         newer.clone(),
         &cred,
         false,
+        &FIRST,
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let c = crash_open(dir.path(), &index.crashed());

@@ -12,7 +12,7 @@ async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() 
     *lock(&fake.repeats) = list.clone();
     let cred = Credentials::default();
     let (all, _) = f
-        .read(&cache, &src(&fake), &cred, 0, len as u32, Class::Demand)
+        .read(&cache, &src(&fake), &cred, 0, len as u32, &DEMAND)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(all == data);
@@ -24,7 +24,7 @@ async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() 
             &cred,
             2 * c,
             CHUNK,
-            Asked::new(true, Class::Background),
+            Asked::new(true, BACKGROUND),
             None,
         )
         .await
@@ -41,7 +41,7 @@ async fn a_lan_proxy_hands_frames_with_repeats_only_to_callers_that_fill_them() 
             &cred,
             2 * c,
             CHUNK,
-            Asked::new(false, Class::Background),
+            Asked::new(false, BACKGROUND),
             None,
         )
         .await
@@ -101,7 +101,7 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
                 &cred,
                 i * u64::from(CHUNK),
                 CHUNK,
-                Asked::new(true, Class::Background),
+                Asked::new(true, BACKGROUND),
                 None,
             )
             .await
@@ -128,7 +128,7 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
             &cred,
             0,
             CHUNK,
-            Asked::new(true, Class::Background),
+            Asked::new(true, BACKGROUND),
             None,
         )
         .await
@@ -143,7 +143,7 @@ async fn other_proxies_get_the_frames_chunks_came_in() {
             &cred,
             u64::from(CHUNK) + 7,
             100,
-            Asked::new(true, Class::Background),
+            Asked::new(true, BACKGROUND),
             None,
         )
         .await
@@ -161,7 +161,7 @@ async fn frames_live_beside_their_file_and_go_with_it() {
     c.keep_frames();
     let cred = Credentials::default();
     let f = c
-        .start(b"fb", &fake.attrs, None, fake.clone(), &cred, false)
+        .start(b"fb", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
         .unwrap_or_else(|e| panic!("{e}"));
     whole(&c).await;
     // These chunks do not compress: the frames hold the whole file.
@@ -184,7 +184,7 @@ async fn frames_live_beside_their_file_and_go_with_it() {
                     &cred,
                     at,
                     CHUNK,
-                    Asked::new(true, Class::Background),
+                    Asked::new(true, BACKGROUND),
                     None,
                 )
                 .await

@@ -46,6 +46,7 @@ fn start(c: &Arc<FileCache>, fake: &Arc<Fake>, fh: &[u8]) -> Arc<CachedFile> {
         fake.clone(),
         &Credentials::default(),
         true,
+        &FIRST,
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -208,6 +209,7 @@ async fn a_profile_naming_most_of_a_file_is_not_used() {
                 fake.clone(),
                 &Credentials::default(),
                 false,
+                &FIRST,
             )
             .unwrap_or_else(|e| panic!("{e}"));
         let (all, _) = f
@@ -217,7 +219,7 @@ async fn a_profile_naming_most_of_a_file_is_not_used() {
                 &Credentials::default(),
                 0,
                 fake.data.len() as u32,
-                Class::Background,
+                &BACKGROUND,
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));

@@ -276,10 +276,10 @@ async fn bad_arguments_and_unknown_procedures_are_refused() {
             "procedure {proc_}"
         );
     }
-    // A procedure past the version's last: PROC_UNAVAIL (HELLO is
-    // version 2's).
+    // A procedure past the version's last: PROC_UNAVAIL (HELLO and
+    // FETCH_CLASS are version 2's).
     assert_eq!(
-        refused(b.call(ext::VERSION, ext::PROC_HELLO + 1, &[]).await),
+        refused(b.call(ext::VERSION, ext::PROC_FETCH_CLASS + 1, &[]).await),
         Some(ReplyStatus::ProcUnavail)
     );
     assert_eq!(
@@ -294,4 +294,72 @@ async fn bad_arguments_and_unknown_procedures_are_refused() {
         ));
     }
     assert_eq!(b.server.stats().fetch_calls, 0);
+}
+
+/// FETCH_CLASS's arguments for `count` bytes at `offset` of the bed's
+/// file, asked as `class` (its number on the wire).
+fn class_args(b: &Bed, offset: u64, count: u32, class: u32) -> Vec<u8> {
+    let mut out = b.fetch_args(offset, count);
+    gvfs_nfs::xdr::put_u32(&mut out, class);
+    gvfs_nfs::xdr::put_u32(&mut out, 0);
+    out
+}
+
+/// A node's profile run reaches a LAN proxy as FETCH_CLASS(Profile): the
+/// LAN fetches those pieces upstream, as a profile's, not the chunk they
+/// are in (which, with every node of a site asking, sent whole chunks
+/// across the WAN before any guest answered).
+#[tokio::test]
+async fn a_profile_run_is_fetched_upstream_as_its_pieces_not_its_chunk() {
+    use gvfs_ext::Class;
+    let source = FakeSource::new(image(), true);
+    let b = bed(Some(source.clone()));
+    let (at, len) = (u64::from(ext::CHUNK) + (16 << 10), 16 << 10);
+    let res = b
+        .results(
+            ext::PROC_FETCH_CLASS,
+            &class_args(&b, at, len, Class::Profile.wire()),
+        )
+        .await;
+    let ok = ext::decode_fetch_repeats_res(&res).unwrap().unwrap();
+    let want = &image()[at as usize..at as usize + len as usize];
+    assert_eq!(ext::decompress(ok).unwrap(), want);
+    let fetched = source.fetched.lock().unwrap().clone();
+    // The first fetch of those bytes upstream is the run, as a profile's
+    // (the file's background stream may fetch the rest of the chunk
+    // later, around them).
+    let end = at + u64::from(len);
+    let first = fetched
+        .iter()
+        .find(|(o, n, _)| *o < end && o + u64::from(*n) > at);
+    assert_eq!(first, Some(&(at, len, Class::Profile)), "{fetched:?}");
+    let s = b.server.stats();
+    assert_eq!(
+        (s.class_calls_profile, s.class_calls_demand, s.demand_calls),
+        (1, 0, 0)
+    );
+    // A class past demand is no class.
+    assert_eq!(
+        refused(
+            b.call(
+                ext::VERSION,
+                ext::PROC_FETCH_CLASS,
+                &class_args(&b, 0, len, 4)
+            )
+            .await
+        ),
+        Some(ReplyStatus::GarbageArgs)
+    );
+    // Version 1 has no FETCH_CLASS.
+    assert_eq!(
+        refused(
+            b.call(
+                ext::VERSION_1,
+                ext::PROC_FETCH_CLASS,
+                &class_args(&b, 0, len, 3)
+            )
+            .await
+        ),
+        Some(ReplyStatus::ProcUnavail)
+    );
 }

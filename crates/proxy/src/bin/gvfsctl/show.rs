@@ -200,6 +200,19 @@ pub(super) fn print_stats(s: &Stats) {
             "  lazy        {} FETCHes a reader waited for; working-set profiles: {} kept, {} answered, {} written beside their image",
             e.demand_calls, e.profiles_stored, e.profiles_served, e.profiles_written
         );
+        let classed = e.class_calls_demand
+            + e.class_calls_profile
+            + e.class_calls_background
+            + e.class_calls_bulk;
+        if classed > 0 {
+            println!(
+                "  classes     {classed} FETCH_CLASS calls: {} demand, {} profile, {} background, {} bulk",
+                e.class_calls_demand,
+                e.class_calls_profile,
+                e.class_calls_background,
+                e.class_calls_bulk
+            );
+        }
         if e.have_calls > 0 {
             println!(
                 "  dedup       {} FETCHes named blocks the caller held; {} bytes of them not sent",
