@@ -205,7 +205,9 @@ fn four_nodes_replay_a_learned_clone_at_once_through_one_lan_proxy() -> Result<(
     // pieces and the demand's, fetched once for the four nodes (30% for
     // calls and framing). This holds once a node's profile runs reach the
     // image server as profile pieces; while the LAN proxy takes them as
-    // background and claims their whole 1 MiB chunks, it fails.
+    // background and claims their whole 1 MiB chunks, it fails (at d204fe1:
+    // 20.3 MB crossed for 128 KiB, 18 MiB of it the LAN's background
+    // chunks).
     ensure!(
         crossed * 10 <= (profile + demand) * 13,
         "{crossed} B crossed the WAN before the storm ended, for {profile} B of profile and \
