@@ -15,7 +15,9 @@
 //! files, the same on every image, that the guest reads at boot),
 //! `GVFS_BENCH_RTT_MS` (40), `GVFS_BENCH_MBIT` (50), `GVFS_CLONE_SCENARIOS`
 //! (all: `local,s1,s2,s3,p,cut,full,plain`, the lazy ones, `lazy local,lazy
-//! s1,lazy learned,lazy s2,lazy s3,lazy p,lazy cut`, and the dedup ones, `s1
+//! s1,lazy learned,lazy s2,lazy s3,lazy p,lazy cut`, the storms, `lazy storm
+//! 1,lazy storm 8,lazy storm 32,lazy storm 64` (and `lazy storm 4`, the quick
+//! run's), and the dedup ones, `s1
 //! dedup,s2 dedup,s3 dedup,lazy s2 dedup`; `lazy` alone is every lazy one,
 //! `copy` every copy-first one, `dedup` every dedup one; `census` alone
 //! builds the golden images and counts them, runs no clone, and writes only
@@ -36,6 +38,8 @@ use gvfs_testbed::bench::env_u64;
 use gvfs_testbed::clone::{self, Scenario, Settings};
 
 fn main() -> Result<()> {
+    // A storm's replay child: replays and exits.
+    clone::replay::replay_if_asked();
     let bench = std::env::args().any(|a| a == "--bench");
     let mut s = if bench {
         Settings::full()

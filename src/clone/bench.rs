@@ -17,14 +17,14 @@ use gvfs_wanlink::WanLink;
 
 use super::census::Census;
 use super::guest::{self, GuestKit, MEM, Watch};
-use super::images::{build_images, image_dir, take_census};
+use super::images::{build_images, busy_image, image_dir, take_census, write_bulk};
 use super::procedure::{Procedure, Source, Timing, clone_one};
 use super::report::{CloneRecord, NodeFetch};
 use super::scenario::{ATTR_TIMEOUT_SECS, Dedup, MAX_NODES, MIB, Scenario, Settings};
 use crate::bench::shm_tempdir;
 use crate::fuse::MountPoint;
 use crate::process::run_ok;
-use crate::site::{Origin, Site, Tier};
+use crate::site::{Origin, Site, Tier, node_name};
 use crate::{Ganesha, Proxy, ProxyArgs};
 
 /// A loopback address for node `n` (< [`MAX_NODES`])'s proxy (QEMU reaches
@@ -51,6 +51,8 @@ pub(super) struct Bench<'a> {
     /// Whether `gvfs-proxy` takes `--no-dedup` (a proxy from before dedup
     /// across images does not, and has no dedup to turn off).
     pub(super) no_dedup_flag: bool,
+    /// Whether `gvfs-proxy` takes `--mount-trace` (the storms need it).
+    pub(super) mount_trace_flag: bool,
 }
 
 /// A compute node's (or the LAN's) proxy and its cache directory, and the
@@ -83,6 +85,11 @@ impl Drop for Node {
 }
 
 impl Node {
+    /// Where its FUSE mount is, when it has one.
+    pub(super) fn mount_path(&self) -> Option<&std::path::Path> {
+        self.mount.as_ref().map(MountPoint::path)
+    }
+
     /// A lazy clone of `image` through its mount (the disk through its NFS
     /// listener, as copy-first clones).
     pub(super) fn lazy(&self, image: usize) -> Result<Procedure> {
@@ -120,18 +127,32 @@ impl<'a> Bench<'a> {
             .build()?;
         // nfs-ganesha with the golden images built in its export (and
         // counted) before the image-server proxy starts; nodes reach it
-        // over TLS with the certificate `node`, mapped to its own identity.
+        // over TLS with the certificate `node`, mapped to its own identity,
+        // and so do a storm's nodes, each with its own (`node1`..).
         let mut census = None;
+        let storm_nodes = settings.storm_nodes();
         let site = Site::builder(Origin::Ganesha)
             .pki()
-            .image_server(Tier::new().args(|a| a.map_peer("node", "pass").env("RUST_LOG", "warn")))
+            .image_server(Tier::new().args(move |a| {
+                (0..storm_nodes)
+                    .fold(a.map_peer("node", "pass"), |a, i| {
+                        a.map_peer(&node_name(i), "pass")
+                    })
+                    .env("RUST_LOG", "warn")
+            }))
             .start_with(|export| {
                 build_images(&kit, export, settings)?;
+                if settings.neighbour() {
+                    write_bulk(export, settings.bulk_mib)?;
+                }
                 census = take_census(export, settings)?;
                 Ok(())
             })?;
         let pki = site.pki().context("the site has a PKI")?;
         pki.issue("node")?;
+        for i in 0..storm_nodes {
+            pki.issue(&node_name(i))?;
+        }
         let ca = pki.ca_dir().to_path_buf();
         let server_tls = site
             .image_server()
@@ -143,6 +164,7 @@ impl<'a> Bench<'a> {
         }
 
         let mems: Vec<PathBuf> = (1..=settings.images)
+            .chain(busy_image(settings))
             .map(|i| site.origin_dir().join(image_dir(i)).join(MEM))
             .collect();
         let golden_sums = sha256_of(&mems)?;
@@ -158,6 +180,7 @@ impl<'a> Bench<'a> {
             golden_sums,
             census,
             no_dedup_flag,
+            mount_trace_flag: proxy_takes("--mount-trace")?,
         })
     }
 
@@ -215,17 +238,31 @@ impl<'a> Bench<'a> {
         mount: bool,
         dedup: Dedup,
     ) -> Result<Node> {
+        self.node_as(ip, upstream, mount, dedup, ("node", "2G"), |a| a)
+    }
+
+    /// [`node_with`](Self::node_with), with certificate `cert` (for a
+    /// `gvfs://` upstream), a cache of `cache_size` and `more` options.
+    pub(super) fn node_as(
+        &self,
+        ip: Option<Ipv4Addr>,
+        upstream: String,
+        mount: bool,
+        dedup: Dedup,
+        (cert, cache_size): (&str, &str),
+        more: impl FnOnce(ProxyArgs) -> ProxyArgs,
+    ) -> Result<Node> {
         let cache = tempfile::Builder::new().prefix("gvfs-node-").tempdir()?;
         let mount = mount.then(MountPoint::new).transpose()?;
         let mut args = ProxyArgs::new(upstream.clone())
-            .cache(cache.path(), "2G")
+            .cache(cache.path(), cache_size)
             .attr_timeout(ATTR_TIMEOUT_SECS)
             .env("RUST_LOG", "warn");
         if let Some(ip) = ip {
             args = args.listen(SocketAddr::from((ip, 111)));
         }
         if upstream.starts_with("gvfs://") {
-            args = args.tls(&self.ca, "node");
+            args = args.tls(&self.ca, cert);
         }
         if let Some(m) = &mount {
             // No read-ahead: a guest's page fault asks for its page, and
@@ -235,6 +272,7 @@ impl<'a> Bench<'a> {
         if dedup == Dedup::Off && self.no_dedup_flag {
             args = args.no_dedup();
         }
+        let args = more(args);
         let node = Node {
             proxy: Proxy::spawn(args)?,
             mount,
@@ -249,6 +287,27 @@ impl<'a> Bench<'a> {
             );
         }
         Ok(node)
+    }
+
+    /// A LAN proxy (certificate `node` towards the image server) whose TLS
+    /// listener takes `peers`, each mapped to its own identity; returns it
+    /// and the `gvfs://` URL nodes reach it at.
+    pub(super) fn lan_tls(&self, link: &WanLink, peers: &[String]) -> Result<(Node, String)> {
+        let upstream = Self::gvfs_url(link);
+        let lan = self.node_as(None, upstream, false, Dedup::Off, ("node", "2G"), |a| {
+            peers.iter().fold(
+                a.listen_tls(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+                |a, p| a.map_peer(p, "pass"),
+            )
+        })?;
+        let tls: SocketAddr = lan
+            .proxy
+            .status()?
+            .listen_tls
+            .context("the LAN proxy has no TLS listener")?
+            .parse()
+            .context("the LAN proxy's TLS listener")?;
+        Ok((lan, format!("gvfs://{tls}/export?name=node")))
     }
 
     /// The upstream URL of a proxy that reaches the image server through

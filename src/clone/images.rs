@@ -10,7 +10,8 @@ use anyhow::{Context, Result, ensure};
 
 use super::census::Census;
 use super::guest::{self, DISK, GuestKit, MEM, STATE};
-use super::scenario::Settings;
+use super::scenario::{MIB, Scenario, Settings};
+use crate::data::random_bytes_at;
 use crate::proxy::gvfsctl_local;
 
 /// The directory of golden image `image` (`vm1`, `vm2`, ...).
@@ -21,11 +22,15 @@ pub(super) fn image_dir(image: usize) -> String {
 /// Builds the golden images of `settings` in `root` (`vm1`, `vm2`, ...),
 /// each with its metadata files (compress-and-copy with block hashes for
 /// `mem` and `state`, a zero map for the disk).
+///
+/// With a busy scenario to run, one more: the busy guest's
+/// ([`busy_image`]), built only then.
 pub(super) fn build_images(kit: &GuestKit, root: &Path, settings: &Settings) -> Result<()> {
-    for image in 1..=settings.images {
+    let busy = busy_image(settings);
+    for image in (1..=settings.images).chain(busy) {
         let dir = root.join(image_dir(image));
         let t = Instant::now();
-        guest::build_golden(kit, &dir, image as u64, settings.size)
+        guest::build_golden(kit, &dir, image as u64, settings.size, Some(image) == busy)
             .with_context(|| format!("building golden image {image}"))?;
         for (file, compress) in [(MEM, true), (STATE, true), (DISK, false)] {
             let p = dir.join(file).display().to_string();
@@ -41,6 +46,39 @@ pub(super) fn build_images(kit: &GuestKit, root: &Path, settings: &Settings) -> 
         );
     }
     Ok(())
+}
+
+/// The bulk file's name in the export.
+pub(super) const BULK: &str = "bulk.raw";
+
+/// Writes `bulk.raw` of `mib` MiB in `dir` (64 KiB runs, random and zero
+/// in turn) and its metadata (`gvfsctl meta gen --compress`).
+pub(super) fn write_bulk(dir: &Path, mib: u64) -> Result<()> {
+    const RUN: u64 = 64 << 10;
+    let path = dir.join(BULK);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+    let zeros = vec![0u8; RUN as usize];
+    for run in 0..(mib * MIB / RUN) {
+        if run % 2 == 0 {
+            f.write_all(&random_bytes_at(97, run * RUN, RUN as usize))?;
+        } else {
+            f.write_all(&zeros)?;
+        }
+    }
+    f.flush()?;
+    drop(f);
+    gvfsctl_local(&["meta", "gen", &path.display().to_string(), "--compress"])?;
+    Ok(())
+}
+
+/// The busy guest's image (the one after the others), when a busy scenario
+/// runs.
+pub(super) fn busy_image(settings: &Settings) -> Option<usize> {
+    settings
+        .scenarios
+        .iter()
+        .any(|s| matches!(s, Scenario::LazyBusy | Scenario::LazyBusyLearned))
+        .then_some(settings.images + 1)
 }
 
 /// The images in the order WAN-S2 clones them (image 1 first), then any it

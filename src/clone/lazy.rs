@@ -39,16 +39,21 @@
 //! checked against its SHA-256 from when it was built (`run`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
 use super::bench::{Bench, Node, at_once, node_ip, parallel_records, wire};
-use super::guest::Watch;
+use super::guest::{MEM, Watch};
+use super::images::image_dir;
 use super::procedure::{Procedure, Source, Timing, clone_one};
 use super::report::{CloneRecord, NodeFetch};
 use super::scenario::{Dedup, MIB, Scenario};
+use super::trace::{Marks, Trace};
 use crate::Stats;
 
 /// How often a clone's node is asked whether it holds the whole memory
@@ -190,6 +195,7 @@ impl Bench<'_> {
     pub(super) fn run_lazy_s1(
         &self,
         learned: bool,
+        record: Option<(&Path, &mut Option<Trace>)>,
         calls: &mut Vec<(String, BTreeMap<String, u64>)>,
         notes: &mut Vec<String>,
         profile: &mut Option<ProfileWait>,
@@ -197,16 +203,43 @@ impl Bench<'_> {
         let mut records = Vec::new();
         let mut stats = Vec::new();
         let wan = self.wan()?;
-        let node = self.node_with(Some(node_ip(0)), Self::gvfs_url(&wan), true, Dedup::Off)?;
+        // The FUSE read trace of the first clone, for the storms.
+        let fuse_trace = self.work.path().join("fuse-trace.txt");
+        let traced = record.is_some() && self.mount_trace_flag;
+        let node = self.node_as(
+            Some(node_ip(0)),
+            Self::gvfs_url(&wan),
+            true,
+            Dedup::Off,
+            ("node", "2G"),
+            |a| {
+                if traced {
+                    a.arg("--mount-trace").arg(fuse_trace.display().to_string())
+                } else {
+                    a
+                }
+            },
+        )?;
         let label = Scenario::LazyWanS1.label();
+        let mut record = record.filter(|_| traced);
         for i in 0..self.settings.clones {
             let before = wire(&wan);
             let calls_before = self.wan_calls()?;
+            let resumed = Mutex::new(None);
             let watch = Watch {
                 bytes: Some(&|| wire(&wan) - before),
-                ..Watch::default()
+                resuming: Some(&|| {
+                    *resumed.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some((SystemTime::now(), Instant::now()));
+                }),
             };
             let t = self.lazy_clone(Some(&node), 1, i == 0, POLL, watch)?;
+            if let (0, Some((path, out))) = (i, record.take()) {
+                let resumed = resumed.into_inner().unwrap_or_else(PoisonError::into_inner);
+                let trace = self.keep_trace(&node, &fuse_trace, &t, resumed, path)?;
+                notes.push(trace_note(&trace));
+                *out = Some(trace);
+            }
             let bytes = wire(&wan) - before;
             t.log(label, i + 1, 1, bytes);
             records.push(t.record(label, i + 1, 1, bytes));
@@ -285,6 +318,64 @@ impl Bench<'_> {
         }
         Ok((records, lan.proxy.stats()?))
     }
+}
+
+impl Bench<'_> {
+    /// The trace of `mem`'s reads in the FUSE read trace `fuse_trace` of
+    /// `node`'s clone `t` (resumed at `resumed`), saved at `path`.
+    fn keep_trace(
+        &self,
+        node: &Node,
+        fuse_trace: &Path,
+        t: &Timing,
+        resumed: Option<(SystemTime, Instant)>,
+        path: &Path,
+    ) -> Result<Trace> {
+        let (sys, at) = resumed.context("the traced clone did not say when it resumed")?;
+        let unix = |when: Instant| {
+            let t = if when >= at {
+                sys + (when - at)
+            } else {
+                sys - (at - when)
+            };
+            t.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64)
+        };
+        let marks = Marks {
+            start_us: unix(t.start),
+            resume_us: unix(at),
+            running_us: unix(t.start + Duration::from_secs_f64(t.total())),
+            answered_us: unix(t.start + Duration::from_secs_f64(t.responsive)),
+        };
+        let mem = node
+            .mount_path()
+            .context("the traced node has a mount")?
+            .join(image_dir(1))
+            .join(MEM);
+        let ino = std::fs::metadata(&mem)?.ino();
+        let text = std::fs::read_to_string(fuse_trace)
+            .with_context(|| format!("reading {}", fuse_trace.display()))?;
+        let trace = Trace::from_fuse(&text, ino, marks)?;
+        ensure!(
+            !trace.entries.is_empty(),
+            "the FUSE trace holds no read of mem (inode {ino}) after the resume"
+        );
+        std::fs::write(path, trace.text())?;
+        Ok(trace)
+    }
+}
+
+/// What the recorded trace holds, for the report.
+fn trace_note(t: &Trace) -> String {
+    format!(
+        "The storms replay lazy WAN-S1's first clone as its node's FUSE mount traced it          (`--mount-trace`; `src/clone/trace.rs`): {} reads of `mem` ({:.1} MiB) from the          resume on, {} of them before the guest was verified running and {} before its          answer; {:.2} s of the guest's own time to the answer, {:.2} s before the resume          (not replayed: added to each replay's marks).",
+        t.entries.len(),
+        t.bytes() as f64 / MIB as f64,
+        t.running.entries,
+        t.answered.entries,
+        t.think_to_answer().as_secs_f64(),
+        t.before_resume.as_secs_f64()
+    )
 }
 
 /// Polls `node`'s `file_cache.files_complete` every `poll` until it reaches
@@ -416,11 +507,11 @@ mod tests {
         assert!(Scenario::parse("learned").is_err());
         let all = Scenario::parse_list("local, lazy").expect("list");
         assert_eq!(all[0], Scenario::Local);
-        assert_eq!(all.len(), 1 + 9);
+        assert_eq!(all.len(), 1 + 18);
         assert!(all[1..].iter().all(|s| s.is_lazy()));
         assert_eq!(
             Scenario::parse_list("copy").expect("copy").len(),
-            Scenario::ALL.len() - 9
+            Scenario::ALL.len() - 18
         );
     }
 }

@@ -32,9 +32,17 @@
 //! them. The copy-first clone above stays the paper's procedure and the
 //! baseline.
 //!
-//! **Every clone** is timed to the guest verified running (the clone time)
-//! and to its answer to a request that reads the `boot/` files from its
-//! memory (time to responsiveness, [`guest::resume_clone`]).
+//! **Every clone** is timed to its answer to a request that reads the
+//! `boot/` files from its memory (time to answer, what a user waits for;
+//! the report leads with it) and to the guest verified running (the
+//! paper's clone time) ([`guest::resume_clone`]).
+//!
+//! **Lazy storms** ([`storm`](self::storm); "lazy storm N"): lazy WAN-S1's
+//! first clone is recorded by its node's FUSE mount ([`trace`]) and
+//! replayed by N processes ([`replay`]) through N fresh nodes, each with
+//! its own certificate, behind one fresh LAN proxy, once the image server
+//! holds the learned profile: what 64 guests resuming at once would ask
+//! of a site, without 64 QEMUs.
 //!
 //! **Dedup across images**: the golden images share what real ones do, the
 //! kernel and system files (in their disks and, read at boot, in their
@@ -47,8 +55,9 @@
 //!
 //! **Where each part is**: [`run`] here runs the scenarios and judges
 //! them; `bench` is the test bed they share (the image server, WAN links,
-//! node proxies), `images` builds the golden images, `copy_first`, [`lazy`]
-//! and [`cut`] run the scenarios, `procedure` is one clone (`console` reads
+//! node proxies), `images` builds the golden images, `copy_first`, [`lazy`],
+//! `storm` and [`cut`] run the scenarios ([`trace`] and [`replay`] are the
+//! storm's recording and replay), `procedure` is one clone (`console` reads
 //! its logs for errors), [`guest`] the VM side, `scenario` the settings
 //! (and the numbers every part shares), `outcome` what a run found, and
 //! `summary` and [`report`] the text and figures. Each part imports what it
@@ -62,12 +71,18 @@ pub mod lazy;
 pub mod report;
 mod summary;
 
+pub mod replay;
+pub mod trace;
+
 mod bench;
+mod busy;
 mod copy_first;
 mod images;
+mod neighbour;
 mod outcome;
 mod procedure;
 mod scenario;
+mod storm;
 mod stream;
 
 use std::time::Instant;
@@ -82,7 +97,7 @@ use images::zstd_size;
 use outcome::Floor;
 pub use outcome::{Goal, Outcome};
 pub use scenario::{ATTR_TIMEOUT_SECS, Dedup, MAX_NODES, Scenario, Settings, is_lazy_label};
-use summary::{dedup_goals, goals, lazy_goals, summary};
+use summary::{copy_goal, dedup_goals, goals, lazy_goals, summary};
 pub use summary::{report_markdown, write_outputs};
 
 /// Runs every scenario with `settings`.
@@ -109,10 +124,18 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     let mut profile = None;
     let mut golden_checks = 0;
     let wanted = |s: Scenario| settings.scenarios.contains(&s);
+    // A storm replays lazy WAN-S1's first clone once its profile is sent;
+    // the neighbour's clone is a learned one too.
+    let storms = settings.storm_nodes() > 0;
+    let learns = storms || settings.neighbour();
+    let mut copy_rates = None;
+    let mut trace = None;
     for scenario in Scenario::ALL {
         // Lazy WAN-S1 learned needs lazy WAN-S1's node: they run together.
         let wanted = wanted(scenario)
-            || (scenario == Scenario::LazyWanS1 && wanted(Scenario::LazyWanS1Learned));
+            || (scenario == Scenario::LazyWanS1 && (wanted(Scenario::LazyWanS1Learned) || learns))
+            || (scenario == Scenario::LazyNeighbour && wanted(Scenario::LazyNeighbourQuiet))
+            || (scenario == Scenario::LazyBusy && wanted(Scenario::LazyBusyLearned));
         if !wanted {
             continue;
         }
@@ -123,7 +146,23 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
                 records.extend(r);
                 lan_stats = Some(lan);
             }
-            Scenario::WanPWarm | Scenario::LazyWanPWarm | Scenario::LazyWanS1Learned => {}
+            Scenario::WanPWarm
+            | Scenario::LazyWanPWarm
+            | Scenario::LazyWanS1Learned
+            | Scenario::LazyBusyLearned
+            | Scenario::LazyNeighbourQuiet => {}
+            Scenario::LazyNeighbour => {
+                let (r, rates, n) = bench.run_neighbour()?;
+                records.extend(r);
+                notes.extend(n);
+                copy_rates = Some(rates);
+            }
+            Scenario::LazyBusy => {
+                let learned = settings.scenarios.contains(&Scenario::LazyBusyLearned);
+                let (r, n) = bench.run_lazy_busy(learned)?;
+                records.extend(r);
+                notes.extend(n);
+            }
             Scenario::WanCut => {
                 let (r, c) = bench.run_cut()?;
                 records.extend(r);
@@ -140,10 +179,31 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
                 cuts.extend(c);
             }
             Scenario::LazyWanS1 => {
-                let learned = settings.scenarios.contains(&Scenario::LazyWanS1Learned);
-                let (r, s) = bench.run_lazy_s1(learned, &mut calls, &mut notes, &mut profile)?;
+                let learned = settings.scenarios.contains(&Scenario::LazyWanS1Learned) || learns;
+                let record = storms.then(|| bench.work.path().join("clone-trace.txt"));
+                let mut recorded = None;
+                let (r, s) = bench.run_lazy_s1(
+                    learned,
+                    record.as_deref().map(|p| (p, &mut recorded)),
+                    &mut calls,
+                    &mut notes,
+                    &mut profile,
+                )?;
                 records.extend(r);
                 stats.extend(s);
+                trace = record.zip(recorded);
+            }
+            storm if storm.storm_size().is_some() => {
+                let Some((path, trace)) = &trace else {
+                    notes.push(format!(
+                        "{} did not run: lazy WAN-S1's first clone left no trace (a                          gvfs-proxy without --mount-trace).",
+                        storm.label()
+                    ));
+                    continue;
+                };
+                let (r, n) = bench.run_storm(storm, trace, path)?;
+                records.extend(r);
+                notes.extend(n);
             }
             lazy if lazy.is_lazy() => {
                 let (r, s) = bench.run_lazy(lazy)?;
@@ -165,7 +225,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
             golden_checks += 1;
         }
     }
-    bench.check_golden(1..=settings.images)?;
+    bench.check_golden((1..=settings.images).chain(images::busy_image(settings)))?;
     golden_checks += 1;
     let golden = bench.golden(1);
     let zstd_mem = zstd_size(&golden.join(MEM))?;
@@ -182,7 +242,10 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
         disk_read,
     };
     let goals = goals(settings, &records, &floor);
-    let lazy_goals = lazy_goals(settings, &records, &floor);
+    let mut lazy_goals = lazy_goals(settings, &records, &floor);
+    lazy_goals.push(copy_goal(
+        copy_rates.map(|r: neighbour::CopyRates| (r.alone, r.beside)),
+    ));
     let dedup_goals = dedup_goals(settings, &records, bench.census.as_ref());
     if !bench.no_dedup_flag && records.iter().any(|r| r.scenario.ends_with(" dedup")) {
         dedup_notes.push(

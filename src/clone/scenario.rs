@@ -39,6 +39,12 @@ pub struct Settings {
     pub scenarios: Vec<Scenario>,
     /// How long the WAN cut scenario keeps the link cut.
     pub cut_hold: Duration,
+    /// Arguments for this executable to run as a storm's replay child
+    /// (`clone::replay::replay_if_asked` must run in it first): none for
+    /// the bench's own `main`; a test binary names the test that calls it.
+    pub replay_args: Vec<String>,
+    /// The neighbour's bulk file, MiB.
+    pub bulk_mib: u64,
 }
 
 impl Settings {
@@ -61,15 +67,21 @@ impl Settings {
             rtt: Duration::from_millis(40),
             mbit: 50,
             clone_timeout: Duration::from_secs(1800),
-            scenarios: Scenario::ALL.to_vec(),
+            scenarios: Scenario::ALL
+                .into_iter()
+                .filter(|&s| s != Scenario::LazyStorm4)
+                .collect(),
             cut_hold: Duration::from_secs(10),
+            replay_args: Vec::new(),
+            bulk_mib: 1024,
         }
     }
 
     /// A quick run that checks the pipeline end to end: 2 small images, 2
     /// clones per sequence, 10 ms and 200 Mbit/s; every scenario, copy-first
-    /// and lazy, but lazy WAN-S2 dedup (`tests/clone.rs` counts one golden
-    /// check per lazy run of its own list).
+    /// and lazy, but lazy WAN-S2 dedup, and of the storms only lazy storm 4
+    /// (`tests/clone.rs` counts one golden check per lazy run of its own
+    /// list).
     pub fn quick() -> Self {
         Self {
             images: 2,
@@ -87,8 +99,11 @@ impl Settings {
             scenarios: Scenario::ALL
                 .into_iter()
                 .filter(|&s| s != Scenario::LazyWanS2Dedup)
+                .filter(|s| s.storm_size().is_none_or(|n| n == 4))
                 .collect(),
             cut_hold: Duration::from_secs(3),
+            replay_args: Vec::new(),
+            bulk_mib: 64,
         }
     }
 
@@ -117,6 +132,22 @@ impl Settings {
             ],
             ..self.clone()
         }
+    }
+
+    /// Whether a neighbour scenario runs.
+    pub(super) fn neighbour(&self) -> bool {
+        self.scenarios
+            .iter()
+            .any(|s| matches!(s, Scenario::LazyNeighbour | Scenario::LazyNeighbourQuiet))
+    }
+
+    /// Nodes of the largest storm to run (0 without one).
+    pub(super) fn storm_nodes(&self) -> usize {
+        self.scenarios
+            .iter()
+            .filter_map(|s| s.storm_size())
+            .max()
+            .unwrap_or(0)
     }
 
     pub(super) fn link_config(&self) -> LinkConfig {
@@ -194,6 +225,30 @@ pub enum Scenario {
     /// A cold lazy clone of image 1 with the link blackholed as QEMU
     /// resumes ([`cut`]).
     LazyWanCut,
+    /// Lazy WAN-S1's first clone, recorded ([`trace`](super::trace)) and
+    /// replayed by 1 node behind a fresh LAN proxy over a fresh link, once
+    /// the image server holds the profile ([`storm`](super::storm)).
+    LazyStorm1,
+    /// The same, 4 nodes at once (the quick run's storm).
+    LazyStorm4,
+    /// 8 nodes at once.
+    LazyStorm8,
+    /// 32 nodes at once.
+    LazyStorm32,
+    /// 64 nodes at once.
+    LazyStorm64,
+    /// A cold lazy clone of a guest that never goes quiet (`gvfs.busy=1`:
+    /// a tmpfs of random data read, forks and allocations every 0.1 s) by
+    /// a fresh node over a fresh link ([`busy`](super::busy)).
+    LazyBusy,
+    /// The busy guest again, by another fresh node, once the first sent
+    /// its working-set profile (its learning window closed).
+    LazyBusyLearned,
+    /// A learned lazy clone of image 1 by node A while node B copies a
+    /// bulk file through the same LAN proxy ([`neighbour`](super::neighbour)).
+    LazyNeighbour,
+    /// The same clone with no copy beside it.
+    LazyNeighbourQuiet,
 }
 
 /// Whether a node or LAN proxy copies blocks it holds in other images
@@ -210,7 +265,7 @@ pub enum Dedup {
 impl Scenario {
     /// Every scenario, copy-first ones first; a dedup one right after its
     /// twin.
-    pub const ALL: [Scenario; 21] = [
+    pub const ALL: [Scenario; 30] = [
         Scenario::Local,
         Scenario::WanS1,
         Scenario::WanS1Dedup,
@@ -232,6 +287,15 @@ impl Scenario {
         Scenario::LazyWanPCold,
         Scenario::LazyWanPWarm,
         Scenario::LazyWanCut,
+        Scenario::LazyStorm1,
+        Scenario::LazyStorm4,
+        Scenario::LazyStorm8,
+        Scenario::LazyStorm32,
+        Scenario::LazyStorm64,
+        Scenario::LazyBusy,
+        Scenario::LazyBusyLearned,
+        Scenario::LazyNeighbour,
+        Scenario::LazyNeighbourQuiet,
     ];
 
     /// The scenario named `name` (its label, or without "WAN-": `s1`,
@@ -256,8 +320,8 @@ impl Scenario {
         let unknown = || {
             anyhow::anyhow!(
                 "unknown scenario {name:?} (local, s1, s2, s3, p, cut, full, plain; lazy \
-                 local, lazy s1, lazy learned, lazy s2, lazy s3, lazy p, lazy cut; s1 dedup, s2 \
-                 dedup, s3 dedup, lazy s2 dedup)"
+                 local, lazy s1, lazy learned, lazy s2, lazy s3, lazy p, lazy cut, lazy storm \
+                 1|4|8|32|64, lazy busy, lazy busy learned, lazy neighbour; s1 dedup, s2 dedup, s3 dedup, lazy s2 dedup)"
             )
         };
         let scenario = match (lazy, n) {
@@ -276,6 +340,15 @@ impl Scenario {
             (true, "s3") => Scenario::LazyWanS3,
             (true, "p" | "p cold" | "p warm") => Scenario::LazyWanPCold,
             (true, "cut") => Scenario::LazyWanCut,
+            (true, "storm 1" | "storm-1" | "storm1") => Scenario::LazyStorm1,
+            (true, "storm 4" | "storm-4" | "storm4") => Scenario::LazyStorm4,
+            (true, "storm 8" | "storm-8" | "storm8") => Scenario::LazyStorm8,
+            (true, "storm 32" | "storm-32" | "storm32") => Scenario::LazyStorm32,
+            (true, "storm 64" | "storm-64" | "storm64") => Scenario::LazyStorm64,
+            (true, "busy") => Scenario::LazyBusy,
+            (true, "busy learned") => Scenario::LazyBusyLearned,
+            (true, "neighbour") => Scenario::LazyNeighbour,
+            (true, "neighbour quiet") => Scenario::LazyNeighbourQuiet,
             _ => return Err(unknown()),
         };
         if !dedup {
@@ -316,7 +389,23 @@ impl Scenario {
                 | Scenario::LazyWanPCold
                 | Scenario::LazyWanPWarm
                 | Scenario::LazyWanCut
-        )
+                | Scenario::LazyBusy
+                | Scenario::LazyBusyLearned
+                | Scenario::LazyNeighbour
+                | Scenario::LazyNeighbourQuiet
+        ) || self.storm_size().is_some()
+    }
+
+    /// A storm's nodes.
+    pub fn storm_size(self) -> Option<usize> {
+        match self {
+            Scenario::LazyStorm1 => Some(1),
+            Scenario::LazyStorm4 => Some(4),
+            Scenario::LazyStorm8 => Some(8),
+            Scenario::LazyStorm32 => Some(32),
+            Scenario::LazyStorm64 => Some(64),
+            _ => None,
+        }
     }
 
     /// Whether its proxies run with dedup on (the "... dedup" ones).
@@ -369,6 +458,15 @@ impl Scenario {
             Scenario::LazyWanPCold => "lazy WAN-P cold",
             Scenario::LazyWanPWarm => "lazy WAN-P warm",
             Scenario::LazyWanCut => "lazy WAN cut",
+            Scenario::LazyStorm1 => "lazy storm 1",
+            Scenario::LazyStorm4 => "lazy storm 4",
+            Scenario::LazyStorm8 => "lazy storm 8",
+            Scenario::LazyStorm32 => "lazy storm 32",
+            Scenario::LazyStorm64 => "lazy storm 64",
+            Scenario::LazyBusy => "lazy busy",
+            Scenario::LazyBusyLearned => "lazy busy learned",
+            Scenario::LazyNeighbour => "lazy neighbour",
+            Scenario::LazyNeighbourQuiet => "lazy neighbour quiet",
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::attr::{Changes, file_attr, stamp};
 use crate::errno::{errno, service_errno};
 use crate::inodes::{Handle, Inodes};
 use crate::stats::{Counters, FuseStats};
+use crate::trace::{ReadTrace, unix_micros};
 use crate::writes::{Uncommitted, Write};
 
 /// Longest name in a directory, as a local file system allows.
@@ -82,6 +83,8 @@ pub(crate) struct Core {
     /// How long the kernel may keep names and attributes.
     pub(crate) ttl: Duration,
     pub(crate) counters: Counters,
+    /// Where reads are traced, if anywhere (`MountOptions::trace`).
+    pub(crate) trace: Option<ReadTrace>,
 }
 
 /// The success arm of a result, or its status as an errno.
@@ -128,6 +131,7 @@ impl Core {
         root: &[u8],
         root_attr: &fattr3,
         ttl: Duration,
+        trace: Option<ReadTrace>,
     ) -> Self {
         Self {
             top,
@@ -141,6 +145,7 @@ impl Core {
             commit_locks: Mutex::new(HashMap::new()),
             ttl,
             counters: Counters::default(),
+            trace,
         }
     }
 

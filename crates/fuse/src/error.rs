@@ -56,6 +56,14 @@ pub enum FuseError {
         /// Why (part of the message, so not also a `source`).
         cause: std::io::Error,
     },
+    /// The read trace file could not be created.
+    #[error("cannot create the read trace {}: {cause}", .path.display())]
+    Trace {
+        /// The file.
+        path: PathBuf,
+        /// Why (part of the message, so not also a `source`).
+        cause: std::io::Error,
+    },
     /// The stack did not give its root.
     #[error("cannot mount: the stack's root: {0}")]
     Root(ServiceError),

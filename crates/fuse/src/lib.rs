@@ -18,6 +18,7 @@
 //! | `errno` | NFS status to errno, in one place |
 //! | `mountpoint` | checks of the directory mounted on (missing, not empty, stale) |
 //! | `stats` | what the front end counts, and what `gvfsctl status` shows of a mount |
+//! | [`trace`](crate::trace) | a trace of the reads answered (`--mount-trace`), for replaying them elsewhere |
 //! | `error` | why a mount could not be made |
 //!
 //! Kernel-side caching follows the proxy's settings: names and attributes
@@ -37,6 +38,7 @@ mod fs;
 mod inodes;
 mod mountpoint;
 mod stats;
+pub mod trace;
 mod writes;
 
 use std::ffi::CString;
@@ -53,6 +55,7 @@ use crate::core::Core;
 pub use crate::error::FuseError;
 use crate::fs::{Fs, MAX_IN_FLIGHT};
 pub use crate::stats::{Counters, FuseCounts, FuseStats};
+use crate::trace::ReadTrace;
 
 /// How to mount.
 #[derive(Debug, Clone)]
@@ -68,6 +71,9 @@ pub struct MountOptions {
     /// ([`DEFAULT_READ_AHEAD`]; 0 for a lazy clone's memory image, whose
     /// page faults should fetch no more than they need).
     pub read_ahead: u32,
+    /// Where to write a trace of the reads the mount answers, if anywhere
+    /// ([`trace`](crate::trace)).
+    pub trace: Option<PathBuf>,
 }
 
 /// The mount's default read-ahead: one 1 MiB READ.
@@ -101,11 +107,19 @@ impl Mount {
                 }));
             }
         };
+        let trace = match &opts.trace {
+            Some(path) => Some(ReadTrace::create(path).map_err(|cause| FuseError::Trace {
+                path: path.clone(),
+                cause,
+            })?),
+            None => None,
+        };
         let core = Arc::new(Core::new(
             top,
             root.data.as_ref(),
             &root_attr,
             opts.attr_timeout,
+            trace,
         ));
         let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
         let fs = Fs::new(

@@ -21,6 +21,9 @@ gvfs_nfs::counters! {
         /// Writes sent again because the write verifier changed before
         /// their COMMIT.
         writes_resent,
+        /// Reads left out of the read trace (`--mount-trace`) once it was
+        /// full.
+        trace_dropped,
     }
 }
 

@@ -120,6 +120,8 @@ pub struct Config {
     pub mount: Option<PathBuf>,
     /// The mount's read-ahead in bytes.
     pub mount_readahead: u32,
+    /// Where the mount writes its read trace, if anywhere.
+    pub mount_trace: Option<PathBuf>,
 }
 
 /// Validated TLS settings.
@@ -428,6 +430,11 @@ impl Config {
         let cache = cache_settings(&f)?;
         let tls = tls_settings(&f)?;
         let mount_readahead = mount_readahead(&f)?;
+        if f.server.mount_trace.is_some() && f.server.mount.is_none() {
+            return Err(ConfigError::Invalid(
+                "--mount-trace (mount_trace) needs --mount (mount)".into(),
+            ));
+        }
         let metrics = match &f.server.metrics {
             Some(m) => {
                 let addr: SocketAddr = m.parse().map_err(|_| {
@@ -563,6 +570,7 @@ impl Config {
             },
             mount: f.server.mount.clone(),
             mount_readahead,
+            mount_trace: f.server.mount_trace.clone(),
             cache,
             metrics,
             tls,

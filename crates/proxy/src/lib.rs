@@ -177,6 +177,7 @@ pub async fn serve(
                 attr_timeout: cfg.attr_timeout.unwrap_or(KERNEL_ATTR_TIMEOUT),
                 source: format!("gvfs:{}", stack.top.describe()),
                 read_ahead: cfg.mount_readahead,
+                trace: cfg.mount_trace.clone(),
             };
             Some(Arc::new(
                 gvfs_fuse::Mount::start(stack.top.clone(), &opts).await?,

@@ -99,8 +99,15 @@ pub const DISK: &str = "disk.qcow2";
 pub const FILES: [&str; 4] = [CONFIG, MEM, STATE, DISK];
 
 /// Builds golden image number `seed` in `dir`: its disk, then boots it and
-/// saves it; returns its config.
-pub fn build_golden(kit: &GuestKit, dir: &Path, seed: u64, size: GoldenSize) -> Result<VmConfig> {
+/// saves it; returns its config. A `busy` guest never goes quiet (`gvfs.busy=1`
+/// on its kernel command line: the kit's `INIT`).
+pub fn build_golden(
+    kit: &GuestKit,
+    dir: &Path,
+    seed: u64,
+    size: GoldenSize,
+    busy: bool,
+) -> Result<VmConfig> {
     std::fs::create_dir_all(dir)?;
     let name = dir
         .file_name()
@@ -148,7 +155,10 @@ pub fn build_golden(kit: &GuestKit, dir: &Path, seed: u64, size: GoldenSize) -> 
     // Boot it on a throw-away overlay (clones get their own).
     let overlay = scratch.path().join("golden.qcow2");
     create_overlay(&disk.display().to_string(), &overlay)?;
-    let cmdline = format!("console=ttyS0 quiet panic=-1 gvfs.seed={seed}");
+    let mut cmdline = format!("console=ttyS0 quiet panic=-1 gvfs.seed={seed}");
+    if busy {
+        cmdline += " gvfs.busy=1";
+    }
     let mem = dir.join(MEM);
     std::fs::remove_file(&mem).ok();
     let machine = Machine {

@@ -49,6 +49,7 @@ pub(in crate::clone) fn lazy_goals(
         .filter(|r| r.scenario == Scenario::LazyWanPCold.label())
         .map(|r| r.total_secs)
         .reduce(f64::max);
+    let storm = storm_parts(records);
     let goals = [
         (
             "lazy cold clone with a learned working set (lazy WAN-S1 learned #1) <= 1.5 s"
@@ -109,6 +110,61 @@ pub(in crate::clone) fn lazy_goals(
             cold,
             1.2,
         ),
+        (
+            "lazy storm 8: the last answer <= 1.3x (the learned answer + lazy WAN-P warm's last \
+             answer - a single warm answer)"
+                .to_owned(),
+            "s",
+            storm.last_answer(Scenario::LazyStorm8),
+            storm.expected_8,
+            1.3,
+        ),
+        (
+            "lazy storm 8: the last answer <= 0.5x copy-first WAN-P cold's last answer".to_owned(),
+            "s",
+            storm.last_answer(Scenario::LazyStorm8),
+            storm.copy_parallel,
+            0.5,
+        ),
+        (
+            "lazy storm 64: the last answer <= 1.3x lazy storm 1's".to_owned(),
+            "s",
+            storm.last_answer(Scenario::LazyStorm64),
+            storm.last_answer(Scenario::LazyStorm1),
+            1.3,
+        ),
+        (
+            format!(
+                "{}: WAN MiB to the last answer <= 1.1x (the profile + one clone's demand \
+                 bytes, lazy WAN-S1 learned #1)",
+                storm
+                    .largest
+                    .map_or("the largest lazy storm", Scenario::label)
+            ),
+            "MiB",
+            storm
+                .largest
+                .and_then(|s| storm.wan_to_last_answer(s))
+                .map(mib_of),
+            storm.profile_and_demand.map(mib_of),
+            1.1,
+        ),
+        (
+            "lazy neighbour: the answer <= 1.15x lazy neighbour quiet's".to_owned(),
+            "s",
+            find(records, Scenario::LazyNeighbour.label(), 1).and_then(|r| r.responsive_secs),
+            find(records, Scenario::LazyNeighbourQuiet.label(), 1).and_then(|r| r.responsive_secs),
+            1.15,
+        ),
+        (
+            "lazy busy learned: the answer <= 0.5x lazy busy's (a guest that never goes quiet \
+             still teaches its working set)"
+                .to_owned(),
+            "s",
+            find(records, Scenario::LazyBusyLearned.label(), 1).and_then(|r| r.responsive_secs),
+            find(records, Scenario::LazyBusy.label(), 1).and_then(|r| r.responsive_secs),
+            0.5,
+        ),
     ];
     goals
         .into_iter()
@@ -123,10 +179,94 @@ pub(in crate::clone) fn lazy_goals(
         .collect()
 }
 
-/// Time to responsiveness per scenario, in order of first appearance:
-/// means of the clones' times to running and to the answer, the WAN bytes
-/// until then, and when their node held the whole memory image (empty
-/// where not measured). Empty without records.
+/// The goal of the copy beside the clone: it keeps 0.8x of its rate
+/// alone (as the copy alone's rate over its rate beside the clone, at
+/// most 1.25); `rates` are the copy's MiB/s alone and beside it.
+pub(in crate::clone) fn copy_goal(rates: Option<(f64, f64)>) -> Goal {
+    Goal {
+        name: "lazy neighbour: the copy alone's MiB/s <= 1.25x the copy's beside the clone (it \
+               keeps 0.8x)"
+            .to_owned(),
+        unit: "MiB/s",
+        measured: rates.map(|r| r.0),
+        against: rates.map(|r| r.1),
+        at_most: 1.25,
+        best: None,
+    }
+}
+
+/// What the storms' goals are judged from.
+struct StormParts<'a> {
+    records: &'a [CloneRecord],
+    /// The learned answer + lazy WAN-P warm's last answer - a single warm
+    /// answer (lazy WAN-S1 #2.., mean).
+    expected_8: Option<f64>,
+    /// Copy-first WAN-P cold's last answer.
+    copy_parallel: Option<f64>,
+    /// The largest storm that ran.
+    largest: Option<Scenario>,
+    /// Lazy WAN-S1 learned's profile and demand wire bytes.
+    profile_and_demand: Option<u64>,
+}
+
+impl StormParts<'_> {
+    fn of(&self, s: Scenario) -> impl Iterator<Item = &CloneRecord> {
+        self.records.iter().filter(move |r| r.scenario == s.label())
+    }
+
+    fn last_answer(&self, s: Scenario) -> Option<f64> {
+        self.of(s)
+            .filter_map(|r| r.responsive_secs)
+            .reduce(f64::max)
+    }
+
+    fn wan_to_last_answer(&self, s: Scenario) -> Option<u64> {
+        self.of(s).filter_map(|r| r.wan_responsive_bytes).max()
+    }
+}
+
+fn storm_parts(records: &[CloneRecord]) -> StormParts<'_> {
+    let answer = |label: &str, clone: usize| find(records, label, clone)?.responsive_secs;
+    let last_answer = |label: &str| {
+        records
+            .iter()
+            .filter(|r| r.scenario == label)
+            .filter_map(|r| r.responsive_secs)
+            .reduce(f64::max)
+    };
+    let warm = mean(
+        records
+            .iter()
+            .filter(|r| r.scenario == Scenario::LazyWanS1.label() && r.clone >= 2)
+            .filter_map(|r| r.responsive_secs),
+    );
+    let learned = find(records, Scenario::LazyWanS1Learned.label(), 1);
+    let expected_8 = match (
+        answer(Scenario::LazyWanS1Learned.label(), 1),
+        last_answer(Scenario::LazyWanPWarm.label()),
+        warm,
+    ) {
+        (Some(l), Some(p), Some(w)) => Some(l + p - w),
+        _ => None,
+    };
+    StormParts {
+        records,
+        expected_8,
+        copy_parallel: last_answer(Scenario::WanPCold.label()),
+        largest: Scenario::ALL
+            .into_iter()
+            .filter(|s| s.storm_size().is_some())
+            .rfind(|s| records.iter().any(|r| r.scenario == s.label())),
+        profile_and_demand: learned
+            .and_then(|r| r.fetch)
+            .map(|f| f.profile_wire_bytes + f.demand_wire_bytes),
+    }
+}
+
+/// Time to answer (responsiveness) per scenario, in order of first
+/// appearance: means of the clones' times to the answer and to running, the
+/// WAN bytes until then, and when their node held the whole memory image
+/// (empty where not measured). Empty without records.
 pub(super) fn responsiveness_markdown(records: &[CloneRecord]) -> String {
     let mut scenarios: Vec<&str> = Vec::new();
     for r in records {
@@ -138,12 +278,14 @@ pub(super) fn responsiveness_markdown(records: &[CloneRecord]) -> String {
         return String::new();
     }
     let mut out = String::from(
-        "\nTime to responsiveness: after the guest is verified running the harness asks it to \
-         read its boot/ files (its working set, in its page cache, so in the memory image) and \
-         answer with their MD5; seconds from the start of the clone (mean of the clones), WAN \
-         MiB from the start until then (for WAN-P, the shared link's, every node's), and, for \
-         lazy clones new to their node, when the node proxy held the whole memory image:\n\n\
-         | scenario | verified running (s) | answered (s) | answer after running (s) | WAN MiB to running | WAN MiB to answer | memory image whole on the node (s) |\n\
+        "Time to answer (time to responsiveness), then time to running: after the guest is \
+         verified running the harness asks it to read its boot/ files (its working set, in its \
+         page cache, so in the memory image) and answer with their MD5; seconds from the start \
+         of the clone (mean of the clones; a storm's replays stand for clones, their answer \
+         the end of the recorded trace), WAN MiB from the start until then (for WAN-P and the \
+         storms, the shared link's, every node's), and, for lazy clones new to their node, \
+         when the node proxy held the whole memory image:\n\n\
+         | scenario | answered (s) | verified running (s) | answer after running (s) | WAN MiB to answer | WAN MiB to running | memory image whole on the node (s) |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
     );
     for name in scenarios {
@@ -152,15 +294,15 @@ pub(super) fn responsiveness_markdown(records: &[CloneRecord]) -> String {
         let mibs = |x: Option<f64>| x.map_or(String::new(), |x| format!("{x:.1}"));
         out += &format!(
             "| {name} | {} | {} | {} | {} | {} | {} |\n",
-            secs(mean(of().map(|r| r.total_secs))),
             secs(mean(of().filter_map(|r| r.responsive_secs))),
+            secs(mean(of().map(|r| r.total_secs))),
             secs(mean(
                 of().filter_map(|r| r.responsive_secs.map(|a| a - r.total_secs))
             )),
-            mibs(mean(of().filter_map(|r| r.wan_running_bytes.map(mib_of)))),
             mibs(mean(
                 of().filter_map(|r| r.wan_responsive_bytes.map(mib_of))
             )),
+            mibs(mean(of().filter_map(|r| r.wan_running_bytes.map(mib_of)))),
             secs(mean(of().filter_map(|r| r.whole_local_secs))),
         );
     }

@@ -154,8 +154,14 @@ fn lazy_goals_hold_lazy_clones_against_copy_first_and_fixed_bounds() {
         rec("lazy WAN-S1", 2, 0.25),
         rec("lazy WAN-S1", 3, 0.35),
         learned,
-        rec("lazy WAN-P cold", 1, 3.3),
-        rec("lazy WAN-P cold", 2, 3.9),
+        CloneRecord {
+            responsive_secs: Some(3.5),
+            ..rec("lazy WAN-P cold", 1, 3.3)
+        },
+        CloneRecord {
+            responsive_secs: Some(4.1),
+            ..rec("lazy WAN-P cold", 2, 3.9)
+        },
     ];
     let settings = Settings::quick();
     let mut f = floor(8.0);
@@ -198,7 +204,12 @@ fn lazy_goals_hold_lazy_clones_against_copy_first_and_fixed_bounds() {
     let md = super::lazy::lazy_markdown(&o);
     assert!(md.contains("| WAN bytes before the learned lazy clone runs (lazy WAN-S1 learned #1) <= 25% of the compressed memory image | 5.00 MiB vs 40.00 MiB | 0.125 | met |"), "{md}");
     let table = super::lazy::responsiveness_markdown(&records);
-    assert!(table.contains("| lazy WAN-P cold | 3.60 |"), "{table}");
+    // Time to answer first, then time to running.
+    assert!(table.starts_with("Time to answer"), "{table}");
+    assert!(
+        table.contains("| lazy WAN-P cold | 3.80 | 3.60 | 0.20 |"),
+        "{table}"
+    );
 }
 
 /// A census whose image `i` (1-based, cloned in order) has a floor of
@@ -313,4 +324,77 @@ fn dedup_goals_hold_clones_against_the_census_floor_and_wan_s1() {
     // A run without dedup scenarios has no such section.
     let plain = outcome(256, vec![rec("WAN-S2", 1, 8.0)], 8.0);
     assert_eq!(dedup::dedup_markdown(&plain), "");
+}
+
+/// A record of `scenario` answered at `answer` seconds.
+fn answered(scenario: &str, clone: usize, answer: f64) -> CloneRecord {
+    CloneRecord {
+        responsive_secs: Some(answer),
+        ..rec(scenario, clone, answer / 2.0)
+    }
+}
+
+#[test]
+fn storm_busy_and_neighbour_goals_judge_the_answers() {
+    const MB: u64 = 1 << 20;
+    let mut learned = answered("lazy WAN-S1 learned", 1, 1.0);
+    learned.fetch = Some(NodeFetch {
+        profile_wire_bytes: 3 * MB,
+        demand_wire_bytes: MB,
+        ..NodeFetch::default()
+    });
+    let mut storm64 = answered("lazy storm 64", 1, 1.3);
+    storm64.wan_responsive_bytes = Some(4 * MB + MB / 2);
+    let records = vec![
+        answered("lazy WAN-S1", 1, 2.0),
+        answered("lazy WAN-S1", 2, 0.5),
+        learned,
+        answered("lazy WAN-P warm", 1, 0.6),
+        answered("lazy WAN-P warm", 2, 0.9),
+        answered("WAN-P cold", 1, 10.0),
+        answered("lazy storm 1", 1, 1.1),
+        answered("lazy storm 8", 1, 1.5),
+        answered("lazy storm 8", 2, 1.8),
+        storm64,
+        answered("lazy busy", 1, 8.0),
+        answered("lazy busy learned", 1, 4.5),
+        answered("lazy neighbour quiet", 1, 2.0),
+        answered("lazy neighbour", 1, 2.2),
+    ];
+    let o = outcome(256, records, 8.0);
+    // 1.8 s against 1.0 + 0.9 - 0.5 = 1.4 s.
+    let g = lazy_goal(&o, "lazy storm 8: the last answer <= 1.3x");
+    assert_eq!(g.measured, Some(1.8));
+    assert!((g.against.expect("against") - 1.4).abs() < 1e-9);
+    assert_eq!(g.met(), Some(true));
+    let g = lazy_goal(&o, "lazy storm 8: the last answer <= 0.5x");
+    assert_eq!((g.against, g.met()), (Some(10.0), Some(true)));
+    let g = lazy_goal(&o, "lazy storm 64");
+    assert_eq!(
+        (g.measured, g.against, g.met()),
+        (Some(1.3), Some(1.1), Some(true))
+    );
+    // The largest storm's 4.5 MiB against 1.1 x (3 + 1) MiB.
+    let g = lazy_goal(&o, "lazy storm 64: WAN MiB");
+    assert_eq!(
+        (g.measured, g.against, g.met()),
+        (Some(4.5), Some(4.0), Some(false))
+    );
+    let g = lazy_goal(&o, "lazy busy learned");
+    assert_eq!(
+        (g.measured, g.against, g.met()),
+        (Some(4.5), Some(8.0), Some(false))
+    );
+    let g = lazy_goal(&o, "lazy neighbour: the answer");
+    assert_eq!(g.met(), Some(true));
+    // Without storms, none of theirs is judged.
+    let none = outcome(256, vec![answered("lazy WAN-S1", 1, 2.0)], 8.0);
+    assert!(
+        none.lazy_goals
+            .iter()
+            .filter(|g| g.name.contains("storm"))
+            .all(|g| g.met().is_none())
+    );
+    assert_eq!(super::copy_goal(Some((10.0, 9.0))).met(), Some(true));
+    assert_eq!(super::copy_goal(Some((10.0, 7.0))).met(), Some(false));
 }

@@ -5,8 +5,28 @@ use super::*;
 
 impl Core {
     /// Reads `size` bytes at `offset` through open file `h`: as many
-    /// READs as it takes, up to the end of the file.
+    /// READs as it takes, up to the end of the file. Noted in the read
+    /// trace when there is one.
     pub(crate) async fn read(
+        &self,
+        caller: &CallContext,
+        ino: u64,
+        h: u64,
+        offset: u64,
+        size: u32,
+    ) -> Res<Vec<u8>> {
+        let Some(trace) = &self.trace else {
+            return self.read_through(caller, ino, h, offset, size).await;
+        };
+        let start = unix_micros();
+        let read = self.read_through(caller, ino, h, offset, size).await;
+        if !trace.note(ino, offset, size, start, unix_micros()) {
+            self.counters.trace_dropped.inc();
+        }
+        read
+    }
+
+    async fn read_through(
         &self,
         caller: &CallContext,
         ino: u64,

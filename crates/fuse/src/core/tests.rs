@@ -81,7 +81,7 @@ impl NfsService for Fake {
 
 fn core_over(fake: &Arc<Fake>) -> (Core, u64) {
     let root = gvfs_nfs::testing::file_attrs(0, 1);
-    let core = Core::new(fake.clone(), b"root", &root, Duration::from_secs(1));
+    let core = Core::new(fake.clone(), b"root", &root, Duration::from_secs(1), None);
     let ino = lock(&core.inodes).remember(b"file", 10).unwrap();
     (core, ino)
 }

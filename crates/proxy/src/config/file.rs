@@ -132,6 +132,12 @@ pub struct ServerSection {
     /// working set, the rest of its 1 MiB chunk behind it) [default: 1M].
     #[arg(long, value_name = "SIZE", help_heading = "FUSE")]
     pub mount_readahead: Option<String>,
+
+    /// Write a line per read the mount answers to PATH (`ino offset size
+    /// start_us end_us`, times in microseconds since the Unix epoch), to
+    /// replay a guest's page faults elsewhere; at most 4M lines.
+    #[arg(long, value_name = "PATH", help_heading = "FUSE")]
+    pub mount_trace: Option<PathBuf>,
 }
 
 // The block cache (off unless `cache_dir` is set).

@@ -410,6 +410,10 @@ fn mount_readahead_needs_a_mount_and_is_capped() {
     assert_eq!(c.mount_readahead, 0);
     let c = parse(&["--mount", "/mnt/g"]).unwrap();
     assert_eq!(c.mount_readahead, gvfs_fuse::DEFAULT_READ_AHEAD);
+    let e = parse(&["--mount-trace", "/tmp/t"]).unwrap_err();
+    assert!(e.contains("needs --mount"), "{e}");
+    let c = parse(&["--mount", "/mnt/g", "--mount-trace", "/tmp/t"]).unwrap();
+    assert_eq!(c.mount_trace.as_deref(), Some(Path::new("/tmp/t")));
     let e = parse(&["--mount-readahead", "64K"]).unwrap_err();
     assert!(e.contains("needs --mount"), "{e}");
     let e = parse(&["--mount", "/mnt/g", "--mount-readahead", "1G"]).unwrap_err();
