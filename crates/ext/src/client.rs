@@ -29,7 +29,7 @@ use crate::fetch::{
     FetchArgs, FetchOk, decode_fetch_repeats_res, decode_fetch_res, encode_class_args,
     encode_have_args,
 };
-use crate::gate::Gate;
+use crate::gate::{Gate, Ticket};
 use crate::profile::{self, Profile};
 use crate::proto::*;
 use crate::source::{ChunkSource, Want};
@@ -293,7 +293,9 @@ impl ExtClient {
     /// ([`fetch_call`]); one the upstream refuses is left out and the next
     /// round asks with the next. Every FETCH of this proxy's upstream goes
     /// through here, one wire call at a time, so that whatever orders
-    /// them by class sits at one place: before `send`.
+    /// them by class sits at one place: the [`Gate`], which admits each
+    /// call by its class and tenant before `send` and learns the wire
+    /// bytes of its reply.
     async fn fetch_chunk(
         &self,
         cred: &Credentials,
@@ -301,11 +303,16 @@ impl ExtClient {
         want: &Want,
     ) -> Result<FetchOk, FetchError> {
         let mut terms = self.terms().await;
+        let ticket = Ticket::new(want.class, want.tenant);
         let (proc_, bytes) = loop {
-            let (cap, proc_, buf) = fetch_call(terms.caps, args, want.class);
+            let permit = self.gate.admit(&ticket, args.count).await;
+            let (cap, proc_, buf) = fetch_call(terms.caps, args, ticket.class());
             let send = self.client.call(PROGRAM, terms.version, proc_, cred, &buf);
             match send.await {
-                Ok(reply) => break (proc_, reply.to_vec()),
+                Ok(reply) => {
+                    permit.done(reply.len() as u64);
+                    break (proc_, reply.to_vec());
+                }
                 Err(ClientError::Rpc {
                     error: ReplyError::Accepted(ReplyStatus::ProcUnavail),
                     ..
