@@ -3,7 +3,9 @@
 //! built on `gvfs_nfs`' sans-IO codec.
 //!
 //! One call per connection, every phase under [`CALL_TIMEOUT`], replies
-//! capped at [`MAX_REPLY`] bytes.
+//! capped at [`MAX_REPLY`] bytes; and raw calls as sent on the wire
+//! ([`read_call`], [`send_call`]), for clients that pipeline calls and read
+//! their replies late or never.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -11,6 +13,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use gvfs_nfs::NfsRequest;
+use gvfs_nfs::nfs3_types::nfs3::{READ3args, nfs_fh3};
 use gvfs_nfs::record::{RecordLimits, RecordReader};
 use gvfs_nfs::rpc::{self, Credentials};
 use gvfs_nfs::xdr::{self, XdrReader};
@@ -150,4 +154,32 @@ fn skip_post_op_attr(r: &mut XdrReader<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A READ3 call of `count` bytes at `offset` of `fh` as root, as sent on
+/// the wire (record mark included), for clients that pipeline raw calls.
+pub fn read_call(xid: u32, fh: &nfs_fh3, offset: u64, count: u32) -> Vec<u8> {
+    nfs_call(
+        xid,
+        &NfsRequest::Read(READ3args {
+            file: fh.clone(),
+            offset,
+            count,
+        }),
+    )
+}
+
+/// NFSv3 call `req` as root with `xid`, as sent on the wire (record mark
+/// included).
+pub fn nfs_call(xid: u32, req: &NfsRequest) -> Vec<u8> {
+    let cred = Credentials::unix(0, 0);
+    let mut rec = rpc::call_record(xid, NFS_PROGRAM, 3, req.proc_() as u32, &cred);
+    req.encode(&mut rec);
+    rpc::seal(rec)
+}
+
+/// Sends NFSv3 call `req` with `xid` on `s` without waiting for a reply.
+pub fn send_call(s: &mut impl Write, xid: u32, req: &NfsRequest) -> Result<()> {
+    s.write_all(&nfs_call(xid, req))
+        .with_context(|| format!("sending {}", req.proc_().name()))
 }

@@ -662,3 +662,45 @@ fn compress_and_copy_runs_inside_the_tunnel() -> Result<()> {
     );
     Ok(())
 }
+
+/// Two nodes, each with a certificate of its own, copy large files through
+/// one LAN proxy at once, with a memory budget small enough that each holds
+/// it back: the LAN bills each certificate as a tenant of its own, and both
+/// copies finish byte for byte.
+#[test]
+fn two_certificates_through_one_lan_proxy_both_make_progress() -> Result<()> {
+    let site = Site::builder(Origin::Dir)
+        .pki()
+        .lan(Tier::new().args(|a| a.buffer_memory("8M")))
+        .nodes(2, Tier::new())
+        .start_with(|dir| {
+            write_random_file(&dir.join("a.bin"), 11, 48 * MIB)?;
+            write_random_file(&dir.join("b.bin"), 12, 48 * MIB)
+        })?;
+    let local = tempfile::tempdir()?;
+    let copies: Vec<_> = ["a.bin", "b.bin"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| -> Result<_> {
+            let url = site.node(i)?.url(name);
+            let to = local.path().join(name);
+            let to_s = to.display().to_string();
+            Ok((std::thread::spawn(move || nfs_cp(&url, &to_s)), to))
+        })
+        .collect::<Result<_>>()?;
+    for ((copy, to), name) in copies.into_iter().zip(["a.bin", "b.bin"]) {
+        copy.join()
+            .map_err(|_| anyhow::anyhow!("a copy panicked"))??;
+        compare_files(&site.origin_dir().join(name), &to).with_context(|| name.to_owned())?;
+    }
+    let lan = site.lan()?.status()?;
+    ensure!(
+        lan.connections.counts.tls_accepted >= 2,
+        "the nodes did not come as TLS peers: {lan:?}"
+    );
+    ensure!(
+        lan.buffers.peak_bytes > 0 && lan.buffers.peak_bytes <= 8 * MIB + 2 * 2 * MIB,
+        "the LAN held more than its budget and a call per connection: {lan:?}"
+    );
+    Ok(())
+}

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use nfs3_types::mount::mountstat3;
 use nfs3_types::nfs3::{nfs_fh3, nfsstat3};
 
+use crate::class::Tenant;
 use crate::proc::{NfsProc, NfsReply, NfsRequest};
 use crate::rpc::{Credentials, Reply, ReplyStatus};
 
@@ -30,6 +31,10 @@ pub struct CallContext {
     pub peer: Option<SocketAddr>,
     /// The caller's transaction id.
     pub xid: u32,
+    /// Whom the call is billed to at a shared proxy (its peer's certificate
+    /// name, else its connection); [`Tenant::LOCAL`] for the proxy's own
+    /// calls.
+    pub tenant: Tenant,
 }
 
 impl CallContext {

@@ -482,6 +482,10 @@ impl Program for ExtServer {
         })
     }
 
+    fn class(&self, vers: u32, proc_: u32, args: &[u8]) -> Class {
+        crate::ext_server_class::ext_call_class(vers, proc_, args)
+    }
+
     fn answer<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Answer> {
         Box::pin(async move {
             match self

@@ -16,6 +16,7 @@ pub mod drc;
 mod error;
 pub mod exit;
 pub mod ext_server;
+mod ext_server_class;
 pub mod front;
 pub mod metrics;
 pub mod notify;

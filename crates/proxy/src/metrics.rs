@@ -27,12 +27,14 @@ const MAX_REQUEST: usize = 8 * 1024;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Fields that are levels (gauges) rather than running totals (counters).
-const GAUGES: [&str; 13] = [
+const GAUGES: [&str; 15] = [
     "open",
     "connections_pending",
     "buffers_budget_bytes",
     "buffers_held_bytes",
     "buffers_peak_bytes",
+    "buffers_busy_tenants",
+    "buffers_largest_tenant_bytes",
     "frame_bytes",
     "uptime_secs",
     "dirty_bytes",

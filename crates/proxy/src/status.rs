@@ -101,6 +101,10 @@ pub struct Buffers {
     pub peak_bytes: u64,
     /// Times a connection waited for room.
     pub throttled: u64,
+    /// Tenants (certificate names, else connections) holding bytes now.
+    pub busy_tenants: u64,
+    /// The most one tenant holds now.
+    pub largest_tenant_bytes: u64,
 }
 
 /// The RPC client to the upstream.
@@ -291,6 +295,8 @@ impl StatusSource {
                 held_bytes: self.budget.used(),
                 peak_bytes: self.budget.peak(),
                 throttled: self.budget.throttled(),
+                busy_tenants: self.budget.busy_tenants(),
+                largest_tenant_bytes: self.budget.largest_tenant(),
             },
             nfs_calls: self.front.nfs_calls(),
             front: self.front.stats(),

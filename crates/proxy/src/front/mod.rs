@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use gvfs_nfs::proc::CallName;
 use gvfs_nfs::rpc::{self, CallError, ReplyRecord, ReplyStatus, auth_stat};
-use gvfs_nfs::{CallContext, NfsService};
+use gvfs_nfs::{CallContext, Class, NfsService, Tenant};
 
 use crate::drc::PeerId;
 use program::{Answer, Call, FrontCounters, Program, Programs};
@@ -45,6 +45,8 @@ pub struct Peer {
     pub name: Option<Arc<str>>,
     /// Identity mapping for this peer; `None` passes credentials through.
     pub map: Option<CredMap>,
+    /// The connection's id at its listener (0 when not over a socket).
+    pub conn: u64,
 }
 
 impl std::fmt::Debug for Peer {
@@ -53,6 +55,7 @@ impl std::fmt::Debug for Peer {
             .field("addr", &self.addr)
             .field("name", &self.name)
             .field("mapped", &self.map.is_some())
+            .field("conn", &self.conn)
             .finish()
     }
 }
@@ -63,6 +66,17 @@ impl Peer {
         Peer {
             addr,
             ..Peer::default()
+        }
+    }
+
+    /// Whom this peer's calls are billed to: one tenant per certificate
+    /// name, whichever connection it comes on (the top bit set, so it never
+    /// meets a connection id), else one per connection. Not the address: on
+    /// loopback every plain client has the same one.
+    pub fn tenant(&self) -> Tenant {
+        match self.name.as_deref().map(PeerId::cert) {
+            Some(PeerId::Cert(hash)) => Tenant(hash | 1 << 63),
+            _ => Tenant(self.conn),
         }
     }
 
@@ -150,6 +164,7 @@ impl FrontEnd {
             },
             peer: peer.addr,
             xid: hdr.xid,
+            tenant: peer.tenant(),
         };
         let start = std::time::Instant::now();
         let answer = match self.programs.get(hdr.prog) {
@@ -237,6 +252,21 @@ impl FrontEnd {
             }
         };
         data().unwrap_or(0) as usize + SMALL_REPLY
+    }
+
+    /// The class of call record `msg`, as its program says (reading the
+    /// record as [`FrontEnd::reply_size_hint`] does): the order its reply
+    /// leaves in when replies queue. A record that does not parse, or names
+    /// no registered program, is [`Class::Demand`]: it is answered at once
+    /// with an error, a small reply.
+    pub fn call_class(&self, msg: &[u8]) -> Class {
+        let Ok((hdr, args_at)) = rpc::parse_call(msg) else {
+            return Class::Demand;
+        };
+        match self.programs.get(hdr.prog) {
+            Some(program) => program.class(hdr.vers, hdr.proc_, &msg[args_at..]),
+            None => Class::Demand,
+        }
     }
 }
 

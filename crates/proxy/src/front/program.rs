@@ -16,7 +16,7 @@ use std::sync::Arc;
 use gvfs_nfs::layer::Counter;
 use gvfs_nfs::rpc::{self, CallHeader, ReplyRecord, ReplyStatus};
 use gvfs_nfs::xdr::{XdrError, XdrReader};
-use gvfs_nfs::{BoxFuture, CallContext};
+use gvfs_nfs::{BoxFuture, CallContext, Class};
 
 use crate::drc::PeerId;
 
@@ -114,6 +114,14 @@ pub trait Program: Send + Sync {
         _args: &mut XdrReader<'_>,
     ) -> Result<u32, XdrError> {
         Ok(0)
+    }
+
+    /// The class of procedure `proc_` of version `vers` with XDR `args`:
+    /// where its reply goes when replies wait to be written (the highest
+    /// class first). A reader waits behind every call of a file system
+    /// program, so the default is [`Class::Demand`].
+    fn class(&self, _vers: u32, _proc_: u32, _args: &[u8]) -> Class {
+        Class::Demand
     }
 
     /// Answers one call.

@@ -7,7 +7,9 @@ use gvfs_nfs::nfs3_types::nfs3::*;
 use gvfs_nfs::nfs3_types::xdr_codec::Opaque;
 use gvfs_nfs::rpc::{self, Credentials, ReplyError, ReplyStatus};
 use gvfs_nfs::xdr::{self, XdrReader};
-use gvfs_nfs::{BoxFuture, CallContext, NfsProc, NfsReply, NfsRequest, NfsService, ServiceError};
+use gvfs_nfs::{
+    BoxFuture, CallContext, Class, NfsProc, NfsReply, NfsRequest, NfsService, ServiceError, Tenant,
+};
 use proptest::prelude::*;
 
 use super::{FrontEnd, Peer};
@@ -18,6 +20,7 @@ use super::{FrontEnd, Peer};
 struct Fake {
     calls: AtomicUsize,
     last_uid: std::sync::Mutex<Option<u32>>,
+    last_tenant: std::sync::Mutex<Option<Tenant>>,
 }
 
 fn fh(b: &[u8]) -> nfs_fh3 {
@@ -35,6 +38,7 @@ impl NfsService for Fake {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
             *self.last_uid.lock().unwrap() = cx.cred.uid();
+            *self.last_tenant.lock().unwrap() = Some(cx.tenant);
             Ok(match req {
                 NfsRequest::Lookup(a) if a.what.name.0.as_ref() == b"sub" => {
                     NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
@@ -459,4 +463,96 @@ fn reply_size_hints_follow_the_counts_calls_ask_for() {
     }
     let get = call(3, ext::PROGRAM, 1, ext::PROC_PROFILE_GET, &cred, &[]);
     assert_eq!(reply_size_hint(&get), SMALL_REPLY);
+}
+
+#[test]
+fn each_procedure_has_the_class_its_program_gives() {
+    use gvfs_ext as ext;
+    let cred = Credentials::unix(1000, 1000);
+    let fake: Arc<dyn NfsService> = Arc::new(Fake::default());
+    let server = crate::ext_server::ExtServer::new(fake.clone(), None, None, None, None);
+    let f = FrontEnd::new(fake, "/export".into(), 2049, vec![server]);
+    // Every NFS, MOUNT and PORTMAP procedure: a reader waits for it.
+    for p in 0..=21 {
+        let msg = call(1, super::NFS_PROGRAM, 3, p, &cred, &[]);
+        assert_eq!(f.call_class(&msg), Class::Demand, "NFS procedure {p}");
+    }
+    for (prog, vers) in [(super::MOUNT_PROGRAM, 3), (100_000, 2), (7, 1)] {
+        let msg = call(1, prog, vers, 1, &cred, &[]);
+        assert_eq!(f.call_class(&msg), Class::Demand, "program {prog}");
+    }
+    assert_eq!(f.call_class(b"nonsense"), Class::Demand);
+    // The extension program's, in both versions.
+    let fetch_then = |word: u32| {
+        let mut a = Vec::new();
+        xdr::put_opaque(&mut a, b"handle");
+        xdr::put_u64(&mut a, 0);
+        xdr::put_u32(&mut a, 1 << 20);
+        xdr::put_u32(&mut a, word);
+        a
+    };
+    let class = |vers, p, args: &[u8]| f.call_class(&call(2, ext::PROGRAM, vers, p, &cred, args));
+    for vers in [ext::VERSION_1, ext::VERSION] {
+        for p in [
+            ext::PROC_FETCH,
+            ext::PROC_FETCH_REPEATS,
+            ext::PROC_STORE,
+            ext::PROC_STORE_GUARDED,
+        ] {
+            assert_eq!(class(vers, p, &fetch_then(0)), Class::Background, "{p}");
+        }
+        for p in [
+            ext::PROC_NULL,
+            ext::PROC_FETCH_DEMAND,
+            ext::PROC_PROFILE_PUT,
+            ext::PROC_PROFILE_GET,
+        ] {
+            assert_eq!(class(vers, p, &fetch_then(0)), Class::Demand, "{p}");
+        }
+        let have = ext::PROC_FETCH_HAVE;
+        assert_eq!(class(vers, have, &fetch_then(1)), Class::Demand);
+        assert_eq!(class(vers, have, &fetch_then(0)), Class::Background);
+    }
+    // FETCH_CLASS carries its class.
+    for c in Class::ALL {
+        assert_eq!(class(ext::VERSION, 10, &fetch_then(c.wire())), c);
+    }
+}
+
+#[tokio::test]
+async fn the_tenant_is_the_certificate_name_across_connections_else_the_connection() {
+    let (fake, f) = front();
+    let mut args = Vec::new();
+    NfsRequest::Getattr(GETATTR3args { object: fh(b"x") }).encode(&mut args);
+    let msg = call(1, 100_003, 3, 1, &Credentials::unix(1, 1), &args);
+    let tenant_of = |peer: Peer| {
+        let (f, fake, msg) = (&f, &fake, &msg);
+        async move {
+            f.handle(msg, &peer).await.expect("a reply");
+            fake.last_tenant.lock().unwrap().take().expect("no call")
+        }
+    };
+    let addr = |port| Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    let named = |name: &str, conn, port| Peer {
+        addr: addr(port),
+        name: Some(Arc::from(name)),
+        map: None,
+        conn,
+    };
+    // One certificate on two connections (from two ports) is one tenant.
+    let a1 = tenant_of(named("node1", 1, 900)).await;
+    let a2 = tenant_of(named("node1", 2, 901)).await;
+    assert_eq!(a1, a2);
+    assert_eq!(a1, named("node1", 7, 1).tenant());
+    let b = tenant_of(named("node2", 1, 900)).await;
+    assert_ne!(a1, b, "two certificates, one tenant");
+    // Without a certificate: the connection, whatever the address.
+    let plain = |conn, port| Peer {
+        conn,
+        ..Peer::plain(addr(port))
+    };
+    let p1 = tenant_of(plain(1, 900)).await;
+    let p2 = tenant_of(plain(2, 900)).await;
+    assert_eq!((p1, p2), (Tenant(1), Tenant(2)));
+    assert!(![p1, p2].contains(&a1) && a1 != Tenant::LOCAL);
 }

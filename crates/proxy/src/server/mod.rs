@@ -39,18 +39,20 @@ use gvfs_nfs::rpc::ReplyRecord;
 use gvfs_tunnel::{IdentityMap, TlsIdentity};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::front::{CredMap, FrontEnd, Peer};
 
 mod memory;
+mod replies;
 mod slots;
 mod stats;
 
 use memory::Charge;
 pub use memory::MemoryBudget;
+use replies::reply_queue;
 use slots::{ConnState, Slot, Slots};
 pub use stats::{ConnCounters, ConnCounts, ServerStats};
 
@@ -119,6 +121,7 @@ impl TlsSide {
             addr: Some(addr),
             name: name.map(Arc::from),
             map,
+            conn: 0,
         }
     }
 }
@@ -176,6 +179,9 @@ pub async fn serve(
     ));
     while let Some((stream, peer)) = accept_until(|| listener.accept(), "nfs", &shutdown).await {
         let _ = stream.set_nodelay(true);
+        if matches!(security, Security::Tls(_)) {
+            keep_unsent_small(&stream);
+        }
         // Never waits: a full pool of new connections makes room.
         let slot = slots.admit(peer, &shutdown);
         let (front, stats, shutdown) = (front.clone(), stats.clone(), shutdown.clone());
@@ -455,16 +461,18 @@ async fn serve_connection<S>(
         shutdown,
         tasks,
     } = conn;
+    let mut peer = peer;
+    peer.conn = state.id();
+    state.memory().attach(peer.tenant());
     let peer = Arc::new(peer);
     let (rd, mut wr) = tokio::io::split(stream);
     let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
-    let (reply_tx, mut reply_rx) =
-        mpsc::channel::<(ReplyRecord, Charge)>(limits.max_in_flight.max(1));
+    let (reply_tx, mut reply_rx) = reply_queue::<Queued>();
     let write_timeout = limits.write_timeout;
     let writer = tokio::spawn(async move {
-        while let Some((rec, call)) = reply_rx.recv().await {
-            match tokio::time::timeout(write_timeout, write_record(&mut wr, rec)).await {
-                Ok(Ok(())) => drop(call),
+        while let Some(q) = reply_rx.pop().await {
+            match tokio::time::timeout(write_timeout, write_record(&mut wr, q.reply)).await {
+                Ok(Ok(())) => drop((q.held, q.permit)),
                 _ => return,
             }
         }
@@ -530,6 +538,7 @@ async fn serve_connection<S>(
             },
         };
         let call = state.call_started((rec.len() + front.reply_size_hint(&rec)) as u64);
+        let class = front.call_class(&rec);
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
         };
@@ -542,14 +551,52 @@ async fn serve_connection<S>(
                 // The reply as it is, instead of the most it could be.
                 let held = memory.charge(reply.len() as u64);
                 drop(call);
-                let _ = tx.send((reply, held)).await;
+                // Refused only when the writer gave up: dropped, then.
+                let _ = tx.push(
+                    class,
+                    Queued {
+                        reply,
+                        held,
+                        permit,
+                    },
+                );
             }
-            drop(permit);
         });
     }
     // Let calls in flight finish and queue their replies, then close.
     drop(reply_tx);
     let _ = writer.await;
+}
+
+/// A reply waiting to be written, with what its call holds until then:
+/// its memory charge and its in-flight permit (which bounds the queue).
+struct Queued {
+    reply: ReplyRecord,
+    held: Charge,
+    permit: OwnedSemaphorePermit,
+}
+
+/// How many bytes a TLS socket may hold unsent in the kernel: beyond this,
+/// replies wait in the connection's queue, where a demand reply can still
+/// overtake background ones.
+const NOTSENT_LOWAT: libc::c_int = 128 << 10;
+
+/// Sets `TCP_NOTSENT_LOWAT` on `stream` (see [`NOTSENT_LOWAT`]). A kernel
+/// without it only loses the reordering, so errors are ignored.
+fn keep_unsent_small(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let value = NOTSENT_LOWAT;
+    // SAFETY: the descriptor is open for as long as `stream` lives, and the
+    // option value is a c_int of the size passed.
+    let _ = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&raw const value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
 }
 
 /// Writes one reply record with as few system calls as the stream allows

@@ -45,6 +45,8 @@ const RECHECK: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub(crate) struct ConnState {
     addr: SocketAddr,
+    /// Its id at this listener, in order of arrival.
+    id: u64,
     epoch: Instant,
     opened: Instant,
     /// What its calls and replies hold of the memory budget: more than
@@ -63,12 +65,14 @@ pub(crate) struct ConnState {
 impl ConnState {
     fn new(
         addr: SocketAddr,
+        id: u64,
         epoch: Instant,
         budget: &Arc<MemoryBudget>,
         shutdown: &CancellationToken,
     ) -> Self {
         Self {
             addr,
+            id,
             epoch,
             opened: Instant::now(),
             memory: Arc::new(ConnMemory::new(budget.clone())),
@@ -81,6 +85,11 @@ impl ConnState {
     /// The peer's address.
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Its id at this listener.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Cancelled when the connection must close (evicted or shutdown).
@@ -204,10 +213,10 @@ impl Slots {
     /// Admits a new connection from `addr` as pending, closing the oldest
     /// pending one if there are `max_pending` already. Never waits.
     pub(crate) fn admit(self: &Arc<Self>, addr: SocketAddr, shutdown: &CancellationToken) -> Slot {
-        let state = Arc::new(ConnState::new(addr, self.epoch, &self.budget, shutdown));
         let mut t = self.lock();
         let id = t.next_id;
         t.next_id += 1;
+        let state = Arc::new(ConnState::new(addr, id, self.epoch, &self.budget, shutdown));
         if t.pending.len() >= self.max_pending
             && let Some((_, oldest)) = t.pending.pop_first()
         {
