@@ -482,7 +482,7 @@ impl Program for ExtServer {
         })
     }
 
-    fn class(&self, vers: u32, proc_: u32, args: &[u8]) -> Class {
+    fn class(&self, vers: u32, proc_: u32, args: &[u8]) -> gvfs_nfs::Class {
         crate::ext_server_class::ext_call_class(vers, proc_, args)
     }
 

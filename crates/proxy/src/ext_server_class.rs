@@ -16,9 +16,6 @@ use gvfs_ext as ext;
 use gvfs_nfs::Class;
 use gvfs_nfs::xdr::{XdrError, XdrReader};
 
-/// FETCH_CLASS: FETCH arguments followed by the `uint32` class (version 2).
-const PROC_FETCH_CLASS: u32 = 10;
-
 /// The class of procedure `proc_` of version `vers` with XDR `args`.
 pub(crate) fn ext_call_class(_vers: u32, proc_: u32, args: &[u8]) -> Class {
     match proc_ {
@@ -29,7 +26,7 @@ pub(crate) fn ext_call_class(_vers: u32, proc_: u32, args: &[u8]) -> Class {
             Ok(1) => Class::Demand,
             _ => Class::Background,
         },
-        PROC_FETCH_CLASS => after_fetch_args(args)
+        ext::PROC_FETCH_CLASS => after_fetch_args(args)
             .ok()
             .and_then(Class::from_wire)
             .unwrap_or(Class::Background),
@@ -86,10 +83,10 @@ mod tests {
         assert_eq!(ext_call_class(v, have, &[1, 2]), Class::Background);
         for c in Class::ALL {
             let args = fetch_then(c.wire());
-            assert_eq!(ext_call_class(v, PROC_FETCH_CLASS, &args), c);
+            assert_eq!(ext_call_class(v, ext::PROC_FETCH_CLASS, &args), c);
         }
         for bad in [fetch_then(4), vec![0; 3]] {
-            let class = ext_call_class(v, PROC_FETCH_CLASS, &bad);
+            let class = ext_call_class(v, ext::PROC_FETCH_CLASS, &bad);
             assert_eq!(class, Class::Background);
         }
     }

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use gvfs_ext::{self as ext, CHUNK, ChunkSource, Class, FetchArgs, FetchOk, LEVEL, Tenant, Want};
+use gvfs_ext::{self as ext, CHUNK, ChunkSource, Class, FetchArgs, FetchOk, LEVEL, Want};
 use gvfs_ext::{compress, encode_fetch_repeats_res, encode_fetch_res};
 use gvfs_filecache::{Asked, FileCache, same_version};
 use gvfs_nfs::layer::lock;
@@ -64,9 +64,7 @@ impl ExtServer {
                 Class::Demand => c.class_calls_demand.add(1),
             }
         }
-        // The caller's tenant comes with the call context once it carries
-        // one; until then every caller is billed as this proxy's own.
-        let want = Want::new(class, Tenant::LOCAL);
+        let want = Want::new(class, cx.tenant);
         let repeats = proc_ != ext::PROC_FETCH;
         self.counters.fetch_calls.add(1);
         let upstream_speaks = match &self.upstream {
