@@ -90,13 +90,16 @@ impl CachedFile {
             // depend on this one, whose client may go away mid-fetch.
             let mut tasks = Vec::with_capacity(fetch.len());
             for Planned { idx, pieces, wait } in fetch {
-                let (me, cache, source, cred, want) = (
-                    self.clone(),
-                    cache.clone(),
-                    source.clone(),
-                    cred.clone(),
-                    want.clone(),
-                );
+                // The rest of a chunk behind a reader's pieces is a guess
+                // at what it reads next, not a wait: it goes as the
+                // background stream does, below any reader's demand.
+                let want = if wait {
+                    want.clone()
+                } else {
+                    Want::new(want.class.min(self.fetch.stream_class()), want.tenant)
+                };
+                let (me, cache, source, cred) =
+                    (self.clone(), cache.clone(), source.clone(), cred.clone());
                 if demand {
                     self.fetch.demand_started();
                 }
