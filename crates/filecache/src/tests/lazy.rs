@@ -68,17 +68,23 @@ async fn a_readers_own_fetch_goes_as_demand_and_is_counted_as_a_fault() {
         d.sort_unstable();
         d
     };
-    // No working-set profile: the piece the read needs, and the rest of
-    // its chunk behind it, for the faults near it.
+    // No working-set profile: the piece the read needs as demand, and the
+    // rest of its chunk behind it, for the faults near it, as the stream's
+    // class (no reader waits for it).
     let at = 30 * MIB as u64;
     while state(&f, 30) != Chunk::Present {
         tokio::task::yield_now().await;
     }
     let (piece, run) = (u64::from(PIECE), u64::from(STREAM_RUN * PIECE));
+    assert_eq!(demand(&fake), vec![(at, PIECE)]);
+    let rest: Vec<(u64, u32)> = lock(&fake.fetched)
+        .iter()
+        .filter(|(o, _, u)| *u == Class::Background && *o / MIB as u64 == 30)
+        .map(|(o, c, _)| (*o, *c))
+        .collect();
     assert_eq!(
-        demand(&fake),
+        rest,
         vec![
-            (at, PIECE),
             (at + piece, STREAM_RUN * PIECE - PIECE),
             (at + run, STREAM_RUN * PIECE)
         ]
@@ -168,9 +174,14 @@ async fn the_background_stream_goes_on_after_a_readers_fault() {
         .filter(|(_, _, u)| *u == Class::Background)
         .map(|(o, _, _)| *o / MIB as u64)
         .collect();
-    // The first window, then on from chunk 31 to the end, then what
-    // that passed over.
-    let want: Vec<u64> = (0..WINDOW as u64).chain(31..40).chain(8..30).collect();
+    // The first window, the rest of the reader's chunk (two runs, behind
+    // its piece), then on from chunk 31 to the end, then what that passed
+    // over.
+    let want: Vec<u64> = (0..WINDOW as u64)
+        .chain([30, 30])
+        .chain(31..40)
+        .chain(8..30)
+        .collect();
     assert_eq!(background, want);
 }
 
