@@ -1,4 +1,4 @@
-//! A busy guest: one that never goes quiet (`gvfs.busy=1`, the kit's
+//! A busy guest: one that never goes quiet (`gvfs.busy=N`, the kit's
 //! `INIT`: 48 MiB of random data in a tmpfs, and every 0.1 s a fork, a read
 //! of 1 MiB of it at random and a 256 KiB string made). Its node's learning
 //! cannot end on quiet; what it learns is sent only if the learning ends

@@ -4,7 +4,7 @@
 //! random bytes and of zeros, about half compressible, with its metadata).
 //! Three runs, each on a fresh WAN link, a fresh LAN proxy and fresh nodes:
 //!
-//! 1. the copy alone: node B `nfs-cp`s `bulk.raw` to `/dev/null`;
+//! 1. the copy alone: node B `nfs-cp`s `bulk.raw` to a scratch file;
 //! 2. "lazy neighbour quiet": node A makes a learned lazy clone of image 1
 //!    (lazy WAN-S1's node taught the image server its profile), alone;
 //! 3. "lazy neighbour": the copy starts, and a while later (a quarter of
@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::bench::{Bench, Node, node_ip};
 use super::images::BULK;
@@ -85,7 +85,15 @@ impl Bench<'_> {
                 }
                 p
             });
-            let copied = CopyClient::NfsCp.copy(&url, "/dev/null", self.settings.clone_timeout);
+            // nfs-cp cannot write to /dev/null: a scratch file, gone when
+            // the copy is.
+            let copied = tempfile::tempdir()
+                .map_err(anyhow::Error::from)
+                .and_then(|dir| {
+                    let dst = dir.path().join(BULK);
+                    let dst = dst.to_str().context("a scratch path that is not UTF-8")?;
+                    CopyClient::NfsCp.copy(&url, dst, self.settings.clone_timeout)
+                });
             let took = started.elapsed().as_secs_f64();
             done.store(true, Ordering::Relaxed);
             let mut p = sampler.join().unwrap_or_default();

@@ -237,7 +237,7 @@ pub enum Scenario {
     LazyStorm32,
     /// 64 nodes at once.
     LazyStorm64,
-    /// A cold lazy clone of a guest that never goes quiet (`gvfs.busy=1`:
+    /// A cold lazy clone of a guest that never goes quiet (`gvfs.busy=N`:
     /// a tmpfs of random data read, forks and allocations every 0.1 s) by
     /// a fresh node over a fresh link ([`busy`](super::busy)).
     LazyBusy,

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use crate::debian_kernel::{KernelPackage, Newc, busybox};
 
 /// Changes whenever the kit's content would change (init script, modules).
-pub const KIT_STAMP: &str = "gvfs-guest-kit 4";
+pub const KIT_STAMP: &str = "gvfs-guest-kit 5";
 
 /// Modules the guest loads, in dependency order (read from each module's
 /// `depends=`; Debian's package ships no modules.dep).
@@ -55,17 +55,18 @@ for f in /mnt/sys/* /mnt/boot/*; do [ -f "$f" ] && cat "$f"; done > /dev/null
   done
   echo "gvfs-guest: the request port closed"
 ) < /dev/ttyS1 &
-# A busy guest (gvfs.busy=1 on the kernel command line) never goes quiet:
-# 48 MiB of random data in a tmpfs, and every 0.1 s a fork, a read of 1 MiB
+# A busy guest (gvfs.busy=N on the kernel command line) never goes quiet:
+# N MiB of random data in a tmpfs, and every 0.1 s a fork, a read of 1 MiB
 # of the data at random and a 256 KiB string made.
-if grep -q 'gvfs.busy=1' /proc/cmdline; then
+busy=$(sed -n 's/.*gvfs\.busy=\([0-9][0-9]*\).*/\1/p' /proc/cmdline)
+if [ -n "$busy" ] && [ "$busy" -gt 0 ]; then
   mkdir -p /tmp
-  mount -t tmpfs -o size=64m tmpfs /tmp || echo "gvfs-guest: tmpfs failed"
-  dd if=/dev/urandom of=/tmp/data bs=1048576 count=48 2>/dev/null
+  mount -t tmpfs -o size=$((busy + 16))m tmpfs /tmp || echo "gvfs-guest: tmpfs failed"
+  dd if=/dev/urandom of=/tmp/data bs=1048576 count=$busy 2>/dev/null
   (
     while :; do
       ( : ) &
-      dd if=/tmp/data of=/dev/null bs=1048576 count=1 skip=$((RANDOM % 48)) 2>/dev/null
+      dd if=/tmp/data of=/dev/null bs=1048576 count=1 skip=$((RANDOM % busy)) 2>/dev/null
       s=$(dd if=/dev/zero bs=262144 count=1 2>/dev/null | tr '\0' b)
       wait
       usleep 100000
