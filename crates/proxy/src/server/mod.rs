@@ -179,9 +179,6 @@ pub async fn serve(
     ));
     while let Some((stream, peer)) = accept_until(|| listener.accept(), "nfs", &shutdown).await {
         let _ = stream.set_nodelay(true);
-        if matches!(security, Security::Tls(_)) {
-            keep_unsent_small(&stream);
-        }
         // Never waits: a full pool of new connections makes room.
         let slot = slots.admit(peer, &shutdown);
         let (front, stats, shutdown) = (front.clone(), stats.clone(), shutdown.clone());
@@ -574,29 +571,6 @@ struct Queued {
     reply: ReplyRecord,
     held: Charge,
     permit: OwnedSemaphorePermit,
-}
-
-/// How many bytes a TLS socket may hold unsent in the kernel: beyond this,
-/// replies wait in the connection's queue, where a demand reply can still
-/// overtake background ones.
-const NOTSENT_LOWAT: libc::c_int = 128 << 10;
-
-/// Sets `TCP_NOTSENT_LOWAT` on `stream` (see [`NOTSENT_LOWAT`]). A kernel
-/// without it only loses the reordering, so errors are ignored.
-fn keep_unsent_small(stream: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    let value = NOTSENT_LOWAT;
-    // SAFETY: the descriptor is open for as long as `stream` lives, and the
-    // option value is a c_int of the size passed.
-    let _ = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            (&raw const value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
 }
 
 /// Writes one reply record with as few system calls as the stream allows

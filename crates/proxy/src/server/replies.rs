@@ -7,9 +7,9 @@
 //! queue is bounded by what its entries carry: each holds its call's
 //! in-flight permit until written, so a connection has at most
 //! `max_in_flight` calls running and replies queued together. Reordering
-//! happens only while replies wait here; the listener keeps the kernel's
-//! unsent bytes small (`TCP_NOTSENT_LOWAT`) so that they wait here rather
-//! than in the socket.
+//! happens only while replies wait here, not once in the socket's buffer.
+//! (`TCP_NOTSENT_LOWAT` on TLS sockets, to keep that buffer small, stalled
+//! TLS connections for the RPC client's 30 s retransmit: taken out.)
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
