@@ -83,6 +83,27 @@ pub fn proc_usage(pid: u32) -> Result<ProcUsage> {
     })
 }
 
+/// The machine's CPU time so far, from `/proc/stat`'s first line: seconds
+/// busy (every state but idle and iowait) and in all, summed over cores.
+pub fn machine_cpu() -> Result<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .context("no cpu line in /proc/stat")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().context("odd /proc/stat"))
+        .collect::<Result<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest times are in
+    // user and nice already).
+    let all: u64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    let hz = clock_ticks();
+    Ok(((all - idle) as f64 / hz, all as f64 / hz))
+}
+
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of CPU times
 /// in `/proc`.
 pub fn clock_ticks() -> f64 {

@@ -33,7 +33,7 @@ use super::replay::{ChildLine, MEM_ENV, Passed, TRACE_ENV, read_child};
 use super::report::{CloneRecord, NodeFetch};
 use super::scenario::{Dedup, MIB, Scenario};
 use super::trace::Trace;
-use crate::bench::proc_usage;
+use crate::bench::{machine_cpu, proc_usage};
 use crate::site::node_name;
 
 /// How long the replay children may take to map `mem` and say so.
@@ -67,13 +67,14 @@ impl Drop for Children {
 
 impl Bench<'_> {
     /// Runs storm `scenario` on `trace` (saved at `trace_path`); returns its
-    /// records and notes.
+    /// records, notes, and the wire bytes its LAN proxy fetched as profile
+    /// and demand (the working set crossing the WAN).
     pub(super) fn run_storm(
         &self,
         scenario: Scenario,
         trace: &Trace,
         trace_path: &Path,
-    ) -> Result<(Vec<CloneRecord>, Vec<String>)> {
+    ) -> Result<(Vec<CloneRecord>, Vec<String>, u64)> {
         let n = scenario
             .storm_size()
             .with_context(|| format!("{} is not a storm", scenario.label()))?;
@@ -90,7 +91,16 @@ impl Bench<'_> {
             })
             .collect::<Result<Vec<Node>>>()?;
         let lan_pid = lan.proxy.pid().context("the LAN proxy's pid")?;
+        let node_pids = nodes
+            .iter()
+            .map(|n| n.proxy.pid().context("a node proxy's pid"))
+            .collect::<Result<Vec<u32>>>()?;
+        let nodes_cpu = |pids: &[u32]| -> Result<f64> {
+            pids.iter().map(|&p| Ok(proc_usage(p)?.cpu_secs)).sum()
+        };
         let cpu_before = proc_usage(lan_pid)?.cpu_secs;
+        let nodes_cpu_before = nodes_cpu(&node_pids)?;
+        let machine_before = machine_cpu()?;
         let lan_before = lan.proxy.stats()?;
         let fetch_before = nodes
             .iter()
@@ -152,6 +162,10 @@ impl Bench<'_> {
         })?;
         let wan_all = wire(&wan).saturating_sub(wan_before);
         let cpu = proc_usage(lan_pid)?.cpu_secs - cpu_before;
+        let cpu_nodes = nodes_cpu(&node_pids)? - nodes_cpu_before;
+        let machine_after = machine_cpu()?;
+        let busy = machine_after.0 - machine_before.0;
+        let machine_all = (machine_after.1 - machine_before.1).max(1e-9);
         let lan_after = lan.proxy.stats()?;
 
         let before = trace.before_resume.as_secs_f64();
@@ -207,8 +221,27 @@ impl Bench<'_> {
             cpu,
             cpu / n as f64
         )];
+        notes.push(format!(
+            "{label}: the machine's {cores} cores were {:.0}% busy from the replays' start to \
+             their end ({busy:.1} CPU seconds: the LAN proxy {cpu:.1}, the {n} node proxies \
+             {cpu_nodes:.1}, the rest {:.1}: the replays, the WAN link, the image server); at \
+             a site each node has CPUs of its own, here they share {cores}.",
+            100.0 * busy / machine_all,
+            busy - cpu - cpu_nodes,
+            cores = std::thread::available_parallelism().map_or(1, |c| c.get()),
+        ));
         notes.push(lan_counters_note(label, &lan_before, &lan_after));
-        Ok((records, notes))
+        let of = |s: &crate::Stats, key: &str| {
+            s.json()["file_cache"]
+                .get(key)
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0)
+        };
+        let working_set = ["profile_wire_bytes", "demand_wire_bytes"]
+            .iter()
+            .map(|k| of(&lan_after, k).saturating_sub(of(&lan_before, k)))
+            .sum();
+        Ok((records, notes, working_set))
     }
 }
 

@@ -384,7 +384,7 @@ mod dedup;
 mod lazy;
 mod table;
 pub(super) use dedup::{dedup_goals, lan_fill_note};
-pub(super) use lazy::{copy_goal, lazy_goals};
+pub(super) use lazy::{copy_goal, lazy_goals, storm_wan_goal};
 
 #[cfg(test)]
 mod tests;

@@ -29,7 +29,7 @@ use crate::fetch::{
     FetchArgs, FetchOk, decode_fetch_repeats_res, decode_fetch_res, encode_class_args,
     encode_have_args,
 };
-use crate::gate::{Gate, Ticket};
+use crate::gate::Gate;
 use crate::profile::{self, Profile};
 use crate::proto::*;
 use crate::source::{ChunkSource, Want};
@@ -303,7 +303,7 @@ impl ExtClient {
         want: &Want,
     ) -> Result<FetchOk, FetchError> {
         let mut terms = self.terms().await;
-        let ticket = Ticket::new(want.class, want.tenant);
+        let ticket = want.ticket();
         let (proc_, bytes) = loop {
             let permit = self.gate.admit(&ticket, args.count).await;
             let (cap, proc_, buf) = fetch_call(terms.caps, args, ticket.class());

@@ -21,9 +21,12 @@
 //!   request is in flight at all (so one larger than the cap still goes).
 //!   - `estimate = raw × ratio`, where `ratio` is a moving average of
 //!     wire/raw bytes over ended requests, starting at [`FIRST_RATIO`];
-//!   - `cap = clamp(`[`CAP_GAIN`]` × rate × min_rtt, `[`MIN_CAP`]`, `
-//!     [`MAX_CAP`]`)`, from the link the RPC client measures ([`Link`]).
-//!     The gain of 2 is BBR's: a full link and room to measure more.
+//!   - `cap = clamp(`[`CAP_GAIN`]` × rate × min_rtt + one chunk's estimate,
+//!     `[`MIN_CAP`]`, `[`MAX_CAP`]`)`, from the link the RPC client
+//!     measures ([`Link`]). The gain of 2 is BBR's: a full link and room to
+//!     measure more; the chunk more lets a rate measured under the cap
+//!     grow (the least round trip is a small call's, shorter than a
+//!     chunk's).
 //! - While several tenants are active, each has at most
 //!   `max(`[`MIN_LOW_PER_TENANT`]`, `[`LOW_SHARE`]` / active)` lower-class
 //!   requests in flight. A tenant alone gets everything.
@@ -418,10 +421,15 @@ impl Gate {
             profile: c[Class::Profile as usize].snapshot(),
             demand: c[Class::Demand as usize].snapshot(),
             low_in_flight_bytes: st.low_bytes,
-            cap_bytes: self.shared.cap(),
+            cap_bytes: self.shared.cap_at(st.ratio),
             queued: st.waiters.len() as u64,
         }
     }
+}
+
+/// One chunk's estimated wire bytes at wire/raw ratio `ratio`.
+fn chunk_estimate(ratio: f64) -> u64 {
+    ((f64::from(CHUNK) * ratio) as u64).max(1)
 }
 
 impl Shared {
@@ -432,8 +440,21 @@ impl Shared {
     }
 
     fn cap(&self) -> u64 {
+        let ratio = self.lock().ratio;
+        self.cap_at(ratio)
+    }
+
+    /// The cap with wire/raw ratio `ratio`: two BDPs and one chunk's
+    /// estimate more. The rate is measured from the traffic the cap lets
+    /// through, and a chunk's round trip is longer than the least round
+    /// trip (its transfer, the server's time, a cascade's far link); without
+    /// that chunk more, a cap of less than two chunks would measure a rate
+    /// that keeps it there.
+    fn cap_at(&self, ratio: f64) -> u64 {
         let bdp = self.link.estimate().map_or(0, |e| e.bdp());
-        bdp.saturating_mul(CAP_GAIN).clamp(MIN_CAP, MAX_CAP)
+        bdp.saturating_mul(CAP_GAIN)
+            .saturating_add(chunk_estimate(ratio))
+            .clamp(MIN_CAP, MAX_CAP)
     }
 
     fn release(&self, c: Charge, wire: Option<u64>) {
@@ -484,8 +505,8 @@ impl Shared {
         } else {
             usize::MAX
         };
-        let cap = self.cap();
-        let quantum = ((f64::from(CHUNK) * st.ratio) as u64).max(1);
+        let cap = self.cap_at(st.ratio);
+        let quantum = chunk_estimate(st.ratio);
         for class in [Class::Profile, Class::Background, Class::Bulk] {
             // Tenants passed over in a row because of their own limit.
             let mut passed = 0;

@@ -1,10 +1,13 @@
 //! Where the file cache gets chunks of whole files from.
 
+use std::sync::Arc;
+
 use gvfs_nfs::nfs3_types::nfs3::fattr3;
 use gvfs_nfs::{BoxFuture, Credentials};
 
 use crate::error::FetchError;
 use crate::fetch::{FetchArgs, FetchOk};
+use crate::gate::Ticket;
 use crate::profile::Profile;
 use crate::proto::{Class, Tenant};
 use crate::store::StoreArgs;
@@ -14,18 +17,35 @@ use crate::store::StoreArgs;
 /// Readers' fetches go as [`Class::Demand`], a working-set profile's as
 /// [`Class::Profile`], a file's background stream as
 /// [`Class::Background`] (or [`Class::Bulk`] behind a sequential reader).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// With a [`Ticket`], the fetch's calls are admitted under it, so that a
+/// reader who comes to wait for the same bytes can raise it while it is
+/// still queued; without one, each call gets a ticket of its own.
+#[derive(Debug, Clone)]
 pub struct Want {
     /// How much it matters.
     pub class: Class,
     /// Whom it is for.
     pub tenant: Tenant,
+    /// The ticket its calls go under, shared with those who may raise it.
+    pub ticket: Option<Arc<Ticket>>,
 }
+
+impl PartialEq for Want {
+    fn eq(&self, other: &Self) -> bool {
+        (self.class, self.tenant) == (other.class, other.tenant)
+    }
+}
+
+impl Eq for Want {}
 
 impl Want {
     /// A fetch of `class` for `tenant`.
     pub const fn new(class: Class, tenant: Tenant) -> Self {
-        Self { class, tenant }
+        Self {
+            class,
+            tenant,
+            ticket: None,
+        }
     }
 
     /// A fetch of `class` for this proxy itself ([`Tenant::LOCAL`]).
@@ -33,12 +53,27 @@ impl Want {
         Self::new(class, Tenant::LOCAL)
     }
 
-    /// The same tenant's fetch, of `class`.
+    /// The same tenant's fetch, of `class` (no ticket).
     pub fn with_class(&self, class: Class) -> Self {
-        Self {
-            class,
+        Self::new(class, self.tenant)
+    }
+
+    /// The same fetch under a new ticket of its class and tenant, and that
+    /// ticket.
+    pub fn ticketed(&self) -> (Self, Arc<Ticket>) {
+        let ticket = Ticket::new(self.class, self.tenant);
+        let want = Self {
+            ticket: Some(ticket.clone()),
             ..self.clone()
-        }
+        };
+        (want, ticket)
+    }
+
+    /// The ticket its calls go under: its own, else a new one.
+    pub fn ticket(&self) -> Arc<Ticket> {
+        self.ticket
+            .clone()
+            .unwrap_or_else(|| Ticket::new(self.class, self.tenant))
     }
 }
 

@@ -12,7 +12,8 @@ use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
 use gvfs_nfs::{BoxFuture, Credentials};
 
 use crate::{
-    ChunkSource, Class, FetchArgs, FetchError, FetchOk, Profile, StoreArgs, Tenant, Want, compress,
+    ChunkSource, Class, FetchArgs, FetchError, FetchOk, Profile, StoreArgs, Tenant, Ticket, Want,
+    compress,
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -51,6 +52,9 @@ pub struct FakeSource {
     pub fetched: Mutex<Vec<(u64, u32, Class)>>,
     /// Every FETCH's tenant, in the same order.
     pub tenants: Mutex<Vec<Tenant>>,
+    /// Every FETCH's ticket, in the same order (its class may have been
+    /// raised since).
+    pub tickets: Mutex<Vec<Option<Arc<Ticket>>>>,
     /// The profile PROFILE_GET answers.
     pub profile: Mutex<Option<Profile>>,
     /// Profiles PROFILE_PUT was given.
@@ -73,6 +77,7 @@ impl FakeSource {
             store_gate: tokio::sync::Semaphore::new(1 << 20),
             fetched: Mutex::new(Vec::new()),
             tenants: Mutex::new(Vec::new()),
+            tickets: Mutex::new(Vec::new()),
             profile: Mutex::new(None),
             put: Mutex::new(Vec::new()),
         })
@@ -93,6 +98,7 @@ impl ChunkSource for FakeSource {
                 let mut fetched = lock(&self.fetched);
                 fetched.push((args.offset, args.count, want.class));
                 lock(&self.tenants).push(want.tenant);
+                lock(&self.tickets).push(want.ticket.clone());
             }
             // Each fetch uses up a permit: the test decides how many pass.
             if let Ok(p) = self.gate.acquire().await {

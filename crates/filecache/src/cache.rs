@@ -25,6 +25,7 @@ use crate::learn::LearnSettings;
 use crate::names::{file_name, index_key, parse_name};
 use crate::profiles::Profiles;
 use crate::record::{decode_record, encode_record};
+use crate::run_frames::{RUN_FRAMES_BYTES, RunFrames};
 use crate::stats::{Counters, DEDUP_FILES_SHOWN, FileCacheStats, FileDedup};
 
 /// The file cache of one proxy.
@@ -39,6 +40,9 @@ pub struct FileCache {
     pub(crate) max_bytes: u64,
     /// Set once this proxy answers another proxy's FETCH from here.
     pub(crate) keep_frames: AtomicBool,
+    /// Frames of runs (not whole chunks) made for other proxies, kept for
+    /// the next that asks (with `keep_frames`).
+    pub(crate) run_frames: RunFrames,
     /// Where working-set profiles are kept (without, they are only passed
     /// on).
     pub(crate) profiles: Option<Arc<Profiles>>,
@@ -109,6 +113,7 @@ impl FileCache {
             files: Mutex::new(HashMap::new()),
             max_bytes,
             keep_frames: AtomicBool::new(false),
+            run_frames: RunFrames::new(RUN_FRAMES_BYTES),
             profiles: parts.profiles,
             learn: parts.learn,
             dedup: Dedup::new(parts.blocks, parts.block_reader),
@@ -218,6 +223,7 @@ impl FileCache {
         FileCacheStats {
             counts: self.counters.snapshot(),
             frame_bytes,
+            run_frame_bytes: self.run_frames.bytes(),
             cached_bytes,
             dirty_files,
             dedup_files,

@@ -36,9 +36,15 @@ pub(crate) fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The next entry's serial number.
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
 /// One file in the cache.
 pub struct CachedFile {
     pub(crate) fh: Vec<u8>,
+    /// Unique to this entry in the process (a later entry of the same file
+    /// has another): what its kept run frames are found by.
+    pub(crate) serial: u64,
     /// The local copy, in the cache's directory.
     pub(crate) path: PathBuf,
     pub(crate) file: std::fs::File,
@@ -83,6 +89,7 @@ impl CachedFile {
     ) -> Self {
         Self {
             fh: fh.to_vec(),
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             versions: FileVersions::new(versions),
             frames: FrameStore::new(frames_path(&path)),
             path,

@@ -79,6 +79,7 @@ mod dedup;
 mod fetch;
 mod learn;
 mod read;
+mod run_frames;
 mod seq;
 mod write;
 mod writeback;

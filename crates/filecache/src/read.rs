@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use gvfs_ext::{CHUNK, ChunkSource, Class, Have, LEVEL, Want, compress};
 use gvfs_nfs::Credentials;
@@ -17,6 +18,7 @@ use crate::chunks::{Chunk, chunks_of};
 use crate::entry::CachedFile;
 use crate::error::FileCacheError;
 use crate::frames::Frame;
+use crate::run_frames::{RunFrame, RunKey};
 
 /// How another proxy asked for a chunk.
 #[derive(Debug, Clone)]
@@ -205,6 +207,24 @@ impl CachedFile {
             }
         }
         let writes = self.versions.writes_seen();
+        // A run (not a whole chunk) another proxy asked for before.
+        let run = (!whole && cache.keep_frames.load(Ordering::Relaxed)).then_some(RunKey {
+            entry: self.serial,
+            version: writes,
+            offset,
+            count,
+        });
+        if let Some(kept) = run.and_then(|k| cache.run_frames.get(&k)) {
+            self.used();
+            cache.counters.run_frames_reused.add(1);
+            let frame = Frame {
+                codec: kept.codec,
+                data: kept.data.clone(),
+                repeats: Vec::new(),
+                left_out: 0,
+            };
+            return Ok((frame, kept.raw_len, kept.eof));
+        }
         let (raw, eof) = self.read(cache, source, cred, offset, count, &want).await?;
         let raw_len = raw.len() as u32;
         let keep = whole && raw_len == len && self.frames.slot(idx).is_none();
@@ -224,6 +244,16 @@ impl CachedFile {
         .map_err(|e| FileCacheError::task("compressing a chunk", e))?;
         if kept {
             cache.counters.frames_made.add(1);
+        }
+        // Kept only if no write came while it was read and made.
+        if let Some(key) = run.filter(|_| self.versions.writes_seen() == writes) {
+            let kept = RunFrame {
+                codec: frame.codec,
+                data: frame.data.clone(),
+                raw_len,
+                eof,
+            };
+            cache.run_frames.put(key, Arc::new(kept));
         }
         Ok((frame, raw_len, eof))
     }

@@ -28,6 +28,9 @@ gvfs_nfs::counters! {
         frames_reused,
         /// Chunks compressed here for other proxies (then kept).
         frames_made,
+        /// Runs (ranges not whole chunks) sent to other proxies in a frame
+        /// made for a proxy before and kept in memory.
+        run_frames_reused,
         /// Wall time of the whole-file fetches that finished, summed, from the
         /// start to the last chunk (microseconds).
         fetch_micros,
@@ -119,6 +122,8 @@ pub struct FileCacheStats {
     pub counts: FileCacheCounts,
     /// Bytes of frame files held now (counted in the budget).
     pub frame_bytes: u64,
+    /// Bytes of run frames kept in memory now (at most 64 MiB).
+    pub run_frame_bytes: u64,
     /// Bytes of files held now.
     pub cached_bytes: u64,
     /// Files holding writes not yet written back.

@@ -27,7 +27,7 @@ const MAX_REQUEST: usize = 8 * 1024;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Fields that are levels (gauges) rather than running totals (counters).
-const GAUGES: [&str; 15] = [
+const GAUGES: [&str; 22] = [
     "open",
     "connections_pending",
     "buffers_budget_bytes",
@@ -36,6 +36,7 @@ const GAUGES: [&str; 15] = [
     "buffers_busy_tenants",
     "buffers_largest_tenant_bytes",
     "frame_bytes",
+    "run_frame_bytes",
     "uptime_secs",
     "dirty_bytes",
     "cached_bytes",
@@ -43,6 +44,12 @@ const GAUGES: [&str; 15] = [
     "running",
     "done_bytes",
     "total_bytes",
+    "link_min_rtt_us",
+    "link_rate_bps",
+    "link_bdp_bytes",
+    "gate_low_in_flight_bytes",
+    "gate_cap_bytes",
+    "gate_queued",
 ];
 
 /// A source of the stats snapshot (the JSON `gvfsctl stats --json` prints).

@@ -343,8 +343,7 @@ fn storm_busy_and_neighbour_goals_judge_the_answers() {
         demand_wire_bytes: MB,
         ..NodeFetch::default()
     });
-    let mut storm64 = answered("lazy storm 64", 1, 1.3);
-    storm64.wan_responsive_bytes = Some(4 * MB + MB / 2);
+    let storm64 = answered("lazy storm 64", 1, 1.3);
     let records = vec![
         answered("lazy WAN-S1", 1, 2.0),
         answered("lazy WAN-S1", 2, 0.5),
@@ -374,12 +373,21 @@ fn storm_busy_and_neighbour_goals_judge_the_answers() {
         (g.measured, g.against, g.met()),
         (Some(1.3), Some(1.1), Some(true))
     );
-    // The largest storm's 4.5 MiB against 1.1 x (3 + 1) MiB.
-    let g = lazy_goal(&o, "lazy storm 64: WAN MiB");
+    // The largest storm's LAN fetched 4.5 MiB of profile and demand,
+    // against 1.1 x (3 + 1) MiB; 4.25 MiB is within it.
+    let crossed = |bytes| super::storm_wan_goal(&o.records, Some((Scenario::LazyStorm64, bytes)));
+    let g = crossed(4 * MB + MB / 2);
+    assert!(
+        g.name.starts_with("lazy storm 64: the working set"),
+        "{}",
+        g.name
+    );
     assert_eq!(
         (g.measured, g.against, g.met()),
         (Some(4.5), Some(4.0), Some(false))
     );
+    assert_eq!(crossed(4 * MB + MB / 4).met(), Some(true));
+    assert_eq!(super::storm_wan_goal(&o.records, None).met(), None);
     let g = lazy_goal(&o, "lazy busy learned");
     assert_eq!(
         (g.measured, g.against, g.met()),

@@ -104,7 +104,8 @@ async fn lower_class_bytes_in_flight_never_exceed_the_cap() {
     // 1 MB in 10 ms: a cap of 2 BDP, 2 MB.
     let gate = Gate::new(link(10, 100));
     let cap = gate.cap();
-    assert_eq!(cap, 2_000_000);
+    // Two BDPs and one chunk's estimate (half a chunk) more.
+    assert_eq!(cap, 2_000_000 + u64::from(MIB / 2));
     let (tx, mut rx) = mpsc::unbounded_channel();
     let sizes = [64 << 10, MIB, 300 << 10, MIB, 8 << 10, 700 << 10];
     for i in 0..60 {
@@ -384,4 +385,52 @@ async fn several_tenants_share_demand_calls() {
     held.truncate(held.len() - 3);
     settle().await;
     assert_eq!(drain(&mut rx).len(), 3);
+}
+
+/// A link the gate's own traffic is measured on: a real estimator, a least
+/// round trip of 40 ms (a small call's), and chunk calls that take 60 ms
+/// more (a far link behind the server, as a node's LAN proxy has) and
+/// their transfer at 125 MB/s. A cap of two BDPs alone settles at one
+/// chunk in flight: the rate it measures is one chunk per 108 ms.
+#[tokio::test(start_paused = true)]
+async fn a_rate_measured_under_the_cap_grows_past_one_chunk() {
+    const RTT: Duration = Duration::from_millis(40);
+    const FAR: Duration = Duration::from_millis(60);
+    let link = LinkHandle::new();
+    let small = link.sent();
+    tokio::time::sleep(RTT).await;
+    link.replied(small, 128);
+    let gate = Gate::new(link.clone());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    // Incompressible chunks (their wire bytes are their raw bytes), more
+    // than the test's 6 s can carry.
+    for _ in 0..1000 {
+        ask(&gate, Class::Background, Tenant::LOCAL, MIB, "bg", &tx);
+    }
+    let transfer = Duration::from_micros(u64::from(MIB) * 1_000_000 / 125_000_000);
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut most_late = 0;
+    while start.elapsed() < Duration::from_secs(6) {
+        for (_, _, raw, permit) in drain(&mut rx) {
+            let (link, in_flight) = (link.clone(), in_flight.clone());
+            in_flight.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let sent = link.sent();
+                tokio::time::sleep(RTT + FAR + transfer).await;
+                link.replied(sent, u64::from(raw));
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                permit.done(u64::from(raw));
+            });
+        }
+        if start.elapsed() > Duration::from_secs(3) {
+            most_late = most_late.max(in_flight.load(Ordering::SeqCst));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        most_late >= 3,
+        "at most {most_late} chunks in flight after 3 s (cap {})",
+        gate.cap()
+    );
 }

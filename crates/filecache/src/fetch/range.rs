@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use gvfs_ext::{ChunkSource, Class, FetchArgs, Want, decompress};
+use gvfs_ext::{CHUNK, ChunkSource, Class, FetchArgs, Want, decompress};
 use gvfs_metafile::ByteRepeat;
 use gvfs_nfs::{Credentials, same_version};
 
@@ -141,10 +141,14 @@ impl CachedFile {
             suspect = Some(all);
         }
         let held = held.filter(|h| !h.blocks.is_empty());
+        // Under a ticket a reader waiting for this chunk can raise.
+        let idx = usize::try_from(offset / u64::from(CHUNK)).unwrap_or(usize::MAX);
+        let bytes = offset..offset.saturating_add(u64::from(count));
+        let (want, _ticket) = self.fetch.ticket(idx, bytes, want);
         let asked = Ask {
             offset,
             count,
-            want,
+            want: &want,
             whole,
         };
         if let Some(wrong) = self
@@ -257,6 +261,8 @@ impl CachedFile {
         .map_err(|e| FileCacheError::task("decompressing a chunk", e))??;
         cache.counters.chunks_fetched.add(1);
         cache.counters.wire_bytes.add(wire);
+        // By the class it was asked as (a reader may have raised it since:
+        // a stream's chunk is still the stream's bytes).
         match want.class {
             Class::Demand => cache.counters.demand_wire_bytes.add(wire),
             Class::Profile => cache.counters.profile_wire_bytes.add(wire),

@@ -62,12 +62,14 @@
 //! dedup, may fetch a neighbour's pieces again, but still gives back only
 //! its own.)
 
+use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use gvfs_ext::{Class, Tenant};
+use gvfs_ext::{Class, Tenant, Ticket, Want};
 use gvfs_nfs::layer::lock;
 use tokio::sync::watch;
 
@@ -103,6 +105,32 @@ pub(crate) struct FetchState {
     /// The run of in-order READs its readers are in (`seq.rs`), which
     /// sets `stream_class` while they copy the file.
     pub(crate) seq: Mutex<SeqReads>,
+    /// The tickets of the fetches under way, by chunk, with the bytes each
+    /// fetches: a reader who comes to wait for some of them raises it to
+    /// its class ([`raise`](Self::raise)).
+    tickets: Mutex<HashMap<usize, Vec<Underway>>>,
+}
+
+/// The bytes a fetch under way fetches, and its ticket.
+type Underway = (Range<u64>, Arc<Ticket>);
+
+/// A fetch's ticket, known to its [`FetchState`] until dropped.
+pub(crate) struct Ticketed<'a> {
+    state: &'a FetchState,
+    idx: usize,
+    ticket: Arc<Ticket>,
+}
+
+impl Drop for Ticketed<'_> {
+    fn drop(&mut self) {
+        let mut tickets = lock(&self.state.tickets);
+        if let Some(list) = tickets.get_mut(&self.idx) {
+            list.retain(|(_, t)| !Arc::ptr_eq(t, &self.ticket));
+            if list.is_empty() {
+                tickets.remove(&self.idx);
+            }
+        }
+    }
 }
 
 /// A fetch a reader's wait starts.
@@ -142,6 +170,45 @@ impl FetchState {
             stream_class: AtomicU8::new(stream as u8),
             owner,
             seq: Mutex::new(SeqReads::default()),
+            tickets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `want` under a new ticket, kept under chunk `idx` while the
+    /// returned guard lives (a fetch of `bytes`, some of chunk `idx`).
+    pub(crate) fn ticket(
+        &self,
+        idx: usize,
+        bytes: Range<u64>,
+        want: &Want,
+    ) -> (Want, Ticketed<'_>) {
+        let (want, ticket) = want.ticketed();
+        lock(&self.tickets)
+            .entry(idx)
+            .or_default()
+            .push((bytes, ticket.clone()));
+        let guard = Ticketed {
+            state: self,
+            idx,
+            ticket,
+        };
+        (want, guard)
+    }
+
+    /// A reader of `class` waits for `offset..end`: the fetches of those
+    /// bytes under way, still queued at a lower class, go as `class`.
+    pub(crate) fn raise(&self, offset: u64, end: u64, class: Class) {
+        let tickets = lock(&self.tickets);
+        if tickets.is_empty() {
+            return;
+        }
+        let (first, last) = chunks_of(offset, end);
+        for idx in first..=last {
+            for (bytes, t) in tickets.get(&idx).into_iter().flatten() {
+                if bytes.start < end && offset < bytes.end {
+                    t.raise(class);
+                }
+            }
         }
     }
 

@@ -81,6 +81,8 @@ impl CachedFile {
                 faulted = true;
                 cache.counters.faults_waited.add(1);
             }
+            // What it waits for may be queued at a lower class.
+            self.fetch.raise(offset, end, want.class);
             if fetch.is_empty() {
                 rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
                 continue;

@@ -1,6 +1,6 @@
 //! Exact claims and classes: a profile's run claims its pieces only,
 //! overlapping readers never fetch a piece twice, a sequential reader
-//! goes as bulk.
+//! goes as bulk, a reader raises the fetch it waits for.
 
 use super::*;
 use crate::fetch::state::FetchState;
@@ -159,4 +159,58 @@ async fn a_sequential_reader_becomes_bulk_and_so_does_the_stream() {
     // A read far back: a reader again, and the stream background.
     assert_eq!(f.note_read(0, 4096), Class::Demand);
     assert_eq!(f.fetch.stream_class(), Class::Background);
+}
+
+#[tokio::test]
+async fn a_reader_raises_the_background_fetch_it_waits_for() {
+    // The background stream claims its window and waits (no permits).
+    let (_dir, fake, c, f) = started(b"fr", content(16 * MIB), false, None, false);
+    while lock(&fake.fetched).len() < WINDOW {
+        tokio::task::yield_now().await;
+    }
+    let classes = |fake: &Fake| -> Vec<Option<Class>> {
+        lock(&fake.tickets)
+            .iter()
+            .map(|t| t.as_ref().map(|t| t.class()))
+            .collect()
+    };
+    assert!(
+        classes(&fake).iter().all(|c| *c == Some(Class::Background)),
+        "{:?}",
+        classes(&fake)
+    );
+    // A reader of chunk 1, which the stream fetches.
+    let at = MIB as u64 + 4096;
+    let reader = {
+        let (c, f, fake) = (c.clone(), f.clone(), fake.clone());
+        tokio::spawn(async move {
+            let want = Want::local(Class::Demand);
+            f.read(&c, &src(&fake), &Credentials::default(), at, 4096, &want)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+    };
+    let chunk = |o: u64| o / u64::from(CHUNK);
+    let raised = |fake: &Fake| {
+        let fetched = lock(&fake.fetched);
+        let tickets = lock(&fake.tickets);
+        fetched
+            .iter()
+            .zip(tickets.iter())
+            .filter(|(_, t)| t.as_ref().map(|t| t.class()) == Some(Class::Demand))
+            .map(|((o, _, class), _)| (chunk(*o), *class))
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..1000 {
+        if !raised(&fake).is_empty() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    // Chunk 1's fetch, asked as background, now goes as demand; no other.
+    assert_eq!(raised(&fake), vec![(1, Class::Background)]);
+    assert_eq!(lock(&fake.fetched).len(), WINDOW, "fetched again");
+    fake.gate.add_permits(1 << 20);
+    let (got, _) = reader.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(got[..] == fake.data[at as usize..at as usize + 4096]);
 }

@@ -205,3 +205,45 @@ async fn frames_live_beside_their_file_and_go_with_it() {
     reopen(dir.path(), &index);
     assert!(!frames.exists(), "a restart kept old frames");
 }
+
+#[tokio::test]
+async fn a_run_made_for_one_proxy_is_kept_for_the_next_until_a_write() {
+    let len = 2 * CHUNK as usize;
+    let (_dir, fake, cache, f) = started(b"fhr", content(len), true, None, true);
+    let cred = Credentials::default();
+    let at = u64::from(CHUNK) + 3 * 8192;
+    let run = |cache: &Arc<FileCache>, f: &Arc<CachedFile>| {
+        let (cache, f, fake, cred) = (cache.clone(), f.clone(), fake.clone(), cred.clone());
+        async move {
+            let (frame, n, _, _) = f
+                .read_frame(
+                    &cache,
+                    &src(&fake),
+                    &cred,
+                    at,
+                    4 * 8192,
+                    Asked::new(false, Want::local(Class::Profile)),
+                    None,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            unframe(&frame, n)
+        }
+    };
+    let first = run(&cache, &f).await;
+    assert!(first[..] == fake.data[at as usize..at as usize + 4 * 8192]);
+    let second = run(&cache, &f).await;
+    assert!(second == first);
+    let s = cache.stats();
+    assert_eq!(s.counts.run_frames_reused, 1, "{s:?}");
+    assert!(s.run_frame_bytes > 0);
+    // A write into the run: the next proxy gets the new bytes.
+    f.write(&cache, &cred, at + 100, b"new bytes".to_vec(), false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let third = run(&cache, &f).await;
+    assert_eq!(&third[100..109], b"new bytes");
+    assert_eq!(cache.stats().counts.run_frames_reused, 1);
+    assert!(run(&cache, &f).await == third);
+    assert_eq!(cache.stats().counts.run_frames_reused, 2);
+}

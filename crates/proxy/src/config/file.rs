@@ -88,9 +88,11 @@ pub struct ServerSection {
     pub idle_timeout_secs: Option<u64>,
 
     /// Most memory for call records and replies held at once, all client
-    /// connections together, e.g. 256M [default: 256M]. A connection whose
-    /// client does not read its replies stops being read once it holds a
-    /// quarter of it; every client may still send one call at a time.
+    /// connections together, e.g. 256M [default: 256M], shared by tenants
+    /// (a TLS peer's certificate name, else a connection): a client that
+    /// does not read its replies stops being read once its tenant holds its
+    /// share (all of it alone, an equal part while others hold some); every
+    /// client may still send one call at a time.
     #[arg(long, value_name = "SIZE")]
     pub buffer_memory: Option<String>,
 

@@ -278,7 +278,9 @@ impl ConnMemory {
             return;
         }
         self.budget.throttled.inc();
-        self.budget.waiting.fetch_add(1, Ordering::SeqCst);
+        // Counted while this waits, however the wait ends (a closing
+        // connection drops it mid-way).
+        let _waiting = Waiting::new(&self.budget.waiting);
         loop {
             let mine = self.freed.notified();
             let all = self.budget.freed.notified();
@@ -308,7 +310,22 @@ impl ConnMemory {
                 () = tokio::time::sleep(RECHECK) => {}
             }
         }
-        self.budget.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One count in a waiters' counter while alive.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

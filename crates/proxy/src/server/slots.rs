@@ -156,9 +156,13 @@ impl LogGate {
     }
 }
 
+/// The next connection id, across listeners: one per connection in the
+/// process, from 1 (0 is [`Tenant::LOCAL`](gvfs_nfs::Tenant::LOCAL), the
+/// tenant a plain connection's id stands for).
+static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
+
 #[derive(Debug, Default)]
 struct Table {
-    next_id: u64,
     /// By id, which is by age: the first is the oldest.
     pending: BTreeMap<u64, Arc<ConnState>>,
     served: HashMap<u64, Arc<ConnState>>,
@@ -214,8 +218,7 @@ impl Slots {
     /// pending one if there are `max_pending` already. Never waits.
     pub(crate) fn admit(self: &Arc<Self>, addr: SocketAddr, shutdown: &CancellationToken) -> Slot {
         let mut t = self.lock();
-        let id = t.next_id;
-        t.next_id += 1;
+        let id = NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnState::new(addr, id, self.epoch, &self.budget, shutdown));
         if t.pending.len() >= self.max_pending
             && let Some((_, oldest)) = t.pending.pop_first()

@@ -113,8 +113,11 @@ pub(super) fn print_stats(s: &Stats) {
             c.learn_closed_quiet + c.learn_closed_time + c.learn_closed_size + c.learn_ended_early;
         if c.faults_waited + c.demand_wire_bytes + c.profile_hits + c.profiles_sent + closed > 0 {
             println!(
-                "  lazy        {} bytes for readers waiting, {} for working-set profiles, {} in the background",
-                c.demand_wire_bytes, c.profile_wire_bytes, c.background_wire_bytes
+                "  lazy        {} bytes for readers waiting, {} for working-set profiles, {} in the background, {} as bulk (behind readers copying a file)",
+                c.demand_wire_bytes,
+                c.profile_wire_bytes,
+                c.background_wire_bytes,
+                c.bulk_wire_bytes
             );
             println!(
                 "  faults      {} reads waited for a chunk, {:.1} ms each on average",
