@@ -17,7 +17,8 @@
 //! (all: `local,s1,s2,s3,p,cut,full,plain`, the lazy ones, `lazy local,lazy
 //! s1,lazy learned,lazy s2,lazy s3,lazy p,lazy cut`, the storms, `lazy storm
 //! 1,lazy storm 8,lazy storm 32,lazy storm 64` (and `lazy storm 4`, the quick
-//! run's), and the dedup ones, `s1
+//! run's), `lazy busy,lazy busy learned,lazy neighbour,lazy neighbour
+//! quiet`, and the dedup ones, `s1
 //! dedup,s2 dedup,s3 dedup,lazy s2 dedup`; `lazy` alone is every lazy one,
 //! `copy` every copy-first one, `dedup` every dedup one; `census` alone
 //! builds the golden images and counts them, runs no clone, and writes only

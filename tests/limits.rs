@@ -177,6 +177,44 @@ fn peak_rss_kib(p: &Proxy) -> Result<u64> {
         .parse()?)
 }
 
+/// READs of 1 MiB numbered `first..end` (xids `tag * 1000 + i`) of `fh`,
+/// at 16 places in turn, as one buffer to send at once.
+fn read_calls(tag: u32, first: u32, end: u32, fh: &nfs_fh3) -> Vec<u8> {
+    const MIB: u32 = 1 << 20;
+    let mut calls = Vec::new();
+    for i in first..end {
+        calls.extend(read_call(tag * 1000 + i, fh, u64::from(i % 16 * MIB), MIB));
+    }
+    calls
+}
+
+/// Waits (at most 30 s) until connections were held back `n` times; the
+/// status then.
+fn wait_throttled(p: &Proxy, n: u32) -> Result<gvfs_testbed::Status> {
+    let mut st = p.status()?;
+    for _ in 0..300 {
+        if st.buffers.throttled >= u64::from(n) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        st = p.status()?;
+    }
+    ensure!(
+        st.buffers.throttled >= u64::from(n),
+        "the clients that read nothing were not held back: {st:?}"
+    );
+    Ok(st)
+}
+
+/// `nfs-cat`s the proxy's file `small`.
+fn cat_small(p: &Proxy) -> Result<Vec<u8>> {
+    let url = format!(
+        "nfs://127.0.0.1/export/small?version=3&nfsport={0}&mountport={0}",
+        p.port()
+    );
+    nfs_cat(&url)
+}
+
 #[test]
 fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Result<()> {
     const MIB: u64 = 1 << 20;
@@ -205,37 +243,13 @@ fn clients_that_never_read_their_replies_are_held_to_the_memory_budget() -> Resu
     let mut hogs = Vec::new();
     for c in 0..HOGS {
         let mut s = connect(p.addr())?;
-        let mut calls = Vec::new();
-        for i in 0..CALLS {
-            calls.extend(read_call(
-                c * CALLS + i,
-                &fh,
-                u64::from(i % 16) * MIB,
-                MIB as u32,
-            ));
-        }
-        s.write_all(&calls)?;
+        s.write_all(&read_calls(c, 0, CALLS, &fh))?;
         hogs.push(s);
     }
     // Each of them stops being read, sooner or later.
-    let mut st = p.status()?;
-    for _ in 0..300 {
-        if st.buffers.throttled >= u64::from(HOGS) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        st = p.status()?;
-    }
-    ensure!(
-        st.buffers.throttled >= u64::from(HOGS),
-        "the clients that read nothing were not held back: {st:?}"
-    );
+    wait_throttled(&p, HOGS)?;
     // Meanwhile a client that reads its replies is served.
-    let url = format!(
-        "nfs://127.0.0.1/export/small?version=3&nfsport={0}&mountport={0}",
-        p.port()
-    );
-    ensure!(nfs_cat(&url)? == b"still served");
+    ensure!(cat_small(&p)? == b"still served");
     let peak = peak_rss_kib(&p)?;
     let st = p.status()?;
     let held_peak = st.buffers.peak_bytes;
@@ -310,49 +324,16 @@ fn hogs_each_get_a_share_of_the_memory_budget_and_a_good_client_is_served() -> R
     let mut hogs = Vec::new();
     for h in 0..HOGS {
         let mut s = connect(p.addr())?;
-        let mut calls = Vec::new();
-        for i in 0..FIRST {
-            calls.extend(read_call(
-                h * CALLS + i,
-                &fh,
-                u64::from(i % 16) * MIB,
-                MIB as u32,
-            ));
-        }
-        s.write_all(&calls)?;
+        s.write_all(&read_calls(h, 0, FIRST, &fh))?;
         hogs.push(s);
     }
     std::thread::sleep(Duration::from_millis(500));
     for (h, s) in (0..HOGS).zip(&mut hogs) {
-        let mut calls = Vec::new();
-        for i in FIRST..CALLS {
-            calls.extend(read_call(
-                h * CALLS + i,
-                &fh,
-                u64::from(i % 16) * MIB,
-                MIB as u32,
-            ));
-        }
-        s.write_all(&calls)?;
+        s.write_all(&read_calls(h, FIRST, CALLS, &fh))?;
     }
-    let mut st = p.status()?;
-    for _ in 0..300 {
-        if st.buffers.throttled >= u64::from(HOGS) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        st = p.status()?;
-    }
-    ensure!(
-        st.buffers.throttled >= u64::from(HOGS),
-        "the hogs were not held back: {st:?}"
-    );
+    wait_throttled(&p, HOGS)?;
     // A client that reads its replies is served meanwhile.
-    let url = format!(
-        "nfs://127.0.0.1/export/small?version=3&nfsport={0}&mountport={0}",
-        p.port()
-    );
-    ensure!(nfs_cat(&url)? == b"served among hogs");
+    ensure!(cat_small(&p)? == b"served among hogs");
     let st = p.status()?;
     eprintln!(
         "{HOGS} hogs: {} busy tenants, the largest holds {} MiB of a {} MiB budget, {} MiB held",

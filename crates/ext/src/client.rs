@@ -291,11 +291,13 @@ impl ExtClient {
 impl ExtClient {
     /// One FETCH: each round one call, in the procedure the terms allow
     /// ([`fetch_call`]); one the upstream refuses is left out and the next
-    /// round asks with the next. Every FETCH of this proxy's upstream goes
-    /// through here, one wire call at a time, so that whatever orders
+    /// round asks with the next. Every FETCH of this proxy's file cache
+    /// goes through here, one wire call at a time, so that whatever orders
     /// them by class sits at one place: the [`Gate`], which admits each
-    /// call by its class and tenant before `send` and learns the wire
-    /// bytes of its reply.
+    /// call by its class and tenant (under the [`Want`]'s ticket, which a
+    /// waiter may raise while it is queued) before `send` and learns the
+    /// wire bytes of its reply. (A version-1 peer's FETCH passed on whole
+    /// by a proxy without a file cache, `forward`, does not pass it.)
     async fn fetch_chunk(
         &self,
         cred: &Credentials,

@@ -176,10 +176,19 @@ async fn a_known_profile_is_merged_after_this_clones_order() {
         touch_piece(&f, p);
     }
     let p = sent(&fake).await;
-    // This clone's order, then what it missed: 5 of them in all.
+    // This clone's order, then what it missed: 7 of them in all (7/8 of
+    // the known profile; 5/4 of this clone's would be 5).
     assert_eq!(
         p.parts,
-        vec![12 * per + 3, 3 * per, 14 * per + 1, 5 * per, 14 * per]
+        vec![
+            12 * per + 3,
+            3 * per,
+            14 * per + 1,
+            5 * per,
+            14 * per,
+            2 * per,
+            9 * per
+        ]
     );
     // The same pieces in the known order: nothing sent.
     let (_dir, c, fake) = learning(16 * MIB, DEFAULT_LEARN_WINDOW, Some(known.clone()));
