@@ -66,7 +66,7 @@ pub use names::parse_handle;
 pub use pieces::PIECE;
 pub use profiles::Profiles;
 pub use read::Asked;
-pub use seq::{BULK_BYTES, BULK_READS, SEQ_SLACK};
+pub use seq::{BULK_BYTES, BULK_MEAN_READ, BULK_READS, SEQ_BACK, SEQ_SLACK};
 pub use side::SideFiles;
 pub use stats::{Counters, DEDUP_FILES_SHOWN, FileCacheCounts, FileCacheStats, FileDedup};
 
