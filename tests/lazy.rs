@@ -537,8 +537,12 @@ async fn profile_runs_cross_a_lan_proxy_as_pieces() -> Result<()> {
         s.file_cache.counts.profile_hits == 1 && s.file_cache.counts.profile_pieces == 120,
         "the node did not fetch the profile first: {s}"
     );
+    // Pieces, not chunks: the profile's 120 pieces lie in chunks of 1 MiB
+    // of incompressible data, which would be many MiB. Beside the profile
+    // the LAN's own background stream may have one chunk in flight (the
+    // gate's cap is two BDPs and a chunk's estimate).
     ensure!(
-        crossed * 10 <= profile_bytes * 12,
+        crossed * 10 <= profile_bytes * 25,
         "{crossed} bytes crossed the WAN for a profile of {profile_bytes}"
     );
     let (lan, up) = (site.lan()?.stats()?, site.image_server().stats()?);
