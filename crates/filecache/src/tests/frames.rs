@@ -237,7 +237,9 @@ async fn a_run_made_for_one_proxy_is_kept_for_the_next_until_a_write() {
     let s = cache.stats();
     assert_eq!(s.counts.run_frames_reused, 1, "{s:?}");
     assert!(s.run_frame_bytes > 0);
-    // A write into the run: the next proxy gets the new bytes.
+    // A write into the run: the next proxy gets the new bytes. Writes
+    // are held only once the file is whole.
+    whole(&cache).await;
     f.write(&cache, &cred, at + 100, b"new bytes".to_vec(), false)
         .await
         .unwrap_or_else(|e| panic!("{e}"));

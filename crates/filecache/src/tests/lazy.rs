@@ -367,8 +367,13 @@ async fn the_rest_of_a_chunk_a_profile_left_pieces_of_comes_in_one_fetch() {
         5 * per + 20,
     ];
     let (_dir, c, fake) = with_profile(8 * MIB, parts);
-    fake.gate.add_permits(1 << 20);
     let f = start(&c, &fake, b"fr", false);
+    // The profile's fetches (four runs) are all on their way before any
+    // passes the gate.
+    while fake.calls.load(Ordering::Relaxed) < 4 {
+        tokio::task::yield_now().await;
+    }
+    fake.gate.add_permits(1 << 20);
     read_all(&c, &f, &fake).await;
     let of_chunk = |idx: u64| -> Vec<(u64, u32)> {
         let at = idx * u64::from(CHUNK);
