@@ -510,15 +510,40 @@ impl Core {
             .await?,
             Rename
         )?;
-        lock(&self.hidden).insert(
-            ino,
-            Hidden {
-                dir: dir.clone(),
-                name: hidden,
-                cx: cx.clone(),
-            },
-        );
+        let h = Hidden {
+            dir: dir.clone(),
+            name: hidden,
+            cx: cx.clone(),
+        };
+        // The last close may have come while the rename was on its way (the
+        // kernel sends RELEASE after close() has returned, and an unlink
+        // right after it can pass it): decided under the open counts' lock,
+        // which `release` decides the last close under.
+        let h = {
+            let counts = lock(&self.open_count);
+            if counts.contains_key(&ino) {
+                lock(&self.hidden).insert(ino, h);
+                None
+            } else {
+                Some(h)
+            }
+        };
+        if let Some(h) = h {
+            self.remove_hidden_file(&h).await?;
+        }
         Ok(true)
+    }
+
+    /// Removes hidden file `h` upstream.
+    async fn remove_hidden_file(&self, h: &Hidden) -> Res<()> {
+        reply!(
+            self.call(&h.cx, || Ok(NfsRequest::Remove(REMOVE3args {
+                object: dirop(&h.dir, &h.name)?
+            })))
+            .await?,
+            Remove
+        )?;
+        Ok(())
     }
 
     /// ACCESS for `want` (ACCESS3 bits): granted or EACCES. Returns the
@@ -671,13 +696,7 @@ impl Core {
         }
         let hidden = lock(&self.hidden).remove(&open.ino);
         if let Some(h) = hidden {
-            reply!(
-                self.call(&h.cx, || Ok(NfsRequest::Remove(REMOVE3args {
-                    object: dirop(&h.dir, &h.name)?
-                })))
-                .await?,
-                Remove
-            )?;
+            self.remove_hidden_file(&h).await?;
         }
         Ok(())
     }
@@ -740,15 +759,7 @@ impl Core {
     pub(crate) async fn remove_hidden(&self) {
         let hidden: Vec<Hidden> = lock(&self.hidden).drain().map(|(_, h)| h).collect();
         for h in hidden {
-            let done = self
-                .call(&h.cx, || {
-                    Ok(NfsRequest::Remove(REMOVE3args {
-                        object: dirop(&h.dir, &h.name)?,
-                    }))
-                })
-                .await
-                .and_then(|r| reply!(r, Remove));
-            if let Err(e) = done {
+            if let Err(e) = self.remove_hidden_file(&h).await {
                 tracing::warn!(name = %String::from_utf8_lossy(&h.name), error = ?e, "cannot remove a hidden file");
             }
         }

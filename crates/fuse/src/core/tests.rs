@@ -11,6 +11,11 @@ use super::*;
 struct Fake {
     verf: Mutex<[u8; 8]>,
     calls: Mutex<Vec<(NfsProc, u64, stable_how)>>,
+    /// RENAMEs wait for a permit (none until a test adds them).
+    renames: tokio::sync::Semaphore,
+    /// Names RENAMEd to, and REMOVEd.
+    renamed: Mutex<Vec<Vec<u8>>>,
+    removed: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Fake {
@@ -18,6 +23,9 @@ impl Fake {
         Arc::new(Self {
             verf: Mutex::new([1; 8]),
             calls: Mutex::new(Vec::new()),
+            renames: tokio::sync::Semaphore::new(0),
+            renamed: Mutex::new(Vec::new()),
+            removed: Mutex::new(Vec::new()),
         })
     }
 
@@ -64,6 +72,28 @@ impl NfsService for Fake {
                     file_wcc: wcc(),
                     verf,
                 }))
+            }
+            // Every name is the file the tests remember.
+            NfsRequest::Lookup(_) => NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
+                object: fh3(b"file"),
+                obj_attributes: Nfs3Option::None,
+                dir_attributes: Nfs3Option::None,
+            })),
+            NfsRequest::Rename(a) => {
+                lock(&self.renamed).push(a.to.name.0.to_vec());
+                return Box::pin(async move {
+                    if let Ok(p) = self.renames.acquire().await {
+                        p.forget();
+                    }
+                    Ok(NfsReply::Rename(Nfs3Result::Ok(RENAME3resok {
+                        fromdir_wcc: wcc(),
+                        todir_wcc: wcc(),
+                    })))
+                });
+            }
+            NfsRequest::Remove(a) => {
+                lock(&self.removed).push(a.object.name.0.to_vec());
+                NfsReply::Remove(Nfs3Result::Ok(REMOVE3resok { dir_wcc: wcc() }))
             }
             other => NfsReply::error(other.proc_(), nfsstat3::NFS3ERR_NOTSUPP),
         };
@@ -155,4 +185,44 @@ async fn io_through_an_open_file_goes_as_its_opener() {
         core.getattr(&kernel, 12345).await.err(),
         Some(Errno::ESTALE)
     );
+}
+
+#[tokio::test]
+async fn a_file_removed_as_its_last_close_passes_is_not_left_hidden() {
+    let fake = Fake::new();
+    let (core, ino) = core_over(&fake);
+    let core = Arc::new(core);
+    let cx = CallContext::default();
+    let h = core.add_open(ino, &cx).unwrap();
+    // close() returned and the kernel's RELEASE is on its way when the
+    // unlink comes: the file is still open, so it is renamed to a hidden
+    // name...
+    let unlink = {
+        let (core, cx) = (core.clone(), cx.clone());
+        tokio::spawn(async move { core.unlink(&cx, Inodes::ROOT, b"name").await })
+    };
+    while lock(&fake.renamed).is_empty() {
+        tokio::task::yield_now().await;
+    }
+    // ...and the RELEASE is done before the rename.
+    core.release(h).await.unwrap();
+    assert!(lock(&fake.removed).is_empty());
+    fake.renames.add_permits(1);
+    unlink.await.unwrap().unwrap();
+    let hidden = lock(&fake.renamed)[0].clone();
+    assert!(hidden.starts_with(b".gvfs-fuse"));
+    assert_eq!(
+        *lock(&fake.removed),
+        vec![hidden],
+        "the hidden file is gone"
+    );
+    assert!(lock(&core.hidden).is_empty());
+
+    // Still open when the rename ends: removed at the last close.
+    let h = core.add_open(ino, &cx).unwrap();
+    fake.renames.add_permits(1);
+    core.unlink(&cx, Inodes::ROOT, b"other").await.unwrap();
+    assert_eq!(lock(&fake.removed).len(), 1);
+    core.release(h).await.unwrap();
+    assert_eq!(lock(&fake.removed).len(), 2);
 }
