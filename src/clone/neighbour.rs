@@ -137,6 +137,7 @@ impl Bench<'_> {
 
         // 3. Both.
         let (wan, nodes) = self.neighbour_site(true, true)?;
+        let lan_before = nodes[0].proxy.stats()?;
         let started = Instant::now();
         let (copy, clone) = std::thread::scope(|s| {
             let copy = s.spawn(|| self.copy_bulk(&nodes[2], started));
@@ -149,6 +150,7 @@ impl Bench<'_> {
         });
         let ((beside, beside_took), clone): ((Progress, f64), Timing) = (copy?, clone?);
         let both_wan = super::bench::wire(&wan);
+        let lan_note = lan_gate_note(&lan_before, &nodes[0].proxy.stats()?);
         drop(nodes);
 
         let from = delay.as_secs_f64();
@@ -161,7 +163,7 @@ impl Bench<'_> {
             quiet.record(Scenario::LazyNeighbourQuiet.label(), 1, 1, quiet_wan),
             clone.record(Scenario::LazyNeighbour.label(), 1, 1, both_wan),
         ];
-        let notes = vec![format!(
+        let mut notes = vec![format!(
             "Lazy neighbour: node B copied {BULK} ({:.0} MiB) through the LAN proxy in {alone_took:.1} s \
              alone and {beside_took:.1} s with node A's learned lazy clone starting {from:.1} s \
              in; over the clone's span ({from:.1} s to {to:.1} s) the copy moved {:.1} MiB/s \
@@ -171,8 +173,37 @@ impl Bench<'_> {
             rates.beside,
             rates.beside / rates.alone.max(1e-9)
         )];
+        notes.push(lan_note);
         Ok((records, rates, notes))
     }
+}
+
+/// What the LAN proxy's gate did in the run with both, by class (requests
+/// that waited, seconds they waited, MiB admitted), and its file cache's
+/// wire bytes by class.
+fn lan_gate_note(before: &crate::Stats, after: &crate::Stats) -> String {
+    let at = |s: &crate::Stats, path: &[&str]| {
+        path.iter()
+            .fold(s.json(), |v, k| &v[*k])
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let d = |path: &[&str]| at(after, path).saturating_sub(at(before, path));
+    let mut parts = Vec::new();
+    for class in ["demand", "profile", "background", "bulk"] {
+        let gate = |k| d(&["status", "upstream_client", "gate", class, k]);
+        parts.push(format!(
+            "{class} {} waited {:.2} s, {:.1} MiB admitted, {:.1} MiB on the wire",
+            gate("waits"),
+            gate("wait_micros") as f64 / 1e6,
+            gate("admitted_bytes") as f64 / MIB as f64,
+            d(&["file_cache", &format!("{class}_wire_bytes")]) as f64 / MIB as f64
+        ));
+    }
+    format!(
+        "Lazy neighbour: the LAN proxy's gate and file cache over the run with both: {}.",
+        parts.join("; ")
+    )
 }
 
 #[cfg(test)]
