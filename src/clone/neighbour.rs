@@ -11,8 +11,11 @@
 //!    the copy alone's time, at most 5 s) the clone.
 //!
 //! The copy's progress is node B's file-cache bytes received, sampled every
-//! [`SAMPLE`]; its rate over the clone's span (its start to its answer and
-//! 5 s more) in run 3 is set against the same span of run 1.
+//! [`SAMPLE`]. Its throughput (the whole copy's MiB over its time) in run 3
+//! is set against run 1's: the goal. Its rate over the clone's span (its
+//! start to its answer and 5 s more) in both runs is noted beside it, with
+//! the most it could be: whatever the clone's own WAN bytes leave of the
+//! link over that span.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -56,13 +59,21 @@ fn rate(p: &Progress, from: f64, to: f64) -> f64 {
     (bytes_at(p, to) - bytes_at(p, from)) / (to - from).max(1e-9) / MIB as f64
 }
 
-/// What the neighbour runs found.
+/// What the neighbour runs found: the copy's throughput, MiB/s over the
+/// whole copy.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct CopyRates {
-    /// The copy alone, MiB/s over the clone's span.
+    /// The copy alone.
     pub(super) alone: f64,
-    /// Beside the clone, the same span.
+    /// Beside the clone.
     pub(super) beside: f64,
+}
+
+/// The most of its rate over a span of `secs` the copy could keep beside
+/// a clone that needs `clone_wan` WAN bytes in it, on a link of `link`
+/// bytes/s that the copy alone fills: what the clone's bytes leave.
+fn span_bound(secs: f64, clone_wan: u64, link: f64) -> f64 {
+    (1.0 - clone_wan as f64 / (link * secs).max(1.0)).max(0.0)
 }
 
 impl Bench<'_> {
@@ -155,10 +166,19 @@ impl Bench<'_> {
 
         let from = delay.as_secs_f64();
         let to = from + clone.responsive + AFTER_ANSWER;
+        let span = (rate(&alone, from, to), rate(&beside, from, to));
+        let whole = |p: &Progress, took: f64| bytes_at(p, f64::MAX) / MIB as f64 / took.max(1e-9);
         let rates = CopyRates {
-            alone: rate(&alone, from, to),
-            beside: rate(&beside, from, to),
+            alone: whole(&alone, alone_took),
+            beside: whole(&beside, beside_took),
         };
+        // Were the clone to answer within 1.15x its quiet time, with the
+        // WAN bytes it took alone to its answer.
+        let bound = span_bound(
+            1.15 * quiet.responsive + AFTER_ANSWER,
+            quiet.wan_responsive.unwrap_or(0),
+            self.settings.bytes_per_sec(),
+        );
         let records = vec![
             quiet.record(Scenario::LazyNeighbourQuiet.label(), 1, 1, quiet_wan),
             clone.record(Scenario::LazyNeighbour.label(), 1, 1, both_wan),
@@ -166,12 +186,17 @@ impl Bench<'_> {
         let mut notes = vec![format!(
             "Lazy neighbour: node B copied {BULK} ({:.0} MiB) through the LAN proxy in {alone_took:.1} s \
              alone and {beside_took:.1} s with node A's learned lazy clone starting {from:.1} s \
-             in; over the clone's span ({from:.1} s to {to:.1} s) the copy moved {:.1} MiB/s \
-             alone and {:.1} MiB/s beside the clone ({:.2}x).",
+             in ({:.2}x its throughput); over the clone's span ({from:.1} s to {to:.1} s) the \
+             copy moved {:.1} MiB/s alone and {:.1} MiB/s beside the clone ({:.2}x). The clone \
+             alone took {:.1} WAN MiB to its answer in {:.2} s: answering within 1.15x of that, \
+             it would leave the copy at most {bound:.2}x over such a span.",
             bytes_at(&alone, f64::MAX) / MIB as f64,
-            rates.alone,
-            rates.beside,
-            rates.beside / rates.alone.max(1e-9)
+            rates.beside / rates.alone.max(1e-9),
+            span.0,
+            span.1,
+            span.1 / span.0.max(1e-9),
+            quiet.wan_responsive.unwrap_or(0) as f64 / MIB as f64,
+            quiet.responsive,
         )];
         notes.push(lan_note);
         Ok((records, rates, notes))
@@ -218,5 +243,13 @@ mod tests {
         assert!((bytes_at(&p, 2.0) - 3.0 * MIB as f64).abs() < 1e-6);
         // Past the last sample the copy is done: nothing more moves.
         assert!((rate(&p, 3.0, 10.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_copy_keeps_at_most_what_the_clones_bytes_leave_of_the_span() {
+        // 10 s of a 4 MiB/s link: 40 MiB, of which the clone takes 10.
+        assert!((span_bound(10.0, 10 * MIB, 4.0 * MIB as f64) - 0.75).abs() < 1e-9);
+        assert_eq!(span_bound(1.0, 10 * MIB, 4.0 * MIB as f64), 0.0);
+        assert_eq!(span_bound(0.0, 0, 0.0), 1.0);
     }
 }

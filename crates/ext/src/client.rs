@@ -436,6 +436,14 @@ impl ChunkSource for ExtClient {
         })
     }
 
+    fn part(&self, class: Class) -> u32 {
+        if class <= Class::Background {
+            self.gate.part()
+        } else {
+            CHUNK
+        }
+    }
+
     fn supported(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move { matches!(self.agreed().await, Ok(Some(_))) })
     }

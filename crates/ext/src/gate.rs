@@ -27,6 +27,20 @@
 //!     measure more; the chunk more lets a rate measured under the cap
 //!     grow (the least round trip is a small call's, shorter than a
 //!     chunk's).
+//! - **While a guest waits or is about to** (a demand or profile call in
+//!   flight, or an NFS call a client waits for on the same link,
+//!   [`Link::foreground`], or one seen in the last [`URGENT_HOLD`]),
+//!   background and bulk requests are admitted only while every class's
+//!   bytes in flight stay within one BDP and one part's estimate (or if no
+//!   lower-class request is in flight at all), and [`Gate::part`] tells
+//!   their callers to ask in parts of about [`PART_TIME`] on the link (at
+//!   least [`MIN_PART`]). Demand and profile then have the link, and a
+//!   demand reply or an NFS call queues behind about a part at its
+//!   bottleneck, not two BDPs and a chunk (docs/BENCHMARKS.md, "The
+//!   neighbour, looked into": a learned lazy clone's faults beside a
+//!   neighbour's copy waited about 190 ms each behind the copy's bytes in
+//!   flight). The profile keeps the wide cap: its runs are what the guest
+//!   faults on next.
 //! - While several tenants are active, each has at most
 //!   `max(`[`MIN_LOW_PER_TENANT`]`, `[`LOW_SHARE`]` / active)` lower-class
 //!   requests in flight. A tenant alone gets everything.
@@ -40,16 +54,22 @@
 //! [`Gate::admit`].
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use gvfs_nfs::net::estimate::{LinkEstimate, LinkHandle};
 use gvfs_nfs::{Class, Tenant};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::proto::CHUNK;
+
+mod link;
+mod ticket;
+
+pub use link::{FixedLink, Link};
+pub use ticket::Ticket;
 
 /// The least cap on lower-class bytes in flight: about one compressed
 /// chunk, whatever the link.
@@ -65,6 +85,14 @@ const RATIO_WEIGHT: f64 = 1.0 / 8.0;
 /// The ratio's bounds: a chunk of repeats sends next to nothing, an
 /// incompressible one a little more than its bytes.
 const RATIO_BOUNDS: (f64, f64) = (1.0 / 64.0, 1.5);
+/// How long after a demand or profile call the tighter cap on background
+/// and bulk holds (a guest's faults come in bursts a little apart).
+pub const URGENT_HOLD: Duration = Duration::from_secs(1);
+/// About how long one part of a background or bulk chunk takes on the
+/// link while a guest waits: what a demand reply may queue behind.
+pub const PART_TIME: Duration = Duration::from_millis(20);
+/// The least part (raw bytes), a multiple of every piece size.
+pub const MIN_PART: u32 = 64 << 10;
 /// Demand calls in flight shared among active tenants...
 pub const DEMAND_SHARE: usize = 64;
 /// ...but each may have at least this many.
@@ -73,77 +101,6 @@ pub const MIN_DEMAND_PER_TENANT: usize = 4;
 pub const LOW_SHARE: usize = 96;
 /// ...but each may have at least this many.
 pub const MIN_LOW_PER_TENANT: usize = 2;
-
-/// What the gate knows of the link: the RPC client's estimate
-/// ([`LinkHandle`]), or a fixed one in tests.
-pub trait Link: Send + Sync + 'static {
-    /// The link as measured, once something has been.
-    fn estimate(&self) -> Option<LinkEstimate>;
-}
-
-impl Link for LinkHandle {
-    fn estimate(&self) -> Option<LinkEstimate> {
-        LinkHandle::estimate(self)
-    }
-}
-
-/// A link that never changes (tests; `None`: never measured).
-#[derive(Debug, Clone, Copy)]
-pub struct FixedLink(pub Option<LinkEstimate>);
-
-impl Link for FixedLink {
-    fn estimate(&self) -> Option<LinkEstimate> {
-        self.0
-    }
-}
-
-/// Who a request is for and how much it matters, shared by everyone who
-/// waits for the same fetch: a waiter that matters more raises it, and
-/// its request, still queued, moves up.
-#[derive(Debug)]
-pub struct Ticket {
-    class: AtomicU8,
-    tenant: Tenant,
-    admitted: AtomicBool,
-    raised: Notify,
-}
-
-impl Ticket {
-    /// A ticket of `class`, billed to `tenant`.
-    pub fn new(class: Class, tenant: Tenant) -> Arc<Self> {
-        Arc::new(Self {
-            class: AtomicU8::new(class as u8),
-            tenant,
-            admitted: AtomicBool::new(false),
-            raised: Notify::new(),
-        })
-    }
-
-    /// Its class now.
-    pub fn class(&self) -> Class {
-        let n = self.class.load(Ordering::Acquire);
-        Class::ALL[usize::from(n).min(Class::ALL.len() - 1)]
-    }
-
-    /// Whom it is billed to.
-    pub fn tenant(&self) -> Tenant {
-        self.tenant
-    }
-
-    /// Whether a request of it has been admitted.
-    pub fn admitted(&self) -> bool {
-        self.admitted.load(Ordering::Acquire)
-    }
-
-    /// Raises it to `class` (never lowers it); a request of it still
-    /// queued moves to that class's queue.
-    pub fn raise(&self, class: Class) {
-        let before = self.class.fetch_max(class as u8, Ordering::AcqRel);
-        if before < class as u8 {
-            self.raised.notify_waiters();
-        }
-    }
-}
 
 gvfs_nfs::counters! {
     /// What the gate counts for one class.
@@ -171,8 +128,15 @@ pub struct GateStats {
     pub demand: ClassCounts,
     /// Estimated wire bytes of lower-class requests in flight now.
     pub low_in_flight_bytes: u64,
-    /// The cap on them now.
+    /// The cap on them now (on profile requests; background and bulk
+    /// get `urgent_cap_bytes` while a guest waits).
     pub cap_bytes: u64,
+    /// The cap on every class's bytes in flight that background and bulk
+    /// are admitted within while a guest waits.
+    pub urgent_cap_bytes: u64,
+    /// The raw bytes a background or bulk request should ask for at most
+    /// now ([`Gate::part`]).
+    pub part_bytes: u64,
     /// Requests waiting now.
     pub queued: u64,
 }
@@ -232,6 +196,12 @@ struct GateState {
     low_bytes: u64,
     low_calls: usize,
     ratio: f64,
+    /// Estimated wire bytes of demand calls in flight.
+    demand_bytes: u64,
+    /// Demand and profile calls in flight, all tenants'.
+    urgent_calls: usize,
+    /// When the last demand or profile call was admitted or ended.
+    urgent_seen: Option<Instant>,
 }
 
 struct Shared {
@@ -353,6 +323,9 @@ impl Gate {
                     low_bytes: 0,
                     low_calls: 0,
                     ratio: FIRST_RATIO,
+                    demand_bytes: 0,
+                    urgent_calls: 0,
+                    urgent_seen: None,
                 }),
                 link: Box::new(link),
                 counters: Default::default(),
@@ -406,15 +379,26 @@ impl Gate {
         }
     }
 
-    /// The cap on lower-class bytes in flight now.
+    /// The cap on lower-class bytes in flight now (profile requests'; see
+    /// [`GateStats::urgent_cap_bytes`] for the others').
     pub fn cap(&self) -> u64 {
         self.shared.cap()
+    }
+
+    /// The most raw bytes a background or bulk request should ask for
+    /// now: a whole chunk, or, while a guest waits (see the module doc) on
+    /// a link where a chunk takes longer than [`PART_TIME`], a part that
+    /// takes about that long (a multiple of [`MIN_PART`]).
+    pub fn part(&self) -> u32 {
+        let st = self.shared.lock();
+        self.shared.part_at(&st, Instant::now())
     }
 
     /// The gate's counters and gauges.
     pub fn stats(&self) -> GateStats {
         let c = &self.shared.counters;
         let st = self.shared.lock();
+        let now = Instant::now();
         GateStats {
             bulk: c[Class::Bulk as usize].snapshot(),
             background: c[Class::Background as usize].snapshot(),
@@ -422,9 +406,16 @@ impl Gate {
             demand: c[Class::Demand as usize].snapshot(),
             low_in_flight_bytes: st.low_bytes,
             cap_bytes: self.shared.cap_at(st.ratio),
+            urgent_cap_bytes: self.shared.urgent_cap_at(&st, now),
+            part_bytes: u64::from(self.shared.part_at(&st, now)),
             queued: st.waiters.len() as u64,
         }
     }
+}
+
+/// Whether `seen` is within [`URGENT_HOLD`] of `now`.
+fn held(seen: Option<Instant>, now: Instant) -> bool {
+    seen.is_some_and(|t| now.saturating_duration_since(t) < URGENT_HOLD)
 }
 
 /// One chunk's estimated wire bytes at wire/raw ratio `ratio`.
@@ -457,8 +448,43 @@ impl Shared {
             .clamp(MIN_CAP, MAX_CAP)
     }
 
+    /// The cap on all bytes in flight that background and bulk are
+    /// admitted within while a guest waits: one BDP (a full link) and one
+    /// part's estimate.
+    fn urgent_cap_at(&self, st: &GateState, now: Instant) -> u64 {
+        let bdp = self.link.estimate().map_or(0, |e| e.bdp());
+        let part = st.estimate(self.part_at(st, now));
+        bdp.saturating_add(part).clamp(part, MAX_CAP)
+    }
+
+    /// Whether a guest waits or is about to: a demand or profile call in
+    /// flight, or an NFS call on the link ([`Link::foreground`]), or one
+    /// seen within [`URGENT_HOLD`].
+    fn urgent(&self, st: &GateState, now: Instant) -> bool {
+        let (calls, seen) = self.link.foreground();
+        st.urgent(now) || calls > 0 || held(seen, now)
+    }
+
+    /// [`Gate::part`] under the lock.
+    fn part_at(&self, st: &GateState, now: Instant) -> u32 {
+        let Some(link) = self.link.estimate().filter(|_| self.urgent(st, now)) else {
+            return CHUNK;
+        };
+        let wire = u128::from(link.rate) * PART_TIME.as_micros() / 1_000_000;
+        let raw = (wire as f64 / st.ratio) as u64;
+        let raw = u32::try_from(raw).unwrap_or(CHUNK);
+        (raw / MIN_PART * MIN_PART).clamp(MIN_PART, CHUNK)
+    }
+
     fn release(&self, c: Charge, wire: Option<u64>) {
         let mut st = self.lock();
+        if c.class == Class::Demand {
+            st.demand_bytes = st.demand_bytes.saturating_sub(c.est);
+        }
+        if c.class >= Class::Profile {
+            st.urgent_calls = st.urgent_calls.saturating_sub(1);
+            st.urgent_seen = Some(Instant::now());
+        }
         if let Some(load) = st.tenants.get_mut(&c.tenant) {
             if c.class == Class::Demand {
                 load.demand = load.demand.saturating_sub(1);
@@ -492,7 +518,7 @@ impl Shared {
         };
         let mut i = 0;
         while let Some(&id) = st.demand.get(i) {
-            let tenant = st.waiters[&id].ticket.tenant;
+            let tenant = st.waiters[&id].ticket.tenant();
             if st.tenants.get(&tenant).map_or(0, |l| l.demand) < demand_limit {
                 st.demand.remove(i);
                 self.grant(st, id, Class::Demand, now);
@@ -505,9 +531,18 @@ impl Shared {
         } else {
             usize::MAX
         };
-        let cap = self.cap_at(st.ratio);
+        let wide = self.cap_at(st.ratio);
+        // While a guest waits, background and bulk fill only what demand
+        // and profile leave of one BDP and a part.
+        let narrow = self
+            .urgent(st, now)
+            .then(|| self.urgent_cap_at(st, now).min(wide));
         let quantum = chunk_estimate(st.ratio);
         for class in [Class::Profile, Class::Background, Class::Bulk] {
+            let (cap, demand) = match narrow {
+                Some(narrow) if class != Class::Profile => (narrow, st.demand_bytes),
+                _ => (wide, 0),
+            };
             // Tenants passed over in a row because of their own limit.
             let mut passed = 0;
             loop {
@@ -544,7 +579,7 @@ impl Shared {
                     passed = 0;
                     continue;
                 }
-                if st.low_calls > 0 && st.low_bytes + est > cap {
+                if st.low_calls > 0 && st.low_bytes + demand + est > cap {
                     // Full: nothing of this class or below goes.
                     return;
                 }
@@ -565,15 +600,20 @@ impl Shared {
         let Some(w) = st.waiters.remove(&id) else {
             return;
         };
-        let tenant = w.ticket.tenant;
+        let tenant = w.ticket.tenant();
         let load = st.tenants.entry(tenant).or_default();
         load.queued = load.queued.saturating_sub(1);
         if class == Class::Demand {
             load.demand += 1;
+            st.demand_bytes += w.est;
         } else {
             load.low += 1;
             st.low_bytes += w.est;
             st.low_calls += 1;
+        }
+        if class >= Class::Profile {
+            st.urgent_calls += 1;
+            st.urgent_seen = Some(now);
         }
         let counters = &self.counters[class as usize];
         counters.admitted_bytes.add(u64::from(w.raw));
@@ -593,10 +633,14 @@ impl Shared {
             let load = st.tenants.entry(tenant).or_default();
             if class == Class::Demand {
                 load.demand -= 1;
+                st.demand_bytes -= charge.est;
             } else {
                 load.low -= 1;
                 st.low_bytes -= charge.est;
                 st.low_calls -= 1;
+            }
+            if class >= Class::Profile {
+                st.urgent_calls -= 1;
             }
             st.forget_idle(tenant);
         }
@@ -608,12 +652,18 @@ impl GateState {
         ((f64::from(raw) * self.ratio).ceil() as u64).max(1)
     }
 
+    /// Whether a demand or profile call is in flight or was seen within
+    /// [`URGENT_HOLD`].
+    fn urgent(&self, now: Instant) -> bool {
+        self.urgent_calls > 0 || held(self.urgent_seen, now)
+    }
+
     /// Queues a request; returns its id.
     fn enqueue(&mut self, ticket: Arc<Ticket>, raw: u32, grant: oneshot::Sender<Charge>) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         let class = ticket.class();
-        let tenant = ticket.tenant;
+        let tenant = ticket.tenant();
         self.tenants.entry(tenant).or_default().queued += 1;
         let est = self.estimate(raw);
         self.waiters.insert(
@@ -647,7 +697,7 @@ impl GateState {
     /// Takes waiter `id` out of its class's queue (it stays a waiter).
     fn take_out(&mut self, id: u64) -> Option<(Class, Tenant)> {
         let w = self.waiters.get(&id)?;
-        let (class, tenant) = (w.queued_as, w.ticket.tenant);
+        let (class, tenant) = (w.queued_as, w.ticket.tenant());
         if class == Class::Demand {
             self.demand.retain(|&d| d != id);
         } else {

@@ -9,7 +9,7 @@ use crate::error::FetchError;
 use crate::fetch::{FetchArgs, FetchOk};
 use crate::gate::Ticket;
 use crate::profile::Profile;
-use crate::proto::{Class, Tenant};
+use crate::proto::{CHUNK, Class, Tenant};
 use crate::store::StoreArgs;
 
 /// What a fetch is for: its priority class, and the tenant it is billed
@@ -121,6 +121,15 @@ pub trait ChunkSource: Send + Sync + 'static {
 
     /// Whether the source answers FETCH at all (asked once, remembered).
     fn supported(&self) -> BoxFuture<'_, bool>;
+
+    /// The most raw bytes one FETCH of `class` should ask for now: a
+    /// whole chunk, unless the source keeps demand's wait short by having
+    /// background and bulk chunks asked in parts ([`Gate::part`]).
+    ///
+    /// [`Gate::part`]: crate::gate::Gate::part
+    fn part(&self, _class: Class) -> u32 {
+        CHUNK
+    }
 
     /// One FETCH sent on as it came, its XDR results returned as they came:
     /// what a middle proxy without a file cache does.

@@ -4,7 +4,7 @@
 //! profiles.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gvfs_metafile::ByteRepeat;
@@ -12,8 +12,8 @@ use gvfs_nfs::nfs3_types::nfs3::{fattr3, nfsstat3};
 use gvfs_nfs::{BoxFuture, Credentials};
 
 use crate::{
-    ChunkSource, Class, FetchArgs, FetchError, FetchOk, Profile, StoreArgs, Tenant, Ticket, Want,
-    compress,
+    CHUNK, ChunkSource, Class, FetchArgs, FetchError, FetchOk, Profile, StoreArgs, Tenant, Ticket,
+    Want, compress,
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -59,6 +59,8 @@ pub struct FakeSource {
     pub profile: Mutex<Option<Profile>>,
     /// Profiles PROFILE_PUT was given.
     pub put: Mutex<Vec<Profile>>,
+    /// What [`ChunkSource::part`] answers for background and bulk.
+    pub part: AtomicU32,
 }
 
 impl FakeSource {
@@ -80,6 +82,7 @@ impl FakeSource {
             tickets: Mutex::new(Vec::new()),
             profile: Mutex::new(None),
             put: Mutex::new(Vec::new()),
+            part: AtomicU32::new(CHUNK),
         })
     }
 }
@@ -164,6 +167,13 @@ impl ChunkSource for FakeSource {
     }
     fn supported(&self) -> BoxFuture<'_, bool> {
         Box::pin(async { true })
+    }
+    fn part(&self, class: Class) -> u32 {
+        if class <= Class::Background {
+            self.part.load(Ordering::Relaxed)
+        } else {
+            CHUNK
+        }
     }
     fn put_profile<'a>(
         &'a self,

@@ -87,6 +87,16 @@ pub(crate) fn runs_of(mut mask: Mask) -> Vec<Mask> {
     runs
 }
 
+/// `mask` cut at every `per` pieces (windows aligned from the chunk's
+/// start): the non-empty parts, first to last.
+pub(crate) fn cut(mask: Mask, per: u32) -> Vec<Mask> {
+    let per = per.clamp(1, Mask::BITS);
+    (0..Mask::BITS.div_ceil(per))
+        .map(|w| mask & span_bits(w * per, (w * per + per - 1).min(Mask::BITS - 1)))
+        .filter(|&m| m != 0)
+        .collect()
+}
+
 /// The runs a fetch claims for the pieces of `need` (neither here nor
 /// being fetched): each run of `need`, two joined when at most
 /// [`JOIN_GAP`] pieces lie between them and none of those is being
@@ -118,6 +128,23 @@ mod tests {
 
     #[test]
     fn runs_are_found_and_joined_only_over_short_gaps_nobody_fetches() {
+        assert_eq!(cut(0, 8), Vec::<Mask>::new());
+        assert_eq!(cut(Mask::MAX, 128), vec![Mask::MAX]);
+        assert_eq!(
+            cut(Mask::MAX, 32),
+            vec![
+                span_bits(0, 31),
+                span_bits(32, 63),
+                span_bits(64, 95),
+                span_bits(96, 127)
+            ]
+        );
+        // Windows stay aligned from the chunk's start, whatever the mask.
+        assert_eq!(
+            cut(span_bits(5, 20) | span_bits(40, 41), 16),
+            vec![span_bits(5, 15), span_bits(16, 20), span_bits(40, 41)]
+        );
+        assert_eq!(cut(span_bits(0, 9), 3).len(), 4);
         assert_eq!(runs_of(0), Vec::<Mask>::new());
         assert_eq!(runs_of(Mask::MAX), vec![Mask::MAX]);
         let m = span_bits(0, 2) | span_bits(5, 5) | span_bits(9, 12) | 1 << 127;

@@ -143,6 +143,52 @@ async fn fetches_whole_file_and_skips_zero_chunks() {
     assert!(s.counts.wire_bytes < s.counts.raw_bytes);
 }
 
+#[tokio::test]
+async fn a_source_that_wants_parts_gets_background_chunks_in_parts() {
+    let len = 3 * CHUNK as usize + 5000;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let fake = Fake::new(content(len), true);
+    let part = 256 << 10;
+    fake.part.store(part, Ordering::Relaxed);
+    let c = cache(dir.path());
+    let f = c
+        .start(
+            b"fp",
+            &fake.attrs,
+            None,
+            fake.clone(),
+            &Credentials::default(),
+            false,
+            &FIRST,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    whole(&c).await;
+    let (all, _) = f
+        .read(
+            &c,
+            &src(&fake),
+            &Credentials::default(),
+            0,
+            len as u32,
+            &DEMAND,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(all == fake.data, "file cache bytes differ");
+    // Chunk 1 is zeros (content()), but without a zero map it is fetched.
+    let mut got: Vec<(u64, u32, Class)> = lock(&fake.fetched).clone();
+    got.sort_unstable_by_key(|g| g.0);
+    let want: Vec<(u64, u32, Class)> = (0..len as u64)
+        .step_by(part as usize)
+        .map(|o| (o, part.min((len as u64 - o) as u32), Class::Background))
+        .collect();
+    assert_eq!(got, want);
+    // A source that wants whole chunks (the default) gets them.
+    let (_dir, fake, c, _f) = started(b"fq", content(len), true, None, false);
+    whole(&c).await;
+    assert_eq!(fake.calls.load(Ordering::Relaxed), 4);
+}
+
 /// `data` with `(to, from, len)` made repeats of earlier bytes, and
 /// those repeats listed.
 fn with_repeats(mut data: Vec<u8>, list: &[(u64, u64, u32)]) -> (Vec<u8>, Vec<ByteRepeat>) {

@@ -27,7 +27,7 @@ const MAX_REQUEST: usize = 8 * 1024;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Fields that are levels (gauges) rather than running totals (counters).
-const GAUGES: [&str; 22] = [
+const GAUGES: [&str; 24] = [
     "open",
     "connections_pending",
     "buffers_budget_bytes",
@@ -49,6 +49,8 @@ const GAUGES: [&str; 22] = [
     "link_bdp_bytes",
     "gate_low_in_flight_bytes",
     "gate_cap_bytes",
+    "gate_urgent_cap_bytes",
+    "gate_part_bytes",
     "gate_queued",
 ];
 

@@ -367,7 +367,13 @@ mod tests {
         for key in ["min_rtt_us", "rate_bps", "bdp_bytes"] {
             assert!(v["link"][key].is_u64(), "link.{key}: {v}");
         }
-        for key in ["low_in_flight_bytes", "cap_bytes", "queued"] {
+        for key in [
+            "low_in_flight_bytes",
+            "cap_bytes",
+            "urgent_cap_bytes",
+            "part_bytes",
+            "queued",
+        ] {
             assert!(v["gate"][key].is_u64(), "gate.{key}: {v}");
         }
         for class in ["bulk", "background", "profile", "demand"] {

@@ -525,6 +525,9 @@ impl NfsService for NfsUpstream {
     ) -> BoxFuture<'a, Result<NfsReply, ServiceError>> {
         Box::pin(async move {
             let p = req.proc_();
+            // A client waits for it: the extension client's background
+            // and bulk fetches on the same link make way.
+            let _waited = self.nfs.link().foreground();
             let results = self
                 .nfs
                 .call_with(NFS_PROGRAM, 3, p as u32, &cx.cred, |out| req.encode(out))

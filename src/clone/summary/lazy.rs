@@ -163,13 +163,14 @@ pub(in crate::clone) fn lazy_goals(
         .collect()
 }
 
-/// The goal of the copy beside the clone: it keeps 0.8x of its rate
-/// alone (as the copy alone's rate over its rate beside the clone, at
-/// most 1.25); `rates` are the copy's MiB/s alone and beside it.
+/// The goal of the copy beside the clone: it keeps 0.8x of its
+/// throughput alone (as the copy alone's MiB/s over its MiB/s beside the
+/// clone, at most 1.25); `rates` are the whole copy's MiB/s alone and
+/// beside it.
 pub(in crate::clone) fn copy_goal(rates: Option<(f64, f64)>) -> Goal {
     Goal {
         name: "lazy neighbour: the copy alone's MiB/s <= 1.25x the copy's beside the clone (it \
-               keeps 0.8x)"
+               keeps 0.8x of its throughput, the whole copy's)"
             .to_owned(),
         unit: "MiB/s",
         measured: rates.map(|r| r.0),

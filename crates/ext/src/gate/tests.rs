@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use gvfs_nfs::net::estimate::{LinkEstimate, LinkHandle};
 use tokio::sync::mpsc;
 
 use super::*;
@@ -433,4 +434,76 @@ async fn a_rate_measured_under_the_cap_grows_past_one_chunk() {
         "at most {most_late} chunks in flight after 3 s (cap {})",
         gate.cap()
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_a_guest_waits_background_and_bulk_fill_only_what_it_leaves() {
+    // 40 ms at 6 MB/s: a BDP of 240,000 bytes; 20 ms of it is 120,000
+    // wire bytes, 240,000 raw at the first ratio: three 64 KiB parts.
+    let gate = Gate::new(link(40, 6));
+    assert_eq!(gate.part(), CHUNK, "nobody waits yet");
+    let wide = gate.cap();
+    assert_eq!(wide, 2 * 240_000 + u64::from(MIB) / 2);
+    let demand = now(&gate, Class::Demand, Tenant::LOCAL, 8192).await;
+    let part = gate.part();
+    assert_eq!(part, 3 * MIN_PART);
+    let narrow = gate.stats().urgent_cap_bytes;
+    assert_eq!(narrow, 240_000 + u64::from(part) / 2);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    for _ in 0..8 {
+        ask(&gate, Class::Bulk, tenant(1), part, "bulk", &tx);
+    }
+    settle().await;
+    let mut bulk = drain(&mut rx);
+    let est = u64::from(part) / 2;
+    assert_eq!(
+        bulk.len() as u64,
+        (narrow - 4096) / est,
+        "within one BDP and a part, the demand's bytes counted"
+    );
+    // The profile keeps the wide cap, and while it is in flight no more
+    // bulk goes: the profile has the link.
+    ask(&gate, Class::Profile, tenant(2), MIB, "profile", &tx);
+    settle().await;
+    let profile = drain(&mut rx);
+    assert_eq!(profile.len(), 1);
+    if let Some((_, _, _, p)) = bulk.pop() {
+        p.done(est);
+    }
+    settle().await;
+    assert!(drain(&mut rx).is_empty(), "bulk went beside the profile");
+    // Demand and profile end; a hold later the rest goes within the wide
+    // cap, in whole chunks from then on.
+    demand.done(4096);
+    for (_, _, _, p) in profile {
+        p.done(u64::from(MIB) / 2);
+    }
+    // Within the hold, bulk fills one BDP and a part again.
+    settle().await;
+    let within = drain(&mut rx);
+    assert_eq!(within.len(), 1, "{:?}", gate.stats());
+    tokio::time::sleep(URGENT_HOLD).await;
+    assert_eq!(gate.part(), CHUNK);
+    if let Some((_, _, _, p)) = bulk.pop() {
+        p.done(est);
+    }
+    settle().await;
+    let more = drain(&mut rx);
+    assert_eq!(more.len(), 8 - 3 - 1, "{:?}", gate.stats());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_nfs_call_on_the_link_has_background_asked_in_parts() {
+    let link = LinkHandle::new();
+    let sent = link.sent();
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    link.replied(sent, 240_000);
+    let gate = Gate::new(link.clone());
+    assert_eq!(gate.part(), CHUNK);
+    let call = link.foreground();
+    assert!(gate.part() < CHUNK, "an NFS call in flight");
+    drop(call);
+    assert!(gate.part() < CHUNK, "within the hold");
+    tokio::time::sleep(URGENT_HOLD).await;
+    assert_eq!(gate.part(), CHUNK);
 }

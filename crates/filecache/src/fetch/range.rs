@@ -63,7 +63,9 @@ impl CachedFile {
 
     /// Fetches chunk `idx` (already claimed) and writes it into the file:
     /// whole, in one frame (kept for other proxies), or, when readers
-    /// fetched pieces of it, the pieces still missing.
+    /// fetched pieces of it or the source wants background and bulk
+    /// chunks in parts ([`ChunkSource::part`]: demand is about on a slow
+    /// link), the pieces still missing, a part a FETCH.
     pub(crate) async fn fetch_chunk(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -74,11 +76,15 @@ impl CachedFile {
     ) -> Result<(), FileCacheError> {
         let (offset, count) = self.chunk_range(idx);
         let pieces = self.fetch.pieces(idx);
-        let result = if pieces.here | pieces.fetching == 0 {
+        let part = match want.class {
+            Class::Background | Class::Bulk => source.part(want.class),
+            Class::Profile | Class::Demand => CHUNK,
+        };
+        let result = if pieces.here | pieces.fetching == 0 && part >= count {
             self.fetch_range(cache, source, cred, offset, count, want, Some(idx))
                 .await
         } else {
-            self.fetch_rest(cache, source, cred, idx, pieces, want)
+            self.fetch_rest(cache, source, cred, idx, pieces, want, part)
                 .await
         };
         match result {

@@ -12,7 +12,9 @@ use crate::cache::FileCache;
 use crate::chunks::{Chunk, Pieces};
 use crate::entry::CachedFile;
 use crate::error::FileCacheError;
-use crate::pieces::{Mask, all_pieces, hashed_pieces_around, runs_of, span_bits, span_of};
+use crate::pieces::{
+    Mask, PIECE, all_pieces, cut, hashed_pieces_around, runs_of, span_bits, span_of,
+};
 
 /// Pieces in a run of the rest of a chunk fetched behind a reader's.
 pub(crate) const STREAM_RUN: u32 = 64;
@@ -84,7 +86,10 @@ impl CachedFile {
     /// bytes of the same version: a chunk a profile left a few pieces of
     /// costs one round trip, not one per gap), then waits for those on
     /// their way. Pieces on their way split the run, one FETCH per part,
-    /// all at once: they are never fetched again.
+    /// all at once: they are never fetched again. So does `part` (raw
+    /// bytes, a multiple of the hashed piece: the source's
+    /// [`ChunkSource::part`]), so that no FETCH asks for more.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn fetch_rest(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -93,6 +98,7 @@ impl CachedFile {
         idx: usize,
         pieces: Pieces,
         want: &Want,
+        part: u32,
     ) -> Result<(), FileCacheError> {
         let (_, len) = self.chunk_range(idx);
         let all = all_pieces(len);
@@ -100,8 +106,14 @@ impl CachedFile {
         let mut rx = self.fetch.subscribe();
         // One FETCH per run, at once.
         let mut runs = tokio::task::JoinSet::new();
-        for part in runs_of(span_of(ours) & !pieces.fetching) {
+        let parts = runs_of(span_of(ours) & !pieces.fetching)
+            .into_iter()
+            .flat_map(|run| cut(run, part / PIECE));
+        for part in parts {
             let mut run = span_of(part & ours);
+            if run == 0 {
+                continue;
+            }
             if self.content.is_some() {
                 // Whole hashed pieces: checked, and open to held blocks.
                 run = hashed_pieces_around(run) & all;
@@ -124,11 +136,8 @@ impl CachedFile {
             }
             let here = {
                 let chunks = self.fetch.chunks();
-                chunks.get(idx).is_some_and(|c| c.here())
-                    || chunks
-                        .pieces
-                        .get(&idx)
-                        .is_some_and(|p| (p.here | ours) & all == all)
+                let pieces_here = chunks.pieces.get(&idx).map_or(0, |p| p.here);
+                chunks.get(idx).is_some_and(|c| c.here()) || (pieces_here | ours) & all == all
             };
             if here {
                 return Ok(());

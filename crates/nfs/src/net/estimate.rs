@@ -135,6 +135,11 @@ pub struct LinkEstimator {
     rate: Windowed,
     /// Reply bytes delivered so far.
     delivered: u64,
+    /// Calls a client waits for in flight (not the estimate's: what a
+    /// scheduler of the link's other traffic makes way for), and when
+    /// one last began or ended.
+    foreground: usize,
+    foreground_seen: Option<Instant>,
 }
 
 impl Default for LinkEstimator {
@@ -150,7 +155,27 @@ impl LinkEstimator {
             min_rtt: Windowed::new(false),
             rate: Windowed::new(true),
             delivered: 0,
+            foreground: 0,
+            foreground_seen: None,
         }
+    }
+
+    /// A call a client waits for leaves now (see [`LinkHandle::foreground`]).
+    pub fn foreground_began(&mut self, now: Instant) {
+        self.foreground += 1;
+        self.foreground_seen = Some(now);
+    }
+
+    /// Such a call ended now.
+    pub fn foreground_ended(&mut self, now: Instant) {
+        self.foreground = self.foreground.saturating_sub(1);
+        self.foreground_seen = Some(now);
+    }
+
+    /// Calls a client waits for in flight, and when one last began or
+    /// ended.
+    pub fn foreground(&self) -> (usize, Option<Instant>) {
+        (self.foreground, self.foreground_seen)
     }
 
     /// A call leaves now.
@@ -226,6 +251,21 @@ impl LinkHandle {
         self.lock().estimate()
     }
 
+    /// Marks a call a client waits for (an NFS call passed upstream) as in
+    /// flight until the guard is dropped, so that whoever schedules the
+    /// link's other traffic (the extension client's gate) makes way for
+    /// it.
+    pub fn foreground(&self) -> Foreground {
+        self.lock().foreground_began(Instant::now());
+        Foreground(self.clone())
+    }
+
+    /// Calls a client waits for in flight, and when one last began or
+    /// ended.
+    pub fn foreground_calls(&self) -> (usize, Option<Instant>) {
+        self.lock().foreground()
+    }
+
     /// The least round trip in the window.
     pub fn min_rtt(&self) -> Option<Duration> {
         self.lock().min_rtt()
@@ -239,6 +279,18 @@ impl LinkHandle {
     /// The bandwidth-delay product, bytes.
     pub fn bdp(&self) -> Option<u64> {
         self.estimate().map(|e| e.bdp())
+    }
+}
+
+/// A call a client waits for, in flight while this lives
+/// ([`LinkHandle::foreground`]).
+#[derive(Debug)]
+#[must_use = "the call counts as in flight only while this lives"]
+pub struct Foreground(LinkHandle);
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        self.0.lock().foreground_ended(Instant::now());
     }
 }
 

@@ -96,7 +96,9 @@ pub struct ServerSection {
     #[arg(long, value_name = "SIZE")]
     pub buffer_memory: Option<String>,
 
-    /// Calls in flight per client connection [default: 64].
+    /// Calls running at once per client connection; calls a reader
+    /// waits for (all NFS calls, demand FETCHes) may run up to twice this
+    /// [default: 64].
     #[arg(long, value_name = "N")]
     pub max_in_flight: Option<usize>,
 

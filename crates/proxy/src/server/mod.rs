@@ -6,9 +6,14 @@
 //! `max_connections` served connections and
 //! `max_pending` more that have not yet sent a first call or finished a TLS
 //! handshake, each pool making room by closing its oldest or idlest member
-//! ([`slots`]); at most `max_in_flight` calls per connection (the reader
-//! stops reading while that many run), a bounded reply queue, and record
-//! caps enforced before allocation. Every wait for a peer has a timeout: a
+//! ([`slots`]); at most twice `max_in_flight` calls per connection read
+//! and not yet answered (the reader stops reading while that many are),
+//! of which at most `max_in_flight` below [`Class::Demand`] run at once,
+//! a bounded reply queue, and record caps enforced before allocation.
+//! Lower-class calls past the limit wait for a turn without stopping the
+//! reader, so a call a reader waits for is read and run even while a
+//! peer's profile and background fetches fill the limit (a node's FETCH
+//! for a fault behind 96 profile runs). Every wait for a peer has a timeout: a
 //! first call within `first_call_timeout`, a record once begun within
 //! `record_timeout`, the next call within `idle_timeout` while nothing is
 //! running. On shutdown the listener stops, readers stop taking new calls,
@@ -33,6 +38,7 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use gvfs_nfs::Class;
 use gvfs_nfs::net::stream::{RecordStream, StreamError};
 use gvfs_nfs::record::RecordLimits;
 use gvfs_nfs::rpc::ReplyRecord;
@@ -65,7 +71,9 @@ pub struct ServerLimits {
     /// Connections not yet through their first call or TLS handshake; when
     /// full, the oldest makes room.
     pub max_pending: usize,
-    /// Calls in flight per connection.
+    /// Calls below [`Class::Demand`] running at once per connection; a
+    /// connection has at most twice this many read and not yet answered,
+    /// and demand calls run at once within that.
     pub max_in_flight: usize,
     /// Caps on incoming records.
     pub records: RecordLimits,
@@ -463,7 +471,9 @@ async fn serve_connection<S>(
     state.memory().attach(peer.tenant());
     let peer = Arc::new(peer);
     let (rd, mut wr) = tokio::io::split(stream);
-    let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
+    let limit = limits.max_in_flight.max(1);
+    let in_flight = Arc::new(Semaphore::new(2 * limit));
+    let running = Arc::new(Semaphore::new(limit));
     let (reply_tx, mut reply_rx) = reply_queue::<Queued>();
     let write_timeout = limits.write_timeout;
     let writer = tokio::spawn(async move {
@@ -541,8 +551,19 @@ async fn serve_connection<S>(
         };
         let (front, tx, peer) = (front.clone(), reply_tx.clone(), peer.clone());
         let memory = state.memory().clone();
+        let running = (class < Class::Demand).then(|| running.clone());
         tasks.spawn(async move {
+            // A lower-class call waits for its turn here, not in the
+            // reader: the calls behind it are still read.
+            let turn = match running {
+                Some(running) => match running.acquire_owned().await {
+                    Ok(turn) => Some(turn),
+                    Err(_) => return,
+                },
+                None => None,
+            };
             let reply = front.handle(&rec, &peer).await;
+            drop(turn);
             drop(rec);
             if let Some(reply) = reply {
                 // The reply as it is, instead of the most it could be.
@@ -628,3 +649,6 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,8 +5,8 @@
 //!
 //! The connection's calls push their replies, its writer pops them. The
 //! queue is bounded by what its entries carry: each holds its call's
-//! in-flight permit until written, so a connection has at most
-//! `max_in_flight` calls running and replies queued together. Reordering
+//! in-flight permit until written, so a connection has at most twice
+//! `max_in_flight` calls running, waiting and queued together. Reordering
 //! happens only while replies wait here, not once in the socket's buffer.
 //! (`TCP_NOTSENT_LOWAT` on TLS sockets, to keep that buffer small, stalled
 //! TLS connections for the RPC client's 30 s retransmit: taken out.)
