@@ -113,13 +113,15 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
         "WAN-P: {parallel} B for 2 nodes, one alone {cold} B"
     );
     // The LAN proxy handed the nodes the chunks as they came across the
-    // WAN: it compressed none of them again.
+    // WAN: it compressed again only those it asked for in parts while a
+    // guest waited (no frame of them came across).
     let lan = outcome
         .lan_stats
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("no LAN proxy stats from WAN-P"))?;
+    let counts = &lan.file_cache.counts;
     ensure!(
-        lan.file_cache.counts.frames_reused > 0 && lan.file_cache.counts.frames_made == 0,
+        counts.frames_reused > 0 && counts.frames_made <= counts.parted_chunks,
         "WAN-P's LAN proxy compressed chunks again: {lan}"
     );
     // The full copy moves every byte; metadata actions move less.

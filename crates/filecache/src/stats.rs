@@ -28,6 +28,12 @@ gvfs_nfs::counters! {
         frames_reused,
         /// Chunks compressed here for other proxies (then kept).
         frames_made,
+        /// Chunks asked for in parts, not whole, because a guest waited on
+        /// a slow link ([`ChunkSource::part`]): no frame of them came from
+        /// upstream, so one is made here if another proxy asks for them.
+        ///
+        /// [`ChunkSource::part`]: gvfs_ext::ChunkSource::part
+        parted_chunks,
         /// Runs (ranges not whole chunks) sent to other proxies in a frame
         /// made for a proxy before and kept in memory.
         run_frames_reused,

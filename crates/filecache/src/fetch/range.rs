@@ -80,10 +80,14 @@ impl CachedFile {
             Class::Background | Class::Bulk => source.part(want.class),
             Class::Profile | Class::Demand => CHUNK,
         };
-        let result = if pieces.here | pieces.fetching == 0 && part >= count {
+        let whole = pieces.here | pieces.fetching == 0;
+        let result = if whole && part >= count {
             self.fetch_range(cache, source, cred, offset, count, want, Some(idx))
                 .await
         } else {
+            if whole {
+                cache.counters.parted_chunks.inc();
+            }
             self.fetch_rest(cache, source, cred, idx, pieces, want, part)
                 .await
         };
