@@ -34,7 +34,7 @@
 //!   bytes in flight stay within one BDP and one part's estimate (or if no
 //!   lower-class request is in flight at all), and [`Gate::part`] tells
 //!   their callers to ask in parts of about [`PART_TIME`] on the link (at
-//!   least [`MIN_PART`]). Demand and profile then have the link, and a
+//!   least [`MIN_PART`]; only across a link of [`PART_MIN_RTT`] or more). Demand and profile then have the link, and a
 //!   demand reply or an NFS call queues behind about a part at its
 //!   bottleneck, not two BDPs and a chunk (docs/BENCHMARKS.md, "The
 //!   neighbour, looked into": a learned lazy clone's faults beside a
@@ -93,6 +93,12 @@ pub const URGENT_HOLD: Duration = Duration::from_secs(1);
 pub const PART_TIME: Duration = Duration::from_millis(20);
 /// The least part (raw bytes), a multiple of every piece size.
 pub const MIN_PART: u32 = 64 << 10;
+/// Chunks are asked for in parts only across a link of at least this
+/// round trip (a WAN). Across a shorter one a demand reply waits little
+/// behind a chunk anyway, the rate measured in its first round trips is
+/// not worth cutting by, and whole chunks keep one FETCH each and their
+/// frame for the next proxy.
+pub const PART_MIN_RTT: Duration = Duration::from_millis(10);
 /// Demand calls in flight shared among active tenants...
 pub const DEMAND_SHARE: usize = 64;
 /// ...but each may have at least this many.
@@ -467,7 +473,11 @@ impl Shared {
 
     /// [`Gate::part`] under the lock.
     fn part_at(&self, st: &GateState, now: Instant) -> u32 {
-        let Some(link) = self.link.estimate().filter(|_| self.urgent(st, now)) else {
+        let Some(link) = self
+            .link
+            .estimate()
+            .filter(|e| e.min_rtt >= PART_MIN_RTT && self.urgent(st, now))
+        else {
             return CHUNK;
         };
         let wire = u128::from(link.rate) * PART_TIME.as_micros() / 1_000_000;

@@ -507,3 +507,15 @@ async fn an_nfs_call_on_the_link_has_background_asked_in_parts() {
     tokio::time::sleep(URGENT_HOLD).await;
     assert_eq!(gate.part(), CHUNK);
 }
+
+#[tokio::test(start_paused = true)]
+async fn across_a_short_round_trip_chunks_are_never_cut() {
+    // 2 ms at 6 MB/s: 20 ms of the link would be a part of three pieces,
+    // but a round trip under PART_MIN_RTT keeps chunks whole.
+    let gate = Gate::new(link(2, 6));
+    let _demand = now(&gate, Class::Demand, Tenant::LOCAL, 8192).await;
+    assert_eq!(gate.part(), CHUNK);
+    let gate = Gate::new(link(PART_MIN_RTT.as_millis() as u64, 6));
+    let _demand = now(&gate, Class::Demand, Tenant::LOCAL, 8192).await;
+    assert!(gate.part() < CHUNK, "a WAN's round trip");
+}
