@@ -4,7 +4,7 @@
 //! the byte budget, or forgotten). Fetching, reading, writing and dedup
 //! add their methods in their own modules.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,7 +22,7 @@ use crate::error::{FileCacheError, HeldWriteError, IndexError};
 use crate::fetch::state::FetchState;
 use crate::index::MetaIndex;
 use crate::learn::LearnSettings;
-use crate::names::{file_name, index_key, parse_name};
+use crate::names::{file_name, index_key, parse_name, progress_path};
 use crate::profiles::Profiles;
 use crate::record::{decode_record, encode_record};
 use crate::run_frames::{RUN_FRAMES_BYTES, RunFrames};
@@ -119,26 +119,39 @@ impl FileCache {
             dedup: Dedup::new(parts.blocks, parts.block_reader),
             counters: Counters::default(),
         });
+        // Side files (frames, progress logs, temporary files) once the
+        // files they belong to are known.
+        let mut side = Vec::new();
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
             let path = entry.path();
-            let kept = entry
-                .file_name()
-                .to_str()
-                .and_then(parse_name)
-                .and_then(|fh| cache.restore(&fh, &path));
+            let Some(fh) = entry.file_name().to_str().and_then(parse_name) else {
+                side.push(path);
+                continue;
+            };
+            let kept = cache
+                .restore(&fh, &path)
+                .or_else(|| cache.restore_partial(&fh, &path));
             match kept {
                 Some(f) => {
                     lock(&cache.files).insert(f.fh.clone(), f);
                 }
                 None => {
-                    if let Some(fh) = entry.file_name().to_str().and_then(parse_name) {
-                        cache.forget_blocks(&fh);
-                    }
+                    cache.forget_blocks(&fh);
                     tracing::info!(path = %path.display(), "file cache: removing an unfinished file");
                     let _ = std::fs::remove_file(&path);
                 }
             }
+        }
+        // The progress logs of files kept partial stay; all else goes.
+        let logs: HashSet<PathBuf> = lock(&cache.files)
+            .values()
+            .filter(|f| f.dormant)
+            .map(|f| progress_path(&f.path))
+            .collect();
+        for path in side.into_iter().filter(|p| !logs.contains(p)) {
+            tracing::debug!(path = %path.display(), "file cache: removing a side file");
+            let _ = std::fs::remove_file(&path);
         }
         Ok(cache)
     }
@@ -233,11 +246,12 @@ impl FileCache {
         }
     }
 
-    /// The entry for `fh`, if there is a usable one (not failed).
+    /// The entry for `fh`, if there is a usable one (not failed, and not
+    /// a partial file kept at open: [`start`](Self::start) resumes that).
     pub fn get(&self, fh: &[u8]) -> Option<Arc<CachedFile>> {
         lock(&self.files)
             .get(fh)
-            .filter(|f| f.failure().is_none())
+            .filter(|f| f.failure().is_none() && !f.dormant)
             .cloned()
     }
 
@@ -334,8 +348,8 @@ impl FileCache {
             .collect()
     }
 
-    /// Evicts finished or failed files, least recently used first, until
-    /// `size` more bytes fit.
+    /// Evicts finished, failed or dormant files, least recently used
+    /// first, until `size` more bytes fit.
     pub(crate) fn make_room(
         &self,
         files: &mut HashMap<Vec<u8>, Arc<CachedFile>>,
@@ -354,7 +368,7 @@ impl FileCache {
             }
             let victim = files
                 .values()
-                .filter(|f| !f.busy() && (f.complete() || f.failure().is_some()))
+                .filter(|f| !f.busy() && (f.complete() || f.failure().is_some() || f.dormant))
                 .min_by_key(|f| f.last_used.load(Ordering::Relaxed))
                 .map(|f| f.fh.clone());
             let Some(fh) = victim else {
@@ -367,7 +381,8 @@ impl FileCache {
         }
     }
 
-    /// Removes a let-go entry's record, file and frames. Called under the
+    /// Removes a let-go entry's record, file, frames and progress log
+    /// (its fetch, if still running, writes no more of it). Called under the
     /// files lock that took it out of the map: a new entry of the same file
     /// (at the same path) cannot have been made yet.
     pub(crate) fn discard(&self, f: &CachedFile) {
@@ -377,5 +392,6 @@ impl FileCache {
         self.forget_blocks(&f.fh);
         let _ = std::fs::remove_file(&f.path);
         f.frames.remove();
+        f.end_progress();
     }
 }

@@ -43,6 +43,9 @@ pub(crate) struct Pieces {
     /// Whether the rest of the chunk is being fetched behind a reader's
     /// pieces, a run at a time (the background stream leaves it).
     pub(crate) streaming: bool,
+    /// Pieces kept from before a restart that passed their check (also
+    /// in `here`): never fetched again as part of a longer run.
+    pub(crate) kept: Mask,
 }
 
 /// The state of a file's chunks, and the pieces of those not whole yet.

@@ -10,7 +10,13 @@
 //!   fetched, for other proxies;
 //! - `learning` (`learn/`): the order readers first touch it in, while it
 //!   is learned as a working-set profile;
-//! - `content`: its metadata when that names block hashes (`dedup/`).
+//! - `content`: its metadata when that names block hashes (`dedup/`);
+//! - `progress` ([`Progress`], `progress.rs`): while it is partial, the
+//!   log of the pieces written, which a restart keeps it by; `kept`
+//!   ([`Kept`], `progress.rs`): pieces kept from before a restart, not
+//!   served before `fetch/kept.rs` checks them; `dormant`: kept at open and not yet
+//!   resumed (nothing reads it until a fetch of the same version resumes
+//!   it).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +33,7 @@ use crate::fetch::state::FetchState;
 use crate::frames::FrameStore;
 use crate::learn::learning::Learning;
 use crate::names::frames_path;
+use crate::progress::{Kept, Progress};
 use crate::versions::{FileVersions, Versions};
 
 /// Seconds since the epoch: the clock of `last_used`.
@@ -64,6 +71,12 @@ pub struct CachedFile {
     pub(crate) content: Option<Arc<MetaFile>>,
     /// Bytes of it copied from blocks held here instead of fetched.
     pub(crate) dedup_bytes: AtomicU64,
+    /// Its progress log while it is partial (not kept without an index).
+    pub(crate) progress: Mutex<Option<Progress>>,
+    /// Pieces kept from before a restart (a resumed fetch only).
+    pub(crate) kept: Option<Kept>,
+    /// Kept at open, partly fetched, and not resumed yet.
+    pub(crate) dormant: bool,
 }
 
 impl std::fmt::Debug for CachedFile {
@@ -100,7 +113,28 @@ impl CachedFile {
             learn_end: tokio::sync::Notify::new(),
             content,
             dedup_bytes: AtomicU64::new(0),
+            progress: Mutex::new(None),
+            kept: None,
+            dormant: false,
         }
+    }
+
+    /// The entry with its progress log.
+    pub(crate) fn with_progress(mut self, progress: Option<Progress>) -> Self {
+        self.progress = Mutex::new(progress);
+        self
+    }
+
+    /// The entry of a resumed fetch, with the pieces it kept.
+    pub(crate) fn with_kept(mut self, kept: Kept) -> Self {
+        self.kept = Some(kept);
+        self
+    }
+
+    /// The entry kept at open, not to be read until resumed.
+    pub(crate) fn into_dormant(mut self) -> Self {
+        self.dormant = true;
+        self
     }
 
     /// The attributes upstream gave the version held here.

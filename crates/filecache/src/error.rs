@@ -279,3 +279,52 @@ pub enum RecordError {
         chunks: usize,
     },
 }
+
+/// Why a progress log (see `filecache::progress`) was not loaded. The
+/// partly fetched file beside it is then deleted, as one without a log.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum ProgressError {
+    /// The log could not be read (it may not exist).
+    #[error("file-cache progress log: {0}")]
+    Io(#[from] io::Error),
+    /// Not the magic `GVFP`.
+    #[error("file-cache progress log: bad magic")]
+    BadMagic,
+    /// A log version this build does not read.
+    #[error("file-cache progress log version {0} is not one this build reads (1)")]
+    Version(u32),
+    /// The header's CRC32 does not match its bytes.
+    #[error("file-cache progress log: header checksum mismatch")]
+    Checksum,
+    /// The log ends inside its header.
+    #[error("file-cache progress log: truncated header")]
+    Truncated,
+    /// The header's attributes do not load.
+    #[error("file-cache progress log: {0}")]
+    Attrs(#[from] RecordError),
+    /// The header's size is not its attributes' size.
+    #[error("file-cache progress log: size {size} but attributes of {attrs} bytes")]
+    SizeMismatch {
+        /// The header's size.
+        size: u64,
+        /// The size its attributes give.
+        attrs: u64,
+    },
+    /// The file it describes is larger than the cache may hold.
+    #[error("file-cache progress log: a file of {size} bytes, over the budget of {max}")]
+    TooLarge {
+        /// The header's size.
+        size: u64,
+        /// The cache's budget.
+        max: u64,
+    },
+    /// The log is longer than one of its file's size can grow to.
+    #[error("file-cache progress log: {len} bytes, more than the {max} it may grow to")]
+    TooLong {
+        /// The log's length.
+        len: u64,
+        /// The most it may be.
+        max: u64,
+    },
+}

@@ -16,10 +16,15 @@
 //!   sources (`wait_for`).
 //! - `rest.rs`: the rest of a chunk that pieces of were fetched.
 //! - `range.rs`: one range fetched, checked and written (every fetch above
-//!   comes down to it), with held blocks copied instead (`dedup/`).
+//!   comes down to it), with held blocks copied instead (`dedup/`), and
+//!   recorded in the file's progress log.
+//! - `kept.rs`: a partly fetched file kept across a restart: kept dormant
+//!   at open, resumed by the next fetch, its kept pieces checked before
+//!   they are served.
 //!
 //! [`FetchState`]: state::FetchState
 
+pub(crate) mod kept;
 mod range;
 pub(crate) mod rest;
 pub(crate) mod state;

@@ -33,10 +33,14 @@
 //!
 //! Crash safety: a finished file is synced, then recorded in the
 //! [`MetaIndex`] with its attributes (the record's bytes are specified in
-//! `filecache/record.rs`: magic, version, CRC); files without such a
-//! record (a fetch cut short), or whose record does not load, are deleted
-//! when the cache is opened. Entries are evicted, least recently used
-//! first, to keep the total under a byte budget.
+//! `filecache/record.rs`: magic, version, CRC). A file being fetched has a
+//! progress log beside it (`filecache/progress.rs`) naming the pieces
+//! written and their CRC32s; a file without a record but with a log that
+//! loads is kept when the cache is opened, and the next fetch of the same
+//! version resumes it, checking each kept piece before serving it
+//! (`fetch/kept.rs`). Other files without a record, or whose record does
+//! not load, are deleted. Entries are evicted, least recently used first,
+//! to keep the total under a byte budget.
 //!
 //! Where things are. The public API is re-exported here; dependencies
 //! between the files point one way: the modules that work on an entry
@@ -45,7 +49,7 @@
 //! `entry.rs`: [`CachedFile`]) -> their parts (`fetch/state.rs`,
 //! `versions.rs`, `frames.rs`, `learn/learning.rs`, `dedup/parts.rs`) ->
 //! shared leaf types (`chunks.rs`, `pieces.rs`, `names.rs`, `stats.rs`,
-//! `record.rs`, `error.rs`, the indexes).
+//! `record.rs`, `progress.rs`, `error.rs`, the indexes).
 //!
 //! [`CHUNK`]: gvfs_ext::CHUNK
 //! [`ChunkSource`]: gvfs_ext::ChunkSource
@@ -93,6 +97,7 @@ mod index;
 mod names;
 mod pieces;
 mod profiles;
+mod progress;
 mod record;
 mod side;
 mod stats;

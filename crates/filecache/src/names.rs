@@ -1,6 +1,7 @@
 //! How a file-cache entry is named on disk and in the index: its file is
 //! its handle in hex in the cache's directory, its frames `HEX.frames`
-//! beside it, its record under the index key `f` + handle.
+//! and, while it is partial, its progress log `HEX.progress` beside it,
+//! its record under the index key `f` + handle.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,14 @@ pub(crate) fn file_name(fh: &[u8]) -> String {
 pub(crate) fn frames_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".frames");
+    PathBuf::from(p)
+}
+
+/// The progress log beside a partly fetched file (`progress.rs`; kept at
+/// open only beside a file kept partial).
+pub(crate) fn progress_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".progress");
     PathBuf::from(p)
 }
 

@@ -63,7 +63,7 @@ const RECORD_VERSION: u32 = 1;
 /// Flag: the file holds writes not yet written back.
 const DIRTY: u32 = 1 << 0;
 /// Bytes of one set of attributes.
-const ATTRS_LEN: usize = 84;
+pub(crate) const ATTRS_LEN: usize = 84;
 /// Bytes before the upstream attributes: magic, version, flags.
 const HEADER_LEN: usize = 12;
 
@@ -165,7 +165,8 @@ fn checked_body(bytes: &[u8]) -> Result<&[u8], RecordError> {
     Ok(&covered[8..])
 }
 
-fn put_attrs(out: &mut Vec<u8>, a: &fattr3) {
+/// Appends `a`'s bytes (the layout above, little-endian).
+pub(crate) fn put_attrs(out: &mut Vec<u8>, a: &fattr3) {
     for w in [a.type_ as u32, a.mode, a.nlink, a.uid, a.gid] {
         out.extend_from_slice(&w.to_le_bytes());
     }
@@ -180,6 +181,16 @@ fn put_attrs(out: &mut Vec<u8>, a: &fattr3) {
         out.extend_from_slice(&t.seconds.to_le_bytes());
         out.extend_from_slice(&t.nseconds.to_le_bytes());
     }
+}
+
+/// Attributes from the first [`ATTRS_LEN`] bytes of `bytes` (the layout
+/// above, little-endian).
+pub(crate) fn get_attrs(bytes: &[u8]) -> Result<fattr3, RecordError> {
+    Reader {
+        bytes,
+        order: Order::Little,
+    }
+    .attrs()
 }
 
 /// The byte order of a record: version 1's, or version 0's XDR.

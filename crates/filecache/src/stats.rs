@@ -111,6 +111,17 @@ gvfs_nfs::counters! {
         /// file rewritten since, a damaged disk, a fingerprint shared by
         /// other bytes): not used, fetched.
         dedup_rejected,
+        /// Partly fetched files kept at open (their progress logs loaded),
+        /// for the next fetch of the same version to resume.
+        kept_files,
+        /// Bytes of those files their progress logs recorded as written.
+        kept_bytes,
+        /// Kept pieces whose bytes did not match the CRC32 their progress
+        /// log recorded (lost in a crash, or damaged): fetched again.
+        kept_bad_pieces,
+        /// Bytes fetched again of pieces a progress log had recorded and
+        /// that passed their check (should stay 0).
+        refetched_bytes,
         /// 64 KiB pieces that did not match their hash in the image's
         /// metadata: with held blocks in them, fetched again whole;
         /// otherwise as upstream sent them (the metadata is wrong), and

@@ -406,12 +406,23 @@ async fn concurrent_users_share_one_fetch_and_restart_keeps_it() {
     // Wait for the record, then reopen: the file is kept, nothing fetched.
     whole(&c).await;
     drop(c);
-    std::fs::write(dir.path().join("abcd"), b"half a fetch").unwrap_or_else(|e| panic!("{e}"));
+    // Unfinished files without a progress log that loads are removed;
+    // those with one are kept (`tests/crash.rs`).
+    for (name, log) in [("abcd", None), ("abce", Some(&b"GVFP torn"[..]))] {
+        std::fs::write(dir.path().join(name), b"half a fetch").unwrap_or_else(|e| panic!("{e}"));
+        if let Some(log) = log {
+            std::fs::write(dir.path().join(format!("{name}.progress")), log)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
     let c = reopen(dir.path(), &index);
-    assert!(
-        !dir.path().join("abcd").exists(),
-        "unfinished files are removed"
-    );
+    for name in ["abcd", "abce", "abce.progress"] {
+        assert!(
+            !dir.path().join(name).exists(),
+            "{name}: files without progress are removed"
+        );
+    }
+    assert_eq!(c.stats().counts.kept_files, 0);
     let f = c
         .get(b"fh3")
         .unwrap_or_else(|| panic!("kept across reopen"));

@@ -3,8 +3,8 @@
 //! here already are copied, not fetched (`dedup/`); the FETCH answer is
 //! checked against the version fetched, its repeats filled (their sources
 //! before the range waited for first), checked against the piece hashes,
-//! and written into the local file; a whole chunk's frame is kept for
-//! other proxies. Each fetch ends by telling the [`FetchState`] what
+//! written into the local file and then recorded in its progress log; a
+//! whole chunk's frame is kept for other proxies. Each fetch ends by telling the [`FetchState`] what
 //! arrived.
 //!
 //! [`FetchState`]: super::state::FetchState
@@ -259,6 +259,8 @@ impl CachedFile {
             me.file
                 .write_all_at(&raw, offset)
                 .map_err(|e| FileCacheError::io("writing", &me.path, e))?;
+            // Handed to the kernel: now it may be recorded.
+            me.note_progress(offset, &raw);
             if let Some((idx, frame)) = frame {
                 me.keep_frame(idx, &frame, writes);
             }
@@ -286,6 +288,7 @@ impl CachedFile {
         cache.counters.decompress_micros.add(spent);
         cache.counters.repeat_bytes.add(repeated);
         cache.counters.raw_bytes.add(u64::from(count));
+        self.count_refetched(cache, offset, count);
         self.count_dedup(cache, dedup);
         Ok(None)
     }
@@ -327,6 +330,7 @@ impl CachedFile {
             me.file
                 .write_all_at(&raw, offset)
                 .map_err(|e| FileCacheError::io("writing", &me.path, e))?;
+            me.note_progress(offset, &raw);
             me.note_blocks(&c, offset, &raw);
             Ok::<_, FileCacheError>(true)
         })

@@ -84,11 +84,14 @@ impl CachedFile {
     /// in one FETCH of the run from the first to the last of them (the
     /// pieces between that are here already are fetched again, the same
     /// bytes of the same version: a chunk a profile left a few pieces of
-    /// costs one round trip, not one per gap), then waits for those on
+    /// costs one round trip, not one per gap; but not pieces kept from
+    /// before a restart, which split the run), then waits for those on
     /// their way. Pieces on their way split the run, one FETCH per part,
     /// all at once: they are never fetched again. So does `part` (raw
     /// bytes, a multiple of the hashed piece: the source's
-    /// [`ChunkSource::part`]), so that no FETCH asks for more.
+    /// [`ChunkSource::part`]), so that no FETCH asks for more. Pieces
+    /// given back without arriving (kept ones that failed their check)
+    /// are fetched then.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn fetch_rest(
         self: &Arc<Self>,
@@ -96,53 +99,67 @@ impl CachedFile {
         source: &Arc<dyn ChunkSource>,
         cred: &Credentials,
         idx: usize,
-        pieces: Pieces,
+        mut pieces: Pieces,
         want: &Want,
         part: u32,
     ) -> Result<(), FileCacheError> {
         let (_, len) = self.chunk_range(idx);
         let all = all_pieces(len);
-        let ours = all & !pieces.here & !pieces.fetching;
         let mut rx = self.fetch.subscribe();
-        // One FETCH per run, at once.
-        let mut runs = tokio::task::JoinSet::new();
-        let parts = runs_of(span_of(ours) & !pieces.fetching)
-            .into_iter()
-            .flat_map(|run| cut(run, part / PIECE));
-        for part in parts {
-            let mut run = span_of(part & ours);
-            if run == 0 {
-                continue;
-            }
-            if self.content.is_some() {
-                // Whole hashed pieces: checked, and open to held blocks.
-                run = hashed_pieces_around(run) & all;
-            }
-            let (me, cache, source, cred, want) = (
-                self.clone(),
-                cache.clone(),
-                source.clone(),
-                cred.clone(),
-                want.clone(),
-            );
-            runs.spawn(async move { me.fetch_run(&cache, &source, &cred, idx, run, &want).await });
-        }
-        while let Some(done) = runs.join_next().await {
-            done.map_err(|e| FileCacheError::task("the rest of a chunk", e))??;
-        }
+        // Pieces fetched here (claimed with the chunk, so not in `here`).
+        let mut done: Mask = 0;
         loop {
-            if let Some(why) = self.failure() {
-                return Err(why);
+            let ours = all & !pieces.here & !pieces.fetching & !done;
+            // One FETCH per run, at once.
+            let mut runs = tokio::task::JoinSet::new();
+            let parts = runs_of(span_of(ours) & !pieces.fetching & !pieces.kept)
+                .into_iter()
+                .flat_map(|run| cut(run, part / PIECE));
+            for part in parts {
+                let mut run = span_of(part & ours);
+                if run == 0 {
+                    continue;
+                }
+                if self.content.is_some() {
+                    // Whole hashed pieces: checked, and open to held blocks.
+                    run = hashed_pieces_around(run) & all;
+                }
+                let (me, cache, source, cred, want) = (
+                    self.clone(),
+                    cache.clone(),
+                    source.clone(),
+                    cred.clone(),
+                    want.clone(),
+                );
+                runs.spawn(
+                    async move { me.fetch_run(&cache, &source, &cred, idx, run, &want).await },
+                );
             }
-            let here = {
-                let chunks = self.fetch.chunks();
-                let pieces_here = chunks.pieces.get(&idx).map_or(0, |p| p.here);
-                chunks.get(idx).is_some_and(|c| c.here()) || (pieces_here | ours) & all == all
-            };
-            if here {
-                return Ok(());
+            while let Some(ended) = runs.join_next().await {
+                ended.map_err(|e| FileCacheError::task("the rest of a chunk", e))??;
             }
-            rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
+            done |= ours;
+            loop {
+                if let Some(why) = self.failure() {
+                    return Err(why);
+                }
+                let now = {
+                    let chunks = self.fetch.chunks();
+                    if chunks.get(idx).is_some_and(|c| c.here()) {
+                        return Ok(());
+                    }
+                    chunks.pieces.get(&idx).copied().unwrap_or_default()
+                };
+                if (now.here | done) & all == all {
+                    return Ok(());
+                }
+                if all & !now.here & !now.fetching & !done != 0 {
+                    // Given back unfetched: ours now.
+                    pieces = now;
+                    break;
+                }
+                rx.changed().await.map_err(|_| FileCacheError::FetchGone)?;
+            }
         }
     }
 }

@@ -56,8 +56,8 @@
 //!
 //! **Claims are exact.** A run of pieces is claimed only where none is
 //! being fetched (`pieces::claim_runs`): a reader's pieces between others'
-//! in-flight ones become runs of their own, so no piece is fetched twice
-//! at once, and the fetch that ends a run gives back only the pieces it
+//! in-flight ones (or pieces kept from before a restart, `kept`) become
+//! runs of their own, so no piece is fetched twice at once, and the fetch that ends a run gives back only the pieces it
 //! claimed, never another's. (A run widened to whole hashed pieces, for
 //! dedup, may fetch a neighbour's pieces again, but still gives back only
 //! its own.)
@@ -283,7 +283,7 @@ impl FetchState {
             return Vec::new();
         }
         let p = chunks.pieces.entry(idx).or_default();
-        let runs = claim_runs(mask & !p.here & !p.fetching, p.fetching);
+        let runs = claim_runs(mask & !p.here & !p.fetching, p.fetching | p.kept);
         for run in &runs {
             p.fetching |= run;
         }
@@ -317,6 +317,17 @@ impl FetchState {
             }
         }
         self.signal();
+    }
+
+    /// Ends the check of the pieces `kept` of chunk `idx` (`len` bytes),
+    /// kept from before a restart and claimed since: those `good` are here
+    /// (and no run is joined over them: they are not fetched again), the
+    /// rest given back to be fetched.
+    pub(crate) fn kept_checked(&self, idx: usize, len: u32, kept: Mask, good: Mask) {
+        if let Some(p) = self.chunks().pieces.get_mut(&idx) {
+            p.kept |= good & kept;
+        }
+        self.pieces_ended(idx, len, kept, good & kept, true);
     }
 
     /// The pieces of chunk `idx` here and being fetched (none when it has
@@ -375,7 +386,7 @@ impl FetchState {
             let whole_planned = fetch.iter().any(|f| f.pieces.is_none());
             match state {
                 Chunk::Missing if pieces => {
-                    for run in claim_runs(want & !p.here & !p.fetching, p.fetching) {
+                    for run in claim_runs(want & !p.here & !p.fetching, p.fetching | p.kept) {
                         chunks.pieces.entry(idx).or_default().fetching |= run;
                         fetch.push(Planned::waited(idx, Some(run)));
                     }

@@ -5,6 +5,7 @@
 //!
 //! [`DEMAND_HOLD_MS`]: super::state::DEMAND_HOLD_MS
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,8 +21,9 @@ use crate::entry::CachedFile;
 use crate::error::FileCacheError;
 use crate::fetch::state::FetchState;
 use crate::learn::learning::Learning;
-use crate::names::{file_name, index_key};
+use crate::names::{file_name, index_key, progress_path};
 use crate::pieces::{Mask, PIECE};
+use crate::progress::Progress;
 use crate::versions::Versions;
 
 /// Chunks one file's background fetch keeps in flight.
@@ -68,19 +70,57 @@ impl FileCache {
         first: &Want,
     ) -> Result<Arc<CachedFile>, FileCacheError> {
         let mut files = lock(&self.files);
+        let mut resumed = None;
         if let Some(f) = files.get(fh) {
-            if f.busy() || (f.failure().is_none() && same_version(&f.attrs(), attrs)) {
+            if f.dormant {
+                // Kept partial at open: resumed if it is of this version.
+                if same_version(&f.attrs(), attrs) {
+                    resumed = self.resume(f, zero, learn, first);
+                }
+            } else if f.busy() || (f.failure().is_none() && same_version(&f.attrs(), attrs)) {
                 if !f.complete() {
                     self.counters.coalesced_fetches.add(1);
                 }
                 return Ok(f.clone());
             }
-            let old = files.remove(fh);
-            if let Some(old) = old {
-                self.discard(&old);
+            if resumed.is_none() {
+                let old = files.remove(fh);
+                if let Some(old) = old {
+                    self.discard(&old);
+                }
             }
         }
-        self.make_room(&mut files, attrs.size)?;
+        let entry = match resumed {
+            Some(entry) => entry,
+            None => self.fresh(&mut files, fh, attrs, zero, learn, first)?,
+        };
+        files.insert(fh.to_vec(), entry.clone());
+        drop(files);
+        if entry.kept.is_some() {
+            tokio::spawn(self.clone().check_all_kept(entry.clone()));
+        }
+        if learn {
+            tokio::spawn(
+                self.clone()
+                    .learn(entry.clone(), source.clone(), cred.clone()),
+            );
+        }
+        tokio::spawn(self.clone().fetch_all(entry.clone(), source, cred.clone()));
+        Ok(entry)
+    }
+
+    /// A new entry for this version of the file, its local file and
+    /// progress log made (empty), room made for it first.
+    fn fresh(
+        &self,
+        files: &mut HashMap<Vec<u8>, Arc<CachedFile>>,
+        fh: &[u8],
+        attrs: &fattr3,
+        zero: Option<&MetaFile>,
+        learn: bool,
+        first: &Want,
+    ) -> Result<Arc<CachedFile>, FileCacheError> {
+        self.make_room(files, attrs.size)?;
         // A record left of an earlier entry (let go without a flush since)
         // must not survive a crash to describe the half-fetched file about
         // to be made at its path.
@@ -102,6 +142,14 @@ impl FileCache {
             .open(&path)
             .and_then(|f| f.set_len(attrs.size).map(|()| f))
             .map_err(|e| FileCacheError::io("creating", &path, e))?;
+        // Without an index nothing is kept across a restart: no log.
+        let progress = self.index.as_ref().and_then(|_| {
+            Progress::create(&progress_path(&path), attrs)
+                .inspect_err(|e| {
+                    tracing::warn!(file = %path.display(), "file cache: cannot make a progress log: {e}");
+                })
+                .ok()
+        });
         let n = chunk_count(attrs.size);
         let mut chunks = vec![Chunk::Missing; n];
         let mut zeros = 0;
@@ -121,7 +169,7 @@ impl FileCache {
             .filter(|m| m.hashes.is_some() && m.file_size == attrs.size)
             .map(|m| Arc::new(m.clone()));
         let learning = learn.then(|| Learning::new(attrs.size, &chunks, &self.learn));
-        let entry = Arc::new(CachedFile::new(
+        let entry = CachedFile::new(
             fh,
             path,
             file,
@@ -129,17 +177,8 @@ impl FileCache {
             FetchState::new(chunks, first.tenant, first.class),
             learning,
             content,
-        ));
-        files.insert(fh.to_vec(), entry.clone());
-        drop(files);
-        if learn {
-            tokio::spawn(
-                self.clone()
-                    .learn(entry.clone(), source.clone(), cred.clone()),
-            );
-        }
-        tokio::spawn(self.clone().fetch_all(entry.clone(), source, cred.clone()));
-        Ok(entry)
+        );
+        Ok(Arc::new(entry.with_progress(progress)))
     }
 
     /// The background fetch of a whole file: first the chunks of its
@@ -290,6 +329,7 @@ impl FileCache {
         // Only if still the entry: one let go meanwhile must leave no
         // record to describe the file a newer entry makes at its path.
         self.record_lazily(&entry);
+        self.settle_progress(&entry).await;
         self.counters.files_complete.add(1);
         self.counters
             .fetch_micros

@@ -51,7 +51,8 @@ impl CachedFile {
     /// nobody fetches yet (as `want`, upstream too): a reader (`Demand`)
     /// or a profile's run fetches the pieces its range covers, others
     /// whole chunks. A reader's wait counts as a fault when its bytes were
-    /// not here.
+    /// not here. Kept pieces of its chunks not checked yet are checked
+    /// first (`kept.rs`).
     pub(crate) async fn ensure(
         self: &Arc<Self>,
         cache: &Arc<FileCache>,
@@ -65,6 +66,9 @@ impl CachedFile {
             return Ok(());
         }
         let end = offset + len;
+        // Pieces kept from before a restart are checked before use.
+        let (first, last) = chunks_of(offset, end);
+        self.check_kept(cache, first, last).await?;
         let waited = Instant::now();
         let mut faulted = false;
         let mut rx = self.fetch.subscribe();

@@ -1,7 +1,12 @@
 //! Crashes around held writes: records made durable before a write lands
-//! or is acknowledged, entries let go while written, successors.
+//! or is acknowledged, entries let go while written, successors; and
+//! fetches cut short by a crash, kept by their progress logs and resumed.
 
 use super::*;
+use crate::names::progress_path;
+use crate::pieces::Mask;
+use crate::progress::Progress;
+use gvfs_ext::Profile;
 
 /// An index that loses, in a crash, what was not flushed: `put` and
 /// `remove` change the live map, `flush` makes it the durable one, and
@@ -205,4 +210,204 @@ async fn a_record_of_an_entry_let_go_does_not_describe_its_successor() {
     .unwrap_or_else(|e| panic!("{e}"));
     let c = crash_open(dir.path(), &index.crashed());
     assert!(c.get(b"ft").is_none(), "a half-fetched file was kept");
+}
+
+/// The progress log of `fh` in `dir`, as a restart finds it: the pieces
+/// it records, by chunk.
+fn recorded(dir: &Path, fh: &[u8]) -> Vec<(usize, Mask)> {
+    let path = progress_path(&dir.join(file_name(fh)));
+    Progress::load(&path, 1 << 40)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .masks()
+        .collect()
+}
+
+/// The fetch of `fake`'s file as `fh` in a cache in `dir` on `index`,
+/// killed once `arrive` FETCHes have been answered: the process dies with
+/// the rest in flight (held at `fake`'s gate for ever). Returns the
+/// pieces its progress log recorded.
+async fn killed_halfway(
+    dir: &Path,
+    index: &Arc<CrashIndex>,
+    fake: &Arc<Fake>,
+    fh: &[u8],
+    arrive: usize,
+) -> Vec<(usize, Mask)> {
+    let c = crash_open(dir, index);
+    c.start(
+        fh,
+        &fake.attrs,
+        None,
+        fake.clone(),
+        &Credentials::default(),
+        false,
+        &FIRST,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    fake.gate.add_permits(arrive);
+    for _ in 0..500 {
+        if c.stats().counts.chunks_fetched == arrive as u64 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(c.stats().counts.chunks_fetched, arrive as u64);
+    recorded(dir, fh)
+}
+
+/// Bytes of the pieces `recorded` names, of a file of `size` bytes.
+fn recorded_bytes(size: u64, recorded: &[(usize, Mask)]) -> u64 {
+    recorded
+        .iter()
+        .map(|&(idx, mask)| crate::progress::mask_bytes(size, idx, mask))
+        .sum()
+}
+
+/// Whether piece `piece` of chunk `idx` is among the `recorded`.
+fn was_recorded(recorded: &[(usize, Mask)], idx: usize, piece: u64) -> bool {
+    recorded
+        .iter()
+        .any(|&(i, mask)| i == idx && mask & 1 << piece != 0)
+}
+
+#[tokio::test]
+async fn a_fetch_killed_halfway_resumes_fetching_only_what_was_never_recorded() {
+    let len = 8 * CHUNK as usize + 5000;
+    let size = len as u64;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    // A working-set profile's pieces come first: some chunks are kept
+    // in part.
+    let fake = Fake::new(content(len), false);
+    let per = CHUNK / PIECE;
+    let parts = vec![2 * per + 10, 2 * per + 11, 5 * per + 40];
+    *lock(&fake.profile) = Some(Profile::of(&fake.attrs, PIECE, parts));
+    let kept = killed_halfway(dir.path(), &index, &fake, b"fk", 4).await;
+    let kept_bytes = recorded_bytes(size, &kept);
+    assert!(kept_bytes > 0 && kept_bytes < size, "{kept:?}");
+    assert!(
+        kept.iter().any(|&(_, m)| m != Mask::MAX),
+        "no chunk kept in part: {kept:?}"
+    );
+    // The restart keeps the file, but serves nothing of it unresumed.
+    let index = index.crashed();
+    let c = crash_open(dir.path(), &index);
+    assert!(c.get(b"fk").is_none(), "a partial file is served");
+    let s = c.stats().counts;
+    assert_eq!((s.kept_files, s.kept_bytes), (1, kept_bytes));
+    // The next fetch of the same version resumes it.
+    let fake = Fake::new(content(len), true);
+    let cred = Credentials::default();
+    let f = c
+        .start(b"fk", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
+        .unwrap_or_else(|e| panic!("{e}"));
+    whole(&c).await;
+    let (got, _) = f
+        .read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got == fake.data, "resumed bytes differ");
+    // Fetched after the restart: only pieces never recorded, each once.
+    let fetched = lock(&fake.fetched).clone();
+    for &(offset, count, _) in &fetched {
+        for at in (offset..offset + u64::from(count)).step_by(PIECE as usize) {
+            let idx = (at / u64::from(CHUNK)) as usize;
+            let piece = at % u64::from(CHUNK) / u64::from(PIECE);
+            assert!(
+                !was_recorded(&kept, idx, piece),
+                "piece {piece} of chunk {idx} fetched again"
+            );
+        }
+    }
+    let total: u64 = fetched.iter().map(|f| u64::from(f.1)).sum();
+    assert_eq!(total, size - kept_bytes);
+    let s = c.stats().counts;
+    assert_eq!((s.refetched_bytes, s.kept_bad_pieces), (0, 0));
+    // Whole: the log is gone, and a crash now keeps the file whole.
+    let log = progress_path(&dir.path().join(file_name(b"fk")));
+    assert!(!log.exists(), "the progress log of a whole file stays");
+    let c = crash_open(dir.path(), &index.crashed());
+    let f = c.get(b"fk").unwrap_or_else(|| panic!("not kept whole"));
+    assert!(f.complete());
+}
+
+#[tokio::test]
+async fn a_kept_piece_damaged_on_disk_is_fetched_again_and_counted() {
+    let len = 6 * CHUNK as usize;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    let fake = Fake::new(content(len), false);
+    let kept = killed_halfway(dir.path(), &index, &fake, b"fb", 3).await;
+    assert_eq!(kept.len(), 3, "{kept:?}");
+    // A byte of piece 5 of a kept chunk lost (a reboot, a bad disk).
+    let (idx, _) = kept[1];
+    let at = idx as u64 * u64::from(CHUNK) + 5 * u64::from(PIECE) + 77;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(file_name(b"fb")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    file.write_all_at(&[!fake.data[at as usize]], at)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let c = crash_open(dir.path(), &index.crashed());
+    let fake = Fake::new(content(len), true);
+    let cred = Credentials::default();
+    let f = c
+        .start(b"fb", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
+        .unwrap_or_else(|e| panic!("{e}"));
+    // A reader at once: never the damaged byte.
+    let (got, _) = f
+        .read(&c, &src(&fake), &cred, at - 77, PIECE, &DEMAND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got[..] == fake.data[at as usize - 77..][..PIECE as usize]);
+    whole(&c).await;
+    let (got, _) = f
+        .read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got == fake.data, "a damaged kept piece was served");
+    let s = c.stats().counts;
+    assert_eq!((s.kept_bad_pieces, s.refetched_bytes), (1, 0));
+    let again = lock(&fake.fetched)
+        .iter()
+        .any(|&(o, n, _)| o <= at && at < o + u64::from(n));
+    assert!(again, "the damaged piece was not fetched again");
+}
+
+#[tokio::test]
+async fn a_kept_file_of_another_version_is_discarded() {
+    let len = 6 * CHUNK as usize;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    let fake = Fake::new(content(len), false);
+    let kept = killed_halfway(dir.path(), &index, &fake, b"fv", 3).await;
+    assert!(!kept.is_empty());
+    let c = crash_open(dir.path(), &index.crashed());
+    assert_eq!(c.stats().counts.kept_files, 1);
+    // The file changed at the origin while the proxy was down.
+    let mut newer = Fake::new(content(len).iter().map(|b| b ^ 0x5a).collect(), true);
+    if let Some(n) = Arc::get_mut(&mut newer) {
+        n.attrs = attrs(len as u64, 9);
+    }
+    let cred = Credentials::default();
+    let f = c
+        .start(
+            b"fv",
+            &newer.attrs,
+            None,
+            newer.clone(),
+            &cred,
+            false,
+            &FIRST,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    whole(&c).await;
+    let (got, _) = f
+        .read(&c, &src(&newer), &cred, 0, len as u32, &DEMAND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got == newer.data, "bytes of the old version were served");
+    let total: u64 = lock(&newer.fetched).iter().map(|f| u64::from(f.1)).sum();
+    assert_eq!(total, len as u64, "the new version was not fetched whole");
+    assert_eq!(c.stats().counts.refetched_bytes, 0);
 }

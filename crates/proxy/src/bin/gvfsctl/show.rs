@@ -109,6 +109,13 @@ pub(super) fn print_stats(s: &Stats) {
             f.cached_bytes, f.dirty_files, f.counts.written_back_files, f.counts.written_back_bytes
         );
         let c = &f.counts;
+        if c.kept_files + c.kept_bad_pieces + c.refetched_bytes > 0 {
+            println!(
+                "  kept        {} partly fetched files ({} bytes) kept across a restart; \
+                 {} kept pieces failed their check, {} kept bytes fetched again",
+                c.kept_files, c.kept_bytes, c.kept_bad_pieces, c.refetched_bytes
+            );
+        }
         let closed =
             c.learn_closed_quiet + c.learn_closed_time + c.learn_closed_size + c.learn_ended_early;
         if c.faults_waited + c.demand_wire_bytes + c.profile_hits + c.profiles_sent + closed > 0 {
