@@ -32,8 +32,8 @@
 //!   subscribe before they look, so no bump is missed: readers waiting for
 //!   chunks others fetch (`ensure`), the rest of a chunk waiting for the
 //!   pieces others fetch (`fetch_rest`), and the background stream, held
-//!   back by readers' fetches or waiting for their chunks at the end
-//!   (`fetch_all`).
+//!   back by readers' fetches or, at the end, waiting for their chunks
+//!   and for pieces given back, claimable again (`fetch_all`).
 //! - **The atomics** steer the background stream; none guards data:
 //!   - `demand_in_flight`: readers' own fetches under way;
 //!   - `last_demand_ms`: when a reader's own fetch last ended (ms since

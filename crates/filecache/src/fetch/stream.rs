@@ -186,7 +186,8 @@ impl FileCache {
     /// flight), then the rest in file order, going on from the chunk after
     /// a reader's latest fetch ([`WINDOW`] in flight, or [`UNDER_DEMAND`]
     /// while readers fetch chunks of their own), then what that passed
-    /// over; then sync and record it.
+    /// over, and what is given back until the file is whole (it never
+    /// stops while a chunk can still be claimed); then sync and record it.
     pub(crate) async fn fetch_all(
         self: Arc<Self>,
         entry: Arc<CachedFile>,
@@ -295,14 +296,18 @@ impl FileCache {
                 }
                 continue;
             }
-            match set.join_next().await {
-                Some(done) => profile_bytes -= done.unwrap_or(0).min(profile_bytes),
-                None => break,
+            if let Some(done) = set.join_next().await {
+                profile_bytes -= done.unwrap_or(0).min(profile_bytes);
+                continue;
             }
-        }
-        // Chunks that readers fetched themselves may still be arriving.
-        let mut rx = entry.fetch.subscribe();
-        while entry.failure().is_none() && !entry.complete() {
+            // Nothing left to claim: chunks that readers fetch themselves
+            // may still be arriving. Until the file is whole (or failed),
+            // back to claiming after every change: pieces given back (kept
+            // ones that failed their check, behind a rest that passed
+            // them) make a chunk claimable again, and nobody else owns it.
+            if entry.failure().is_some() || entry.complete() {
+                break;
+            }
             if rx.changed().await.is_err() {
                 break;
             }

@@ -411,3 +411,48 @@ async fn a_kept_file_of_another_version_is_discarded() {
     assert_eq!(total, len as u64, "the new version was not fetched whole");
     assert_eq!(c.stats().counts.refetched_bytes, 0);
 }
+
+#[tokio::test]
+async fn kept_pieces_given_back_after_the_stream_passed_their_chunk_are_fetched() {
+    let len = 6 * CHUNK as usize;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    let fake = Fake::new(content(len), false);
+    let kept = killed_halfway(dir.path(), &index, &fake, b"fg", 3).await;
+    let (idx, mask) = kept[1];
+    let c = crash_open(dir.path(), &index.crashed());
+    let fake = Fake::new(content(len), true);
+    let cred = Credentials::default();
+    let f = c
+        .start(b"fg", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
+        .unwrap_or_else(|e| panic!("{e}"));
+    // A reader's check holds the chunk's kept pieces (claimed) ...
+    let taken = f
+        .kept
+        .as_ref()
+        .map(|k| k.take(idx, idx))
+        .unwrap_or_default();
+    assert_eq!(taken.len(), 1);
+    // ... while another reader's rest behind it streams the chunk, so
+    // the background stream passes it over, and ends.
+    let at = idx as u64 * u64::from(CHUNK);
+    let (_, waiting) = f.fetch.plan(at, at + 1, f.size(), Class::Demand);
+    assert!(waiting);
+    for _ in 0..500 {
+        let left = (0..6).filter(|&i| !f.fetch.chunks()[i].here()).count();
+        if left == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    f.fetch.stop_streaming(idx);
+    // The check fails every piece: given back, for the stream to fetch.
+    f.fetch.kept_checked(idx, CHUNK, mask, 0);
+    whole(&c).await;
+    let (got, _) = f
+        .read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got == fake.data);
+}
