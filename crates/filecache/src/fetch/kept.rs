@@ -17,7 +17,8 @@
 //!   fetch checks the rest in file order. Each chunk is checked once (it
 //!   is taken out of [`Kept`] under its lock), on the blocking pool, and
 //!   the check ends its claim even if the reader that started it goes
-//!   away.
+//!   away; a check that panics or never runs gives its chunks' claims
+//!   back (`Taken`), to be fetched.
 //! - The log goes when the file is whole and its record durable
 //!   ([`FileCache::settle_progress`]), or with the entry (`discard`).
 //!
@@ -58,37 +59,39 @@ impl CachedFile {
         if taken.is_empty() {
             return Ok(());
         }
-        let (me, cache) = (self.clone(), cache.clone());
-        tokio::task::spawn_blocking(move || me.check_taken(&cache, taken))
+        let taken = Taken {
+            entry: self.clone(),
+            left: taken,
+        };
+        let cache = cache.clone();
+        tokio::task::spawn_blocking(move || check_taken(&cache, taken))
             .await
             .map_err(|e| FileCacheError::task("checking kept pieces", e))
     }
 
-    /// Checks chunks taken out of [`Kept`] (blocking I/O) and ends their
-    /// claims. A piece that cannot be read counts as bad.
-    fn check_taken(&self, cache: &FileCache, taken: Vec<(usize, Logged)>) {
+    /// Checks chunk `idx`'s kept pieces `logged` (blocking I/O) and ends
+    /// their claim. A piece that cannot be read counts as bad.
+    fn check_chunk(&self, cache: &FileCache, idx: usize, logged: &Logged) {
         let size = self.size();
-        for (idx, logged) in taken {
-            let good = check_pieces(&self.file, size, idx, logged.mask, &logged).unwrap_or(0);
-            let bad = logged.mask & !good;
-            if bad != 0 {
-                tracing::info!(
-                    file = %self.path.display(),
-                    chunk = idx,
-                    pieces = bad.count_ones(),
-                    "file cache: kept pieces failed their check; fetched again"
-                );
-                cache
-                    .counters
-                    .kept_bad_pieces
-                    .add(u64::from(bad.count_ones()));
-            }
-            if let Some(kept) = &self.kept {
-                kept.passed(idx, good);
-            }
-            self.fetch
-                .kept_checked(idx, chunk_len(size, idx), logged.mask, good);
+        let good = check_pieces(&self.file, size, idx, logged.mask, logged).unwrap_or(0);
+        let bad = logged.mask & !good;
+        if bad != 0 {
+            tracing::info!(
+                file = %self.path.display(),
+                chunk = idx,
+                pieces = bad.count_ones(),
+                "file cache: kept pieces failed their check; fetched again"
+            );
+            cache
+                .counters
+                .kept_bad_pieces
+                .add(u64::from(bad.count_ones()));
         }
+        if let Some(kept) = &self.kept {
+            kept.passed(idx, good);
+        }
+        self.fetch
+            .kept_checked(idx, chunk_len(size, idx), logged.mask, good);
     }
 
     /// Records `raw`, just written at `offset`, in the progress log, if
@@ -118,6 +121,39 @@ impl CachedFile {
             let bytes = kept.refetched(self.size(), offset, count);
             cache.counters.refetched_bytes.add(bytes);
         }
+    }
+}
+
+/// Chunks taken out of [`Kept`] for one check, their pieces claimed:
+/// whatever is left of them when it is dropped unchecked (the check
+/// panicked, or never ran) is given back, to be fetched, so that nobody
+/// waits for those claims for ever.
+pub(crate) struct Taken {
+    pub(crate) entry: Arc<CachedFile>,
+    /// The chunks not checked yet (last first, once checking).
+    pub(crate) left: Vec<(usize, Logged)>,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let size = self.entry.size();
+        for (idx, logged) in self.left.drain(..) {
+            self.entry
+                .fetch
+                .kept_checked(idx, chunk_len(size, idx), logged.mask, 0);
+        }
+    }
+}
+
+/// Checks the chunks `taken` (blocking I/O), one at a time, ending each
+/// one's claims.
+fn check_taken(cache: &FileCache, mut taken: Taken) {
+    taken.left.reverse();
+    // A chunk stays in `left` while it is checked: a panic in its check
+    // gives it back too.
+    while let Some((idx, logged)) = taken.left.last() {
+        taken.entry.check_chunk(cache, *idx, logged);
+        taken.left.pop();
     }
 }
 

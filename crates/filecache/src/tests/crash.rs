@@ -456,3 +456,44 @@ async fn kept_pieces_given_back_after_the_stream_passed_their_chunk_are_fetched(
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(got == fake.data);
 }
+
+#[tokio::test]
+async fn a_check_of_kept_pieces_that_panics_gives_their_claims_back() {
+    let len = 6 * CHUNK as usize;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    let fake = Fake::new(content(len), false);
+    let kept = killed_halfway(dir.path(), &index, &fake, b"fc", 3).await;
+    let (idx, _) = kept[1];
+    let c = crash_open(dir.path(), &index.crashed());
+    let fake = Fake::new(content(len), true);
+    let cred = Credentials::default();
+    let f = c
+        .start(b"fc", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let left = f
+        .kept
+        .as_ref()
+        .map(|k| k.take(idx, idx))
+        .unwrap_or_default();
+    let taken = crate::fetch::kept::Taken {
+        entry: f.clone(),
+        left,
+    };
+    let checked = tokio::task::spawn_blocking(move || {
+        let _taken = taken;
+        panic!("a check of kept pieces fails");
+    })
+    .await;
+    assert!(checked.is_err());
+    // Its pieces are fetched instead; nobody waits for them for ever.
+    let at = idx as u64 * u64::from(CHUNK);
+    let (source, want) = (src(&fake), DEMAND);
+    let read = f.read(&c, &source, &cred, at, CHUNK, &want);
+    let (got, _) = tokio::time::timeout(std::time::Duration::from_secs(5), read)
+        .await
+        .unwrap_or_else(|_| panic!("a reader waits for ever"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(got[..] == fake.data[at as usize..][..CHUNK as usize]);
+    whole(&c).await;
+}
