@@ -9,7 +9,9 @@
 //!   its [`FetchState`] (the chunks lock's claims, `fetch/state.rs`), so
 //!   nobody fetches them and readers wait for them as for any piece on
 //!   its way. Their check ends that claim as a fetch would: the pieces
-//!   whose bytes match their CRC32 become `here`, the others are given
+//!   whose bytes match their CRC32 (and, where the trusted metadata has
+//!   piece hashes and a whole hashed piece is kept, its hash) become
+//!   `here`, the others are given
 //!   back, missing, for whoever needs them to fetch (counted in
 //!   `kept_bad_pieces`). Wrong bytes are never served.
 //! - The check is lazy, so a restart's stall stays short: a reader's wait
@@ -25,11 +27,13 @@
 //! [`FetchState`]: super::state::FetchState
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
 use gvfs_ext::{CHUNK, Class, Tenant, Want};
 use gvfs_metafile::MetaFile;
+use gvfs_metafile::hashes::{HASH_PIECE, piece_hash};
 use gvfs_nfs::layer::lock;
 
 use crate::cache::FileCache;
@@ -39,6 +43,7 @@ use crate::error::{FileCacheError, ProgressError};
 use crate::fetch::state::FetchState;
 use crate::learn::learning::Learning;
 use crate::names::progress_path;
+use crate::pieces::{Mask, PIECE, all_pieces, span_bits};
 use crate::progress::{Kept, Logged, Progress, check_pieces};
 use crate::versions::Versions;
 
@@ -74,6 +79,7 @@ impl CachedFile {
     fn check_chunk(&self, cache: &FileCache, idx: usize, logged: &Logged) {
         let size = self.size();
         let good = check_pieces(&self.file, size, idx, logged.mask, logged).unwrap_or(0);
+        let good = self.check_hashes(size, idx, good);
         let bad = logged.mask & !good;
         if bad != 0 {
             tracing::info!(
@@ -92,6 +98,37 @@ impl CachedFile {
         }
         self.fetch
             .kept_checked(idx, chunk_len(size, idx), logged.mask, good);
+    }
+
+    /// The pieces of `good` (of chunk `idx`, passed their CRC32) left
+    /// once every hashed piece (`HASH_PIECE`) they hold whole is checked
+    /// against the trusted metadata's piece hash, as a fetched range is
+    /// (`dedup/file.rs`'s `check_pieces`): a lost piece whose bytes read
+    /// back with a CRC32 that collides is still not served. Without
+    /// hashes, `good` (blocking I/O).
+    fn check_hashes(&self, size: u64, idx: usize, good: Mask) -> Mask {
+        let Some(meta) = self.content.as_deref() else {
+            return good;
+        };
+        let per = (HASH_PIECE / u64::from(PIECE)) as u32;
+        let all = all_pieces(chunk_len(size, idx));
+        let start = idx as u64 * u64::from(CHUNK);
+        let mut out = good;
+        let mut buf = Vec::new();
+        for h in 0..Mask::BITS / per {
+            let bits = span_bits(h * per, h * per + per - 1) & all;
+            if bits == 0 || good & bits != bits {
+                continue;
+            }
+            let at = start + u64::from(h) * HASH_PIECE;
+            buf.resize(HASH_PIECE.min(size - at) as usize, 0);
+            let same = self.file.read_exact_at(&mut buf, at).is_ok()
+                && meta.piece_hash(at / HASH_PIECE) == Some(&piece_hash(&buf));
+            if !same {
+                out &= !bits;
+            }
+        }
+        out
     }
 
     /// Records `raw`, just written at `offset`, in the progress log, if

@@ -497,3 +497,76 @@ async fn a_check_of_kept_pieces_that_panics_gives_their_claims_back() {
     assert!(got[..] == fake.data[at as usize..][..CHUNK as usize]);
     whole(&c).await;
 }
+
+/// The metadata of `data` with its block fingerprints and piece hashes.
+fn hashed_meta(data: &[u8]) -> MetaFile {
+    use gvfs_metafile::hashes::{HASH_PIECE, fingerprint, piece_hash};
+    let mut m = zero_meta(data.len(), &[]);
+    let fps = data
+        .chunks(m.block_size as usize)
+        .map(fingerprint)
+        .collect();
+    let pieces = data.chunks(HASH_PIECE as usize).map(piece_hash).collect();
+    let h = gvfs_metafile::BlockHashes::new(fps, pieces, &m.zero, m.block_size, m.file_size);
+    m.hashes = Some(Arc::new(h.unwrap_or_else(|| panic!("hash counts"))));
+    m
+}
+
+#[tokio::test]
+async fn a_kept_piece_whose_crc_collides_fails_its_piece_hash() {
+    let len = 6 * CHUNK as usize;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    let fake = Fake::new(content(len), false);
+    let kept = killed_halfway(dir.path(), &index, &fake, b"fh", 3).await;
+    let (idx, mask) = kept[1];
+    assert_eq!(mask, Mask::MAX);
+    // A byte of a kept chunk lost, and a log whose CRCs match what is on
+    // disk now: a CRC32 that collides.
+    let at = idx as u64 * u64::from(CHUNK) + 9 * u64::from(PIECE) + 77;
+    let path = dir.path().join(file_name(b"fh"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{e}"));
+    file.write_all_at(&[!fake.data[at as usize]], at)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut log =
+        Progress::create(&progress_path(&path), &fake.attrs).unwrap_or_else(|e| panic!("{e}"));
+    for &(i, _) in &kept {
+        let mut raw = vec![0u8; CHUNK as usize];
+        let offset = i as u64 * u64::from(CHUNK);
+        file.read_exact_at(&mut raw, offset)
+            .unwrap_or_else(|e| panic!("{e}"));
+        log.note(offset, &raw).unwrap_or_else(|e| panic!("{e}"));
+    }
+    drop(log);
+    let c = crash_open(dir.path(), &index.crashed());
+    let fake = Fake::new(content(len), true);
+    let meta = hashed_meta(&fake.data);
+    let cred = Credentials::default();
+    let f = c
+        .start(
+            b"fh",
+            &fake.attrs,
+            Some(&meta),
+            fake.clone(),
+            &cred,
+            false,
+            &FIRST,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    whole(&c).await;
+    let (got, _) = f
+        .read(&c, &src(&fake), &cred, 0, len as u32, &DEMAND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        got == fake.data,
+        "a kept piece with a colliding CRC was served"
+    );
+    // The whole hashed piece it is in failed.
+    let per = gvfs_metafile::hashes::HASH_PIECE / u64::from(PIECE);
+    assert_eq!(c.stats().counts.kept_bad_pieces, per);
+}
