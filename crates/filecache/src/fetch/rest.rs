@@ -60,11 +60,7 @@ impl CachedFile {
                 continue;
             }
             for claim in claimed {
-                let mut run = claim;
-                if self.content.is_some() {
-                    // Whole hashed pieces: checked, and open to held blocks.
-                    run = hashed_pieces_around(run) & all;
-                }
+                let run = self.widened(idx, claim, all);
                 result = self
                     .fetch_pieces(cache, source, cred, idx, claim, run, want)
                     .await;
@@ -80,12 +76,39 @@ impl CachedFile {
         result
     }
 
+    /// `run` (of chunk `idx`, whose pieces are `all`) widened, when the
+    /// file has piece hashes, to the whole hashed pieces around it:
+    /// checked, and open to held blocks. In a file with kept pieces, not
+    /// over those kept (good, or still being checked: their bytes are
+    /// not written over while read) nor others on their way: only as far
+    /// out as none of them lies.
+    fn widened(&self, idx: usize, run: Mask, all: Mask) -> Mask {
+        if self.content.is_none() || run == 0 {
+            return run;
+        }
+        let wide = hashed_pieces_around(run) & all;
+        if self.kept.is_none() {
+            return wide;
+        }
+        let p = self.fetch.pieces(idx);
+        let free = wide & !((p.fetching | p.kept) & !run);
+        let (mut first, mut last) = (run.trailing_zeros(), Mask::BITS - 1 - run.leading_zeros());
+        while first > 0 && free & 1 << (first - 1) != 0 {
+            first -= 1;
+        }
+        while last + 1 < Mask::BITS && free & 1 << (last + 1) != 0 {
+            last += 1;
+        }
+        span_bits(first, last)
+    }
+
     /// The pieces of chunk `idx` that are neither here nor on their way,
     /// in one FETCH of the run from the first to the last of them (the
     /// pieces between that are here already are fetched again, the same
     /// bytes of the same version: a chunk a profile left a few pieces of
     /// costs one round trip, not one per gap; but not pieces kept from
-    /// before a restart, which split the run), then waits for those on
+    /// before a restart, nor those fetched in an earlier round, which
+    /// split the run), then waits for those on
     /// their way. Pieces on their way split the run, one FETCH per part,
     /// all at once: they are never fetched again. So does `part` (raw
     /// bytes, a multiple of the hashed piece: the source's
@@ -112,18 +135,16 @@ impl CachedFile {
             let ours = all & !pieces.here & !pieces.fetching & !done;
             // One FETCH per run, at once.
             let mut runs = tokio::task::JoinSet::new();
-            let parts = runs_of(span_of(ours) & !pieces.fetching & !pieces.kept)
+            // Not over pieces fetched here in an earlier round either.
+            let parts = runs_of(span_of(ours) & !pieces.fetching & !pieces.kept & !done)
                 .into_iter()
                 .flat_map(|run| cut(run, part / PIECE));
             for part in parts {
-                let mut run = span_of(part & ours);
+                let run = span_of(part & ours);
                 if run == 0 {
                     continue;
                 }
-                if self.content.is_some() {
-                    // Whole hashed pieces: checked, and open to held blocks.
-                    run = hashed_pieces_around(run) & all;
-                }
+                let run = self.widened(idx, run, all);
                 let (me, cache, source, cred, want) = (
                     self.clone(),
                     cache.clone(),

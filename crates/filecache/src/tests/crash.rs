@@ -570,3 +570,105 @@ async fn a_kept_piece_whose_crc_collides_fails_its_piece_hash() {
     let per = gvfs_metafile::hashes::HASH_PIECE / u64::from(PIECE);
     assert_eq!(c.stats().counts.kept_bad_pieces, per);
 }
+
+/// A file of `fake`'s bytes as `fh` in `dir`, kept partial as after a
+/// crash: a progress log recording the pieces `kept` of chunk `idx`.
+fn kept_partial(dir: &Path, fake: &Fake, fh: &[u8], idx: usize, kept: Mask) {
+    let path = dir.join(file_name(fh));
+    std::fs::write(&path, &fake.data).unwrap_or_else(|e| panic!("{e}"));
+    let mut log =
+        Progress::create(&progress_path(&path), &fake.attrs).unwrap_or_else(|e| panic!("{e}"));
+    for piece in 0..Mask::BITS {
+        if kept & 1 << piece != 0 {
+            let at = idx * CHUNK as usize + (piece * PIECE) as usize;
+            log.note(at as u64, &fake.data[at..at + PIECE as usize])
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+/// Bytes `fake` was asked for of chunk `idx`, and whether any of them
+/// was one of the pieces `of`.
+fn asked_in(fake: &Fake, idx: usize, of: Mask) -> (u64, bool) {
+    let (start, end) = (
+        idx as u64 * u64::from(CHUNK),
+        (idx as u64 + 1) * u64::from(CHUNK),
+    );
+    let (mut bytes, mut any) = (0, false);
+    for &(offset, count, _) in lock(&fake.fetched).iter() {
+        let to = offset + u64::from(count);
+        if offset >= end || to <= start {
+            continue;
+        }
+        bytes += to.min(end) - offset.max(start);
+        for at in (offset.max(start)..to.min(end)).step_by(PIECE as usize) {
+            any |= of & 1 << ((at - start) / u64::from(PIECE)) != 0;
+        }
+    }
+    (bytes, any)
+}
+
+#[tokio::test]
+async fn kept_pieces_failing_late_are_fetched_without_what_was_fetched_since() {
+    let len = 4 * CHUNK as usize;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    let fake = Fake::new(content(len), true);
+    let ends: Mask = 1 | 1 << (Mask::BITS - 1);
+    kept_partial(dir.path(), &fake, b"fe", 2, ends);
+    let c = crash_open(dir.path(), &index);
+    let cred = Credentials::default();
+    let f = c
+        .start(b"fe", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The check of the chunk's two kept pieces is held ...
+    let taken = f.kept.as_ref().map(|k| k.take(2, 2)).unwrap_or_default();
+    assert_eq!(taken.len(), 1);
+    // ... until the rest of the chunk has arrived ...
+    for _ in 0..500 {
+        if c.stats().counts.chunks_fetched == 4 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(c.stats().counts.chunks_fetched, 4);
+    // ... and both fail it: only those two are fetched again.
+    f.fetch.kept_checked(2, CHUNK, ends, 0);
+    whole(&c).await;
+    assert_eq!(asked_in(&fake, 2, 0).0, u64::from(CHUNK));
+}
+
+#[tokio::test]
+async fn a_clean_resume_with_piece_hashes_fetches_no_kept_piece_again() {
+    let len = 4 * CHUNK as usize;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    let fake = Fake::new(content(len), true);
+    // Half of a hashed piece kept, and the last piece of another.
+    let kept: Mask = 0b1111 | 1 << 20;
+    kept_partial(dir.path(), &fake, b"fw", 2, kept);
+    let c = crash_open(dir.path(), &index);
+    let meta = hashed_meta(&fake.data);
+    let cred = Credentials::default();
+    let f = c
+        .start(
+            b"fw",
+            &fake.attrs,
+            Some(&meta),
+            fake.clone(),
+            &cred,
+            false,
+            &FIRST,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    // A reader in the chunk: the rest behind it, a run at a time.
+    let at = 2 * u64::from(CHUNK) + 40 * u64::from(PIECE);
+    f.read(&c, &src(&fake), &cred, at, PIECE, &DEMAND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    whole(&c).await;
+    let (_, again) = asked_in(&fake, 2, kept);
+    assert!(!again, "a kept piece was fetched again");
+    let s = c.stats().counts;
+    assert_eq!((s.refetched_bytes, s.kept_bad_pieces), (0, 0));
+}
