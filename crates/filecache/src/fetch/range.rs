@@ -53,11 +53,13 @@ impl CachedFile {
     ) -> Result<(), FileCacheError> {
         let (_, len) = self.chunk_range(idx);
         let result = self.fetch_run(cache, source, cred, idx, run, want).await;
-        self.fetch
-            .pieces_ended(idx, len, claimed, run, result.is_ok());
+        // The failure first: whoever its ending wakes sees the file failed,
+        // not pieces given back to fetch again.
         if let Err(why) = &result {
             self.fail(why.clone());
         }
+        self.fetch
+            .pieces_ended(idx, len, claimed, run, result.is_ok());
         result
     }
 

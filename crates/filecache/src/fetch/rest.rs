@@ -174,8 +174,10 @@ impl CachedFile {
                 if (now.here | done) & all == all {
                     return Ok(());
                 }
-                if all & !now.here & !now.fetching & !done != 0 {
-                    // Given back unfetched: ours now.
+                // Given back unfetched (kept pieces that failed their
+                // check; a failed fetch fails the file, seen above): ours
+                // now.
+                if self.kept.is_some() && all & !now.here & !now.fetching & !done != 0 {
                     pieces = now;
                     break;
                 }
