@@ -222,39 +222,28 @@ impl Progress {
 
     /// Records the whole pieces of `raw`, just written at `offset` (the
     /// file's last piece may be short), compacting the log when it has
-    /// grown past its bound.
+    /// grown past its bound (the entry works its CRCs out first, outside
+    /// its lock: [`Noted`], [`append`](Self::append)).
+    #[cfg(test)]
     pub(crate) fn note(&mut self, offset: u64, raw: &[u8]) -> io::Result<()> {
+        self.append(Noted::of(self.size(), offset, raw))
+    }
+
+    /// Records `noted` (worked out for a file of this log's size), the
+    /// whole pieces of a range just written, compacting the log when it
+    /// has grown past its bound.
+    pub(crate) fn append(&mut self, noted: Noted) -> io::Result<()> {
         let size = self.size();
-        let end = offset.saturating_add(raw.len() as u64).min(size);
-        let piece = u64::from(PIECE);
+        debug_assert_eq!(noted.size, size);
         let mut records: Vec<u8> = Vec::new();
-        let mut at = offset.div_ceil(piece) * piece;
-        while at < end {
-            let idx = (at / u64::from(CHUNK)) as usize;
-            let chunk_end = ((idx as u64 + 1) * u64::from(CHUNK)).min(end);
-            // The chunk's pieces `raw` holds whole, and their CRCs.
-            let mut mask: Mask = 0;
-            let mut crcs = Vec::new();
-            while at < chunk_end {
-                let to = (at + piece).min(size);
-                if to > end {
-                    break;
-                }
-                let bytes = &raw[(at - offset) as usize..(to - offset) as usize];
-                mask |= 1 << ((at % u64::from(CHUNK)) / piece);
-                crcs.push(crc32fast::hash(bytes));
-                at = to;
+        for (idx, mask, crcs) in noted.chunks {
+            put_record(&mut records, idx, mask, &crcs);
+            let logged = self.chunks.entry(idx).or_default();
+            logged.mask |= mask;
+            let pieces = (0..PIECES).filter(|i| mask & 1 << i != 0);
+            for (i, crc) in pieces.zip(crcs) {
+                logged.crcs[i] = crc;
             }
-            if mask != 0 {
-                put_record(&mut records, idx, mask, &crcs);
-                let logged = self.chunks.entry(idx).or_default();
-                logged.mask |= mask;
-                let pieces = (0..PIECES).filter(|i| mask & 1 << i != 0);
-                for (i, crc) in pieces.zip(crcs) {
-                    logged.crcs[i] = crc;
-                }
-            }
-            at = at.max(chunk_end);
         }
         if records.is_empty() {
             return Ok(());
@@ -297,6 +286,48 @@ impl Progress {
     /// Removes the log from the disk.
     pub(crate) fn remove(self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The whole pieces of a range just written and their CRC32s, by chunk:
+/// what [`Progress::append`] records, worked out before its lock is taken.
+#[derive(Debug)]
+pub(crate) struct Noted {
+    /// The file's size they were worked out for.
+    pub(crate) size: u64,
+    chunks: Vec<(usize, Mask, Vec<u32>)>,
+}
+
+impl Noted {
+    /// The whole pieces of `raw`, written at `offset` in a file of `size`
+    /// bytes (its last piece may be short), and their CRC32s.
+    pub(crate) fn of(size: u64, offset: u64, raw: &[u8]) -> Self {
+        let end = offset.saturating_add(raw.len() as u64).min(size);
+        let piece = u64::from(PIECE);
+        let mut chunks = Vec::new();
+        let mut at = offset.div_ceil(piece) * piece;
+        while at < end {
+            let idx = (at / u64::from(CHUNK)) as usize;
+            let chunk_end = ((idx as u64 + 1) * u64::from(CHUNK)).min(end);
+            // The chunk's pieces `raw` holds whole, and their CRCs.
+            let mut mask: Mask = 0;
+            let mut crcs = Vec::new();
+            while at < chunk_end {
+                let to = (at + piece).min(size);
+                if to > end {
+                    break;
+                }
+                let bytes = &raw[(at - offset) as usize..(to - offset) as usize];
+                mask |= 1 << ((at % u64::from(CHUNK)) / piece);
+                crcs.push(crc32fast::hash(bytes));
+                at = to;
+            }
+            if mask != 0 {
+                chunks.push((idx, mask, crcs));
+            }
+            at = at.max(chunk_end);
+        }
+        Self { size, chunks }
     }
 }
 

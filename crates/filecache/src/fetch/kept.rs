@@ -44,7 +44,7 @@ use crate::fetch::state::FetchState;
 use crate::learn::learning::Learning;
 use crate::names::progress_path;
 use crate::pieces::{Mask, PIECE, all_pieces, span_bits};
-use crate::progress::{Kept, Logged, Progress, check_pieces};
+use crate::progress::{Kept, Logged, Noted, Progress, check_pieces};
 use crate::versions::Versions;
 
 impl CachedFile {
@@ -135,9 +135,15 @@ impl CachedFile {
     /// there is one (blocking I/O). A log that cannot be written is let go
     /// (what it holds stays true; only less is kept).
     pub(crate) fn note_progress(&self, offset: u64, raw: &[u8]) {
+        // The CRCs are worked out outside the log's lock: only the append
+        // is under it.
+        let Some(size) = lock(&self.progress).as_ref().map(Progress::size) else {
+            return;
+        };
+        let noted = Noted::of(size, offset, raw);
         let mut progress = lock(&self.progress);
         if let Some(log) = progress.as_mut()
-            && let Err(e) = log.note(offset, raw)
+            && let Err(e) = log.append(noted)
         {
             tracing::warn!(file = %self.path.display(), "file cache: cannot write a progress log: {e}");
             *progress = None;
