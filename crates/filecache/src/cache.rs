@@ -309,10 +309,15 @@ impl FileCache {
     }
 
     /// [`record`](Self::record), logging a failure: for records whose loss
-    /// in a crash costs only a fetch.
-    pub(crate) fn record_lazily(&self, f: &Arc<CachedFile>) {
-        if let Err(e) = self.record(f) {
-            tracing::warn!(file = %f.path.display(), "file cache: cannot record a file: {e}");
+    /// in a crash costs only a fetch. Returns whether it was recorded (not
+    /// when it failed or the entry was let go).
+    pub(crate) fn record_lazily(&self, f: &Arc<CachedFile>) -> bool {
+        match self.record(f) {
+            Ok(recorded) => recorded.is_some(),
+            Err(e) => {
+                tracing::warn!(file = %f.path.display(), "file cache: cannot record a file: {e}");
+                false
+            }
         }
     }
 

@@ -282,11 +282,6 @@ impl Progress {
         self.len = out.len() as u64;
         Ok(())
     }
-
-    /// Removes the log from the disk.
-    pub(crate) fn remove(self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 /// The whole pieces of a range just written and their CRC32s, by chunk:

@@ -21,8 +21,11 @@
 //!   the check ends its claim even if the reader that started it goes
 //!   away; a check that panics or never runs gives its chunks' claims
 //!   back (`Taken`), to be fetched.
-//! - The log goes when the file is whole and its record durable
-//!   ([`FileCache::settle_progress`]), or with the entry (`discard`).
+//! - The log goes when the file is whole and its record written and
+//!   durable ([`FileCache::settle_progress`]; a record that failed leaves
+//!   it, for a restart to keep the file by), or with the entry
+//!   (`discard`). Either removes it by its path, so a log let go after a
+//!   write to it failed (or one left half made) goes too.
 //!
 //! [`FetchState`]: super::state::FetchState
 
@@ -150,11 +153,17 @@ impl CachedFile {
         }
     }
 
-    /// Removes the progress log (blocking I/O).
+    /// Lets the progress log go and removes it from the disk (blocking
+    /// I/O): by its path, whether or not it is still open here (a log
+    /// whose write failed, or that failed to be made whole, may be left).
     pub(crate) fn end_progress(&self) {
-        if let Some(log) = lock(&self.progress).take() {
-            log.remove();
-        }
+        let mut progress = lock(&self.progress);
+        progress.take();
+        let path = progress_path(&self.path);
+        let _ = std::fs::remove_file(&path);
+        let mut tmp = path.into_os_string();
+        tmp.push(".new");
+        let _ = std::fs::remove_file(tmp);
     }
 
     /// Counts the bytes of a range just fetched that were kept (and
@@ -325,18 +334,17 @@ impl FileCache {
 
     /// Removes the progress log of `entry`, whole and synced and recorded,
     /// once its record is durable (it keeps the file then), if it is still
-    /// the entry of its file (one let go lost its log with it).
+    /// the entry of its file (one let go lost its log with it). Without an
+    /// index there is no log.
     pub(crate) async fn settle_progress(&self, entry: &Arc<CachedFile>) {
-        if lock(&entry.progress).is_none() {
+        let Some(index) = self.index.clone() else {
             return;
-        }
-        if let Some(index) = self.index.clone() {
-            let flushed = tokio::task::spawn_blocking(move || index.flush()).await;
-            if !matches!(flushed, Ok(Ok(()))) {
-                // The log stays: a restart keeps the file by it instead.
-                tracing::debug!(file = %entry.path.display(), "file cache: index not flushed; progress log kept");
-                return;
-            }
+        };
+        let flushed = tokio::task::spawn_blocking(move || index.flush()).await;
+        if !matches!(flushed, Ok(Ok(()))) {
+            // The log stays: a restart keeps the file by it instead.
+            tracing::debug!(file = %entry.path.display(), "file cache: index not flushed; progress log kept");
+            return;
         }
         // Under the files lock, as `discard`: no newer entry's log is at
         // the path yet.

@@ -333,8 +333,11 @@ impl FileCache {
         }
         // Only if still the entry: one let go meanwhile must leave no
         // record to describe the file a newer entry makes at its path.
-        self.record_lazily(&entry);
-        self.settle_progress(&entry).await;
+        // Its progress log goes only once its record is written (and
+        // durable): else a restart keeps the file by its log instead.
+        if self.record_lazily(&entry) {
+            self.settle_progress(&entry).await;
+        }
         self.counters.files_complete.add(1);
         self.counters
             .fetch_micros

@@ -672,3 +672,33 @@ async fn a_clean_resume_with_piece_hashes_fetches_no_kept_piece_again() {
     let s = c.stats().counts;
     assert_eq!((s.refetched_bytes, s.kept_bad_pieces), (0, 0));
 }
+
+#[tokio::test]
+async fn a_progress_log_let_go_after_a_failed_write_is_still_removed() {
+    let len = 4 * CHUNK as usize;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let index = Arc::new(CrashIndex::default());
+    let c = crash_open(dir.path(), &index);
+    let cred = Credentials::default();
+    // Whole: the log goes with the record, even one let go on the way
+    // (as a write to it that fails lets it go).
+    let fake = Fake::new(content(len), false);
+    let f = c
+        .start(b"fl", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let log = progress_path(&f.path);
+    assert!(log.exists());
+    lock(&f.progress).take();
+    fake.gate.add_permits(1 << 20);
+    whole(&c).await;
+    assert!(!log.exists(), "the log of a whole file stays");
+    // Let go: its log goes with it.
+    let fake = Fake::new(content(len), false);
+    let f = c
+        .start(b"fm", &fake.attrs, None, fake.clone(), &cred, false, &FIRST)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let log = progress_path(&f.path);
+    lock(&f.progress).take();
+    c.forget(b"fm");
+    assert!(!log.exists(), "the log of a file let go stays");
+}
