@@ -250,3 +250,80 @@ async fn a_full_file_cache_disk_answers_nospc_and_recovers() -> Result<()> {
     drop(tmpfs);
     Ok(())
 }
+
+/// Issue 37 (a crash keeps what was fetched): a LAN proxy killed -9
+/// halfway through fetching an image across a slow WAN keeps the pieces
+/// that had arrived. Started again on the same cache, the next fetch of
+/// the same version fetches only the rest, and every byte is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lan_proxy_killed_halfway_through_a_fetch_keeps_what_had_arrived() -> Result<()> {
+    use gvfs_nfs::nfs3_types::nfs3::READ3args;
+    use gvfs_wanlink::{LinkConfig, WanLink};
+    const SIZE: u64 = 24 * MIB;
+    let g = Ganesha::start()?;
+    let src = g.export_dir().join("half.raw");
+    // Random bytes: they cross the WAN at its rate, whatever zstd does.
+    write_sparse_file(&src, SIZE, 41, &[(0, SIZE)])?;
+    gvfsctl(&["meta", "gen", &src.display().to_string(), "--compress"])?;
+    let want = std::fs::read(&src)?;
+    let server = Proxy::spawn(ProxyArgs::new(g.upstream_url()))?;
+    // 20 Mbit/s: the image takes about 10 s to cross.
+    let link = WanLink::start(
+        "127.0.0.1:0".parse()?,
+        server.addr(),
+        LinkConfig::from_rtt(Duration::from_millis(10), Some(20_000_000)),
+    )
+    .await?;
+    let upstream = server.upstream_url_at(link.local_addr());
+    let dir = tempfile::tempdir()?;
+    let mut lan = Proxy::spawn(ProxyArgs::new(upstream.clone()).cache(dir.path(), "64M"))?;
+
+    // One READ starts the whole file's fetch; the kill comes once a
+    // quarter of it has arrived, well before the end.
+    let nfs = NfsClient::of_proxy(&lan, Duration::from_secs(30)).await?;
+    let fh = nfs.resolve("half.raw").await?.context("half.raw")?;
+    nfs.call(NfsRequest::Read(READ3args {
+        file: fh,
+        offset: 0,
+        count: 4096,
+    }))
+    .await?;
+    let deadline = std::time::Instant::now() + WAIT;
+    let arrived = loop {
+        let got = lan.stats()?.file_cache.counts.raw_bytes;
+        if got >= SIZE / 4 {
+            break got;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "only {got} bytes arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    drop(nfs);
+    lan.kill();
+    ensure!(arrived < SIZE, "the whole file arrived before the kill");
+
+    let lan = Proxy::spawn(ProxyArgs::new(upstream).cache(dir.path(), "64M"))?;
+    let kept = lan.stats()?.file_cache.counts;
+    ensure!(
+        kept.kept_files == 1 && kept.kept_bytes > 0,
+        "nothing kept of the file cut short: {kept:?}"
+    );
+    ensure!(
+        nfs_cat(&lan.url("half.raw"))? == want,
+        "wrong bytes after the restart"
+    );
+    let done = lan.wait_files_complete(1, Duration::from_secs(60))?;
+    let c = &done.file_cache.counts;
+    // Only what had not been recorded crossed again.
+    ensure!(
+        c.raw_bytes + c.kept_bytes <= SIZE && c.refetched_bytes == 0 && c.kept_bad_pieces == 0,
+        "after the restart {} bytes fetched, {} kept, {} fetched again, {} bad, of {SIZE}",
+        c.raw_bytes,
+        c.kept_bytes,
+        c.refetched_bytes,
+        c.kept_bad_pieces
+    );
+    Ok(())
+}
