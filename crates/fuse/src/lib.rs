@@ -128,22 +128,7 @@ impl Mount {
             slots.clone(),
             opts.read_ahead,
         );
-        let mut config = fuser::Config::default();
-        config.mount_options = vec![
-            MountOption::FSName(opts.source.clone()),
-            MountOption::Subtype("gvfs".into()),
-            MountOption::NoDev,
-            MountOption::NoSuid,
-        ];
-        // Root mounts for every user (the server checks each caller's
-        // credentials, as it does for an NFS mount); a user's mount is its
-        // own, as FUSE allows without user_allow_other.
-        config.acl = if effective_uid() == 0 {
-            SessionACL::All
-        } else {
-            SessionACL::Owner
-        };
-        config.n_threads = Some(4);
+        let config = session_config(&opts.source);
         let dir = opts.dir.clone();
         let session = tokio::task::spawn_blocking(move || {
             fuser::Session::new(fs, &dir, &config).and_then(fuser::Session::spawn)
@@ -277,6 +262,29 @@ fn set_read_ahead(dir: &Path, kb: u32) {
     }
 }
 
+/// How fuser runs the mount: four readers on one file description (fuser's
+/// `clone_fd` stays off, so each reader reads a `dup` of the one fd and a
+/// successor holding another `dup` sees every request still unanswered).
+fn session_config(source: &str) -> fuser::Config {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(source.to_owned()),
+        MountOption::Subtype("gvfs".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+    ];
+    // Root mounts for every user (the server checks each caller's
+    // credentials, as it does for an NFS mount); a user's mount is its
+    // own, as FUSE allows without user_allow_other.
+    config.acl = if effective_uid() == 0 {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(4);
+    config
+}
+
 fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
@@ -318,4 +326,19 @@ fn unmount(dir: &Path) -> bool {
         tracing::error!(dir = %dir.display(), error = %err, "cannot unmount");
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `FUSE_DEV_IOC_CLONE`d fd is released with the process that read
+    /// from it, failing its unanswered requests: a takeover needs every
+    /// reader on `dup`s of one description (plan issue 37, section 4.3).
+    #[test]
+    fn the_readers_share_one_file_description() {
+        let config = session_config("server:/export");
+        assert!(!config.clone_fd);
+        assert_eq!(config.n_threads, Some(4));
+    }
 }
