@@ -3,7 +3,7 @@
 //! make them, and its answer or errno.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,17 +13,15 @@ use gvfs_nfs::{CallContext, NfsReply, NfsRequest, NfsService};
 use nfs3_types::nfs3::*;
 use nfs3_types::xdr_codec::Opaque;
 
-use crate::attr::{Changes, file_attr, stamp};
+use crate::attr::{Changes, file_attr};
 use crate::errno::{errno, service_errno};
-use crate::inodes::{Handle, Inodes};
+use crate::inodes::{Handle, Inodes, Refused};
+use crate::journal::Journal;
 use crate::stats::{Counters, FuseStats};
 use crate::trace::{ReadTrace, unix_micros};
 use crate::writes::{Uncommitted, Write};
 
-/// Longest name in a directory, as a local file system allows.
-pub(crate) const NAME_MAX: usize = 255;
-/// Most open files and directories at once.
-pub(crate) const MAX_OPEN: usize = 65_536;
+pub(crate) use crate::limits::{MAX_OPEN, NAME_MAX};
 /// How often, and how long at most between, a call the server answered
 /// JUKEBOX (try again later) is sent again.
 const JUKEBOX_TRIES: u32 = 20;
@@ -31,21 +29,6 @@ const JUKEBOX_WAIT_MAX: Duration = Duration::from_secs(2);
 
 /// Shorthand for an operation's outcome.
 pub(crate) type Res<T> = Result<T, Errno>;
-
-/// An open file or directory.
-#[derive(Debug)]
-struct Open {
-    ino: u64,
-    /// The opener's credentials: reads and writes through the file are
-    /// sent with them, as the kernel NFS client does (so the kernel's own
-    /// write-back of mapped pages is written as the opener).
-    cx: CallContext,
-    /// A directory's cookie verifier, from its last READDIRPLUS.
-    verf: [u8; 8],
-    /// The part of a directory's last READDIRPLUS the kernel did not take
-    /// yet (its reply buffer was full): the next page, without a call.
-    listing: Option<Listing>,
-}
 
 /// How the kernel caches an open file's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,15 +40,6 @@ pub(crate) struct Paging {
     pub(crate) direct: bool,
 }
 
-/// A file removed while it was open: renamed to a hidden name instead,
-/// and removed at its last close (the NFS client's "silly rename").
-#[derive(Debug)]
-struct Hidden {
-    dir: Handle,
-    name: Vec<u8>,
-    cx: CallContext,
-}
-
 /// What every request shares.
 pub(crate) struct Core {
     pub(crate) top: Arc<dyn NfsService>,
@@ -75,7 +49,7 @@ pub(crate) struct Core {
     hidden: Mutex<HashMap<u64, Hidden>>,
     next_fh: AtomicU64,
     pub(crate) uncommitted: Uncommitted,
-    /// Bytes of listings kept (see [`Listing`]).
+    /// Bytes of listings kept (see [`Listing`](listing::Listing)).
     listing_bytes: AtomicU64,
     /// One commit of a file at a time, so that writes sent again go in
     /// order; files are committed side by side.
@@ -85,6 +59,11 @@ pub(crate) struct Core {
     pub(crate) counters: Counters,
     /// Where reads are traced, if anywhere (`MountOptions::trace`).
     pub(crate) trace: Option<ReadTrace>,
+    /// Where nodes, opens and hidden files are recorded for a process
+    /// taking the session over, if anywhere (`MountOptions::state_dir`).
+    journal: Option<Arc<Journal>>,
+    /// Whether the kernel offered FUSE_HAS_RESEND at INIT.
+    pub(crate) resend_offered: AtomicBool,
 }
 
 /// The success arm of a result, or its status as an errno.
@@ -120,10 +99,12 @@ fn dirop(dir: &Handle, name: &[u8]) -> Res<diropargs3<'static>> {
 }
 
 mod dir;
+mod held;
 mod io;
 mod listing;
+mod opens;
 
-use listing::Listing;
+use held::{Hidden, Open};
 
 impl Core {
     pub(crate) fn new(
@@ -146,7 +127,17 @@ impl Core {
             ttl,
             counters: Counters::default(),
             trace,
+            journal: None,
+            resend_offered: AtomicBool::new(false),
         }
+    }
+
+    /// Records nodes, opens and hidden files in `journal` from now on
+    /// (before the session serves a request).
+    pub(crate) fn with_journal(mut self, journal: Arc<Journal>) -> Self {
+        lock(&self.inodes).set_journal(Some(journal.clone()));
+        self.journal = Some(journal);
+        self
     }
 
     /// The counters and gauges now.
@@ -210,11 +201,9 @@ impl Core {
     async fn entry(&self, cx: &CallContext, fh: nfs_fh3, a: post_op_attr) -> Res<FileAttr> {
         let fh: Handle = fh.data.as_ref().into();
         let a = self.attrs_or_get(cx, &fh, a).await?;
-        let ino = lock(&self.inodes).remember(&fh, a.fileid).map_err(|_| {
-            tracing::warn!(max = Inodes::MAX, "the FUSE inode table is full");
-            Errno::ENFILE
-        })?;
-        Ok(file_attr(ino, &a))
+        let ino = lock(&self.inodes).remember(&fh, a.fileid);
+        self.compact_if_due();
+        Ok(file_attr(refused_errno(ino)?, &a))
     }
 
     /// A new object's entry, from a CREATE, MKDIR, SYMLINK or MKNOD reply;
@@ -481,71 +470,6 @@ impl Core {
         Ok(r.object.data.as_ref().into())
     }
 
-    /// If `name` in `dir` is a file open through this mount, renames it to
-    /// a hidden name (removed at its last close) and says so.
-    async fn hide_if_open(&self, cx: &CallContext, dir: &Handle, name: &[u8]) -> Res<bool> {
-        if lock(&self.open_count).is_empty() {
-            return Ok(false);
-        }
-        let fh = match self.lookup_handle(cx, dir, name).await {
-            Ok(fh) => fh,
-            Err(_) => return Ok(false),
-        };
-        let Some(ino) = lock(&self.inodes).ino_of(&fh) else {
-            return Ok(false);
-        };
-        if !lock(&self.open_count).contains_key(&ino) || lock(&self.hidden).contains_key(&ino) {
-            return Ok(false);
-        }
-        let hidden = format!(
-            ".gvfs-fuse{:016x}",
-            self.next_fh.fetch_add(1, Ordering::Relaxed)
-        )
-        .into_bytes();
-        reply!(
-            self.call(cx, || Ok(NfsRequest::Rename(RENAME3args {
-                from: dirop(dir, name)?,
-                to: dirop(dir, &hidden)?
-            })))
-            .await?,
-            Rename
-        )?;
-        let h = Hidden {
-            dir: dir.clone(),
-            name: hidden,
-            cx: cx.clone(),
-        };
-        // The last close may have come while the rename was on its way (the
-        // kernel sends RELEASE after close() has returned, and an unlink
-        // right after it can pass it): decided under the open counts' lock,
-        // which `release` decides the last close under.
-        let h = {
-            let counts = lock(&self.open_count);
-            if counts.contains_key(&ino) {
-                lock(&self.hidden).insert(ino, h);
-                None
-            } else {
-                Some(h)
-            }
-        };
-        if let Some(h) = h {
-            self.remove_hidden_file(&h).await?;
-        }
-        Ok(true)
-    }
-
-    /// Removes hidden file `h` upstream.
-    async fn remove_hidden_file(&self, h: &Hidden) -> Res<()> {
-        reply!(
-            self.call(&h.cx, || Ok(NfsRequest::Remove(REMOVE3args {
-                object: dirop(&h.dir, &h.name)?
-            })))
-            .await?,
-            Remove
-        )?;
-        Ok(())
-    }
-
     /// ACCESS for `want` (ACCESS3 bits): granted or EACCES. Returns the
     /// file's attributes when the server sent them.
     async fn check_access(&self, cx: &CallContext, fh: &Handle, want: u32) -> Res<post_op_attr> {
@@ -597,106 +521,6 @@ impl Core {
             if r.access & bit == 0 {
                 return Err(Errno::EACCES);
             }
-        }
-        Ok(())
-    }
-
-    /// Opens `ino` for the access `flags` ask, checked by the server (the
-    /// kernel NFS client's ACCESS at open). Returns the file handle and
-    /// how the kernel caches its pages.
-    pub(crate) async fn open(&self, cx: &CallContext, ino: u64, flags: i32) -> Res<(u64, Paging)> {
-        let fh = self.handle(ino)?;
-        let want = match flags & libc::O_ACCMODE {
-            libc::O_WRONLY => ACCESS3_MODIFY,
-            libc::O_RDWR => ACCESS3_READ | ACCESS3_MODIFY,
-            _ => ACCESS3_READ,
-        };
-        let a = self.check_access(cx, &fh, want).await?;
-        let a = self.attrs_or_get(cx, &fh, a).await?;
-        let keep = lock(&self.inodes).opened(ino, stamp(&a));
-        let h = self.add_open(ino, cx)?;
-        Ok((
-            h,
-            Paging {
-                keep,
-                direct: self.writes_only(ino, flags),
-            },
-        ))
-    }
-
-    /// Whether an open of `ino` with `flags` is its only one and writes
-    /// only: its writes then go to the stack without the kernel copying
-    /// them into cached pages first, which nobody would read (a file
-    /// opened for writing only cannot be mapped), and which slow every
-    /// later copy once the page cache is full of them.
-    fn writes_only(&self, ino: u64, flags: i32) -> bool {
-        flags & libc::O_ACCMODE == libc::O_WRONLY
-            && lock(&self.open_count).get(&ino).copied() == Some(1)
-    }
-
-    pub(crate) fn opendir(&self, cx: &CallContext, ino: u64) -> Res<u64> {
-        self.handle(ino)?;
-        self.add_open(ino, cx)
-    }
-
-    fn add_open(&self, ino: u64, cx: &CallContext) -> Res<u64> {
-        let mut opens = lock(&self.opens);
-        if opens.len() >= MAX_OPEN {
-            return Err(Errno::ENFILE);
-        }
-        let h = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        opens.insert(
-            h,
-            Open {
-                ino,
-                cx: cx.clone(),
-                verf: [0; 8],
-                listing: None,
-            },
-        );
-        *lock(&self.open_count).entry(ino).or_insert(0) += 1;
-        Ok(h)
-    }
-
-    fn opener(&self, h: u64) -> Option<CallContext> {
-        lock(&self.opens).get(&h).map(|o| o.cx.clone())
-    }
-
-    /// The opener's context for I/O through `h`, else the caller's.
-    fn io_context(&self, h: u64, caller: &CallContext) -> CallContext {
-        self.opener(h).unwrap_or_else(|| caller.clone())
-    }
-
-    /// Closes `h`; the last close of a hidden file removes it.
-    pub(crate) async fn release(&self, h: u64) -> Res<()> {
-        let Some(open) = lock(&self.opens).remove(&h) else {
-            return Ok(());
-        };
-        if let Some(l) = &open.listing {
-            self.listing_bytes.fetch_sub(l.bytes, Ordering::Relaxed);
-        }
-        let last = {
-            let mut counts = lock(&self.open_count);
-            match counts.get_mut(&open.ino) {
-                Some(n) if *n > 1 => {
-                    *n -= 1;
-                    false
-                }
-                _ => {
-                    counts.remove(&open.ino);
-                    true
-                }
-            }
-        };
-        if !last {
-            return Ok(());
-        }
-        if self.uncommitted.has(open.ino) {
-            self.commit(open.ino).await?;
-        }
-        let hidden = lock(&self.hidden).remove(&open.ino);
-        if let Some(h) = hidden {
-            self.remove_hidden_file(&h).await?;
         }
         Ok(())
     }
@@ -754,20 +578,23 @@ impl Core {
         )
     }
 
-    /// Removes the files hidden because they were removed while open
-    /// and are still open (at unmount: nobody can close them now).
-    pub(crate) async fn remove_hidden(&self) {
-        let hidden: Vec<Hidden> = lock(&self.hidden).drain().map(|(_, h)| h).collect();
-        for h in hidden {
-            if let Err(e) = self.remove_hidden_file(&h).await {
-                tracing::warn!(name = %String::from_utf8_lossy(&h.name), error = ?e, "cannot remove a hidden file");
-            }
-        }
-    }
-
     pub(crate) fn forget(&self, ino: u64, n: u64) {
         lock(&self.inodes).forget(ino, n);
+        self.compact_if_due();
     }
+}
+
+/// A node id, or the errno of a hand-out refused: ENFILE for a full
+/// table, EIO for one the journal could not record (the kernel must not
+/// hold an id the journal lacks).
+fn refused_errno(ino: Result<u64, Refused>) -> Res<u64> {
+    ino.map_err(|r| match r {
+        Refused::Full => {
+            tracing::warn!(max = Inodes::MAX, "the FUSE inode table is full");
+            Errno::ENFILE
+        }
+        Refused::Unrecorded => Errno::EIO,
+    })
 }
 
 #[cfg(test)]

@@ -79,4 +79,66 @@ pub enum FuseError {
         /// Why (part of the message, so not also a `source`).
         cause: std::io::Error,
     },
+    /// The session's state directory (or a file in it) could not be
+    /// made, locked, written or read.
+    #[error("cannot use the FUSE session's state at {}: {cause}", .path.display())]
+    State {
+        /// The directory or file.
+        path: PathBuf,
+        /// Why (part of the message, so not also a `source`).
+        cause: std::io::Error,
+    },
+    /// Another process holds the session's lock: it serves the mount.
+    #[error(
+        "the FUSE session's state at {} is locked by {}: another gvfs-proxy serves this mount",
+        .path.display(),
+        .pid.map_or_else(|| "another process".to_string(), |p| format!("pid {p}"))
+    )]
+    StateBusy {
+        /// The state directory.
+        path: PathBuf,
+        /// The holder, if it noted its pid.
+        pid: Option<u32>,
+    },
+    /// The session file is not one this code can read.
+    #[error("cannot read the FUSE session file {}: {problem}", .path.display())]
+    SessionFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: SessionProblem,
+    },
+    /// The session file is another session's: its table must not be
+    /// applied to this connection.
+    #[error("different session: the FUSE session file {} has another {what}", .path.display())]
+    DifferentSession {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        what: &'static str,
+    },
+}
+
+/// What is wrong with a session file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionProblem {
+    /// Shorter than its fixed fields.
+    #[error("too short")]
+    Short,
+    /// Longer than the longest root handle and directory allow.
+    #[error("too long")]
+    Long,
+    /// Not a gvfs session file.
+    #[error("no GVFS magic")]
+    Magic,
+    /// A format version this code does not read.
+    #[error("format version {0} (this build reads 1)")]
+    Version(u32),
+    /// The checksum does not match.
+    #[error("bad CRC")]
+    Crc,
+    /// A length field out of bounds.
+    #[error("a length out of bounds")]
+    Length,
 }

@@ -93,6 +93,12 @@ fn bytes(name: &OsStr) -> Vec<u8> {
 
 impl Filesystem for Fs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Whether a process taking the session over may ask the kernel to
+        // send again what the dead one had read (FUSE_NOTIFY_RESEND).
+        let resend = config.capabilities().contains(InitFlags::FUSE_HAS_RESEND);
+        self.core
+            .resend_offered
+            .store(resend, std::sync::atomic::Ordering::Relaxed);
         if let Err(max) = config.set_max_readahead(self.read_ahead.min(MAX_IO)) {
             let _ = config.set_max_readahead(max);
         }

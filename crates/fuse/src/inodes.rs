@@ -18,9 +18,17 @@
 //! so a generation of 0 is enough. The table is bounded: past
 //! [`Inodes::MAX`] live entries a new file cannot be looked up (ENFILE)
 //! until the kernel forgets some.
+//!
+//! With a [`Journal`], every hand-out and FORGET is recorded before the
+//! reply that carries the id leaves (a hand-out that cannot be recorded
+//! is refused), so a process taking the session over can
+//! [`restore`](Inodes::restore) the table.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+
+use crate::journal::{Journal, NodeEntry, Snapshot};
+use crate::limits;
 
 /// A handle shared between the two maps.
 pub(crate) type Handle = Arc<[u8]>;
@@ -47,18 +55,25 @@ pub(crate) struct Inodes {
     next: u64,
     max: usize,
     root_fileid: u64,
+    /// Where hand-outs and FORGETs are recorded, if anywhere.
+    journal: Option<Arc<Journal>>,
 }
 
-/// The table is full.
+/// Why a handle was not handed to the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Full;
+pub(crate) enum Refused {
+    /// The table is full.
+    Full,
+    /// The journal could not record it.
+    Unrecorded,
+}
 
 impl Inodes {
     /// The root's node id (FUSE's).
-    pub(crate) const ROOT: u64 = 1;
+    pub(crate) const ROOT: u64 = limits::ROOT;
 
     /// Most live nodes (about 200 bytes each with a 64-byte handle).
-    pub(crate) const MAX: usize = 1 << 20;
+    pub(crate) const MAX: usize = limits::MAX_NODES;
 
     /// Where ids for files whose file id cannot be theirs start.
     const SPARE: u64 = 1 << 63;
@@ -78,6 +93,7 @@ impl Inodes {
             next: Self::SPARE,
             max,
             root_fileid,
+            journal: None,
         };
         t.by_fh.insert(fh.clone(), Self::ROOT);
         t.nodes.insert(
@@ -91,33 +107,106 @@ impl Inodes {
         t
     }
 
+    /// The table the kernel holds, from a journal's replay: the root
+    /// `root_fh` (file id `root_fileid`) and `entries` (id, handle, count).
+    /// New spare ids start past the largest restored one, so none is
+    /// handed out twice. Entries that cannot be the kernel's (the root's
+    /// id, 0, no lookups, no handle) are left out.
+    pub(crate) fn restore(
+        root_fh: &[u8],
+        root_fileid: u64,
+        entries: impl IntoIterator<Item = (u64, NodeEntry)>,
+    ) -> Self {
+        let mut t = Self::new(root_fh, root_fileid);
+        for (ino, e) in entries {
+            if ino <= Self::ROOT || e.lookups == 0 || e.fh.is_empty() || t.nodes.len() >= t.max {
+                continue;
+            }
+            let fh: Handle = e.fh.into();
+            t.by_fh.entry(fh.clone()).or_insert(ino);
+            if ino > t.next {
+                t.next = ino;
+            }
+            t.nodes.insert(
+                ino,
+                Node {
+                    fh,
+                    lookups: e.lookups,
+                    opened: None,
+                },
+            );
+        }
+        t
+    }
+
+    /// The root's handle and file id.
+    pub(crate) fn root(&self) -> (Handle, u64) {
+        let fh = self.nodes.get(&Self::ROOT).map(|n| n.fh.clone());
+        (
+            fh.unwrap_or_else(|| Handle::from(&[][..])),
+            self.root_fileid,
+        )
+    }
+
+    /// Records hand-outs and FORGETs in `journal` from now on.
+    pub(crate) fn set_journal(&mut self, journal: Option<Arc<Journal>>) {
+        self.journal = journal;
+    }
+
+    /// Adds each live node but the root to `s`.
+    pub(crate) fn snapshot(&self, s: &mut Snapshot) -> std::io::Result<()> {
+        for (ino, n) in &self.nodes {
+            s.node(*ino, n.lookups, &n.fh)?;
+        }
+        Ok(())
+    }
+
+    /// Records one hand-out of `ino` (new with handle `fh`, else known).
+    fn record(&self, ino: u64, fh: &[u8]) -> Result<(), Refused> {
+        match &self.journal {
+            Some(j) => j.node(ino, 1, fh).map_err(|_| Refused::Unrecorded),
+            None => Ok(()),
+        }
+    }
+
     /// The handle of node `ino`, if the kernel still holds it.
     pub(crate) fn handle(&self, ino: u64) -> Option<Handle> {
         self.nodes.get(&ino).map(|n| n.fh.clone())
     }
 
     /// Hands `fh` (file id `fileid`) to the kernel once more: its node
-    /// id, made if new.
-    pub(crate) fn remember(&mut self, fh: &[u8], fileid: u64) -> Result<u64, Full> {
+    /// id, made if new. Recorded in the journal first, if there is one:
+    /// a hand-out it cannot record is refused, and the table unchanged.
+    pub(crate) fn remember(&mut self, fh: &[u8], fileid: u64) -> Result<u64, Refused> {
         if let Some(&ino) = self.by_fh.get(fh) {
+            // The root's count is never used (it is not forgotten).
+            if ino != Self::ROOT {
+                self.record(ino, &[])?;
+            }
             if let Some(n) = self.nodes.get_mut(&ino) {
                 n.lookups += 1;
             }
             return Ok(ino);
         }
         if self.nodes.len() >= self.max {
-            return Err(Full);
+            return Err(Refused::Full);
         }
-        let ino = if fileid > Self::ROOT
+        if fh.is_empty() && self.journal.is_some() {
+            // A new node's record is told from a known one's by its handle.
+            return Err(Refused::Unrecorded);
+        }
+        let (ino, next) = if fileid > Self::ROOT
             && fileid < Self::SPARE
             && fileid != self.root_fileid
             && !self.nodes.contains_key(&fileid)
         {
-            fileid
+            (fileid, self.next)
         } else {
-            self.next = self.next.checked_add(1).ok_or(Full)?;
-            self.next
+            let n = self.next.checked_add(1).ok_or(Refused::Full)?;
+            (n, n)
         };
+        self.record(ino, fh)?;
+        self.next = next;
         let fh: Handle = fh.into();
         self.by_fh.insert(fh.clone(), ino);
         self.nodes.insert(
@@ -131,7 +220,9 @@ impl Inodes {
         Ok(ino)
     }
 
-    /// The kernel dropped `n` of the entries of `ino`.
+    /// The kernel dropped `n` of the entries of `ino`. Recorded if it
+    /// can be; if not, the node's count stays too high in the journal
+    /// (a leak within [`Inodes::MAX`], not a lost id).
     pub(crate) fn forget(&mut self, ino: u64, n: u64) {
         if ino == Self::ROOT {
             return;
@@ -139,6 +230,9 @@ impl Inodes {
         let Some(node) = self.nodes.get_mut(&ino) else {
             return;
         };
+        if let Some(j) = &self.journal {
+            let _ = j.forget(ino, n);
+        }
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0
             && let Some(node) = self.nodes.remove(&ino)
@@ -228,7 +322,7 @@ mod tests {
         let mut t = Inodes::with_max(b"root", 2, 3);
         let a = t.remember(b"a", 10).unwrap();
         t.remember(b"b", 11).unwrap();
-        assert_eq!(t.remember(b"c", 12), Err(Full));
+        assert_eq!(t.remember(b"c", 12), Err(Refused::Full));
         assert_eq!(t.remember(b"a", 10), Ok(a), "known files are still found");
         t.forget(a, 2);
         assert!(t.remember(b"c", 12).is_ok());

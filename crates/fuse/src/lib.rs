@@ -10,8 +10,11 @@
 //! | module | what |
 //! |---|---|
 //! | [`fs`](crate::fs) | fuser's `Filesystem`: each request a task on the runtime |
-//! | `core` | the operations, as NFSv3 calls on the stack (`core/io.rs`: reads, writes, COMMIT; `core/dir.rs`: listings; `core/listing.rs`: what a listing holds) |
-//! | `inodes` | node ids for the kernel, NFS handles for the stack (bounded, FORGET honoured) |
+//! | `core` | the operations, as NFSv3 calls on the stack (`core/io.rs`: reads, writes, COMMIT; `core/dir.rs`: listings; `core/listing.rs`: what a listing holds; `core/opens.rs`: open files, files hidden while open, and their restore) |
+//! | `inodes` | node ids for the kernel, NFS handles for the stack (bounded, FORGET honoured; restored from the journal) |
+//! | `journal` | the node table on disk (`nodes.log`): nodes, opens and hidden files, recorded before the kernel is told, replayed by a process taking the session over |
+//! | `limits` | bounds of the tables, shared with the journal |
+//! | `state` | the session's state directory: its lock, and the `session` file (which connection, root and directory) |
 //! | `writes` | UNSTABLE writes kept until a COMMIT covers them (sent again if the verifier changed) |
 //! | `attr` | NFS attributes as FUSE's, FUSE's changes as `sattr3` |
 //! | `creds` | the caller's credentials (groups from `/proc`) |
@@ -36,7 +39,10 @@ mod errno;
 mod error;
 mod fs;
 mod inodes;
+mod journal;
+mod limits;
 mod mountpoint;
+mod state;
 mod stats;
 pub mod trace;
 mod writes;
@@ -52,8 +58,10 @@ use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
 use tokio::sync::Semaphore;
 
 use crate::core::Core;
-pub use crate::error::FuseError;
+pub use crate::error::{FuseError, SessionProblem};
 use crate::fs::{Fs, MAX_IN_FLIGHT};
+use crate::journal::Journal;
+use crate::state::{Header, SessionState};
 pub use crate::stats::{Counters, FuseCounts, FuseStats};
 use crate::trace::ReadTrace;
 
@@ -74,6 +82,10 @@ pub struct MountOptions {
     /// Where to write a trace of the reads the mount answers, if anywhere
     /// ([`trace`](crate::trace)).
     pub trace: Option<PathBuf>,
+    /// The session's state directory (made with mode 0700): its lock, its
+    /// `session` file and its node table, for a process taking the mount
+    /// over after this one dies. None: nothing is kept.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The mount's default read-ahead: one 1 MiB READ.
@@ -83,6 +95,8 @@ pub const DEFAULT_READ_AHEAD: u32 = 1 << 20;
 pub struct Mount {
     path: PathBuf,
     core: Arc<Core>,
+    /// The locked state directory, if the session keeps one.
+    state: Option<SessionState>,
     slots: Arc<Semaphore>,
     session: std::sync::Mutex<Option<BackgroundSession>>,
 }
@@ -114,13 +128,30 @@ impl Mount {
             })?),
             None => None,
         };
-        let core = Arc::new(Core::new(
+        let state = match &opts.state_dir {
+            Some(dir) => Some(SessionState::create(dir)?),
+            None => None,
+        };
+        let mut core = Core::new(
             top,
             root.data.as_ref(),
             &root_attr,
             opts.attr_timeout,
             trace,
-        ));
+        );
+        if let Some(s) = &state {
+            // A new log before the first request: nothing of an earlier
+            // session is kept by a fresh mount.
+            let journal = Journal::create(s.dir()).map_err(|cause| {
+                s.clear();
+                FuseError::State {
+                    path: s.dir().join(journal::LOG),
+                    cause,
+                }
+            })?;
+            core = core.with_journal(Arc::new(journal));
+        }
+        let core = Arc::new(core);
         let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
         let fs = Fs::new(
             core.clone(),
@@ -134,19 +165,28 @@ impl Mount {
             fuser::Session::new(fs, &dir, &config).and_then(fuser::Session::spawn)
         })
         .await
-        .map_err(|e| FuseError::Mount {
-            path: opts.dir.clone(),
-            cause: std::io::Error::other(e.to_string()),
-        })?
-        .map_err(|cause| FuseError::Mount {
-            path: opts.dir.clone(),
-            cause,
-        })?;
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        let session = match session {
+            Ok(s) => s,
+            Err(cause) => {
+                if let Some(s) = &state {
+                    s.clear();
+                }
+                return Err(FuseError::Mount {
+                    path: opts.dir.clone(),
+                    cause,
+                });
+            }
+        };
         set_read_ahead(&opts.dir, opts.read_ahead / 1024);
+        if let Some(s) = &state {
+            write_session(s, &opts.dir, &core, root.data.as_ref(), root_attr.fileid).await;
+        }
         tracing::info!(dir = %opts.dir.display(), "mounted through FUSE");
         Ok(Self {
             path: opts.dir.clone(),
             core,
+            state,
             slots,
             session: std::sync::Mutex::new(Some(session)),
         })
@@ -238,7 +278,39 @@ impl Mount {
                 std::mem::forget(session);
             }
         }
+        if let Some(s) = &self.state {
+            // The session ended: nothing is left for a successor to take.
+            s.clear();
+        }
         tracing::info!(dir = %self.path.display(), "unmounted");
+    }
+}
+
+/// Writes the session file of a new mount at `dir`: the connection's
+/// device from mountinfo (read on a blocking thread; the mount itself is
+/// not looked at), whether the kernel offered resends, and the root. A
+/// failure is logged: the mount serves, but cannot be taken over.
+async fn write_session(state: &SessionState, dir: &Path, core: &Core, root: &[u8], fileid: u64) {
+    let at = dir.to_path_buf();
+    let found = tokio::task::spawn_blocking(move || {
+        let point = mountpoint::mount_point_path(&at);
+        (mountpoint::mount_dev(&at), point)
+    })
+    .await;
+    let Ok((dev, point)) = found else {
+        return;
+    };
+    let dev = dev.unwrap_or_else(|| {
+        tracing::warn!(dir = %dir.display(), "the FUSE mount is not in /proc/self/mountinfo: it cannot be taken over");
+        (0, 0)
+    });
+    let mut header = Header::new(dev, root, fileid, &point);
+    header.set_resend(
+        core.resend_offered
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    if let Err(e) = state.write_header(&header) {
+        tracing::warn!(error = %e, "the FUSE mount cannot be taken over");
     }
 }
 

@@ -44,6 +44,45 @@ pub(crate) fn mounted_fstype(dir: &Path) -> Option<String> {
     })
 }
 
+/// `dir` as mountinfo shows a mount point: its parent canonicalized and
+/// its own name joined, so a live FUSE mount at `dir` is never looked at
+/// (a `stat` of it is a request to its server).
+pub(crate) fn mount_point_path(dir: &Path) -> PathBuf {
+    match (dir.parent(), dir.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            std::fs::canonicalize(parent)
+                .map(|p| p.join(name))
+                .unwrap_or_else(|_| dir.to_path_buf())
+        }
+        _ => std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
+    }
+}
+
+/// The device (MAJ:MIN) of the FUSE mount at `dir` in
+/// `/proc/self/mountinfo`: the connection's, as
+/// `/sys/fs/fuse/connections/MIN` names it.
+pub(crate) fn mount_dev(dir: &Path) -> Option<(u32, u32)> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    dev_in(&table, &mount_point_path(dir))
+}
+
+/// The device of the last (topmost) FUSE mount at `want` in `table`.
+fn dev_in(table: &str, want: &Path) -> Option<(u32, u32)> {
+    table.lines().rev().find_map(|line| {
+        let (mount_point, fstype) = mountinfo_entry(line)?;
+        if mount_point != want || !fstype.starts_with("fuse") {
+            return None;
+        }
+        let (maj, min) = line.split(' ').nth(2)?.split_once(':')?;
+        Some((maj.parse().ok()?, min.parse().ok()?))
+    })
+}
+
 /// The mount point and type of one line of `/proc/self/mountinfo`
 /// (`ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [FIELDS...] - TYPE ...`).
 fn mountinfo_entry(line: &str) -> Option<(PathBuf, String)> {
@@ -83,6 +122,20 @@ mod tests {
         let (at, fstype) = mountinfo_entry(line).unwrap();
         assert_eq!(at, PathBuf::from("/mnt/a b"));
         assert_eq!(fstype, "fuse.gvfs");
+    }
+
+    #[test]
+    fn a_mounts_device_is_read_from_mountinfo() {
+        let table = "22 1 0:21 / /mnt/vm rw - ext4 /dev/sda rw\n\
+                     36 35 0:40 / /mnt/vm rw shared:1 - fuse.gvfs gvfs:dir rw\n\
+                     37 35 0:41 / /mnt/other rw - fuse.gvfs gvfs:dir rw\n";
+        assert_eq!(dev_in(table, Path::new("/mnt/vm")), Some((0, 40)));
+        assert_eq!(dev_in(table, Path::new("/mnt/other")), Some((0, 41)));
+        assert_eq!(dev_in(table, Path::new("/mnt/none")), None);
+        assert_eq!(
+            mount_point_path(Path::new("/proc/self/../none")),
+            PathBuf::from("/proc/none")
+        );
     }
 
     #[test]

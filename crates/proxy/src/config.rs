@@ -587,8 +587,19 @@ pub fn default_control_path(listen: SocketAddr) -> PathBuf {
 /// The control socket path of a proxy with no NFS listener: one per mount
 /// point (`/mnt/vm` gives `gvfs-proxy-mnt-vm.sock`), beside the others.
 pub fn default_control_path_for_mount(dir: &Path) -> PathBuf {
-    let name: String = dir
-        .to_string_lossy()
+    runtime_dir().join(format!("gvfs-proxy-{}.sock", mount_name(dir)))
+}
+
+/// The state directory of the FUSE session at `dir` when there is no
+/// cache directory: `gvfs-mount-NAME/` beside the control sockets, NAME
+/// as in [`default_control_path_for_mount`].
+pub fn default_state_dir_for_mount(dir: &Path) -> PathBuf {
+    runtime_dir().join(format!("gvfs-mount-{}", mount_name(dir)))
+}
+
+/// A mount point as one file name: `/mnt/vm` gives `mnt-vm`.
+fn mount_name(dir: &Path) -> String {
+    dir.to_string_lossy()
         .trim_matches('/')
         .chars()
         .map(|c| {
@@ -598,8 +609,7 @@ pub fn default_control_path_for_mount(dir: &Path) -> PathBuf {
                 '-'
             }
         })
-        .collect();
-    runtime_dir().join(format!("gvfs-proxy-{name}.sock"))
+        .collect()
 }
 
 /// Where default control sockets live.

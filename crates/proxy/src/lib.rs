@@ -179,6 +179,10 @@ pub async fn serve(
                 source: format!("gvfs:{}", stack.top.describe()),
                 read_ahead: cfg.mount_readahead,
                 trace: cfg.mount_trace.clone(),
+                state_dir: Some(match &cfg.cache {
+                    Some(c) => c.dir.join("fuse"),
+                    None => config::default_state_dir_for_mount(dir),
+                }),
             };
             Some(Arc::new(
                 gvfs_fuse::Mount::start(stack.top.clone(), &opts).await?,

@@ -120,10 +120,12 @@ impl Core {
     /// (node id 0, which the kernel does not keep) for `.`, `..` and the
     /// rest.
     pub(crate) fn listed_entry(&self, e: &Listed) -> (FileAttr, bool) {
-        if let (false, Some((fh, a))) = (e.is_dot(), &e.plus)
-            && let Ok(ino) = lock(&self.inodes).remember(fh, a.fileid)
-        {
-            return (file_attr(ino, a), true);
+        if let (false, Some((fh, a))) = (e.is_dot(), &e.plus) {
+            let ino = lock(&self.inodes).remember(fh, a.fileid);
+            self.compact_if_due();
+            if let Ok(ino) = ino {
+                return (file_attr(ino, a), true);
+            }
         }
         let ino = if e.is_dot() { e.ino } else { 0 };
         match &e.plus {

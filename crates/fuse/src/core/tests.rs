@@ -5,6 +5,8 @@ use std::sync::Mutex;
 use gvfs_nfs::{BoxFuture, NfsProc, ServiceError};
 
 use super::*;
+use crate::journal::Journal;
+use std::sync::atomic::Ordering;
 
 /// Answers as a server whose write verifier is `verf` (changed by the
 /// test), and remembers every call.
@@ -73,9 +75,14 @@ impl NfsService for Fake {
                     verf,
                 }))
             }
-            // Every name is the file the tests remember.
-            NfsRequest::Lookup(_) => NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
-                object: fh3(b"file"),
+            // Every name is the file the tests remember, but names
+            // starting "new", which are files of their own.
+            NfsRequest::Lookup(a) => NfsReply::Lookup(Nfs3Result::Ok(LOOKUP3resok {
+                object: if a.what.name.0.starts_with(b"new") {
+                    fh3(&a.what.name.0)
+                } else {
+                    fh3(b"file")
+                },
                 obj_attributes: Nfs3Option::None,
                 dir_attributes: Nfs3Option::None,
             })),
@@ -225,4 +232,138 @@ async fn a_file_removed_as_its_last_close_passes_is_not_left_hidden() {
     assert_eq!(lock(&fake.removed).len(), 1);
     core.release(h).await.unwrap();
     assert_eq!(lock(&fake.removed).len(), 2);
+}
+
+/// `core_over` with a journal in `dir`.
+fn journaled(fake: &Arc<Fake>, dir: &std::path::Path) -> (Core, Arc<Journal>) {
+    let root = gvfs_nfs::testing::file_attrs(0, 1);
+    let j = Arc::new(Journal::create(dir).unwrap());
+    let core = Core::new(fake.clone(), b"root", &root, Duration::from_secs(1), None)
+        .with_journal(j.clone());
+    (core, j)
+}
+
+#[tokio::test]
+async fn a_node_or_handle_the_journal_cannot_record_is_refused_with_eio() {
+    let fake = Fake::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (core, j) = journaled(&fake, dir.path());
+    let cx = CallContext::default();
+    let a = core.lookup(&cx, Inodes::ROOT, b"name").await.unwrap();
+    let ino = a.ino.0;
+    let h = core.add_open(ino, &cx).unwrap();
+    let t = crate::journal::replay(&j.path()).unwrap();
+    assert_eq!(t.nodes[&ino].lookups, 1, "recorded before the reply");
+    assert_eq!(t.opens[&h].ino, ino);
+
+    j.sabotage();
+    assert_eq!(
+        core.lookup(&cx, Inodes::ROOT, b"name").await.err(),
+        Some(Errno::EIO),
+        "no id the journal lacks"
+    );
+    assert_eq!(
+        core.lookup(&cx, Inodes::ROOT, b"new file").await.err(),
+        Some(Errno::EIO),
+        "nor a new one"
+    );
+    assert_eq!(lock(&core.inodes).ino_of(b"new file"), None);
+    assert_eq!(lock(&core.inodes).len(), 2, "the root and one file");
+    assert_eq!(core.add_open(ino, &cx).err(), Some(Errno::EIO));
+    assert_eq!(lock(&core.opens).len(), 1, "no handle either");
+    // The table is as the journal says: one lookup, not two.
+    core.forget(ino, 1);
+    assert_eq!(
+        core.getattr(&cx, ino).await.err(),
+        Some(Errno::ESTALE),
+        "forgotten after its one recorded lookup"
+    );
+}
+
+#[tokio::test]
+async fn a_restored_table_is_the_journal_and_new_ids_do_not_collide() {
+    let fake = Fake::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (core, j) = journaled(&fake, dir.path());
+    let cx = CallContext::with_cred(gvfs_nfs::Credentials::Unix(gvfs_nfs::rpc::AuthUnix {
+        stamp: 0,
+        machine: crate::journal::MACHINE.to_vec(),
+        uid: 1000,
+        gid: 100,
+        gids: vec![4, 27],
+    }));
+    // Node "file" (file id 1, so a spare id), looked up twice, opened
+    // twice, and removed while open (hidden).
+    let ino = core.lookup(&cx, Inodes::ROOT, b"a").await.unwrap().ino.0;
+    assert_eq!(
+        core.lookup(&cx, Inodes::ROOT, b"a").await.unwrap().ino.0,
+        ino
+    );
+    assert!(ino > 1 << 63);
+    let h1 = core.add_open(ino, &cx).unwrap();
+    let h2 = core.add_open(ino, &cx).unwrap();
+    fake.renames.add_permits(1);
+    core.unlink(&cx, Inodes::ROOT, b"a").await.unwrap();
+    let hidden_name = lock(&fake.renamed)[0].clone();
+    core.release(h1).await.unwrap();
+    let last_h = core.next_fh.load(Ordering::Relaxed) - 1;
+    drop(core);
+
+    // A new process: the same root, the replayed table.
+    let t = crate::journal::replay(&j.path()).unwrap();
+    let j2 = Arc::new(Journal::resume(dir.path(), &t).unwrap());
+    let root = gvfs_nfs::testing::file_attrs(0, 1);
+    let core = Core::new(fake.clone(), b"root", &root, Duration::from_secs(1), None)
+        .with_journal(j2.clone());
+    core.restore(t);
+    assert_eq!(
+        lock(&core.inodes).handle(ino).as_deref(),
+        Some(&b"file"[..])
+    );
+    assert_eq!(core.io_context(h2, &CallContext::default()).cred, cx.cred);
+    assert!(core.io_context(h1, &CallContext::default()).cred != cx.cred);
+    // Known handles keep their ids; new ones get ids and handles past
+    // every restored one (and past the hidden name's number).
+    assert_eq!(lock(&core.inodes).remember(b"file", 1), Ok(ino));
+    let other = lock(&core.inodes).remember(b"other", 0).unwrap();
+    assert!(other > ino, "{other:#x} after {ino:#x}");
+    let h3 = core.add_open(ino, &cx).unwrap();
+    assert!(h3 > last_h && h3 != h2);
+    // Two lookups restored (and one more now): three FORGETs drop it.
+    core.forget(ino, 2);
+    assert!(lock(&core.inodes).handle(ino).is_some());
+    // The hidden file is removed at the last close, as before.
+    core.release(h2).await.unwrap();
+    assert!(lock(&fake.removed).is_empty());
+    core.release(h3).await.unwrap();
+    assert_eq!(*lock(&fake.removed), vec![hidden_name]);
+    core.forget(ino, 1);
+    assert!(lock(&core.inodes).handle(ino).is_none());
+    // And the new journal says the same.
+    let t = crate::journal::replay(&j2.path()).unwrap();
+    assert!(!t.nodes.contains_key(&ino) && t.nodes.contains_key(&other));
+    assert!(t.opens.is_empty() && t.hidden.is_empty());
+}
+
+#[test]
+fn compaction_runs_under_the_core_locks_and_keeps_the_table() {
+    let fake = Fake::new();
+    let dir = tempfile::tempdir().unwrap();
+    let root = gvfs_nfs::testing::file_attrs(0, 1);
+    let j = Arc::new(Journal::with_min_compact(dir.path(), 2048).unwrap());
+    let core = Core::new(fake.clone(), b"root", &root, Duration::from_secs(1), None)
+        .with_journal(j.clone());
+    let cx = CallContext::default();
+    let keep = lock(&core.inodes).remember(b"kept", 5).unwrap();
+    let h = core.add_open(keep, &cx).unwrap();
+    for i in 0..2000_u64 {
+        let fh = i.to_le_bytes();
+        let ino = lock(&core.inodes).remember(&fh, 100 + i).unwrap();
+        core.forget(ino, 1);
+    }
+    assert!(j.len() < 4096, "compacted: {} bytes", j.len());
+    let t = crate::journal::replay(&j.path()).unwrap();
+    assert!(t.generation > 1);
+    assert_eq!(t.nodes.keys().copied().collect::<Vec<_>>(), vec![keep]);
+    assert_eq!(t.opens.keys().copied().collect::<Vec<_>>(), vec![h]);
 }
