@@ -38,6 +38,8 @@ use anyhow::{Context, Result, bail, ensure};
 use crate::process;
 use crate::proxy::{Proxy, ProxyArgs, proxy_binary};
 
+pub mod wan;
+
 /// `f_type` of a FUSE file system in `statfs(2)` (`FUSE_SUPER_MAGIC`).
 pub const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
@@ -173,6 +175,11 @@ impl Drop for MountPoint {
         if !is_mounted(&self.path).unwrap_or(true) {
             return;
         }
+        // A mount a test left behind may be one whose keeper holds its
+        // connection with nobody serving it (the test failed between a
+        // proxy's end and the next start): its requests would wait for
+        // ever, and so would this process's exit. Ended first.
+        abort_connection(&self.path);
         let _ = process::run(
             Command::new("fusermount3")
                 .arg("-u")
@@ -187,6 +194,37 @@ impl Drop for MountPoint {
             );
         }
     }
+}
+
+/// Ends the FUSE connection of the mount at `path` (`abort` in the
+/// kernel's fusectl file system, mounted at `/sys/fs/fuse/connections`
+/// if it is not): every request waiting on it fails, and whatever holds
+/// its connection sees it end. Root only; a no-op elsewhere.
+pub fn abort_connection(path: &Path) {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let want = path.as_os_str().as_bytes();
+    let minor = table.lines().rev().find_map(|line| {
+        let mut f = line.split(' ');
+        let dev = f.nth(2)?;
+        let at = f.nth(1)?;
+        (unescape_mount_path(at) == want)
+            .then(|| dev.split_once(':').map(|(_, m)| m.to_string()))?
+    });
+    let Some(minor) = minor else {
+        return;
+    };
+    let conn = Path::new("/sys/fs/fuse/connections");
+    if !conn.join(&minor).exists() {
+        let _ = process::run(
+            Command::new("mount")
+                .args(["-t", "fusectl", "fusectl"])
+                .arg(conn),
+            UNMOUNT_TIMEOUT,
+        );
+    }
+    let _ = std::fs::write(conn.join(&minor).join("abort"), b"1");
 }
 
 /// Whether `path` (absolute, symbolic links resolved) is a mount point in

@@ -596,6 +596,24 @@ impl Proxy {
         }
     }
 
+    /// Waits at most `within` for it to exit by itself (`gvfsctl
+    /// unmount`); its exit status.
+    pub fn wait_exit(&mut self, within: Duration) -> Result<ExitStatus> {
+        let Some(child) = self.child.as_mut() else {
+            bail!("the proxy is not running");
+        };
+        match process::wait_timeout(child, within)? {
+            Some(status) => {
+                self.child = None;
+                Ok(status)
+            }
+            None => bail!(
+                "gvfs-proxy did not exit within {within:?}; output:\n{}",
+                self.output()
+            ),
+        }
+    }
+
     /// The address it listens on (as it reported it).
     pub fn addr(&self) -> SocketAddr {
         self.addr

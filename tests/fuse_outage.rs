@@ -7,18 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::Read;
-use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::mpsc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gvfs_testbed::data::{compare_bytes, random_bytes};
-use gvfs_testbed::fuse::{self, MountPoint, mounted};
+use gvfs_testbed::data::compare_bytes;
+use gvfs_testbed::fuse::wan::{Wan, outcome, read_on_a_thread, read_within};
+use gvfs_testbed::fuse::{MountPoint, mounted};
 use gvfs_testbed::require_fuse;
-use gvfs_testbed::{Ganesha, Proxy, ProxyArgs};
+use gvfs_testbed::{Proxy, ProxyArgs};
 
 /// How long a read must still be waiting while the link is cut.
 const STILL_BLOCKED: Duration = Duration::from_secs(3);
@@ -32,112 +29,11 @@ const BEFORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long after the cut a read must have failed with
 /// `--upstream-timeout 2`.
 const FAILED_WITHIN: Duration = Duration::from_secs(20);
-/// The size of the files read through the outage (small: one or two READs).
-const SMALL: usize = 100_003;
-
-/// nfs-ganesha behind two `gvfs-wanlink` processes, one relaying its NFS
-/// port and one its MOUNT port, cut and restored together as one WAN link.
-struct Wan {
-    nfs: fuse::WanLinkProcess,
-    mount: fuse::WanLinkProcess,
-    g: Ganesha,
-}
-
-impl Wan {
-    fn start() -> Result<Self> {
-        let g = Ganesha::start()?;
-        let nfs = fuse::WanLinkProcess::start(g.nfs_addr())?;
-        let mount = fuse::WanLinkProcess::start(SocketAddr::new(g.ip(), g.mount_port()))?;
-        Ok(Self { nfs, mount, g })
-    }
-
-    /// The `--upstream` URL that reaches ganesha through the links.
-    fn upstream_url(&self) -> String {
-        format!(
-            "nfs://127.0.0.1:{}{}?mountport={}",
-            self.nfs.addr().port(),
-            gvfs_testbed::ganesha::EXPORT,
-            self.mount.addr().port()
-        )
-    }
-
-    /// Places `name` with `SMALL` bytes of seed `seed` at the origin.
-    fn place(&self, name: &str, seed: u64) -> Result<Vec<u8>> {
-        let bytes = random_bytes(seed, SMALL);
-        fs::write(self.g.export_dir().join(name), &bytes)?;
-        Ok(bytes)
-    }
-
-    fn cut(&mut self, mode: &str) -> Result<()> {
-        self.nfs.cut(mode)?;
-        self.mount.cut(mode)
-    }
-
-    fn restore(&mut self) -> Result<()> {
-        self.nfs.restore()?;
-        self.mount.restore()
-    }
-
-    /// Bytes ganesha has sent back through the NFS link so far.
-    fn down_bytes(&mut self) -> Result<u64> {
-        Ok(self.nfs.stats()?.get("down").copied().unwrap_or(0))
-    }
-}
-
-/// What a read on a thread came to.
-type ReadResult = std::io::Result<Vec<u8>>;
-
-/// Reads the open file `f` to its end on a thread of its own, with plain
-/// read(2) calls only (no stat, no open: every call the kernel makes is a
-/// READ); the bytes or the error arrive on the receiver.
-fn read_on_a_thread(mut f: File, len: usize) -> mpsc::Receiver<ReadResult> {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut buf = vec![0u8; len + 1];
-        let mut n = 0;
-        let r = loop {
-            match f.read(&mut buf[n..]) {
-                Ok(0) => break Ok(()),
-                Ok(k) => {
-                    n += k;
-                    if n == buf.len() {
-                        break Ok(());
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => break Err(e),
-            }
-        };
-        buf.truncate(n);
-        let _ = tx.send(r.map(|()| buf));
-    });
-    rx
-}
-
-/// `path` read whole (open and read) on a thread, within `within`.
-fn read_within(path: &Path, within: Duration) -> Result<Vec<u8>> {
-    let (tx, rx) = mpsc::channel();
-    let p = path.to_path_buf();
-    thread::spawn(move || {
-        let _ = tx.send(fs::read(p));
-    });
-    match rx.recv_timeout(within) {
-        Ok(r) => r.with_context(|| format!("reading {}", path.display())),
-        Err(_) => bail!("reading {} took more than {within:?}", path.display()),
-    }
-}
 
 /// How many calls the mount's file system made that failed below it
 /// (`mount.failed` of `gvfsctl stats`).
 fn failed_below(p: &Proxy) -> Result<u64> {
     Ok(p.stats()?.mount()?.counts.failed)
-}
-
-fn outcome(r: &ReadResult) -> String {
-    match r {
-        Ok(b) => format!("{} bytes", b.len()),
-        Err(e) => format!("{e} (errno {:?})", e.raw_os_error()),
-    }
 }
 
 /// Default (hard) behaviour: `name` (looked up and opened while the link

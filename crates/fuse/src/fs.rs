@@ -61,6 +61,9 @@ impl Fs {
     }
 
     fn cx(&self, req: &Request) -> gvfs_nfs::CallContext {
+        if crate::takeover::is_resent(req.unique().0) {
+            self.core.counters.resent_requests.inc();
+        }
         self.groups.context(req.uid(), req.gid(), req.pid())
     }
 

@@ -40,29 +40,35 @@ mod error;
 mod fs;
 mod inodes;
 mod journal;
+pub mod keeper;
 mod limits;
 mod mountpoint;
 mod state;
 mod stats;
+mod takeover;
 pub mod trace;
 mod writes;
 
 use std::ffi::CString;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fuser::{BackgroundSession, MountOption, SessionACL};
 use gvfs_nfs::{CallContext, Credentials, NfsService, ServiceError};
+use nfs3_types::nfs3::fattr3;
 use tokio::sync::Semaphore;
 
 use crate::core::Core;
 pub use crate::error::{FuseError, SessionProblem};
 use crate::fs::{Fs, MAX_IN_FLIGHT};
 use crate::journal::Journal;
+use crate::keeper::Keeper;
 use crate::state::{Header, SessionState};
-pub use crate::stats::{Counters, FuseCounts, FuseStats};
+pub use crate::stats::{Counters, FuseCounts, FuseStats, SessionInfo};
 use crate::trace::ReadTrace;
 
 /// How to mount.
@@ -86,59 +92,111 @@ pub struct MountOptions {
     /// `session` file and its node table, for a process taking the mount
     /// over after this one dies. None: nothing is kept.
     pub state_dir: Option<PathBuf>,
+    /// The binary to run as the session's keeper (`gvfs-proxy`, run as
+    /// [`keeper::KEEPER_ARG`]), which holds the FUSE connection while no
+    /// proxy does, with `state_dir`. None: the mount ends with this
+    /// process, and so does every process that maps a file from it.
+    pub keeper: Option<PathBuf>,
+}
+
+/// How [`Mount::stop`] left the mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// Unmounted, for good.
+    Unmounted,
+    /// Paused: files are open on it, and its keeper holds the connection
+    /// for the next proxy, which takes it over. The process must end
+    /// without dropping anything FUSE holds (`_exit`).
+    Paused,
 }
 
 /// The mount's default read-ahead: one 1 MiB READ.
 pub const DEFAULT_READ_AHEAD: u32 = 1 << 20;
 
-/// A live mount. [`Mount::stop`] unmounts it.
+/// A live mount. [`Mount::stop`] unmounts it, or pauses it when files
+/// are open and a keeper holds the connection.
 pub struct Mount {
     path: PathBuf,
     core: Arc<Core>,
     /// The locked state directory, if the session keeps one.
     state: Option<SessionState>,
+    /// What holds the connection while no proxy does.
+    keeper: Option<Keeper>,
+    /// Since when, and how often taken over.
+    info: SessionInfo,
+    /// Set by `gvfsctl unmount`: the next stop unmounts even with files open.
+    tear_down: AtomicBool,
     slots: Arc<Semaphore>,
     session: std::sync::Mutex<Option<BackgroundSession>>,
 }
 
 impl Mount {
-    /// Mounts `top` at `opts.dir`. Must run on a multi-threaded tokio
-    /// runtime: requests run on it. Returns once the kernel has the
-    /// mount (its INIT answered).
+    /// Mounts `top` at `opts.dir`, or takes over the session of a gvfs
+    /// mount there that its keeper holds (left by a proxy that was
+    /// stopped with files open, or died). A dead gvfs mount (nothing
+    /// holds its connection) is detached and mounted afresh. Must run on
+    /// a multi-threaded tokio runtime: requests run on it. Returns once
+    /// the kernel has the mount (its INIT answered) or the session is
+    /// served again.
     pub async fn start(top: Arc<dyn NfsService>, opts: &MountOptions) -> Result<Self, FuseError> {
-        mountpoint::check(&opts.dir)?;
-        let cx = CallContext::with_cred(Credentials::unix(0, 0));
-        let root = top.root(&cx).await.map_err(FuseError::Root)?;
-        let root_attr = match gvfs_nfs::layer::Calls::getattr(&*top, &cx, root.data.as_ref())
-            .await
-            .map_err(FuseError::Root)?
-        {
-            nfs3_types::nfs3::Nfs3Result::Ok(r) => r.obj_attributes,
-            nfs3_types::nfs3::Nfs3Result::Err((status, _)) => {
-                return Err(FuseError::Root(ServiceError::UpstreamProtocol {
-                    upstream: top.describe(),
-                    reason: format!("GETATTR of the root answered {status}"),
-                }));
+        let found = mountpoint::inspect(&opts.dir)?;
+        let (root, root_attr) = root_of(&*top).await?;
+        if let mountpoint::Found::Gvfs { dev } = found {
+            if let Some(taken) = find_session(opts, dev, &root).await? {
+                return Self::take_over(top, opts, &root, &root_attr, taken).await;
             }
-        };
-        let trace = match &opts.trace {
-            Some(path) => Some(ReadTrace::create(path).map_err(|cause| FuseError::Trace {
-                path: path.clone(),
-                cause,
-            })?),
-            None => None,
-        };
+            let dir = opts.dir.clone();
+            let unkept = tokio::task::spawn_blocking(move || takeover::look_at_unkept(&dir))
+                .await
+                .unwrap_or(takeover::Unkept::Alive);
+            match unkept {
+                takeover::Unkept::Alive => {
+                    return Err(FuseError::AlreadyMounted {
+                        path: opts.dir.clone(),
+                        fstype: "fuse.gvfs".into(),
+                    });
+                }
+                takeover::Unkept::Dead => {
+                    tracing::warn!(dir = %opts.dir.display(), "a dead gvfs mount (its proxy and keeper are gone) is there: detaching it, and mounting afresh");
+                    let dir = opts.dir.clone();
+                    tokio::task::spawn_blocking(move || takeover::detach(&dir))
+                        .await
+                        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+                        .map_err(|cause| FuseError::MountPoint {
+                            path: opts.dir.clone(),
+                            cause,
+                        })?;
+                    if let Some(dir) = &opts.state_dir
+                        && let Ok(Some(old)) = SessionState::try_lock(dir)
+                    {
+                        old.clear();
+                    }
+                    // What was under it must be fit to mount on too.
+                    if mountpoint::inspect(&opts.dir)? != mountpoint::Found::Free {
+                        return Err(FuseError::AlreadyMounted {
+                            path: opts.dir.clone(),
+                            fstype: "fuse.gvfs".into(),
+                        });
+                    }
+                }
+            }
+        }
+        Self::fresh(top, opts, &root, &root_attr).await
+    }
+
+    /// A new mount at `opts.dir`.
+    async fn fresh(
+        top: Arc<dyn NfsService>,
+        opts: &MountOptions,
+        root: &[u8],
+        root_attr: &fattr3,
+    ) -> Result<Self, FuseError> {
+        let trace = open_trace(opts)?;
         let state = match &opts.state_dir {
             Some(dir) => Some(SessionState::create(dir)?),
             None => None,
         };
-        let mut core = Core::new(
-            top,
-            root.data.as_ref(),
-            &root_attr,
-            opts.attr_timeout,
-            trace,
-        );
+        let mut core = Core::new(top, root, root_attr, opts.attr_timeout, trace);
         if let Some(s) = &state {
             // A new log before the first request: nothing of an earlier
             // session is kept by a fresh mount.
@@ -152,21 +210,19 @@ impl Mount {
             core = core.with_journal(Arc::new(journal));
         }
         let core = Arc::new(core);
-        let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-        let fs = Fs::new(
-            core.clone(),
-            tokio::runtime::Handle::current(),
-            slots.clone(),
-            opts.read_ahead,
-        );
+        let (fs, slots) = file_system(&core, opts);
         let config = session_config(&opts.source);
         let dir = opts.dir.clone();
+        // The connection is copied before the readers start: the keeper's
+        // copy is a `dup` of the one file description.
         let session = tokio::task::spawn_blocking(move || {
-            fuser::Session::new(fs, &dir, &config).and_then(fuser::Session::spawn)
+            let session = fuser::Session::new(fs, &dir, &config)?;
+            let dev = takeover::copy_of(&session)?;
+            Ok((session.spawn()?, dev))
         })
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-        let session = match session {
+        let (session, dev) = match session {
             Ok(s) => s,
             Err(cause) => {
                 if let Some(s) = &state {
@@ -179,14 +235,121 @@ impl Mount {
             }
         };
         set_read_ahead(&opts.dir, opts.read_ahead / 1024);
-        if let Some(s) = &state {
-            write_session(s, &opts.dir, &core, root.data.as_ref(), root_attr.fileid).await;
-        }
-        tracing::info!(dir = %opts.dir.display(), "mounted through FUSE");
+        let mut info = SessionInfo {
+            kept_by: "none".into(),
+            mounted_at_us: trace::unix_micros(),
+            ..SessionInfo::default()
+        };
+        let header = match &state {
+            Some(s) => write_session(s, &opts.dir, &core, root, root_attr.fileid).await,
+            None => None,
+        };
+        let keeper = match (&state, &header, &opts.keeper) {
+            (Some(s), Some(h), Some(exe)) => {
+                let id = takeover::id_hex(&h.id);
+                match Keeper::start(exe, s.dir(), &id, dev.as_fd()) {
+                    Ok(k) => {
+                        info.id = id;
+                        info.mounted_at_us = h.mounted_at;
+                        info.kept_by = "keeper".into();
+                        Some(k)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot start the FUSE session's keeper: the mount ends with this process");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        drop(dev);
+        tracing::info!(dir = %opts.dir.display(), kept_by = %info.kept_by, "mounted through FUSE");
         Ok(Self {
             path: opts.dir.clone(),
             core,
             state,
+            keeper,
+            info,
+            tear_down: AtomicBool::new(false),
+            slots,
+            session: std::sync::Mutex::new(Some(session)),
+        })
+    }
+
+    /// Serves the session `taken` from here on: the node table, open files
+    /// and hidden files restored before any request is read, and the
+    /// requests the old process had read and not answered sent again.
+    async fn take_over(
+        top: Arc<dyn NfsService>,
+        opts: &MountOptions,
+        root: &[u8],
+        root_attr: &fattr3,
+        taken: takeover::Found,
+    ) -> Result<Self, FuseError> {
+        let takeover::Found {
+            state,
+            keeper,
+            dev,
+            header,
+            table,
+        } = taken;
+        let trace = open_trace(opts)?;
+        let journal = Journal::resume(state.dir(), &table).map_err(|cause| FuseError::State {
+            path: state.dir().join(journal::LOG),
+            cause,
+        })?;
+        let (nodes, opens) = (table.nodes.len(), table.opens.len());
+        let core = Core::new(top, root, root_attr, opts.attr_timeout, trace)
+            .with_journal(Arc::new(journal));
+        core.resend_offered
+            .store(header.resend(), Ordering::Relaxed);
+        core.restore(table);
+        let core = Arc::new(core);
+        let (fs, slots) = file_system(&core, opts);
+        let config = session_config(&opts.source);
+        // Before any reader of this process starts: a request it had read
+        // itself would be sent again and done twice.
+        let resent = takeover::resend(dev.as_fd());
+        let session = tokio::task::spawn_blocking(move || {
+            let acl = config.acl;
+            fuser::Session::from_initialized_fd(fs, dev, acl, config)?.spawn()
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+        .map_err(|cause| FuseError::Mount {
+            path: opts.dir.clone(),
+            cause,
+        })?;
+        let resend = match resent {
+            Ok(true) => "yes",
+            Ok(false) => {
+                tracing::warn!(
+                    "this kernel cannot resend FUSE requests (Linux before 6.9): any the old process had read and not answered wait for ever"
+                );
+                "unsupported"
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "asking the kernel to resend FUSE requests");
+                "unsupported"
+            }
+        };
+        let takeovers = state.count_takeover();
+        let info = SessionInfo {
+            id: takeover::id_hex(&header.id),
+            mounted_at_us: header.mounted_at,
+            taken_over_at_us: trace::unix_micros(),
+            takeovers,
+            kept_by: "keeper".into(),
+            resend: resend.into(),
+        };
+        tracing::info!(dir = %opts.dir.display(), nodes, open_files = opens, takeovers, "took the FUSE session over");
+        Ok(Self {
+            path: opts.dir.clone(),
+            core,
+            state: Some(state),
+            keeper: Some(keeper),
+            info,
+            tear_down: AtomicBool::new(false),
             slots,
             session: std::sync::Mutex::new(Some(session)),
         })
@@ -207,7 +370,19 @@ impl Mount {
             open: s.open,
             uncommitted_bytes: s.uncommitted_bytes,
             in_flight: (MAX_IN_FLIGHT - self.slots.available_permits()) as u64,
+            session: self.info.clone(),
         }
+    }
+
+    /// Files and directories open on the mount now.
+    pub fn open_files(&self) -> u64 {
+        self.core.stats().open
+    }
+
+    /// Makes the next [`stop`](Self::stop) unmount even with files open
+    /// (`gvfsctl unmount`): their users get errors.
+    pub fn tear_down_at_stop(&self) {
+        self.tear_down.store(true, Ordering::Relaxed);
     }
 
     /// Commits every write made through the mount (before a write-back).
@@ -232,12 +407,32 @@ impl Mount {
         }
     }
 
-    /// Unmounts: no new request gets in, those running finish (within
-    /// `drain`), and every write made through the mount is committed. A
-    /// mount still in use (an open file, a working directory) is detached
-    /// lazily: it is gone from the tree at once, and its users get errors
-    /// once this process exits.
-    pub async fn stop(&self, drain: Duration) {
+    /// Stops serving the mount. With files open and a keeper holding the
+    /// connection (and no [`tear_down_at_stop`](Self::tear_down_at_stop)),
+    /// a pause: see [`pause`](Self::pause). Else it unmounts: no new
+    /// request gets in, those running finish (within `drain`), and every
+    /// write made through the mount is committed. A mount still in use (an
+    /// open file, a working directory) is detached lazily: it is gone from
+    /// the tree at once, and its users get errors once this process exits.
+    pub async fn stop(&self, drain: Duration) -> Stopped {
+        // The kernel sends RELEASE after a close returned: a file closed
+        // just before the stop may still count for a moment.
+        let mut open = self.open_files();
+        let since = tokio::time::Instant::now();
+        while open > 0 && since.elapsed() < RELEASE_GRACE {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            open = self.open_files();
+        }
+        if self.keeper.is_some() && open > 0 && !self.tear_down.load(Ordering::Relaxed) {
+            self.pause(drain).await;
+            tracing::info!(dir = %self.path.display(), open_files = open, "paused the FUSE mount: its users wait for the next proxy");
+            return Stopped::Paused;
+        }
+        if let Some(k) = &self.keeper
+            && let Err(e) = k.stop()
+        {
+            tracing::warn!(error = %e, "the FUSE session's keeper did not answer; it ends with the mount");
+        }
         self.commit_within(drain).await;
         let path = self.path.clone();
         let clean = tokio::task::spawn_blocking(move || unmount(&path))
@@ -283,6 +478,47 @@ impl Mount {
             s.clear();
         }
         tracing::info!(dir = %self.path.display(), "unmounted");
+        Stopped::Unmounted
+    }
+
+    /// Pauses the session for the next proxy: the readers stop (nothing is
+    /// read after), the requests already read are answered (within
+    /// `drain`), and the writes made through the mount are committed. The
+    /// mount stays, and so does the connection, which the keeper holds;
+    /// requests made from now on wait in the kernel. A request still
+    /// running after `drain` is never answered by this process: the
+    /// kernel sends it again to the next one (Linux 6.9 and later).
+    async fn pause(&self, drain: Duration) {
+        let session = gvfs_nfs::layer::lock(&self.session).take();
+        let Some(mut session) = session else {
+            return;
+        };
+        let paused = tokio::task::spawn_blocking(move || {
+            let paused = session.pause(READERS_STOP);
+            session.forget_mount();
+            (session, paused)
+        })
+        .await;
+        match paused {
+            Ok((session, paused)) => {
+                if let Err(e) = paused {
+                    tracing::warn!(error = %e, "the FUSE readers did not all stop; the requests they read are sent again to the next proxy");
+                }
+                // Nothing it holds may close or answer now.
+                std::mem::forget(session);
+            }
+            Err(e) => tracing::warn!(error = %e, "pausing the FUSE session"),
+        }
+        let all = MAX_IN_FLIGHT as u32;
+        if let Ok(Ok(permits)) = tokio::time::timeout(drain, self.slots.acquire_many(all)).await {
+            permits.forget();
+        } else {
+            tracing::warn!(
+                ?drain,
+                "FUSE requests still running after the drain timeout: the next proxy gets them again"
+            );
+        }
+        self.commit_within(drain).await;
     }
 }
 
@@ -290,7 +526,13 @@ impl Mount {
 /// device from mountinfo (read on a blocking thread; the mount itself is
 /// not looked at), whether the kernel offered resends, and the root. A
 /// failure is logged: the mount serves, but cannot be taken over.
-async fn write_session(state: &SessionState, dir: &Path, core: &Core, root: &[u8], fileid: u64) {
+async fn write_session(
+    state: &SessionState,
+    dir: &Path,
+    core: &Core,
+    root: &[u8],
+    fileid: u64,
+) -> Option<Header> {
     let at = dir.to_path_buf();
     let found = tokio::task::spawn_blocking(move || {
         let point = mountpoint::mount_point_path(&at);
@@ -298,7 +540,7 @@ async fn write_session(state: &SessionState, dir: &Path, core: &Core, root: &[u8
     })
     .await;
     let Ok((dev, point)) = found else {
-        return;
+        return None;
     };
     let dev = dev.unwrap_or_else(|| {
         tracing::warn!(dir = %dir.display(), "the FUSE mount is not in /proc/self/mountinfo: it cannot be taken over");
@@ -309,9 +551,86 @@ async fn write_session(state: &SessionState, dir: &Path, core: &Core, root: &[u8
         core.resend_offered
             .load(std::sync::atomic::Ordering::Relaxed),
     );
-    if let Err(e) = state.write_header(&header) {
-        tracing::warn!(error = %e, "the FUSE mount cannot be taken over");
+    match state.write_header(&header) {
+        Ok(()) => Some(header),
+        Err(e) => {
+            tracing::warn!(error = %e, "the FUSE mount cannot be taken over");
+            None
+        }
     }
+}
+
+/// How long a stop waits for the RELEASEs of files just closed before it
+/// decides between an unmount and a pause.
+const RELEASE_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a pause waits for the readers to stop.
+const READERS_STOP: Duration = Duration::from_secs(1);
+
+/// The file system fuser serves for `core`, and its request slots.
+fn file_system(core: &Arc<Core>, opts: &MountOptions) -> (Fs, Arc<Semaphore>) {
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let fs = Fs::new(
+        core.clone(),
+        tokio::runtime::Handle::current(),
+        slots.clone(),
+        opts.read_ahead,
+    );
+    (fs, slots)
+}
+
+/// The stack's root: its handle and attributes.
+async fn root_of(top: &dyn NfsService) -> Result<(Vec<u8>, fattr3), FuseError> {
+    let cx = CallContext::with_cred(Credentials::unix(0, 0));
+    let root = top.root(&cx).await.map_err(FuseError::Root)?;
+    match gvfs_nfs::layer::Calls::getattr(top, &cx, root.data.as_ref())
+        .await
+        .map_err(FuseError::Root)?
+    {
+        nfs3_types::nfs3::Nfs3Result::Ok(r) => Ok((root.data.to_vec(), r.obj_attributes)),
+        nfs3_types::nfs3::Nfs3Result::Err((status, _)) => {
+            Err(FuseError::Root(ServiceError::UpstreamProtocol {
+                upstream: top.describe(),
+                reason: format!("GETATTR of the root answered {status}"),
+            }))
+        }
+    }
+}
+
+/// The read trace `opts` asks for, if any.
+fn open_trace(opts: &MountOptions) -> Result<Option<ReadTrace>, FuseError> {
+    match &opts.trace {
+        Some(path) => Ok(Some(ReadTrace::create(path).map_err(|cause| {
+            FuseError::Trace {
+                path: path.clone(),
+                cause,
+            }
+        })?)),
+        None => Ok(None),
+    }
+}
+
+/// The session of the gvfs mount at `opts.dir` (connection `dev`), if its
+/// keeper answers in this mount's state directory.
+async fn find_session(
+    opts: &MountOptions,
+    dev: (u32, u32),
+    root: &[u8],
+) -> Result<Option<takeover::Found>, FuseError> {
+    let Some(state_dir) = opts.state_dir.clone() else {
+        return Ok(None);
+    };
+    let point = mountpoint::mount_point_path(&opts.dir);
+    let root = root.to_vec();
+    let at = state_dir.clone();
+    tokio::task::spawn_blocking(move || takeover::find(&at, &point, dev, &root))
+        .await
+        .unwrap_or_else(|e| {
+            Err(FuseError::State {
+                path: state_dir,
+                cause: std::io::Error::other(e.to_string()),
+            })
+        })
 }
 
 /// Sets the mount's read-ahead to `kb` KiB. The FUSE INIT reply can only

@@ -1,13 +1,44 @@
-//! Is a directory fit to mount on: there, a directory, empty, and not a
-//! mount left behind by a proxy that was killed.
+//! What is at the directory to mount on: an empty directory fit for a
+//! fresh mount, or a gvfs mount (live, paused or dead) whose session a
+//! new proxy may take over.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::FuseError;
 
-/// Checks `dir` before mounting on it.
-pub(crate) fn check(dir: &Path) -> Result<(), FuseError> {
+/// What is at the directory to mount on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// An empty directory with nothing mounted on it.
+    Free,
+    /// A gvfs FUSE mount; `dev` is its connection's `MAJ:MIN`.
+    Gvfs {
+        /// The connection's device numbers.
+        dev: (u32, u32),
+    },
+}
+
+/// Examines `dir` before mounting on it. The mount table is read first,
+/// and a FUSE mount found there is never `stat`ed: with its proxy gone,
+/// the request would wait for an answer nobody gives.
+pub(crate) fn inspect(dir: &Path) -> Result<Found, FuseError> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    inspect_in(dir, &table)
+}
+
+fn inspect_in(dir: &Path, table: &str) -> Result<Found, FuseError> {
     let path = dir.to_path_buf();
+    if let Some(m) = mounted(dir, table) {
+        if m.is_gvfs() {
+            return Ok(Found::Gvfs { dev: m.dev });
+        }
+        if m.fstype.starts_with("fuse") {
+            return Err(FuseError::AlreadyMounted {
+                path,
+                fstype: m.fstype,
+            });
+        }
+    }
     let meta = match std::fs::metadata(dir) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -21,9 +52,6 @@ pub(crate) fn check(dir: &Path) -> Result<(), FuseError> {
     if !meta.is_dir() {
         return Err(FuseError::NotADirectory { path });
     }
-    if let Some(fstype) = mounted_fstype(dir) {
-        return Err(FuseError::AlreadyMounted { path, fstype });
-    }
     let mut entries = std::fs::read_dir(dir).map_err(|cause| FuseError::MountPoint {
         path: path.clone(),
         cause,
@@ -31,17 +59,28 @@ pub(crate) fn check(dir: &Path) -> Result<(), FuseError> {
     if entries.next().is_some() {
         return Err(FuseError::NotEmpty { path });
     }
-    Ok(())
+    Ok(Found::Free)
 }
 
-/// The type of the FUSE file system mounted at `dir`, if one is.
-pub(crate) fn mounted_fstype(dir: &Path) -> Option<String> {
-    let want = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    table.lines().find_map(|line| {
-        let (mount_point, fstype) = mountinfo_entry(line)?;
-        (mount_point == want && fstype.starts_with("fuse")).then_some(fstype)
-    })
+/// One mount, as the mount table has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Mounted {
+    /// Where.
+    pub at: PathBuf,
+    /// Its `MAJ:MIN`.
+    pub dev: (u32, u32),
+    /// Its type (`fuse`, or `fuse.gvfs` through fusermount3).
+    pub fstype: String,
+    /// What is mounted (`gvfs:...` for ours).
+    pub source: String,
+}
+
+impl Mounted {
+    /// Whether a gvfs proxy made it: a FUSE mount whose source (or
+    /// subtype, as fusermount3 shows it) names gvfs.
+    pub(crate) fn is_gvfs(&self) -> bool {
+        self.fstype == "fuse.gvfs" || (self.fstype == "fuse" && self.source.starts_with("gvfs:"))
+    }
 }
 
 /// `dir` as mountinfo shows a mount point: its parent canonicalized and
@@ -59,7 +98,7 @@ pub(crate) fn mount_point_path(dir: &Path) -> PathBuf {
                 .map(|p| p.join(name))
                 .unwrap_or_else(|_| dir.to_path_buf())
         }
-        _ => std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()),
+        _ => dir.to_path_buf(),
     }
 }
 
@@ -68,28 +107,39 @@ pub(crate) fn mount_point_path(dir: &Path) -> PathBuf {
 /// `/sys/fs/fuse/connections/MIN` names it.
 pub(crate) fn mount_dev(dir: &Path) -> Option<(u32, u32)> {
     let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    dev_in(&table, &mount_point_path(dir))
+    mounted(dir, &table)
+        .filter(|m| m.fstype.starts_with("fuse"))
+        .map(|m| m.dev)
 }
 
-/// The device of the last (topmost) FUSE mount at `want` in `table`.
-fn dev_in(table: &str, want: &Path) -> Option<(u32, u32)> {
-    table.lines().rev().find_map(|line| {
-        let (mount_point, fstype) = mountinfo_entry(line)?;
-        if mount_point != want || !fstype.starts_with("fuse") {
-            return None;
-        }
-        let (maj, min) = line.split(' ').nth(2)?.split_once(':')?;
-        Some((maj.parse().ok()?, min.parse().ok()?))
-    })
+/// The topmost mount at `dir` in `table` (`/proc/self/mountinfo`), if
+/// any.
+pub(crate) fn mounted(dir: &Path, table: &str) -> Option<Mounted> {
+    let want = mount_point_path(dir);
+    table
+        .lines()
+        .filter_map(mountinfo_entry)
+        .rfind(|m| m.at == want)
 }
 
-/// The mount point and type of one line of `/proc/self/mountinfo`
-/// (`ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [FIELDS...] - TYPE ...`).
-fn mountinfo_entry(line: &str) -> Option<(PathBuf, String)> {
+/// The mount point, device and type of one line of
+/// `/proc/self/mountinfo` (`ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS
+/// [FIELDS...] - TYPE ...`).
+fn mountinfo_entry(line: &str) -> Option<Mounted> {
     let mut fields = line.split(' ');
-    let mount_point = fields.nth(4)?;
-    let fstype = fields.skip_while(|f| *f != "-").nth(1)?;
-    Some((PathBuf::from(unescape(mount_point)), fstype.to_string()))
+    let dev = fields.nth(2)?;
+    let (major, minor) = dev.split_once(':')?;
+    let dev = (major.parse().ok()?, minor.parse().ok()?);
+    let mount_point = fields.nth(1)?;
+    let mut rest = fields.skip_while(|f| *f != "-").skip(1);
+    let fstype = rest.next()?;
+    let source = rest.next().unwrap_or_default();
+    Some(Mounted {
+        at: PathBuf::from(unescape(mount_point)),
+        dev,
+        fstype: fstype.to_string(),
+        source: unescape(source),
+    })
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).
@@ -119,9 +169,10 @@ mod tests {
     #[test]
     fn mountinfo_lines_are_read() {
         let line = "36 35 0:40 / /mnt/a\\040b rw,nosuid shared:1 - fuse.gvfs gvfs:dir rw,user_id=0";
-        let (at, fstype) = mountinfo_entry(line).unwrap();
-        assert_eq!(at, PathBuf::from("/mnt/a b"));
-        assert_eq!(fstype, "fuse.gvfs");
+        let m = mountinfo_entry(line).unwrap();
+        assert_eq!(m.at, PathBuf::from("/mnt/a b"));
+        assert_eq!(m.dev, (0, 40));
+        assert_eq!(m.fstype, "fuse.gvfs");
     }
 
     #[test]
@@ -129,9 +180,10 @@ mod tests {
         let table = "22 1 0:21 / /mnt/vm rw - ext4 /dev/sda rw\n\
                      36 35 0:40 / /mnt/vm rw shared:1 - fuse.gvfs gvfs:dir rw\n\
                      37 35 0:41 / /mnt/other rw - fuse.gvfs gvfs:dir rw\n";
-        assert_eq!(dev_in(table, Path::new("/mnt/vm")), Some((0, 40)));
-        assert_eq!(dev_in(table, Path::new("/mnt/other")), Some((0, 41)));
-        assert_eq!(dev_in(table, Path::new("/mnt/none")), None);
+        let dev = |at: &str| mounted(Path::new(at), table).map(|m| m.dev);
+        assert_eq!(dev("/mnt/vm"), Some((0, 40)));
+        assert_eq!(dev("/mnt/other"), Some((0, 41)));
+        assert_eq!(dev("/mnt/none"), None);
         assert_eq!(
             mount_point_path(Path::new("/proc/self/../none")),
             PathBuf::from("/proc/none")
@@ -140,24 +192,68 @@ mod tests {
 
     #[test]
     fn a_missing_a_full_or_a_plain_file_mount_point_is_refused() {
-        let dir = tempfile_dir();
+        let dir = tempfile_dir("plain");
         assert!(matches!(
-            check(&dir.join("nope")),
+            inspect(&dir.join("nope")),
             Err(FuseError::Missing { .. })
         ));
         std::fs::write(dir.join("f"), b"x").unwrap();
         assert!(matches!(
-            check(&dir.join("f")),
+            inspect(&dir.join("f")),
             Err(FuseError::NotADirectory { .. })
         ));
-        assert!(matches!(check(&dir), Err(FuseError::NotEmpty { .. })));
+        assert!(matches!(inspect(&dir), Err(FuseError::NotEmpty { .. })));
         std::fs::create_dir(dir.join("empty")).unwrap();
-        assert!(check(&dir.join("empty")).is_ok());
+        assert_eq!(inspect(&dir.join("empty")).unwrap(), Found::Free);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    fn tempfile_dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("gvfs-fuse-mp-{}", std::process::id()));
+    #[test]
+    fn a_gvfs_mount_is_found_by_the_table_alone() {
+        // The directory does not exist, so any look at it (a stat, a
+        // canonicalize of the directory itself) would fail: the answer
+        // must come from the table.
+        let dir = tempfile_dir("table");
+        let at = dir.join("mnt");
+        let table = format!(
+            "36 35 0:40 / {} rw - tmpfs tmpfs rw\n37 36 0:57 / {} rw - fuse.gvfs gvfs rw\n",
+            at.display(),
+            at.display()
+        );
+        assert_eq!(
+            inspect_in(&at, &table).unwrap(),
+            Found::Gvfs { dev: (0, 57) }
+        );
+        // As root, the kernel shows the type without its subtype.
+        let as_root = format!(
+            "37 36 0:59 / {} rw - fuse gvfs:dir:/srv rw,user_id=0\n",
+            at.display()
+        );
+        assert_eq!(
+            inspect_in(&at, &as_root).unwrap(),
+            Found::Gvfs { dev: (0, 59) }
+        );
+        let not_ours = format!("37 36 0:60 / {} rw - fuse sshfs rw\n", at.display());
+        assert!(matches!(
+            inspect_in(&at, &not_ours),
+            Err(FuseError::AlreadyMounted { .. })
+        ));
+        let other = format!("37 36 0:58 / {} rw - fuse.sshfs host: rw\n", at.display());
+        assert!(matches!(
+            inspect_in(&at, &other),
+            Err(FuseError::AlreadyMounted { fstype, .. }) if fstype == "fuse.sshfs"
+        ));
+        // Another directory's mount is not this one's.
+        let elsewhere = format!("37 36 0:57 / {}/x rw - fuse.gvfs gvfs rw\n", at.display());
+        assert!(matches!(
+            inspect_in(&at, &elsewhere),
+            Err(FuseError::Missing { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn tempfile_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gvfs-fuse-mp-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d

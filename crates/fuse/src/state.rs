@@ -47,6 +47,8 @@ use crate::trace::unix_micros;
 pub(crate) const LOCK: &str = "lock";
 /// The session file's name.
 pub(crate) const SESSION: &str = "session";
+/// How many times the session was taken over (a decimal number).
+const TAKEOVERS: &str = "takeovers";
 
 const MAGIC: &[u8; 4] = b"GVFS";
 const VERSION: u32 = 1;
@@ -357,11 +359,34 @@ impl SessionState {
         }
     }
 
+    /// Counts one more takeover of the session, and says how many there
+    /// have been since it was mounted.
+    pub(crate) fn count_takeover(&self) -> u64 {
+        let path = self.dir.join(TAKEOVERS);
+        let n = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            .saturating_add(1);
+        if let Err(e) = std::fs::write(&path, format!("{n}\n")) {
+            tracing::debug!(path = %path.display(), error = %e, "cannot count the takeover");
+        }
+        n
+    }
+
     /// Removes the state (the session ended, or never began): the
     /// session file, the node table, then the lock and the directory,
     /// still held, so a process waiting for the lock finds no session.
     pub(crate) fn clear(&self) {
-        for name in [SESSION, journal::LOG, journal::NEW, LOCK] {
+        for name in [
+            SESSION,
+            TAKEOVERS,
+            crate::keeper::SOCKET,
+            crate::keeper::PID_FILE,
+            journal::LOG,
+            journal::NEW,
+            LOCK,
+        ] {
             let path = self.dir.join(name);
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => {

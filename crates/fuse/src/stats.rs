@@ -24,6 +24,9 @@ gvfs_nfs::counters! {
         /// Reads left out of the read trace (`--mount-trace`) once it was
         /// full.
         trace_dropped,
+        /// Requests the kernel sent again after a takeover: read by the
+        /// process before, never answered by it.
+        resent_requests,
     }
 }
 
@@ -44,4 +47,28 @@ pub struct FuseStats {
     pub uncommitted_bytes: u64,
     /// Requests running now.
     pub in_flight: u64,
+    /// The session: since when, and how often it was taken over.
+    pub session: SessionInfo,
+}
+
+/// A mount's session: a mount outlives the process serving it, and the
+/// next process takes it over.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionInfo {
+    /// Its id (32 hex digits); empty when nothing keeps it
+    /// (`--mount-keep none`).
+    pub id: String,
+    /// When the mount was made (Unix µs).
+    pub mounted_at_us: u64,
+    /// When this process took it over (Unix µs); 0 when it made it.
+    pub taken_over_at_us: u64,
+    /// How many times a process took it over since it was made.
+    pub takeovers: u64,
+    /// What holds the connection while no proxy does: `keeper` or `none`.
+    pub kept_by: String,
+    /// Whether the kernel sent again what the process before had read and
+    /// not answered: `yes`, `unsupported` (Linux before 6.9: those
+    /// requests wait for ever), or empty for a mount this process made.
+    pub resend: String,
 }

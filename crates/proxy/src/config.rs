@@ -122,6 +122,8 @@ pub struct Config {
     pub mount_readahead: u32,
     /// Where the mount writes its read trace, if anywhere.
     pub mount_trace: Option<PathBuf>,
+    /// Whether the mount's FUSE connection outlives the process.
+    pub mount_keep: bool,
 }
 
 /// Validated TLS settings.
@@ -430,6 +432,20 @@ impl Config {
         let cache = cache_settings(&f)?;
         let tls = tls_settings(&f)?;
         let mount_readahead = mount_readahead(&f)?;
+        let mount_keep = match f.server.mount_keep.as_deref() {
+            None | Some("auto") => true,
+            Some("none") => false,
+            Some(other) => {
+                return Err(ConfigError::Invalid(format!(
+                    "--mount-keep (mount_keep) is `auto` or `none`, not {other:?}"
+                )));
+            }
+        };
+        if f.server.mount_keep.is_some() && f.server.mount.is_none() {
+            return Err(ConfigError::Invalid(
+                "--mount-keep (mount_keep) needs --mount (mount)".into(),
+            ));
+        }
         if f.server.mount_trace.is_some() && f.server.mount.is_none() {
             return Err(ConfigError::Invalid(
                 "--mount-trace (mount_trace) needs --mount (mount)".into(),
@@ -571,6 +587,7 @@ impl Config {
             mount: f.server.mount.clone(),
             mount_readahead,
             mount_trace: f.server.mount_trace.clone(),
+            mount_keep,
             cache,
             metrics,
             tls,

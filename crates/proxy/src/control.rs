@@ -52,7 +52,7 @@ pub enum CommandError {
     NoCommand,
     /// The request names a command this proxy does not know.
     #[error(
-        "unknown command {0:?}; this proxy knows: status, stats, writeback, flush, held_blocks, learned"
+        "unknown command {0:?}; this proxy knows: status, stats, writeback, flush, held_blocks, learned, unmount"
     )]
     UnknownCommand(String),
     /// A write-back or flush asked of a proxy with no block cache.
@@ -62,6 +62,15 @@ pub enum CommandError {
     /// proxy with no file cache.
     #[error("this proxy holds no whole files (start it with --cache-dir and metadata on)")]
     NoFileCache,
+    /// An unmount asked of a proxy with no FUSE mount.
+    #[error("this proxy has no FUSE mount (start it with --mount DIR)")]
+    NoMount,
+    /// An unmount without `force` while files are open on the mount.
+    #[error(
+        "{0} files are open on the mount (guests map them); a stop now would only pause it. \
+         `gvfsctl unmount --force` ends it, and its users get errors"
+    )]
+    FilesOpen(u64),
     /// A command's argument is missing or wrong.
     #[error("bad argument: {0}")]
     BadArgument(&'static str),

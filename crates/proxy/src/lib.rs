@@ -179,10 +179,20 @@ pub async fn serve(
                 source: format!("gvfs:{}", stack.top.describe()),
                 read_ahead: cfg.mount_readahead,
                 trace: cfg.mount_trace.clone(),
-                state_dir: Some(match &cfg.cache {
+                // With --mount-keep none nothing outlives the process, so
+                // nothing is kept for a successor either.
+                state_dir: cfg.mount_keep.then(|| match &cfg.cache {
                     Some(c) => c.dir.join("fuse"),
                     None => config::default_state_dir_for_mount(dir),
                 }),
+                keeper: match std::env::current_exe() {
+                    Ok(exe) if cfg.mount_keep => Some(exe),
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot find this binary to run the mount's keeper: the mount ends with this process");
+                        None
+                    }
+                },
             };
             Some(Arc::new(
                 gvfs_fuse::Mount::start(stack.top.clone(), &opts).await?,
@@ -204,6 +214,7 @@ pub async fn serve(
         jobs: jobs.clone(),
         mount: mount.clone(),
         started: Instant::now(),
+        shutdown: shutdown.clone(),
     });
     if let Some((listener, at)) = metrics {
         let source = status.clone();
@@ -250,8 +261,24 @@ pub async fn serve(
         let _ = t.await;
     }
     shutdown::drain(&tasks, cfg.drain_timeout).await;
-    if let Some(m) = &mount {
-        m.stop(cfg.drain_timeout).await;
+    let paused = match &mount {
+        Some(m) => m.stop(cfg.drain_timeout).await == gvfs_fuse::Stopped::Paused,
+        None => false,
+    };
+    if paused {
+        // The next proxy owns the cache and its dirty data: no exit
+        // write-back to hold the paused guests up.
+        shutdown::close(&stack).await;
+        shutdown.cancel();
+        let _ = control_task.await;
+        tracing::info!(
+            "the mount is paused, not ended: start the same command again to go on; \
+             `gvfsctl unmount` ends it"
+        );
+        // No destructor may run now: a FUSE reply dropped unanswered
+        // would answer EIO to a paused guest.
+        // SAFETY: _exit ends the process at once; nothing runs after it.
+        unsafe { libc::_exit(0) };
     }
     shutdown::write_back_and_close(&stack, &jobs, cfg.cache.as_ref()).await;
     shutdown.cancel();

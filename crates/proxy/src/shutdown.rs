@@ -64,6 +64,12 @@ pub async fn write_back_and_close(stack: &Stack, jobs: &Arc<Jobs>, cache: Option
             }
         }
     }
+    close(stack).await;
+}
+
+/// Closes every layer and flushes the metadata index, with no write-back
+/// (a paused mount's next proxy owns the cache and its dirty data).
+pub async fn close(stack: &Stack) {
     for layer in stack.top_down() {
         if let Err(e) = layer.close() {
             tracing::error!(error = %e, "closing the {}", layer.name());

@@ -161,6 +161,8 @@ pub(crate) struct StatusSource {
     pub(crate) jobs: Arc<writeback::Jobs>,
     pub(crate) mount: Option<Arc<gvfs_fuse::Mount>>,
     pub(crate) started: Instant,
+    /// Cancelled to stop the proxy (`gvfsctl unmount`).
+    pub(crate) shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl StatusSource {
@@ -177,6 +179,7 @@ impl StatusSource {
             Some("flush") => job(writeback::JobKind::Flush),
             Some("held_blocks") => self.held_blocks(req),
             Some("learned") => self.learned(req),
+            Some("unmount") => self.unmount(req),
             Some(other) => Err(CommandError::UnknownCommand(other.to_string())),
             None => Err(CommandError::NoCommand),
         }
@@ -202,6 +205,25 @@ impl StatusSource {
             ext: self.stack.ext.stats(),
             writeback: self.jobs.state(),
         }
+    }
+
+    /// Ends the mount for good: the proxy unmounts it and exits, instead
+    /// of leaving it paused for the next proxy. With files open (guests
+    /// map them) only when `req["force"]` is true: their users get errors.
+    fn unmount(&self, req: &Value) -> Result<Value, CommandError> {
+        let mount = self.mount.as_ref().ok_or(CommandError::NoMount)?;
+        let force = match &req["force"] {
+            Value::Null => false,
+            Value::Bool(b) => *b,
+            _ => return Err(CommandError::BadArgument("\"force\" must be true or false")),
+        };
+        let open = mount.open_files();
+        if open > 0 && !force {
+            return Err(CommandError::FilesOpen(open));
+        }
+        mount.tear_down_at_stop();
+        self.shutdown.cancel();
+        Ok(json!({ "unmounting": mount.path().display().to_string(), "open": open }))
     }
 
     /// Ends the learnings of working sets under way, of the files named

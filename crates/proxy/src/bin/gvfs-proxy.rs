@@ -124,6 +124,15 @@ impl Cli {
 }
 
 fn main() -> ExitCode {
+    // The keeper of a FUSE connection (started by a proxy serving a
+    // mount) is this binary too; it runs on std alone, before anything.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args
+        .get(1)
+        .is_some_and(|a| a == gvfs_fuse::keeper::KEEPER_ARG)
+    {
+        return ExitCode::from(gvfs_fuse::keeper::run_keeper(&args[2..]));
+    }
     gvfs_proxy::alloc::tune_for_large_buffers();
     let cli = Cli::parse();
     let filter = cli

@@ -125,9 +125,21 @@ pub struct ServerSection {
     /// Also mount the export at DIR through FUSE, in this process, through
     /// the same layers (no NFS client or root needed; non-root needs
     /// fusermount3). DIR must exist and be empty. Names and attributes are
-    /// kept by the kernel for --attr-timeout (1 s when that is off).
+    /// kept by the kernel for --attr-timeout (1 s when that is off). The
+    /// mount outlives the process (--mount-keep): a stop while files are
+    /// open, or a crash, is a pause for the processes using it; start the
+    /// same command again and it takes the mount over. A stop with nothing
+    /// open, or `gvfsctl unmount`, ends the mount.
     #[arg(long, value_name = "DIR", help_heading = "FUSE")]
     pub mount: Option<PathBuf>,
+
+    /// Whether the mount outlives this process: `auto` (a small keeper
+    /// process holds the FUSE connection, so a proxy killed, or stopped
+    /// while files are open, leaves a mount whose users wait for the next
+    /// proxy) or `none` (the mount ends with the process, and so does every
+    /// process that maps a file from it) [default: auto].
+    #[arg(long, value_name = "auto|none", help_heading = "FUSE")]
+    pub mount_keep: Option<String>,
 
     /// The mount's read-ahead: how much a sequential reader or a page
     /// fault of a mapped file asks for at once. 0 suits a node that maps

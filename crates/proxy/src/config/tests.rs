@@ -368,7 +368,7 @@ fn every_key_of_every_section_parses() {
          allow_remote = false\nupstream_timeout_secs = 0\nconnect_timeout_secs = 5\n\
          max_connections = 256\nmax_pending_connections = 64\nmax_in_flight = 64\n\
          idle_timeout_secs = 600\nbuffer_memory = \"256M\"\ndrain_timeout_secs = 10\n\
-         attr_timeout_secs = 3\nmount = \"/mnt/gvfs\"\nmount_readahead = \"0\"\nmount_trace = \"/tmp/t\"\ncache_dir = \"/var/cache/gvfs\"\ncache_size = \"4G\"\n\
+         attr_timeout_secs = 3\nmount = \"/mnt/gvfs\"\nmount_readahead = \"0\"\nmount_trace = \"/tmp/t\"\nmount_keep = \"none\"\ncache_dir = \"/var/cache/gvfs\"\ncache_size = \"4G\"\n\
          cache_banks = 16\ncache_ways = 16\nblock_size = \"64K\"\n\
          write_policy = \"write-back\"\nreadahead_blocks = 32\nwriteback_on_exit = true\n\
          exit_writeback_timeout_secs = 60\nmeta = true\nfile_cache_size = \"16G\"\ndedup = false\n\
@@ -395,7 +395,8 @@ fn every_key_of_every_section_parses() {
     // Every key the help names is a key of the file, and nothing else.
     assert_eq!(f.meta.learn_window_secs, Some(20));
     assert_eq!(f.server.mount_trace, Some(PathBuf::from("/tmp/t")));
-    assert_eq!(FileConfig::keys().len(), 39);
+    assert_eq!(f.server.mount_keep.as_deref(), Some("none"));
+    assert_eq!(FileConfig::keys().len(), 40);
 }
 
 #[test]
@@ -419,6 +420,13 @@ fn mount_readahead_needs_a_mount_and_is_capped() {
     assert!(e.contains("needs --mount"), "{e}");
     let e = parse(&["--mount", "/mnt/g", "--mount-readahead", "1G"]).unwrap_err();
     assert!(e.contains("at most"), "{e}");
+    assert!(parse(&["--mount", "/mnt/g"]).unwrap().mount_keep);
+    let c = parse(&["--mount", "/mnt/g", "--mount-keep", "none"]).unwrap();
+    assert!(!c.mount_keep);
+    let e = parse(&["--mount", "/mnt/g", "--mount-keep", "always"]).unwrap_err();
+    assert!(e.contains("`auto` or `none`"), "{e}");
+    let e = parse(&["--mount-keep", "auto"]).unwrap_err();
+    assert!(e.contains("needs --mount"), "{e}");
 }
 
 #[test]

@@ -26,7 +26,7 @@ use show::{NOT_UNDERSTOOD, print_stats, print_status, wait_for_job};
 #[command(
     name = "gvfsctl",
     version,
-    about = "Control a running gvfs-proxy (status, stats, writeback, flush, learned); make a site CA and \
+    about = "Control a running gvfs-proxy (status, stats, writeback, flush, learned, unmount); make a site CA and \
 node certificates (ca); make and show metadata files (meta); run a VM monitor for lazy clones \
 (no-huge-pages)",
     after_help = "Without --control, gvfsctl uses the only gvfs-proxy control socket in \
@@ -65,6 +65,15 @@ enum Cmd {
     },
     /// Write back, then drop the cached data; waits until done.
     Flush,
+    /// End the proxy's FUSE mount for good: the proxy unmounts it and
+    /// exits. (A stop while files are open on the mount, or a crash, only
+    /// pauses it: the same command started again takes it over.) Refused
+    /// while files are open, unless --force.
+    Unmount {
+        /// Unmount even with files open: the guests that map them fail.
+        #[arg(long)]
+        force: bool,
+    },
     /// Tell a lazy clone's node that its guest is ready (it answered):
     /// the working sets it is learning are published now (kept and sent
     /// upstream, for the next clones to fetch first) instead of when their
@@ -209,6 +218,14 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             wait_for_job(&ask, &started)?;
         }
         Cmd::Learned { name, wait } => learned::learned(&request, name.as_deref(), wait)?,
+        Cmd::Unmount { force } => {
+            let done = request(&json!({ "cmd": "unmount", "force": force }))?;
+            println!(
+                "unmounting {} ({} files open); the proxy exits",
+                done["unmounting"].as_str().unwrap_or("?"),
+                done["open"].as_u64().unwrap_or(0)
+            );
+        }
         Cmd::Ca { .. } | Cmd::Meta { .. } | Cmd::NoHugePages { .. } => {
             unreachable!("local commands are handled before the control socket lookup")
         }

@@ -348,5 +348,51 @@ pub(super) fn print_status(s: &Status) {
             "    {} calls down the stack ({} failed), {} running; {} inodes and {} open files held by the kernel",
             m.counts.calls, m.counts.failed, m.in_flight, m.inodes, m.open
         );
+        println!("    {}", session_line(&m.session, m.counts.resent_requests));
+    }
+}
+
+/// A mount's session as one line: since when, taken over how often,
+/// what keeps it.
+fn session_line(s: &gvfs_fuse::SessionInfo, resent: u64) -> String {
+    let mut line = if s.id.is_empty() {
+        "session not kept (--mount-keep none): it ends with this proxy".to_string()
+    } else {
+        format!(
+            "session {} mounted {} ago",
+            &s.id[..s.id.len().min(8)],
+            ago(s.mounted_at_us)
+        )
+    };
+    if s.takeovers > 0 {
+        line += &format!(
+            ", taken over {} times, last {} ago ({} requests resent{})",
+            s.takeovers,
+            ago(s.taken_over_at_us),
+            resent,
+            if s.resend == "unsupported" {
+                "; this kernel cannot resend (Linux before 6.9)"
+            } else {
+                ""
+            }
+        );
+    }
+    if !s.kept_by.is_empty() && s.kept_by != "none" {
+        line += &format!("; kept by its {}", s.kept_by);
+    }
+    line
+}
+
+/// How long ago a Unix time in microseconds was, for people.
+fn ago(us: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let secs = now.saturating_sub(us) / 1_000_000;
+    match secs {
+        0..120 => format!("{secs} s"),
+        120..7200 => format!("{} min", secs / 60),
+        _ => format!("{} h", secs / 3600),
     }
 }
