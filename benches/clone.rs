@@ -18,7 +18,11 @@
 //! s1,lazy learned,lazy s2,lazy s3,lazy p,lazy cut`, the storms, `lazy storm
 //! 1,lazy storm 8,lazy storm 32,lazy storm 64` (and `lazy storm 4`, the quick
 //! run's), `lazy busy,lazy busy learned,lazy neighbour,lazy neighbour
-//! quiet`, and the dedup ones, `s1
+//! quiet`, `lazy restart` (only when named: guests left running while
+//! their node and LAN proxies restart; `GVFS_RESTART_GUESTS` (8),
+//! `GVFS_RESTART_KILLS` (10), `GVFS_RESTART_STOPS` (10),
+//! `GVFS_RESTART_MAX_WAIT_SECS` (10), and `GVFS_PREV_BIN`, an older
+//! `gvfs-proxy` the node runs until the hot upgrade), and the dedup ones, `s1
 //! dedup,s2 dedup,s3 dedup,lazy s2 dedup`; `lazy` alone is every lazy one,
 //! `copy` every copy-first one, `dedup` every dedup one; `census` alone
 //! builds the golden images and counts them, runs no clone, and writes only
@@ -62,6 +66,11 @@ fn main() -> Result<()> {
     s.rtt = Duration::from_millis(env_u64("GVFS_BENCH_RTT_MS", s.rtt.as_millis() as u64)?);
     s.mbit = env_u64("GVFS_BENCH_MBIT", s.mbit)?;
     s.cut_hold = Duration::from_secs(env_u64("GVFS_CLONE_CUT_SECS", s.cut_hold.as_secs())?);
+    let r = &mut s.restart;
+    r.guests = env_u64("GVFS_RESTART_GUESTS", r.guests as u64)? as usize;
+    r.kills = env_u64("GVFS_RESTART_KILLS", r.kills as u64)? as usize;
+    r.stops = env_u64("GVFS_RESTART_STOPS", r.stops as u64)? as usize;
+    r.max_wait = Duration::from_secs(env_u64("GVFS_RESTART_MAX_WAIT_SECS", r.max_wait.as_secs())?);
     let only_some = std::env::var_os("GVFS_CLONE_SCENARIOS").is_some();
     let list = std::env::var("GVFS_CLONE_SCENARIOS").unwrap_or_default();
     let census_only = list.trim().eq_ignore_ascii_case("census");

@@ -69,6 +69,7 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
         ("lazy busy learned", 1),
         ("lazy neighbour", 1),
         ("lazy neighbour quiet", 1),
+        ("lazy restart", 1),
     ] {
         let n = r.iter().filter(|x| x.scenario == scenario).count();
         ensure!(n == count, "{scenario}: {n} clones, expected {count}");
@@ -218,11 +219,12 @@ fn quick_clone_benchmark_runs_every_scenario_end_to_end() -> Result<()> {
 /// cut one rode out the blackhole.
 fn lazy_clones_checks(outcome: &clone::Outcome) -> Result<()> {
     let r = &outcome.records;
+    restart_checks(outcome)?;
     // After each of the seven lazy runs (WAN-P's cold and warm are one, so
     // are WAN-S1 and WAN-S1 learned), the storm, the busy guest's two
-    // clones, the neighbour's runs, and at the end.
+    // clones, the neighbour's runs, the restarts, and at the end.
     ensure!(
-        outcome.golden_checks == 10,
+        outcome.golden_checks == 11,
         "the golden memory images were checked {} times",
         outcome.golden_checks
     );
@@ -320,5 +322,40 @@ fn lazy_clones_checks(outcome: &clone::Outcome) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// What lazy restart must show: the guest rode out a kill -9, a SIGTERM
+/// and a hot upgrade of its node proxy, and a kill -9 of the LAN proxy,
+/// ticking on with the right digests and answering after each; and the
+/// node did not fetch the memory image again from the start.
+fn restart_checks(outcome: &clone::Outcome) -> Result<()> {
+    let (steps, totals) = outcome
+        .restarts
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("lazy restart did not run"))?;
+    let actions: Vec<&str> = steps.iter().map(|s| s.action.as_str()).collect();
+    ensure!(actions.len() == 4, "lazy restart's restarts: {actions:?}");
+    for s in steps {
+        ensure!(
+            s.lost == 0 && s.wrong == 0 && s.answered == 1,
+            "lazy restart, {}: {s:?}",
+            s.action
+        );
+    }
+    // Only what was in flight at a crash is fetched again: a piece a
+    // progress log kept passes its check and is not fetched.
+    let refetched = totals.node_refetched + totals.lan_refetched;
+    ensure!(
+        refetched <= 4 << 20,
+        "lazy restart: {refetched} B fetched again of kept pieces: {totals:?}"
+    );
+    ensure!(
+        totals.node_wire * 2 < totals.image_zstd * 3,
+        "lazy restart: the node received {} B over its processes for an image of {} B \
+         compressed: fetched again from the start? {totals:?}",
+        totals.node_wire,
+        totals.image_zstd
+    );
     Ok(())
 }

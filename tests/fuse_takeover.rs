@@ -233,6 +233,21 @@ print("read", flush=True)
 sys.stdin.readline()
 "#;
 
+/// [`MAPPER`] on `memory` (`len` bytes) in `mnt`, writing into `got`,
+/// once it has read the first half.
+fn start_mapper(mnt: &MountPoint, len: usize, got: &Path) -> Result<Reader> {
+    let mut mapper = Reader::start(
+        Command::new("python3")
+            .args(["-c", MAPPER])
+            .arg(mnt.path().join("memory"))
+            .arg(len.to_string())
+            .arg(got),
+        true,
+    )?;
+    mapper.expect_line("ready", STEP)?;
+    Ok(mapper)
+}
+
 #[test]
 fn a_stop_with_a_file_mapped_is_a_pause_and_the_next_proxy_goes_on() -> Result<()> {
     require_fuse!();
@@ -245,15 +260,7 @@ fn a_stop_with_a_file_mapped_is_a_pause_and_the_next_proxy_goes_on() -> Result<(
     let args = ProxyArgs::dir(origin.path()).cache_dir(cache.path());
     let mut p = mounted(args.clone(), &mnt)?;
     let got = out.path().join("got");
-    let mut mapper = Reader::start(
-        Command::new("python3")
-            .args(["-c", MAPPER])
-            .arg(mnt.path().join("memory"))
-            .arg(bytes.len().to_string())
-            .arg(&got),
-        true,
-    )?;
-    mapper.expect_line("ready", STEP)?;
+    let mut mapper = start_mapper(&mnt, bytes.len(), &got)?;
     let status = p.terminate()?;
     ensure!(status.success(), "exit {status}; output:\n{}", p.output());
     ensure!(mnt.is_mounted()?, "a stop with a file mapped unmounted it");
@@ -351,5 +358,71 @@ fn a_mount_whose_keeper_is_gone_is_mounted_afresh() -> Result<()> {
         next.output()
     );
     ensure!(!mnt.is_mounted()?, "still mounted after SIGTERM");
+    Ok(())
+}
+
+#[test]
+fn a_hot_upgrade_takes_the_mount_over_without_unmounting() -> Result<()> {
+    require_fuse!();
+    let origin = tempfile::tempdir()?;
+    let cache = tempfile::tempdir()?;
+    let out = tempfile::tempdir()?;
+    let bytes = random_bytes(73, 8 * MIB);
+    fs::write(origin.path().join("memory"), &bytes)?;
+    let mnt = MountPoint::new()?;
+    // --take-over finds the running proxy by its control socket.
+    let args = ProxyArgs::dir(origin.path())
+        .cache_dir(cache.path())
+        .control(out.path().join("control.sock"))
+        .arg("--take-over");
+    // With nothing running, --take-over starts as usual.
+    let mut first = mounted(args.clone(), &mnt)?;
+    let got = out.path().join("got");
+    let mut mapper = start_mapper(&mnt, bytes.len(), &got)?;
+    let mut second = mounted(args.clone(), &mnt).context("the hot upgrade")?;
+    let status = first.wait_exit(STEP)?;
+    ensure!(
+        status.success(),
+        "the replaced proxy: exit {status}; output:\n{}",
+        first.output()
+    );
+    ensure!(
+        second.output().contains("the running proxy hands over"),
+        "the new proxy did not ask for a hand-over; output:\n{}",
+        second.output()
+    );
+    let session = second.stats()?.mount()?.session.clone();
+    ensure!(session.takeovers == 1, "session: {session:?}");
+    mapper.step("mapped", STEP)?;
+    compare_bytes(&bytes, &fs::read(got.with_extension("1"))?)
+        .context("the mapping across the hot upgrade")?;
+    // With nothing open, a hand-over still keeps the mount: the next
+    // proxy takes it over instead of mounting afresh.
+    mapper.finish(STEP)?;
+    nothing_open(&second)?;
+    let mut third = mounted(args, &mnt).context("a hot upgrade with nothing open")?;
+    let status = second.wait_exit(STEP)?;
+    ensure!(
+        status.success(),
+        "exit {status}; output:\n{}",
+        second.output()
+    );
+    ensure!(
+        third.stats()?.mount()?.session.takeovers == 2,
+        "takeovers after the second hot upgrade"
+    );
+    let mut cat = Reader::start(Command::new("cat").arg(mnt.path().join("memory")), false)?;
+    compare_bytes(&bytes, &cat.output(STEP)?).context("a read after the second hot upgrade")?;
+    nothing_open(&third)?;
+    let status = third.terminate()?;
+    ensure!(
+        status.success(),
+        "exit {status}; output:\n{}",
+        third.output()
+    );
+    ensure!(
+        !mnt.is_mounted()?,
+        "still mounted after a stop with nothing open"
+    );
     Ok(())
 }

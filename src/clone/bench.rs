@@ -59,8 +59,23 @@ pub(super) struct Bench<'a> {
 /// proxy's FUSE mount when it has one (lazy clones read through it).
 pub(super) struct Node {
     pub(super) proxy: Proxy,
+    /// What it was started with: the same command starts it again.
+    args: ProxyArgs,
     mount: Option<MountPoint>,
     _cache: tempfile::TempDir,
+    /// Where its control socket is, the same across restarts.
+    _control: tempfile::TempDir,
+}
+
+/// How a node's proxy is restarted ([`Node::restart`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Restart {
+    /// Killed -9, then the same command.
+    Kill,
+    /// SIGTERM, then the same command.
+    Stop,
+    /// This build's `gvfs-proxy --take-over` while it runs.
+    Upgrade,
 }
 
 impl Drop for Node {
@@ -102,6 +117,47 @@ impl Node {
             backing: Source::Local(files.clone()).backing(),
             files,
         })
+    }
+
+    /// Restarts its proxy as `how` says, on the same address: its
+    /// clients (guests on its mount, nodes behind a LAN proxy) see a stall.
+    pub(super) fn restart(&mut self, how: Restart) -> Result<()> {
+        self.args.listen = self.proxy.addr();
+        match how {
+            Restart::Kill => {
+                self.proxy.kill();
+                self.proxy = Proxy::spawn(self.args.clone())?;
+            }
+            Restart::Stop => {
+                let status = self.proxy.terminate()?;
+                ensure!(
+                    status.success(),
+                    "the proxy stopped with {status}; output:\n{}",
+                    self.proxy.output()
+                );
+                self.proxy = Proxy::spawn(self.args.clone())?;
+            }
+            Restart::Upgrade => {
+                // This build replaces whatever binary ran.
+                self.args.binary = None;
+                let next = Proxy::spawn(self.args.clone().arg("--take-over"))?;
+                let status = self.proxy.wait_exit(Duration::from_secs(60))?;
+                ensure!(
+                    status.success(),
+                    "the replaced proxy exited with {status}; output:\n{}",
+                    self.proxy.output()
+                );
+                self.proxy = next;
+            }
+        }
+        if let Some(m) = &self.mount {
+            ensure!(
+                m.is_mounted()?,
+                "{} is not mounted after a restart",
+                m.path().display()
+            );
+        }
+        Ok(())
     }
 
     /// The NFS source of `image` through this node's proxy.
@@ -217,6 +273,14 @@ impl<'a> Bench<'a> {
         self.link(self.server_tls, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
     }
 
+    /// [`wan`](Self::wan), shaped as `config` says.
+    pub(super) fn link_with(&self, config: gvfs_wanlink::LinkConfig) -> Result<WanLink> {
+        let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        Ok(self
+            .rt
+            .block_on(WanLink::start(listen, self.server_tls, config))?)
+    }
+
     /// A fresh proxy with empty caches, on `ip:111` when given, whose
     /// upstream is `upstream` (a `gvfs://` URL gets the node certificate),
     /// with dedup across images as `dedup` says.
@@ -253,8 +317,10 @@ impl<'a> Bench<'a> {
         more: impl FnOnce(ProxyArgs) -> ProxyArgs,
     ) -> Result<Node> {
         let cache = tempfile::Builder::new().prefix("gvfs-node-").tempdir()?;
+        let control = tempfile::Builder::new().prefix("gvfs-ctl-").tempdir()?;
         let mount = mount.then(MountPoint::new).transpose()?;
         let mut args = ProxyArgs::new(upstream.clone())
+            .control(control.path().join("control.sock"))
             .cache(cache.path(), cache_size)
             .attr_timeout(ATTR_TIMEOUT_SECS)
             .env("RUST_LOG", "warn");
@@ -274,9 +340,11 @@ impl<'a> Bench<'a> {
         }
         let args = more(args);
         let node = Node {
-            proxy: Proxy::spawn(args)?,
+            proxy: Proxy::spawn(args.clone())?,
+            args,
             mount,
             _cache: cache,
+            _control: control,
         };
         if let Some(m) = &node.mount {
             ensure!(
@@ -393,11 +461,11 @@ impl<'a> Bench<'a> {
 }
 
 /// Runs `clone` for each of `nodes` at once, each on its own thread;
-/// returns their timings in the order of `nodes`.
-pub(super) fn at_once(
-    nodes: &[Node],
-    clone: impl Fn(&Node) -> Result<Timing> + Sync,
-) -> Result<Vec<Timing>> {
+/// returns what each returned (its timing), in the order of `nodes`.
+pub(super) fn at_once<N: Sync, T: Send>(
+    nodes: &[N],
+    clone: impl Fn(&N) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = nodes
             .iter()

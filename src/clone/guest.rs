@@ -61,5 +61,5 @@ pub use crate::debian_kernel::kit_dir;
 pub use files::GoldenSize;
 pub use golden::{CONFIG, DISK, FILES, MEM, STATE, VmConfig, build_golden, create_overlay};
 pub use kit::{GuestKit, INIT, KIT_STAMP};
-pub use qemu::{Qmp, RamMapping};
-pub use resume::{Resumed, Watch, resume_clone};
+pub use qemu::{Qmp, RamMapping, serial_ticks};
+pub use resume::{Live, Resumed, Watch, resume_clone, resume_live};

@@ -507,11 +507,11 @@ mod tests {
         assert!(Scenario::parse("learned").is_err());
         let all = Scenario::parse_list("local, lazy").expect("list");
         assert_eq!(all[0], Scenario::Local);
-        assert_eq!(all.len(), 1 + 18);
+        assert_eq!(all.len(), 1 + 19);
         assert!(all[1..].iter().all(|s| s.is_lazy()));
         assert_eq!(
             Scenario::parse_list("copy").expect("copy").len(),
-            Scenario::ALL.len() - 18
+            Scenario::ALL.len() - 19
         );
     }
 }

@@ -81,6 +81,7 @@ mod images;
 mod neighbour;
 mod outcome;
 mod procedure;
+pub mod restart;
 mod scenario;
 mod storm;
 mod stream;
@@ -96,7 +97,9 @@ pub use images::run_census;
 use images::zstd_size;
 use outcome::Floor;
 pub use outcome::{Goal, Outcome};
-pub use scenario::{ATTR_TIMEOUT_SECS, Dedup, MAX_NODES, Scenario, Settings, is_lazy_label};
+pub use scenario::{
+    ATTR_TIMEOUT_SECS, Dedup, MAX_NODES, RestartPlan, Scenario, Settings, is_lazy_label,
+};
 use summary::{copy_goal, dedup_goals, goals, lazy_goals, storm_wan_goal, summary};
 pub use summary::{report_markdown, write_outputs};
 
@@ -131,6 +134,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     let mut copy_rates = None;
     let mut trace = None;
     let mut storm_crossed = None;
+    let mut restarts = None;
     for scenario in Scenario::ALL {
         // Lazy WAN-S1 learned needs lazy WAN-S1's node: they run together.
         let wanted = wanted(scenario)
@@ -163,6 +167,11 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
                 let (r, n) = bench.run_lazy_busy(learned)?;
                 records.extend(r);
                 notes.extend(n);
+            }
+            Scenario::LazyRestart => {
+                let (r, steps, totals) = bench.run_lazy_restart()?;
+                records.extend(r);
+                restarts = Some((steps, totals));
             }
             Scenario::WanCut => {
                 let (r, c) = bench.run_cut()?;
@@ -280,6 +289,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
         census: bench.census.clone(),
         dedup_goals,
         dedup_notes,
+        restarts,
     };
     outcome.markdown = summary(settings, &outcome, &floor, &load);
     Ok(outcome)

@@ -47,6 +47,11 @@ pub struct Outcome {
     /// What the dedup scenarios found on the way (what filling WAN-S3's
     /// LAN proxy moved, a proxy without `--no-dedup`).
     pub dedup_notes: Vec<String>,
+    /// Lazy restart's restarts and what they cost, when it ran.
+    pub restarts: Option<(
+        Vec<super::restart::RestartStep>,
+        super::restart::RestartTotals,
+    )>,
 }
 
 /// A goal of the benchmark: `measured / against <= at_most`.

@@ -204,6 +204,26 @@ pub(super) fn clone_one(
     timeout: Duration,
     watch: Watch<'_>,
 ) -> Result<Timing> {
+    let (mut timing, live) = clone_live(kit, procedure, work, timeout, watch)?;
+    live.guest.quit();
+    timing.errors = log_errors(live.dir.path());
+    Ok(timing)
+}
+
+/// A clone left running, and its directory.
+pub(super) struct LiveClone {
+    pub(super) guest: guest::Live,
+    pub(super) dir: tempfile::TempDir,
+}
+
+/// [`clone_one`], leaving the guest running.
+pub(super) fn clone_live(
+    kit: &GuestKit,
+    procedure: &Procedure,
+    work: &Path,
+    timeout: Duration,
+    watch: Watch<'_>,
+) -> Result<(Timing, LiveClone)> {
     let dir = tempfile::Builder::new()
         .prefix("clone-")
         .tempdir_in(work)
@@ -249,7 +269,7 @@ pub(super) fn clone_one(
             (files.join(MEM), RamMapping::Private, copied, overlaid)
         }
     };
-    let resumed = guest::resume_clone(
+    let (resumed, guest) = guest::resume_live(
         kit,
         dir.path(),
         &ram,
@@ -257,7 +277,6 @@ pub(super) fn clone_one(
         timeout.saturating_sub(start.elapsed()),
         watch,
     )?;
-    let mut timing = Timing::new(start, copied, overlaid, &resumed, watch.bytes.is_some());
-    timing.errors = log_errors(dir.path());
-    Ok(timing)
+    let timing = Timing::new(start, copied, overlaid, &resumed, watch.bytes.is_some());
+    Ok((timing, LiveClone { guest, dir }))
 }

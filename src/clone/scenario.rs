@@ -45,6 +45,8 @@ pub struct Settings {
     pub replay_args: Vec<String>,
     /// The neighbour's bulk file, MiB.
     pub bulk_mib: u64,
+    /// What lazy restart does.
+    pub restart: RestartPlan,
 }
 
 impl Settings {
@@ -69,11 +71,12 @@ impl Settings {
             clone_timeout: Duration::from_secs(1800),
             scenarios: Scenario::ALL
                 .into_iter()
-                .filter(|&s| s != Scenario::LazyStorm4)
+                .filter(|&s| s != Scenario::LazyStorm4 && s != Scenario::LazyRestart)
                 .collect(),
             cut_hold: Duration::from_secs(10),
             replay_args: Vec::new(),
             bulk_mib: 1024,
+            restart: RestartPlan::bench(),
         }
     }
 
@@ -104,6 +107,7 @@ impl Settings {
             cut_hold: Duration::from_secs(3),
             replay_args: Vec::new(),
             bulk_mib: 64,
+            restart: RestartPlan::quick(),
         }
     }
 
@@ -151,11 +155,69 @@ impl Settings {
     }
 
     pub(super) fn link_config(&self) -> LinkConfig {
-        LinkConfig::from_rtt(self.rtt, Some(self.mbit * 1_000_000))
+        self.link_config_at(self.mbit)
+    }
+
+    /// The WAN's shape at `mbit` Mbit/s instead.
+    pub(super) fn link_config_at(&self, mbit: u64) -> LinkConfig {
+        LinkConfig::from_rtt(self.rtt, Some(mbit * 1_000_000))
     }
 
     pub(super) fn bytes_per_sec(&self) -> f64 {
         self.mbit as f64 * 1e6 / 8.0
+    }
+}
+
+/// What "lazy restart" does.
+#[derive(Debug, Clone)]
+pub struct RestartPlan {
+    /// Guests cloned lazily through the node, all running throughout.
+    pub guests: usize,
+    /// Kill -9s of the node proxy, each followed by the same command.
+    pub kills: usize,
+    /// SIGTERMs of the node proxy, each followed by the same command.
+    pub stops: usize,
+    /// Hot upgrades of the node proxy (`--take-over`).
+    pub upgrades: usize,
+    /// Kill -9s of the LAN proxy, each followed by the same command.
+    pub lan_kills: usize,
+    /// The WAN's bandwidth in this scenario, Mbit/s.
+    pub mbit: u64,
+    /// The longest wait before a restart (each is drawn from 0.2 s to
+    /// this, by `seed`).
+    pub max_wait: Duration,
+    /// Seeds the waits.
+    pub seed: u64,
+}
+
+impl RestartPlan {
+    /// The quick run's: one guest, one restart of each kind.
+    pub fn quick() -> Self {
+        Self {
+            guests: 1,
+            kills: 1,
+            stops: 1,
+            upgrades: 1,
+            lan_kills: 1,
+            mbit: 20,
+            max_wait: Duration::from_secs(1),
+            seed: 37,
+        }
+    }
+
+    /// The benchmark's: eight guests; ten kill -9s, ten graceful restarts,
+    /// a hot upgrade and a LAN kill.
+    pub fn bench() -> Self {
+        Self {
+            guests: 8,
+            kills: 10,
+            stops: 10,
+            upgrades: 1,
+            lan_kills: 1,
+            mbit: 20,
+            max_wait: Duration::from_secs(10),
+            seed: 37,
+        }
     }
 }
 
@@ -249,6 +311,9 @@ pub enum Scenario {
     LazyNeighbour,
     /// The same clone with no copy beside it.
     LazyNeighbourQuiet,
+    /// Lazy clones left running while their node and LAN proxies are
+    /// killed and restarted ([`restart`](super::restart)).
+    LazyRestart,
 }
 
 /// Whether a node or LAN proxy copies blocks it holds in other images
@@ -265,7 +330,7 @@ pub enum Dedup {
 impl Scenario {
     /// Every scenario, copy-first ones first; a dedup one right after its
     /// twin.
-    pub const ALL: [Scenario; 30] = [
+    pub const ALL: [Scenario; 31] = [
         Scenario::Local,
         Scenario::WanS1,
         Scenario::WanS1Dedup,
@@ -296,6 +361,7 @@ impl Scenario {
         Scenario::LazyBusyLearned,
         Scenario::LazyNeighbour,
         Scenario::LazyNeighbourQuiet,
+        Scenario::LazyRestart,
     ];
 
     /// The scenario named `name` (its label, or without "WAN-": `s1`,
@@ -321,7 +387,7 @@ impl Scenario {
             anyhow::anyhow!(
                 "unknown scenario {name:?} (local, s1, s2, s3, p, cut, full, plain; lazy \
                  local, lazy s1, lazy learned, lazy s2, lazy s3, lazy p, lazy cut, lazy storm \
-                 1|4|8|32|64, lazy busy, lazy busy learned, lazy neighbour; s1 dedup, s2 dedup, s3 dedup, lazy s2 dedup)"
+                 1|4|8|32|64, lazy busy, lazy busy learned, lazy neighbour, lazy restart; s1 dedup, s2 dedup, s3 dedup, lazy s2 dedup)"
             )
         };
         let scenario = match (lazy, n) {
@@ -349,6 +415,7 @@ impl Scenario {
             (true, "busy learned") => Scenario::LazyBusyLearned,
             (true, "neighbour") => Scenario::LazyNeighbour,
             (true, "neighbour quiet") => Scenario::LazyNeighbourQuiet,
+            (true, "restart") => Scenario::LazyRestart,
             _ => return Err(unknown()),
         };
         if !dedup {
@@ -393,6 +460,7 @@ impl Scenario {
                 | Scenario::LazyBusyLearned
                 | Scenario::LazyNeighbour
                 | Scenario::LazyNeighbourQuiet
+                | Scenario::LazyRestart
         ) || self.storm_size().is_some()
     }
 
@@ -467,6 +535,7 @@ impl Scenario {
             Scenario::LazyBusyLearned => "lazy busy learned",
             Scenario::LazyNeighbour => "lazy neighbour",
             Scenario::LazyNeighbourQuiet => "lazy neighbour quiet",
+            Scenario::LazyRestart => "lazy restart",
         }
     }
 }

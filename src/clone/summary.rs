@@ -227,6 +227,9 @@ pub(super) fn summary(settings: &Settings, outcome: &Outcome, floor: &Floor, loa
     }
     out += &lazy::lazy_markdown(outcome);
     out += &cut::cuts_markdown(&outcome.cuts, settings.cut_hold);
+    if let Some((steps, totals)) = &outcome.restarts {
+        out += &super::restart::restarts_markdown(steps, totals);
+    }
     if !calls.is_empty() {
         out += "\nCalls that crossed the WAN (answered by the image-server proxy; each costs at \
                 least one round trip):\n\n| clone | calls |\n|---|---|\n";

@@ -123,6 +123,12 @@ impl Keeper {
             ));
         }
         let mut child = cmd.spawn()?;
+        // Written here too, before the proxy says it is ready: a proxy
+        // killed at once still leaves the keeper's pid (the keeper writes
+        // it again as it starts).
+        if let Err(e) = write_pid(state, child.id()) {
+            tracing::warn!(error = %e, "cannot write the keeper's pid file");
+        }
         // Reap it if it ends while this process lives (else it is
         // re-parented when this process ends).
         std::thread::Builder::new()
@@ -229,12 +235,19 @@ pub fn run_keeper(args: &[OsString]) -> u8 {
     }
     let pid_file = Path::new(state).join(PID_FILE);
     let pid = format!("{}\n", std::process::id());
-    let _ = std::fs::write(&pid_file, &pid);
+    let _ = write_pid(Path::new(state), std::process::id());
     serve(&dev, &listener, &session);
     if std::fs::read_to_string(&pid_file).is_ok_and(|p| p == pid) {
         let _ = std::fs::remove_file(&pid_file);
     }
     0
+}
+
+/// Writes `pid` to `state`'s pid file whole (a reader never sees part).
+fn write_pid(state: &Path, pid: u32) -> io::Result<()> {
+    let tmp = state.join(format!("{PID_FILE}.{pid}"));
+    std::fs::write(&tmp, format!("{pid}\n"))?;
+    std::fs::rename(&tmp, state.join(PID_FILE))
 }
 
 /// Answers commands until the connection ends or a `stop`.

@@ -126,6 +126,8 @@ pub struct Mount {
     info: SessionInfo,
     /// Set by `gvfsctl unmount`: the next stop unmounts even with files open.
     tear_down: AtomicBool,
+    /// Set by a hand-over: the next stop pauses even with nothing open.
+    hand_over: AtomicBool,
     slots: Arc<Semaphore>,
     session: std::sync::Mutex<Option<BackgroundSession>>,
 }
@@ -271,6 +273,7 @@ impl Mount {
             keeper,
             info,
             tear_down: AtomicBool::new(false),
+            hand_over: AtomicBool::new(false),
             slots,
             session: std::sync::Mutex::new(Some(session)),
         })
@@ -350,6 +353,7 @@ impl Mount {
             keeper: Some(keeper),
             info,
             tear_down: AtomicBool::new(false),
+            hand_over: AtomicBool::new(false),
             slots,
             session: std::sync::Mutex::new(Some(session)),
         })
@@ -407,6 +411,18 @@ impl Mount {
         }
     }
 
+    /// Makes the next [`stop`](Self::stop) a pause even with nothing open,
+    /// for a proxy that takes the session over at once (a hot upgrade).
+    /// False, and nothing changes, when no keeper holds the connection
+    /// (`--mount-keep none`): the stop can only unmount.
+    pub fn hand_over_at_stop(&self) -> bool {
+        if self.keeper.is_none() {
+            return false;
+        }
+        self.hand_over.store(true, Ordering::Relaxed);
+        true
+    }
+
     /// Stops serving the mount. With files open and a keeper holding the
     /// connection (and no [`tear_down_at_stop`](Self::tear_down_at_stop)),
     /// a pause: see [`pause`](Self::pause). Else it unmounts: no new
@@ -415,15 +431,19 @@ impl Mount {
     /// open file, a working directory) is detached lazily: it is gone from
     /// the tree at once, and its users get errors once this process exits.
     pub async fn stop(&self, drain: Duration) -> Stopped {
+        let hand_over = self.hand_over.load(Ordering::Relaxed);
         // The kernel sends RELEASE after a close returned: a file closed
         // just before the stop may still count for a moment.
         let mut open = self.open_files();
         let since = tokio::time::Instant::now();
-        while open > 0 && since.elapsed() < RELEASE_GRACE {
+        while !hand_over && open > 0 && since.elapsed() < RELEASE_GRACE {
             tokio::time::sleep(Duration::from_millis(20)).await;
             open = self.open_files();
         }
-        if self.keeper.is_some() && open > 0 && !self.tear_down.load(Ordering::Relaxed) {
+        if self.keeper.is_some()
+            && (open > 0 || hand_over)
+            && !self.tear_down.load(Ordering::Relaxed)
+        {
             self.pause(drain).await;
             tracing::info!(dir = %self.path.display(), open_files = open, "paused the FUSE mount: its users wait for the next proxy");
             return Stopped::Paused;
@@ -561,8 +581,10 @@ async fn write_session(
 }
 
 /// How long a stop waits for the RELEASEs of files just closed before it
-/// decides between an unmount and a pause.
-const RELEASE_GRACE: Duration = Duration::from_secs(1);
+/// decides between an unmount and a pause. The kernel sends it as the
+/// last close returns; the wait is spent in full by every pause (files
+/// stay open), so it is short: it is part of the guests' stall.
+const RELEASE_GRACE: Duration = Duration::from_millis(200);
 
 /// How long a pause waits for the readers to stop.
 const READERS_STOP: Duration = Duration::from_secs(1);

@@ -595,6 +595,18 @@ impl Config {
     }
 }
 
+/// The control socket of a proxy configured by `cfg` that listens for
+/// NFS at `nfs` and for TLS peers at `tls`: the configured one, else a
+/// default named after the first of those, or after the mount.
+pub fn control_path(cfg: &Config, nfs: Option<SocketAddr>, tls: Option<SocketAddr>) -> PathBuf {
+    match (&cfg.control, nfs, &cfg.mount) {
+        (Some(path), _, _) => path.clone(),
+        (None, Some(addr), _) => default_control_path(addr),
+        (None, None, Some(dir)) => default_control_path_for_mount(dir),
+        (None, None, None) => default_control_path(tls.unwrap_or(DEFAULT_LISTEN_ADDR)),
+    }
+}
+
 /// The control socket path used when none is configured: one per listening
 /// address, in `$XDG_RUNTIME_DIR` (or `/tmp`), so `gvfsctl` can find it.
 pub fn default_control_path(listen: SocketAddr) -> PathBuf {

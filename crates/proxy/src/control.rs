@@ -65,6 +65,12 @@ pub enum CommandError {
     /// An unmount asked of a proxy with no FUSE mount.
     #[error("this proxy has no FUSE mount (start it with --mount DIR)")]
     NoMount,
+    /// A hand-over of a mount nothing keeps (`--mount-keep none`).
+    #[error(
+        "this proxy's FUSE mount is not kept (--mount-keep none): its stop unmounts; \
+         stop it, then start the new proxy"
+    )]
+    MountNotKept,
     /// An unmount without `force` while files are open on the mount.
     #[error(
         "{0} files are open on the mount (guests map them); a stop now would only pause it. \

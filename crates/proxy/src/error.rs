@@ -59,6 +59,14 @@ pub enum ProxyError {
     /// A gvfs:// upstream was configured without the TLS files it needs.
     #[error("a gvfs:// upstream needs --cert, --key and --ca")]
     GvfsWithoutTls,
+    /// `--take-over` could not replace the running proxy.
+    #[error("--take-over: the proxy at {}: {reason}", control.display())]
+    TakeOver {
+        /// Its control socket.
+        control: PathBuf,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl ProxyError {
@@ -75,7 +83,8 @@ impl ProxyError {
             | Self::Sample { .. }
             | Self::Control(_)
             | Self::Cache { .. }
-            | Self::Mount(_) => ExitCode::LocalResource,
+            | Self::Mount(_)
+            | Self::TakeOver { .. } => ExitCode::LocalResource,
             Self::Signals(_) => ExitCode::Failure,
         }
     }

@@ -18,6 +18,7 @@ pub mod exit;
 pub mod ext_server;
 mod ext_server_class;
 pub mod front;
+pub mod handover;
 pub mod metrics;
 pub mod notify;
 pub mod plan;
@@ -32,6 +33,7 @@ pub mod writeback;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use serde_json::Value;
@@ -98,15 +100,11 @@ impl Listeners {
             (Some(_), Some(at)) => Some(bind_tcp(at).await?),
             _ => None,
         };
-        let control_path = match (&cfg.control, &nfs, &cfg.mount) {
-            (Some(path), _, _) => path.clone(),
-            (None, Some((_, addr)), _) => config::default_control_path(*addr),
-            (None, None, Some(dir)) => config::default_control_path_for_mount(dir),
-            (None, None, None) => {
-                let tls_at = tls_listener.as_ref().map(|(_, a)| *a);
-                config::default_control_path(tls_at.unwrap_or(config::DEFAULT_LISTEN_ADDR))
-            }
-        };
+        let control_path = config::control_path(
+            cfg,
+            nfs.as_ref().map(|(_, a)| *a),
+            tls_listener.as_ref().map(|(_, a)| *a),
+        );
         let control = control::bind(&control_path).await?;
         let metrics = match cfg.metrics {
             Some(at) => Some(bind_tcp(at).await?),
@@ -205,6 +203,7 @@ pub async fn serve(
     if stack.cache.is_some() {
         writeback::on_signals(jobs.clone()).map_err(ProxyError::Signals)?;
     }
+    let handing_over = Arc::new(AtomicBool::new(false));
     let status = Arc::new(StatusSource {
         ready: ready.clone(),
         front: front.clone(),
@@ -215,6 +214,7 @@ pub async fn serve(
         mount: mount.clone(),
         started: Instant::now(),
         shutdown: shutdown.clone(),
+        handing_over: handing_over.clone(),
     });
     if let Some((listener, at)) = metrics {
         let source = status.clone();
@@ -265,12 +265,16 @@ pub async fn serve(
         Some(m) => m.stop(cfg.drain_timeout).await == gvfs_fuse::Stopped::Paused,
         None => false,
     };
-    if paused {
+    if paused || handing_over.load(Ordering::Relaxed) {
         // The next proxy owns the cache and its dirty data: no exit
         // write-back to hold the paused guests up.
         shutdown::close(&stack).await;
         shutdown.cancel();
         let _ = control_task.await;
+        if !paused {
+            tracing::info!("handed over: the next proxy serves from here on");
+            return Ok(());
+        }
         tracing::info!(
             "the mount is paused, not ended: start the same command again to go on; \
              `gvfsctl unmount` ends it"

@@ -161,8 +161,10 @@ pub(crate) struct StatusSource {
     pub(crate) jobs: Arc<writeback::Jobs>,
     pub(crate) mount: Option<Arc<gvfs_fuse::Mount>>,
     pub(crate) started: Instant,
-    /// Cancelled to stop the proxy (`gvfsctl unmount`).
+    /// Cancelled to stop the proxy (`gvfsctl unmount`, a hand-over).
     pub(crate) shutdown: tokio_util::sync::CancellationToken,
+    /// Set by a hand-over: the stop leaves the cache to the successor.
+    pub(crate) handing_over: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl StatusSource {
@@ -180,6 +182,7 @@ impl StatusSource {
             Some("held_blocks") => self.held_blocks(req),
             Some("learned") => self.learned(req),
             Some("unmount") => self.unmount(req),
+            Some(crate::handover::COMMAND) => self.hand_over(),
             Some(other) => Err(CommandError::UnknownCommand(other.to_string())),
             None => Err(CommandError::NoCommand),
         }
@@ -224,6 +227,21 @@ impl StatusSource {
         mount.tear_down_at_stop();
         self.shutdown.cancel();
         Ok(json!({ "unmounting": mount.path().display().to_string(), "open": open }))
+    }
+
+    /// Stops this proxy for one that replaces it at once (`gvfs-proxy
+    /// --take-over`): the mount is paused even with nothing open, and the
+    /// layers close without the exit write-back. Answers this pid, for the
+    /// successor to wait on.
+    fn hand_over(&self) -> Result<Value, CommandError> {
+        if let Some(mount) = &self.mount
+            && !mount.hand_over_at_stop()
+        {
+            return Err(CommandError::MountNotKept);
+        }
+        self.handing_over.store(true, Ordering::Relaxed);
+        self.shutdown.cancel();
+        Ok(json!({ "pid": std::process::id() }))
     }
 
     /// Ends the learnings of working sets under way, of the files named

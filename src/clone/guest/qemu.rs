@@ -146,7 +146,7 @@ impl Qemu {
         }
     }
 
-    fn check_alive(&mut self) -> Result<()> {
+    pub(super) fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!("QEMU exited ({status}): {}", self.log_text());
         }
@@ -228,6 +228,27 @@ impl Qemu {
         }
         Ok(())
     }
+}
+
+/// The complete `tick N MD5` lines of the serial log at `path` from byte
+/// `offset` on, and the offset after the last complete line (a line still
+/// being written is read next time).
+pub fn serial_ticks(path: &Path, offset: u64) -> (Vec<(u64, String)>, u64) {
+    use std::io::{Seek, SeekFrom};
+    let mut text = Vec::new();
+    let read = File::open(path).and_then(|mut f| {
+        f.seek(SeekFrom::Start(offset))?;
+        f.read_to_end(&mut text)
+    });
+    if read.is_err() {
+        return (Vec::new(), offset);
+    }
+    let complete = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let ticks = serial_lines(&String::from_utf8_lossy(&text[..complete]), "tick")
+        .into_iter()
+        .filter_map(|(n, sum)| Some((n.parse().ok()?, sum)))
+        .collect();
+    (ticks, offset + complete as u64)
 }
 
 /// The complete lines of `text` (a serial log) that are `WORD A MD5`, as

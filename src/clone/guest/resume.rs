@@ -13,7 +13,7 @@ use serde_json::json;
 use super::golden::{CONFIG, DISK, STATE, VmConfig};
 use super::kit::GuestKit;
 use super::limits::QMP_TIMEOUT;
-use super::qemu::{Machine, Qemu, RamMapping, set_ignore_shared, wait_migration};
+use super::qemu::{Machine, Qemu, Qmp, RamMapping, set_ignore_shared, wait_migration};
 
 /// What the harness watches while a clone resumes; every part optional.
 #[derive(Default, Clone, Copy)]
@@ -49,7 +49,7 @@ pub struct Resumed {
 /// continues it, and waits until the guest prints the tick after the golden
 /// one's last with the right digest (verified running). Then sends it a
 /// request and waits for the answer with the digest of the `boot/` files
-/// (responsive).
+/// (responsive), and quits it.
 pub fn resume_clone(
     kit: &GuestKit,
     dir: &Path,
@@ -58,6 +58,20 @@ pub fn resume_clone(
     timeout: Duration,
     watch: Watch<'_>,
 ) -> Result<Resumed> {
+    let (resumed, live) = resume_live(kit, dir, ram, mapping, timeout, watch)?;
+    live.quit();
+    Ok(resumed)
+}
+
+/// [`resume_clone`], leaving the guest running.
+pub fn resume_live(
+    kit: &GuestKit,
+    dir: &Path,
+    ram: &Path,
+    mapping: RamMapping,
+    timeout: Duration,
+    watch: Watch<'_>,
+) -> Result<(Resumed, Live)> {
     let config = VmConfig::load(&dir.join(CONFIG))?;
     let start = Instant::now();
     let machine = Machine {
@@ -101,36 +115,83 @@ pub fn resume_clone(
          from the saved state",
         config.name
     );
-    let want = &config.run_sums[(n % config.run_sums.len() as u64) as usize];
-    ensure!(
-        &sum == want,
-        "{}: tick {n} read run/{} with MD5 {sum}, the disk has {want}",
-        config.name,
-        n % config.run_sums.len() as u64
-    );
-    let id = format!(
-        "r{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    );
-    let sum = vm.request(&id, timeout.saturating_sub(start.elapsed()))?;
+    let mut live = Live { vm, qmp, config };
+    live.check_tick(n, &sum)?;
+    live.ask(timeout.saturating_sub(start.elapsed()))?;
     let answered = Instant::now();
     let bytes_answered = watch.bytes.map_or(0, |b| b());
-    ensure!(
-        sum == config.boot_sum,
-        "{}: request {id} was answered with MD5 {sum}, the boot/ files have {}",
-        config.name,
-        config.boot_sum
-    );
-    qmp.execute("quit", None).ok();
-    vm.wait_exit(QMP_TIMEOUT)?;
-    Ok(Resumed {
-        incoming_secs,
-        run_secs,
-        running,
-        answered,
-        bytes_running,
-        bytes_answered,
-    })
+    Ok((
+        Resumed {
+            incoming_secs,
+            run_secs,
+            running,
+            answered,
+            bytes_running,
+            bytes_answered,
+        },
+        live,
+    ))
+}
+
+/// A resumed clone left running: its ticks can be read and checked, and
+/// it can be asked to answer again. Killed on drop.
+pub struct Live {
+    vm: Qemu,
+    qmp: Qmp,
+    config: VmConfig,
+}
+
+impl Live {
+    /// Complete `tick N MD5` lines printed so far.
+    pub fn ticks(&self) -> Result<Vec<(u64, String)>> {
+        self.vm.ticks()
+    }
+
+    /// The digest of each `run/` file, by tick number modulo their count.
+    pub fn run_sums(&self) -> &[String] {
+        &self.config.run_sums
+    }
+
+    /// Fails unless tick `n` read the digest the disk has for it.
+    pub fn check_tick(&self, n: u64, sum: &str) -> Result<()> {
+        let sums = &self.config.run_sums;
+        let want = &sums[(n % sums.len() as u64) as usize];
+        ensure!(
+            sum == want,
+            "{}: tick {n} read run/{} with MD5 {sum}, the disk has {want}",
+            self.config.name,
+            n % sums.len() as u64
+        );
+        Ok(())
+    }
+
+    /// Sends a request and waits (at most `timeout`) for its answer, which
+    /// must carry the digest of the `boot/` files.
+    pub fn ask(&mut self, timeout: Duration) -> Result<()> {
+        let id = format!(
+            "r{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let sum = self.vm.request(&id, timeout)?;
+        ensure!(
+            sum == self.config.boot_sum,
+            "{}: request {id} was answered with MD5 {sum}, the boot/ files have {}",
+            self.config.name,
+            self.config.boot_sum
+        );
+        Ok(())
+    }
+
+    /// Fails if QEMU has exited, with its log.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.vm.check_alive()
+    }
+
+    /// Asks QEMU to quit, and waits for it (killing it if it does not).
+    pub fn quit(mut self) {
+        self.qmp.execute("quit", None).ok();
+        self.vm.wait_exit(QMP_TIMEOUT).ok();
+    }
 }

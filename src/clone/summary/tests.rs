@@ -48,6 +48,7 @@ fn outcome(ram_mib: u64, records: Vec<CloneRecord>, floor_secs: f64) -> Outcome 
         census: None,
         dedup_goals: Vec::new(),
         dedup_notes: Vec::new(),
+        restarts: None,
     }
 }
 

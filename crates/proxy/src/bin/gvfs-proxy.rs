@@ -89,6 +89,14 @@ struct Cli {
     #[arg(long)]
     check: bool,
 
+    /// Replace the proxy running with this configuration (found by its
+    /// control socket) without unmounting: a hot upgrade. It pauses its
+    /// FUSE mount, leaves its cache to this process and exits; this one
+    /// then takes the mount over, and guests see a stall, not an error.
+    /// With no proxy running, a start as usual.
+    #[arg(long)]
+    take_over: bool,
+
     /// Do not look for metadata files (a file's `meta = false`).
     #[arg(long, conflicts_with = "meta", help_heading = "Metadata actions")]
     no_meta: bool,
@@ -193,6 +201,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             stopping.cancelled().await;
             gvfs_proxy::notify::notify(&[gvfs_proxy::notify::NotifyState::Stopping]);
         });
+        if cli.take_over {
+            gvfs_proxy::handover::replace_running(&cfg).await?;
+        }
         gvfs_proxy::run(cfg, shutdown, |r| print_ready(r, sample)).await?;
         Ok(())
     })

@@ -366,8 +366,11 @@ fn session_line(s: &gvfs_fuse::SessionInfo, resent: u64) -> String {
     };
     if s.takeovers > 0 {
         line += &format!(
-            ", taken over {} times, last {} ago ({} requests resent{})",
-            s.takeovers,
+            ", taken over {}, last {} ago ({} requests resent{})",
+            match s.takeovers {
+                1 => "once".to_string(),
+                n => format!("{n} times"),
+            },
             ago(s.taken_over_at_us),
             resent,
             if s.resend == "unsupported" {
