@@ -142,6 +142,18 @@ impl ProxyArgs {
         self.arg(flag).arg(value)
     }
 
+    /// `flag VALUE`, in place of the value an earlier `flag` was given
+    /// (or added, if none was).
+    pub fn set_flag(mut self, flag: &str, value: impl Into<String>) -> Self {
+        match self.extra.iter().position(|a| a == flag) {
+            Some(i) if i + 1 < self.extra.len() => {
+                self.extra[i + 1] = value.into();
+                self
+            }
+            _ => self.flag(flag, value),
+        }
+    }
+
     /// `--config PATH`: a TOML file of options.
     pub fn config(self, path: &Path) -> Self {
         self.flag("--config", path.display().to_string())

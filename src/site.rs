@@ -120,6 +120,11 @@ impl Site {
         &self.image_server
     }
 
+    /// The image-server proxy, to restart it.
+    pub fn image_server_mut(&mut self) -> &mut SiteProxy {
+        &mut self.image_server
+    }
+
     /// The LAN proxy; fails when the site has none.
     pub fn lan(&self) -> Result<&SiteProxy> {
         self.lan.as_ref().context("the site has no LAN proxy")

@@ -326,16 +326,17 @@ fn lazy_clones_checks(outcome: &clone::Outcome) -> Result<()> {
 }
 
 /// What lazy restart must show: the guest rode out a kill -9, a SIGTERM
-/// and a hot upgrade of its node proxy, and a kill -9 of the LAN proxy,
-/// ticking on with the right digests and answering after each; and the
-/// node did not fetch the memory image again from the start.
+/// and a hot upgrade of its node proxy, and a kill -9 of the LAN proxy and
+/// of the image server's, ticking on with the right digests and answering
+/// after each; and the node did not fetch the memory image again from the
+/// start.
 fn restart_checks(outcome: &clone::Outcome) -> Result<()> {
     let (steps, totals) = outcome
         .restarts
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("lazy restart did not run"))?;
     let actions: Vec<&str> = steps.iter().map(|s| s.action.as_str()).collect();
-    ensure!(actions.len() == 4, "lazy restart's restarts: {actions:?}");
+    ensure!(actions.len() == 5, "lazy restart's restarts: {actions:?}");
     for s in steps {
         ensure!(
             s.lost == 0 && s.wrong == 0 && s.answered == 1,

@@ -268,6 +268,12 @@ impl<'a> Bench<'a> {
             .block_on(WanLink::start(listen, target, self.settings.link_config()))?)
     }
 
+    /// Kills the image-server proxy (-9) and starts it again on the same
+    /// addresses.
+    pub(super) fn restart_image_server(&mut self) -> Result<()> {
+        self.site.image_server_mut().kill_and_restart()
+    }
+
     /// A fresh WAN link to the image-server proxy's TLS port.
     pub(super) fn wan(&self) -> Result<WanLink> {
         self.link(self.server_tls, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))

@@ -115,7 +115,7 @@ pub fn run(settings: &Settings) -> Result<Outcome> {
     );
     let load_start = loadavg();
     let started = Instant::now();
-    let bench = Bench::start(settings)?;
+    let mut bench = Bench::start(settings)?;
     let mut records = Vec::new();
     let mut stats = Vec::new();
     let mut calls = Vec::new();

@@ -10,8 +10,9 @@
 //! the node proxy killed -9 and the same command started again
 //! ([`RestartPlan::kills`] times), stopped with SIGTERM and started again
 //! (`stops`), replaced by `gvfs-proxy --take-over` (`upgrades`; from the
-//! binary `GVFS_PREV_BIN` names, when set, for the first one), and the LAN
-//! proxy killed -9 and started again on the same port (`lan_kills`).
+//! binary `GVFS_PREV_BIN` names, when set, for the first one), the LAN
+//! proxy killed -9 and started again on the same port (`lan_kills`), and
+//! the image server's proxy likewise (`server_kills`).
 //!
 //! **What is measured** per restart ([`RestartStep`]): a thread per guest
 //! stamps each `tick N MD5` line of its serial log as it appears (every
@@ -61,6 +62,7 @@ fn actions(plan: &RestartPlan) -> Vec<Action> {
         out.push(Action::UpgradeNode(prev.clone().filter(|_| i == 0)));
     }
     out.extend(std::iter::repeat_n(Action::KillLan, plan.lan_kills));
+    out.extend(std::iter::repeat_n(Action::KillServer, plan.server_kills));
     out
 }
 
@@ -73,6 +75,7 @@ enum Action {
     /// then runs it from the scenario's start).
     UpgradeNode(Option<PathBuf>),
     KillLan,
+    KillServer,
 }
 
 impl Action {
@@ -83,6 +86,7 @@ impl Action {
             Action::UpgradeNode(Some(_)) => "node hot upgrade from GVFS_PREV_BIN",
             Action::UpgradeNode(None) => "node hot upgrade",
             Action::KillLan => "LAN kill -9",
+            Action::KillServer => "image server kill -9",
         }
     }
 }
@@ -182,7 +186,7 @@ impl TickLog {
 impl Bench<'_> {
     /// Lazy restart: its clones, restarts and totals.
     pub(super) fn run_lazy_restart(
-        &self,
+        &mut self,
     ) -> Result<(Vec<CloneRecord>, Vec<RestartStep>, RestartTotals)> {
         let plan = &self.settings.restart;
         ensure!(plan.guests >= 1, "lazy restart needs a guest");
@@ -241,6 +245,7 @@ impl Bench<'_> {
                         Action::StopNode => node.restart(Restart::Stop)?,
                         Action::UpgradeNode(_) => node.restart(Restart::Upgrade)?,
                         Action::KillLan => lan.restart(Restart::Kill)?,
+                        Action::KillServer => self.restart_image_server()?,
                     }
                     let ready = Instant::now();
                     let settled = tick_on(&logs, ready)?;
@@ -455,13 +460,14 @@ mod tests {
     fn a_plan_runs_its_restarts_in_order() {
         let plan = RestartPlan::quick();
         let labels: Vec<&str> = actions(&plan).iter().map(Action::label).collect();
-        assert_eq!(labels.len(), 4);
+        assert_eq!(labels.len(), 5);
         assert_eq!(labels[0], "node kill -9");
         assert_eq!(labels[1], "node SIGTERM");
         assert!(labels[2].starts_with("node hot upgrade"));
         assert_eq!(labels[3], "LAN kill -9");
+        assert_eq!(labels[4], "image server kill -9");
         let bench = RestartPlan::bench();
-        assert_eq!(actions(&bench).len(), 10 + 10 + 1 + 1);
+        assert_eq!(actions(&bench).len(), 10 + 10 + 1 + 1 + 1);
     }
 
     #[test]

@@ -181,6 +181,8 @@ pub struct RestartPlan {
     pub upgrades: usize,
     /// Kill -9s of the LAN proxy, each followed by the same command.
     pub lan_kills: usize,
+    /// Kill -9s of the image server's proxy, likewise.
+    pub server_kills: usize,
     /// The WAN's bandwidth in this scenario, Mbit/s.
     pub mbit: u64,
     /// The longest wait before a restart (each is drawn from 0.2 s to
@@ -199,6 +201,7 @@ impl RestartPlan {
             stops: 1,
             upgrades: 1,
             lan_kills: 1,
+            server_kills: 1,
             mbit: 20,
             max_wait: Duration::from_secs(1),
             seed: 37,
@@ -206,7 +209,7 @@ impl RestartPlan {
     }
 
     /// The benchmark's: eight guests; ten kill -9s, ten graceful restarts,
-    /// a hot upgrade and a LAN kill.
+    /// a hot upgrade, a LAN kill and an image-server kill.
     pub fn bench() -> Self {
         Self {
             guests: 8,
@@ -214,6 +217,7 @@ impl RestartPlan {
             stops: 10,
             upgrades: 1,
             lan_kills: 1,
+            server_kills: 1,
             mbit: 20,
             max_wait: Duration::from_secs(10),
             seed: 37,

@@ -7,7 +7,7 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 
 use crate::fuse::MountPoint;
 use crate::proxy::{Proxy, ProxyArgs};
@@ -169,6 +169,22 @@ impl SiteProxy {
     /// The proxy, to stop or restart it.
     pub fn proxy_mut(&mut self) -> &mut Proxy {
         &mut self.proxy
+    }
+
+    /// Kills it (-9) and starts the same command again on the same
+    /// addresses: its peers reconnect.
+    pub fn kill_and_restart(&mut self) -> Result<()> {
+        self.proxy.kill();
+        let mut args = self.args.clone();
+        args.listen = self.proxy.addr();
+        if let Some(tls) = self.tls {
+            args = args.set_flag("--listen-tls", tls.to_string());
+        }
+        self.proxy = Proxy::spawn(args)?;
+        if let Some(m) = &self.mount {
+            ensure!(m.is_mounted()?, "{} lost its mount in a restart", self.name);
+        }
+        Ok(())
     }
 
     /// Its TLS listener (`--listen-tls`), when the site has a PKI.
