@@ -25,6 +25,8 @@
 //! - [`fuse`]: the FUSE front end: mount points that clean up after
 //!   themselves, a proxy with its mount, calls as another user.
 //! - [`tree`]: an expected directory tree, checked against a real one.
+//! - [`systemd`]: a fake service manager's notification socket (readiness,
+//!   the file descriptor store).
 //!
 //! The fixtures are synchronous (all but [`nfsclient`]): tests call them
 //! from plain `#[test]` functions.
@@ -48,6 +50,7 @@ pub mod rpc_client;
 pub mod site;
 pub mod soak;
 pub mod stats;
+pub mod systemd;
 pub mod tmpfs;
 pub mod tree;
 

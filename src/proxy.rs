@@ -14,6 +14,8 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -60,6 +62,10 @@ pub struct ProxyArgs {
     /// Another `gvfs-proxy` binary to run instead of the one built beside
     /// the tests (a benchmark comparing two builds).
     pub binary: Option<PathBuf>,
+    /// Descriptors passed as systemd passes its file descriptor store
+    /// back (fds 3 on, `LISTEN_FDS`, `LISTEN_FDNAMES`, `LISTEN_PID`),
+    /// with their names.
+    pub passed_fds: Vec<(String, Arc<OwnedFd>)>,
 }
 
 impl ProxyArgs {
@@ -75,6 +81,7 @@ impl ProxyArgs {
             extra: Vec::new(),
             env: Vec::new(),
             binary: None,
+            passed_fds: Vec::new(),
         }
     }
 
@@ -292,6 +299,15 @@ impl ProxyArgs {
     /// Sets an environment variable for the proxy.
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Passes `fd` named `name` as systemd passes a descriptor from its
+    /// store: fd 3 (then 4, ...) of the proxy, `LISTEN_FDS`,
+    /// `LISTEN_FDNAMES`, and `LISTEN_PID` the proxy's own pid (set by a
+    /// `sh` that then `exec`s it).
+    pub fn pass_fd(mut self, name: impl Into<String>, fd: Arc<OwnedFd>) -> Self {
+        self.passed_fds.push((name.into(), fd));
         self
     }
 
@@ -555,7 +571,11 @@ impl Proxy {
             }
         };
         let control = args.control.clone().unwrap_or_default();
-        let mut cmd = Command::new(&bin);
+        let mut cmd = if args.passed_fds.is_empty() {
+            Command::new(&bin)
+        } else {
+            passing_fds(&bin, &args.passed_fds)
+        };
         cmd.args(args.to_args())
             .envs(args.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -693,6 +713,44 @@ impl Proxy {
         }
         Ok(status)
     }
+}
+
+/// A command that runs `bin` (its arguments to be added) with `fds` as
+/// systemd passes them: fds 3 on, named in `LISTEN_FDNAMES`, counted in
+/// `LISTEN_FDS`, and `LISTEN_PID` set to the pid `bin` runs as (a shell
+/// sets it, then `exec`s `bin`).
+fn passing_fds(bin: &Path, fds: &[(String, Arc<OwnedFd>)]) -> Command {
+    let mut cmd = Command::new("/bin/sh");
+    cmd.args(["-c", r#"export LISTEN_PID=$$; exec "$0" "$@""#])
+        .arg(bin)
+        .env("LISTEN_FDS", fds.len().to_string())
+        .env(
+            "LISTEN_FDNAMES",
+            fds.iter()
+                .map(|(name, _)| name.as_str())
+                .collect::<Vec<_>>()
+                .join(":"),
+        );
+    let raw: Vec<RawFd> = fds.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
+    // SAFETY: between fork and exec the closure calls only fcntl and
+    // dup2 (async-signal-safe) and allocates nothing (`raw` is moved in,
+    // and only read).
+    unsafe {
+        cmd.pre_exec(move || {
+            // Each first to a number above those it goes to, so none is
+            // overwritten before it is moved; dup2 then clears
+            // close-on-exec on fds 3 on.
+            let floor = 3 + raw.len() as RawFd;
+            for (i, &fd) in raw.iter().enumerate() {
+                let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor);
+                if high < 0 || libc::dup2(high, 3 + i as RawFd) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd
 }
 
 impl Drop for Proxy {

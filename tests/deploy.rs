@@ -165,6 +165,18 @@ fn every_unit_starts_its_roles_checked_config_as_type_notify() -> Result<()> {
             "{} has an ExecReload",
             unit.display()
         );
+        // A node's FUSE mount outlives the proxy: systemd's fd store holds
+        // its connection (across a stop too), and without the store a
+        // keeper, which a stop must not kill.
+        if unit.file_name().is_some_and(|n| n == "gvfs-node.service") {
+            ensure!(
+                value("FileDescriptorStoreMax")?.parse::<u32>()? > 0
+                    && value("FileDescriptorStorePreserve")? == "yes"
+                    && value("KillMode")? == "process",
+                "{}: {settings:?}",
+                unit.display()
+            );
+        }
     }
     Ok(())
 }

@@ -3,7 +3,9 @@
 //! open, the same command started again takes the mount over, and the
 //! processes using it see a stall, not an error. A read the killed
 //! proxy had taken but not answered is sent again by the kernel to the
-//! next one (FUSE_NOTIFY_RESEND).
+//! next one (FUSE_NOTIFY_RESEND). Under systemd with a file descriptor
+//! store (a fake one here), the store holds the connection instead of a
+//! keeper, and gives it to the next start.
 //!
 //! Skipped (with a message) only when `/dev/fuse` or `fusermount3` is
 //! missing; the tests run as root, as the CI does.
@@ -12,7 +14,7 @@ use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -21,6 +23,7 @@ use gvfs_testbed::fuse::wan::Wan;
 use gvfs_testbed::fuse::{MountPoint, mounted, wait_until};
 use gvfs_testbed::proxy::gvfsctl;
 use gvfs_testbed::require_fuse;
+use gvfs_testbed::systemd::{FakeSystemd, Notice};
 use gvfs_testbed::{Proxy, ProxyArgs};
 
 /// How long a read waiting across a restart may take to finish.
@@ -153,6 +156,14 @@ fn keepers_gone(state: &Path) -> bool {
     keepers(state).is_empty()
 }
 
+/// The keeper of `state`, waiting for it to note its pid: it holds the
+/// connection once the proxy's start returns, but writes `keeper.pid`
+/// after its own start, a moment later on a busy machine.
+fn keepers_noted(state: &Path) -> Vec<u32> {
+    wait_until(Duration::from_secs(10), || !keepers(state).is_empty());
+    keepers(state)
+}
+
 fn state_of(cache: &Path) -> PathBuf {
     cache.join("fuse")
 }
@@ -179,7 +190,7 @@ fn a_read_the_killed_proxy_had_taken_is_answered_by_the_next() -> Result<()> {
     p.kill();
     ensure!(mnt.is_mounted()?, "the mount went with the proxy");
     ensure!(
-        !keepers(&state_of(cache.path())).is_empty(),
+        !keepers_noted(&state_of(cache.path())).is_empty(),
         "no keeper holds the connection"
     );
     ensure!(
@@ -332,7 +343,7 @@ fn a_mount_whose_keeper_is_gone_is_mounted_afresh() -> Result<()> {
     let mut p = mounted(args.clone(), &mnt)?;
     p.kill();
     let state = state_of(cache.path());
-    let keepers = keepers(&state);
+    let keepers = keepers_noted(&state);
     if keepers.is_empty() {
         bail!("no keeper after kill -9");
     }
@@ -358,6 +369,118 @@ fn a_mount_whose_keeper_is_gone_is_mounted_afresh() -> Result<()> {
         next.output()
     );
     ensure!(!mnt.is_mounted()?, "still mounted after SIGTERM");
+    Ok(())
+}
+
+/// How long a message to systemd may take.
+const NOTICE: Duration = Duration::from_secs(10);
+
+/// Whether `n` stores a FUSE connection, with the descriptor.
+fn stores(n: &Notice) -> bool {
+    n.value("FDSTORE") == Some("1") && n.fds.len() == 1
+}
+
+#[test]
+fn under_systemd_the_fd_store_keeps_the_connection_and_no_keeper_runs() -> Result<()> {
+    require_fuse!();
+    let origin = tempfile::tempdir()?;
+    let cache = tempfile::tempdir()?;
+    let out = tempfile::tempdir()?;
+    let bytes = random_bytes(73, 8 * MIB);
+    fs::write(origin.path().join("memory"), &bytes)?;
+    let mnt = MountPoint::new()?;
+    let systemd = FakeSystemd::bind()?;
+    let args = systemd.args(ProxyArgs::dir(origin.path()).cache_dir(cache.path()), 4);
+    let state = state_of(cache.path());
+    let mut p = mounted(args.clone(), &mnt)?;
+    let mut stored = systemd.wait_for(NOTICE, stores)?;
+    let name = stored
+        .value("FDNAME")
+        .context("FDSTORE=1 without FDNAME")?
+        .to_string();
+    let session = p.stats()?.mount()?.session.clone();
+    ensure!(
+        name == format!("gvfs-fuse-{}", session.id) && session.kept_by == "fdstore",
+        "stored as {name:?}; session: {session:?}"
+    );
+    ensure!(
+        !state.join("keeper.pid").exists() && keepers_gone(&state),
+        "a keeper runs beside the fd store"
+    );
+    // "systemd" holds the connection from here on.
+    let fd = Arc::new(stored.fds.pop().context("no descriptor")?);
+    let got = out.path().join("got");
+    let mut mapper = start_mapper(&mnt, bytes.len(), &got)?;
+    p.kill();
+    ensure!(mnt.is_mounted()?, "the mount went with the proxy");
+    ensure!(
+        mapper.running()?,
+        "the mapping process ended with the proxy"
+    );
+    // A connection stored under another session's name is refused, as a
+    // keeper of another session is.
+    let other = format!("gvfs-fuse-{}", "00".repeat(16));
+    let refused = Proxy::spawn(args.clone().mount(mnt.path()).pass_fd(other, fd.clone()));
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| format!("{e:#}").contains("different session")),
+        "a connection stored for another session: {:?}",
+        refused.map(|p| p.output())
+    );
+    let mut next = mounted(args.clone().pass_fd(name.clone(), fd.clone()), &mnt)
+        .context("starting again with the stored connection")?;
+    // The same connection, stored again by the new process.
+    let again = systemd.wait_for(NOTICE, stores)?;
+    ensure!(
+        again.value("FDNAME") == Some(name.as_str()),
+        "stored again as {:?}",
+        again.text
+    );
+    let status = gvfsctl(next.control_path(), &["status", "--json"])?;
+    ensure!(status.status.success(), "{}", status.stderr_text());
+    let json: serde_json::Value = serde_json::from_str(&status.stdout_text())?;
+    let session = &json["mount"]["session"];
+    ensure!(
+        session["kept_by"] == "fdstore" && session["takeovers"] == 1,
+        "gvfsctl status: {json}"
+    );
+    ensure!(
+        !state.join("keeper.pid").exists() && keepers_gone(&state),
+        "a keeper runs after a takeover from the fd store"
+    );
+    ensure!(
+        next.output()
+            .contains("systemd passed a stored FUSE connection"),
+        "the proxy did not see the passed fd; output:\n{}",
+        next.output()
+    );
+    // Every page, through the mapping made before the kill.
+    mapper.step("mapped", STEP)?;
+    compare_bytes(&bytes, &fs::read(got.with_extension("1"))?)
+        .context("the mapping across the kill")?;
+    mapper.step("read", STEP)?;
+    mapper.finish(STEP)?;
+    nothing_open(&next)?;
+    let done = gvfsctl(next.control_path(), &["unmount"])?;
+    ensure!(
+        done.status.success(),
+        "gvfsctl unmount: {}",
+        done.stderr_text()
+    );
+    let removed = systemd.wait_for(NOTICE, |n| n.value("FDSTOREREMOVE") == Some("1"))?;
+    ensure!(
+        removed.value("FDNAME") == Some(name.as_str()),
+        "removed: {:?}",
+        removed.text
+    );
+    let status = next.wait_exit(Duration::from_secs(30))?;
+    ensure!(
+        status.success(),
+        "exit {status}; output:\n{}",
+        next.output()
+    );
+    ensure!(!mnt.is_mounted()?, "still mounted after gvfsctl unmount");
     Ok(())
 }
 

@@ -13,13 +13,14 @@
 //! | `core` | the operations, as NFSv3 calls on the stack (`core/io.rs`: reads, writes, COMMIT; `core/dir.rs`: listings; `core/listing.rs`: what a listing holds; `core/opens.rs`: open files, files hidden while open, and their restore) |
 //! | `inodes` | node ids for the kernel, NFS handles for the stack (bounded, FORGET honoured; restored from the journal) |
 //! | `journal` | the node table on disk (`nodes.log`): nodes, opens and hidden files, recorded before the kernel is told, replayed by a process taking the session over |
+//! | `keeper`, `fdstore` | what holds the connection while no proxy does: a keeper process, or systemd's file descriptor store under a unit with `FileDescriptorStoreMax=` |
 //! | `limits` | bounds of the tables, shared with the journal |
 //! | `state` | the session's state directory: its lock, and the `session` file (which connection, root and directory) |
 //! | `writes` | UNSTABLE writes kept until a COMMIT covers them (sent again if the verifier changed) |
 //! | `attr` | NFS attributes as FUSE's, FUSE's changes as `sattr3` |
 //! | `creds` | the caller's credentials (groups from `/proc`) |
 //! | `errno` | NFS status to errno, in one place |
-//! | `mountpoint` | checks of the directory mounted on (missing, not empty, stale) |
+//! | `mountpoint` | checks of the directory mounted on (missing, not empty, stale), its read-ahead, and the unmount |
 //! | `stats` | what the front end counts, and what `gvfsctl status` shows of a mount |
 //! | [`trace`](crate::trace) | a trace of the reads answered (`--mount-trace`), for replaying them elsewhere |
 //! | `error` | why a mount could not be made |
@@ -37,6 +38,7 @@ mod core;
 mod creds;
 mod errno;
 mod error;
+pub mod fdstore;
 mod fs;
 mod inodes;
 mod journal;
@@ -49,9 +51,7 @@ mod takeover;
 pub mod trace;
 mod writes;
 
-use std::ffi::CString;
-use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,11 +64,12 @@ use tokio::sync::Semaphore;
 
 use crate::core::Core;
 pub use crate::error::{FuseError, SessionProblem};
+use crate::fdstore::StoredFd;
 use crate::fs::{Fs, MAX_IN_FLIGHT};
 use crate::journal::Journal;
-use crate::keeper::Keeper;
 use crate::state::{Header, SessionState};
 pub use crate::stats::{Counters, FuseCounts, FuseStats, SessionInfo};
+use crate::takeover::Holder;
 use crate::trace::ReadTrace;
 
 /// How to mount.
@@ -97,6 +98,12 @@ pub struct MountOptions {
     /// proxy does, with `state_dir`. None: the mount ends with this
     /// process, and so does every process that maps a file from it.
     pub keeper: Option<PathBuf>,
+    /// Keep the connection in systemd's file descriptor store instead of
+    /// with a keeper ([`fdstore`]; with `state_dir`).
+    pub fd_store: bool,
+    /// The connection systemd passed back from its store at start, to take
+    /// the session at `dir` over with instead of asking a keeper.
+    pub stored: Option<StoredFd>,
 }
 
 /// How [`Mount::stop`] left the mount.
@@ -104,9 +111,10 @@ pub struct MountOptions {
 pub enum Stopped {
     /// Unmounted, for good.
     Unmounted,
-    /// Paused: files are open on it, and its keeper holds the connection
-    /// for the next proxy, which takes it over. The process must end
-    /// without dropping anything FUSE holds (`_exit`).
+    /// Paused: files are open on it, and its keeper (or systemd's fd
+    /// store) holds the connection for the next proxy, which takes it
+    /// over. The process must end without dropping anything FUSE holds
+    /// (`_exit`).
     Paused,
 }
 
@@ -114,14 +122,14 @@ pub enum Stopped {
 pub const DEFAULT_READ_AHEAD: u32 = 1 << 20;
 
 /// A live mount. [`Mount::stop`] unmounts it, or pauses it when files
-/// are open and a keeper holds the connection.
+/// are open and a keeper or systemd's store holds the connection.
 pub struct Mount {
     path: PathBuf,
     core: Arc<Core>,
     /// The locked state directory, if the session keeps one.
     state: Option<SessionState>,
     /// What holds the connection while no proxy does.
-    keeper: Option<Keeper>,
+    holder: Option<Holder>,
     /// Since when, and how often taken over.
     info: SessionInfo,
     /// Set by `gvfsctl unmount`: the next stop unmounts even with files open.
@@ -134,17 +142,24 @@ pub struct Mount {
 
 impl Mount {
     /// Mounts `top` at `opts.dir`, or takes over the session of a gvfs
-    /// mount there that its keeper holds (left by a proxy that was
-    /// stopped with files open, or died). A dead gvfs mount (nothing
-    /// holds its connection) is detached and mounted afresh. Must run on
-    /// a multi-threaded tokio runtime: requests run on it. Returns once
-    /// the kernel has the mount (its INIT answered) or the session is
-    /// served again.
+    /// mount there that its keeper or systemd's store (`opts.stored`)
+    /// holds (left by a proxy that was stopped with files open, or died).
+    /// A dead gvfs mount (nothing holds its connection) is detached and
+    /// mounted afresh. Must run on a multi-threaded tokio runtime:
+    /// requests run on it. Returns once the kernel has the mount (its INIT
+    /// answered) or the session is served again.
     pub async fn start(top: Arc<dyn NfsService>, opts: &MountOptions) -> Result<Self, FuseError> {
         let found = mountpoint::inspect(&opts.dir)?;
         let (root, root_attr) = root_of(&*top).await?;
+        let stored = opts
+            .stored
+            .as_ref()
+            .and_then(|s| Some((s.session().to_string(), s.take()?)));
+        if stored.is_some() && found == mountpoint::Found::Free {
+            tracing::warn!(dir = %opts.dir.display(), "systemd passed a stored FUSE connection, but no gvfs mount is there: closing it, and mounting afresh");
+        }
         if let mountpoint::Found::Gvfs { dev } = found {
-            if let Some(taken) = find_session(opts, dev, &root).await? {
+            if let Some(taken) = find_session(opts, dev, &root, stored).await? {
                 return Self::take_over(top, opts, &root, &root_attr, taken).await;
             }
             let dir = opts.dir.clone();
@@ -236,7 +251,7 @@ impl Mount {
                 });
             }
         };
-        set_read_ahead(&opts.dir, opts.read_ahead / 1024);
+        mountpoint::set_read_ahead(&opts.dir, opts.read_ahead / 1024);
         let mut info = SessionInfo {
             kept_by: "none".into(),
             mounted_at_us: trace::unix_micros(),
@@ -246,31 +261,25 @@ impl Mount {
             Some(s) => write_session(s, &opts.dir, &core, root, root_attr.fileid).await,
             None => None,
         };
-        let keeper = match (&state, &header, &opts.keeper) {
-            (Some(s), Some(h), Some(exe)) => {
+        let holder = match (&state, &header) {
+            (Some(s), Some(h)) => {
                 let id = takeover::id_hex(&h.id);
-                match Keeper::start(exe, s.dir(), &id, dev.as_fd()) {
-                    Ok(k) => {
-                        info.id = id;
-                        info.mounted_at_us = h.mounted_at;
-                        info.kept_by = "keeper".into();
-                        Some(k)
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot start the FUSE session's keeper: the mount ends with this process");
-                        None
-                    }
-                }
+                info.id = id.clone();
+                info.mounted_at_us = h.mounted_at;
+                hold(opts, s, &id, &dev)
             }
             _ => None,
         };
+        if let Some(h) = &holder {
+            info.kept_by = h.kept_by().into();
+        }
         drop(dev);
         tracing::info!(dir = %opts.dir.display(), kept_by = %info.kept_by, "mounted through FUSE");
         Ok(Self {
             path: opts.dir.clone(),
             core,
             state,
-            keeper,
+            holder,
             info,
             tear_down: AtomicBool::new(false),
             hand_over: AtomicBool::new(false),
@@ -291,11 +300,19 @@ impl Mount {
     ) -> Result<Self, FuseError> {
         let takeover::Found {
             state,
-            keeper,
+            holder,
             dev,
             header,
             table,
         } = taken;
+        // A keeper found goes on holding the connection. One from
+        // systemd's store is stored again (systemd ignores a copy it
+        // has), or given to a keeper when this start has no store.
+        let id = takeover::id_hex(&header.id);
+        let holder = match holder {
+            Holder::Keeper(k) => Some(Holder::Keeper(k)),
+            Holder::FdStore { .. } => hold(opts, &state, &id, &dev),
+        };
         let trace = open_trace(opts)?;
         let journal = Journal::resume(state.dir(), &table).map_err(|cause| FuseError::State {
             path: state.dir().join(journal::LOG),
@@ -338,11 +355,11 @@ impl Mount {
         };
         let takeovers = state.count_takeover();
         let info = SessionInfo {
-            id: takeover::id_hex(&header.id),
+            id,
             mounted_at_us: header.mounted_at,
             taken_over_at_us: trace::unix_micros(),
             takeovers,
-            kept_by: "keeper".into(),
+            kept_by: holder.as_ref().map_or("none", Holder::kept_by).into(),
             resend: resend.into(),
         };
         tracing::info!(dir = %opts.dir.display(), nodes, open_files = opens, takeovers, "took the FUSE session over");
@@ -350,7 +367,7 @@ impl Mount {
             path: opts.dir.clone(),
             core,
             state: Some(state),
-            keeper: Some(keeper),
+            holder,
             info,
             tear_down: AtomicBool::new(false),
             hand_over: AtomicBool::new(false),
@@ -413,19 +430,22 @@ impl Mount {
 
     /// Makes the next [`stop`](Self::stop) a pause even with nothing open,
     /// for a proxy that takes the session over at once (a hot upgrade).
-    /// False, and nothing changes, when no keeper holds the connection
-    /// (`--mount-keep none`): the stop can only unmount.
+    /// False, and nothing changes, when neither a keeper nor systemd's
+    /// store holds the connection (`--mount-keep none`): the stop can only
+    /// unmount.
     pub fn hand_over_at_stop(&self) -> bool {
-        if self.keeper.is_none() {
+        if self.holder.is_none() {
             return false;
         }
         self.hand_over.store(true, Ordering::Relaxed);
         true
     }
 
-    /// Stops serving the mount. With files open and a keeper holding the
-    /// connection (and no [`tear_down_at_stop`](Self::tear_down_at_stop)),
-    /// a pause: see [`pause`](Self::pause). Else it unmounts: no new
+    /// Stops serving the mount. With files open (or after
+    /// [`hand_over_at_stop`](Self::hand_over_at_stop)) and a keeper or
+    /// systemd's store holding the connection (and no
+    /// [`tear_down_at_stop`](Self::tear_down_at_stop)), a pause: see
+    /// [`pause`](Self::pause). Else it unmounts: no new
     /// request gets in, those running finish (within `drain`), and every
     /// write made through the mount is committed. A mount still in use (an
     /// open file, a working directory) is detached lazily: it is gone from
@@ -440,7 +460,7 @@ impl Mount {
             tokio::time::sleep(Duration::from_millis(20)).await;
             open = self.open_files();
         }
-        if self.keeper.is_some()
+        if self.holder.is_some()
             && (open > 0 || hand_over)
             && !self.tear_down.load(Ordering::Relaxed)
         {
@@ -448,14 +468,14 @@ impl Mount {
             tracing::info!(dir = %self.path.display(), open_files = open, "paused the FUSE mount: its users wait for the next proxy");
             return Stopped::Paused;
         }
-        if let Some(k) = &self.keeper
-            && let Err(e) = k.stop()
+        if let Some(h) = &self.holder
+            && let Err(e) = h.stop()
         {
-            tracing::warn!(error = %e, "the FUSE session's keeper did not answer; it ends with the mount");
+            tracing::warn!(error = %e, kept_by = h.kept_by(), "the FUSE session's holder did not let go; it does when the mount ends");
         }
         self.commit_within(drain).await;
         let path = self.path.clone();
-        let clean = tokio::task::spawn_blocking(move || unmount(&path))
+        let clean = tokio::task::spawn_blocking(move || mountpoint::unmount(&path))
             .await
             .unwrap_or(false);
         let all = MAX_IN_FLIGHT as u32;
@@ -504,7 +524,8 @@ impl Mount {
     /// Pauses the session for the next proxy: the readers stop (nothing is
     /// read after), the requests already read are answered (within
     /// `drain`), and the writes made through the mount are committed. The
-    /// mount stays, and so does the connection, which the keeper holds;
+    /// mount stays, and so does the connection, which the keeper or
+    /// systemd's store holds;
     /// requests made from now on wait in the kernel. A request still
     /// running after `drain` is never answered by this process: the
     /// kernel sends it again to the next one (Linux 6.9 and later).
@@ -539,6 +560,20 @@ impl Mount {
             );
         }
         self.commit_within(drain).await;
+    }
+}
+
+/// Has the connection `dev` of session `id` held while no proxy serves
+/// it (systemd's store or a keeper, as `opts` says). A failure is logged:
+/// the mount serves, but ends with this process.
+fn hold(opts: &MountOptions, state: &SessionState, id: &str, dev: &OwnedFd) -> Option<Holder> {
+    let exe = opts.keeper.as_deref();
+    match Holder::start(opts.fd_store, exe, state.dir(), id, dev.as_fd()) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, fd_store = opts.fd_store, "cannot have the FUSE connection held: the mount ends with this process");
+            None
+        }
     }
 }
 
@@ -632,12 +667,14 @@ fn open_trace(opts: &MountOptions) -> Result<Option<ReadTrace>, FuseError> {
     }
 }
 
-/// The session of the gvfs mount at `opts.dir` (connection `dev`), if its
-/// keeper answers in this mount's state directory.
+/// The session of the gvfs mount at `opts.dir` (connection `dev`), if
+/// systemd passed its connection (`stored`) or its keeper answers in this
+/// mount's state directory.
 async fn find_session(
     opts: &MountOptions,
     dev: (u32, u32),
     root: &[u8],
+    stored: Option<(String, OwnedFd)>,
 ) -> Result<Option<takeover::Found>, FuseError> {
     let Some(state_dir) = opts.state_dir.clone() else {
         return Ok(None);
@@ -645,7 +682,7 @@ async fn find_session(
     let point = mountpoint::mount_point_path(&opts.dir);
     let root = root.to_vec();
     let at = state_dir.clone();
-    tokio::task::spawn_blocking(move || takeover::find(&at, &point, dev, &root))
+    tokio::task::spawn_blocking(move || takeover::find(&at, &point, dev, &root, stored))
         .await
         .unwrap_or_else(|e| {
             Err(FuseError::State {
@@ -653,26 +690,6 @@ async fn find_session(
                 cause: std::io::Error::other(e.to_string()),
             })
         })
-}
-
-/// Sets the mount's read-ahead to `kb` KiB. The FUSE INIT reply can only
-/// lower the kernel's default (128 KiB), so it is set where the kernel
-/// keeps it, `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`; only root may,
-/// and elsewhere what INIT asked for stays.
-fn set_read_ahead(dir: &Path, kb: u32) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(dir) else {
-        return;
-    };
-    let dev = meta.dev();
-    let path = format!(
-        "/sys/class/bdi/{}:{}/read_ahead_kb",
-        libc::major(dev),
-        libc::minor(dev)
-    );
-    if let Err(e) = std::fs::write(&path, kb.to_string()) {
-        tracing::debug!(%path, error = %e, "cannot raise the mount's read-ahead (not root?)");
-    }
 }
 
 /// How fuser runs the mount: four readers on one file description (fuser's
@@ -701,44 +718,6 @@ fn session_config(source: &str) -> fuser::Config {
 fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
-}
-
-/// Unmounts `dir`: plainly if nothing uses it, else detached. Whether
-/// it was a plain unmount.
-fn unmount(dir: &Path) -> bool {
-    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-        return true;
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EBUSY) {
-        tracing::warn!(dir = %dir.display(), "the mount is in use: detaching it (its users get errors once the proxy exits)");
-        // SAFETY: as above.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-            return false;
-        }
-    }
-    // Not root: fusermount3 unmounts a user's own mount.
-    let plain = std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg(dir)
-        .status()
-        .is_ok_and(|s| s.success());
-    if plain {
-        return true;
-    }
-    let lazy = std::process::Command::new("fusermount3")
-        .args(["-u", "-z"])
-        .arg(dir)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !lazy {
-        tracing::error!(dir = %dir.display(), error = %err, "cannot unmount");
-    }
-    false
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What is at the directory to mount on: an empty directory fit for a
 //! fresh mount, or a gvfs mount (live, paused or dead) whose session a
-//! new proxy may take over.
+//! new proxy may take over; and what is done to the mount itself from
+//! outside FUSE: its read-ahead, and the unmount.
 
 use std::path::{Path, PathBuf};
 
@@ -160,6 +161,65 @@ fn unescape(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Sets the mount's read-ahead to `kb` KiB. The FUSE INIT reply can only
+/// lower the kernel's default (128 KiB), so it is set where the kernel
+/// keeps it, `/sys/class/bdi/MAJOR:MINOR/read_ahead_kb`; only root may,
+/// and elsewhere what INIT asked for stays.
+pub(crate) fn set_read_ahead(dir: &Path, kb: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return;
+    };
+    let dev = meta.dev();
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    if let Err(e) = std::fs::write(&path, kb.to_string()) {
+        tracing::debug!(%path, error = %e, "cannot raise the mount's read-ahead (not root?)");
+    }
+}
+
+/// Unmounts `dir`: plainly if nothing uses it, else detached. Whether
+/// it was a plain unmount.
+pub(crate) fn unmount(dir: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
+    else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return true;
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EBUSY) {
+        tracing::warn!(dir = %dir.display(), "the mount is in use: detaching it (its users get errors once the proxy exits)");
+        // SAFETY: as above.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return false;
+        }
+    }
+    // Not root: fusermount3 unmounts a user's own mount.
+    let plain = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if plain {
+        return true;
+    }
+    let lazy = std::process::Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !lazy {
+        tracing::error!(dir = %dir.display(), error = %err, "cannot unmount");
+    }
+    false
 }
 
 #[cfg(test)]

@@ -65,7 +65,8 @@ pub struct SessionInfo {
     pub taken_over_at_us: u64,
     /// How many times a process took it over since it was made.
     pub takeovers: u64,
-    /// What holds the connection while no proxy does: `keeper` or `none`.
+    /// What holds the connection while no proxy does: `keeper`, `fdstore`
+    /// (systemd's file descriptor store) or `none`.
     pub kept_by: String,
     /// Whether the kernel sent again what the process before had read and
     /// not answered: `yes`, `unsupported` (Linux before 6.9: those

@@ -3,8 +3,10 @@
 //! state on disk is that session's, and having the kernel send again
 //! what the old process had read but not answered.
 //!
-//! The order matters. The keeper gives a copy of the connection; the
-//! state directory's lock proves the old process has ended (no reader of
+//! The connection comes from the session's keeper, or from systemd's
+//! file descriptor store (passed at start); from there on both take the
+//! same path. The order matters. The holder gives a copy of the
+//! connection; the state directory's lock proves the old process has ended (no reader of
 //! it is left to take a request); the session file must name this
 //! connection, this directory and this root before its node table is
 //! applied; and the kernel is asked to resend only before this process
@@ -16,6 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::error::FuseError;
+use crate::fdstore;
 use crate::journal::{self, Table};
 use crate::keeper::Keeper;
 use crate::state::{Expected, Header, SessionState};
@@ -35,8 +38,8 @@ const FUSE_NOTIFY_RESEND: i32 = 7;
 pub(crate) struct Found {
     /// The state directory, locked.
     pub(crate) state: SessionState,
-    /// The keeper that gave the connection (it keeps its own copy).
-    pub(crate) keeper: Keeper,
+    /// What gave the connection (it keeps its own copy).
+    pub(crate) holder: Holder,
     /// This process's copy of the connection.
     pub(crate) dev: OwnedFd,
     /// The session file.
@@ -45,26 +48,98 @@ pub(crate) struct Found {
     pub(crate) table: Table,
 }
 
-/// The session of the gvfs mount at `dir` (connection `dev`), if its
-/// keeper answers in `state_dir`. Errors when the state there is not
-/// that session's, or the proxy serving it is still alive.
+/// What holds a session's connection while no proxy does.
+#[derive(Debug)]
+pub(crate) enum Holder {
+    /// A keeper process, in the state directory.
+    Keeper(Keeper),
+    /// systemd's file descriptor store, under `gvfs-fuse-SESSION`.
+    FdStore {
+        /// The session it is stored for.
+        session: String,
+    },
+}
+
+impl Holder {
+    /// Has `dev`, session `session`'s connection, held from now on: by
+    /// systemd's store if `fd_store`, else by a keeper running `keeper`
+    /// (the proxy's binary) in `state`. None when neither is asked for.
+    pub(crate) fn start(
+        fd_store: bool,
+        keeper: Option<&Path>,
+        state: &Path,
+        session: &str,
+        dev: BorrowedFd<'_>,
+    ) -> io::Result<Option<Self>> {
+        if fd_store {
+            fdstore::store(session, dev)?;
+            return Ok(Some(Self::FdStore {
+                session: session.to_string(),
+            }));
+        }
+        match keeper {
+            Some(exe) => Ok(Some(Self::Keeper(Keeper::start(exe, state, session, dev)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// The session it holds.
+    pub(crate) fn session(&self) -> &str {
+        match self {
+            Self::Keeper(k) => k.session(),
+            Self::FdStore { session } => session,
+        }
+    }
+
+    /// What `gvfsctl status` calls it (`SessionInfo::kept_by`).
+    pub(crate) fn kept_by(&self) -> &'static str {
+        match self {
+            Self::Keeper(_) => "keeper",
+            Self::FdStore { .. } => "fdstore",
+        }
+    }
+
+    /// Lets go of the connection: the mount is being torn down.
+    pub(crate) fn stop(&self) -> io::Result<()> {
+        match self {
+            Self::Keeper(k) => k.stop(),
+            Self::FdStore { session } => fdstore::remove(session),
+        }
+    }
+}
+
+/// The session of the gvfs mount at `dir` (connection `dev`), if a
+/// connection for it is at hand: `stored` (session, descriptor), passed
+/// by systemd from its store, else what the keeper in `state_dir` gives.
+/// Errors when the state there is not that session's, or the proxy
+/// serving it is still alive.
 pub(crate) fn find(
     state_dir: &Path,
     dir: &Path,
     dev: (u32, u32),
     root_fh: &[u8],
+    stored: Option<(String, OwnedFd)>,
 ) -> Result<Option<Found>, FuseError> {
     let state_error = |cause| FuseError::State {
         path: state_dir.to_path_buf(),
         cause,
     };
-    let Some((keeper, fd)) = Keeper::give(state_dir).map_err(state_error)? else {
+    let given = match stored {
+        Some((session, fd)) => Some((Holder::FdStore { session }, fd)),
+        None => Keeper::give(state_dir)
+            .map_err(state_error)?
+            .map(|(k, fd)| (Holder::Keeper(k), fd)),
+    };
+    let Some((holder, fd)) = given else {
         return Ok(None);
     };
     let state = SessionState::open_existing(state_dir, OLD_PROCESS_GONE)?;
-    let id = parse_id(keeper.session()).ok_or_else(|| FuseError::DifferentSession {
+    let id = parse_id(holder.session()).ok_or_else(|| FuseError::DifferentSession {
         path: state_dir.join(crate::state::SESSION),
-        what: "session id (the keeper's is not one)",
+        what: match holder {
+            Holder::Keeper(_) => "session id (the keeper's is not one)",
+            Holder::FdStore { .. } => "session id (the stored connection's name holds none)",
+        },
     })?;
     let header = state.check_header(&Expected {
         id: Some(id),
@@ -81,7 +156,7 @@ pub(crate) fn find(
     }
     Ok(Some(Found {
         state,
-        keeper,
+        holder,
         dev: fd,
         header,
         table,
@@ -163,7 +238,7 @@ pub(crate) fn resend(dev: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
-/// The session id as the keeper names it: 32 hex digits.
+/// The session id as the keeper and the fd store name it: 32 hex digits.
 pub(crate) fn id_hex(id: &[u8; 16]) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }

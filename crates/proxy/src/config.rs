@@ -124,6 +124,10 @@ pub struct Config {
     pub mount_trace: Option<PathBuf>,
     /// Whether the mount's FUSE connection outlives the process.
     pub mount_keep: bool,
+    /// The mount's connection, passed back by systemd from its file
+    /// descriptor store at start (read by `main` before anything else);
+    /// never from a file or the command line.
+    pub mount_stored: Option<gvfs_fuse::fdstore::StoredFd>,
 }
 
 /// Validated TLS settings.
@@ -588,6 +592,7 @@ impl Config {
             mount_readahead,
             mount_trace: f.server.mount_trace.clone(),
             mount_keep,
+            mount_stored: None,
             cache,
             metrics,
             tls,

@@ -183,6 +183,10 @@ pub async fn serve(
                     Some(c) => c.dir.join("fuse"),
                     None => config::default_state_dir_for_mount(dir),
                 }),
+                // Under systemd with a file descriptor store, the store
+                // holds the connection, and no keeper runs.
+                fd_store: cfg.mount_keep && gvfs_fuse::fdstore::offered(),
+                stored: cfg.mount_stored.clone(),
                 keeper: match std::env::current_exe() {
                     Ok(exe) if cfg.mount_keep => Some(exe),
                     Ok(_) => None,

@@ -141,6 +141,10 @@ fn main() -> ExitCode {
     {
         return ExitCode::from(gvfs_fuse::keeper::run_keeper(&args[2..]));
     }
+    // A FUSE connection systemd kept in its file descriptor store comes
+    // back as fd 3 on: taken before anything opens a file.
+    // SAFETY: no other thread runs yet, and nothing opened a descriptor.
+    let passed = unsafe { gvfs_fuse::fdstore::take_passed() };
     gvfs_proxy::alloc::tune_for_large_buffers();
     let cli = Cli::parse();
     let filter = cli
@@ -152,7 +156,8 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .init();
-    match real_main(cli) {
+    passed.log();
+    match real_main(cli, passed.stored) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gvfs-proxy: error: {e:#}");
@@ -172,12 +177,13 @@ fn exit_code(e: &anyhow::Error) -> ProxyExit {
     }
 }
 
-fn real_main(cli: Cli) -> anyhow::Result<()> {
+fn real_main(cli: Cli, stored: Option<gvfs_fuse::fdstore::StoredFd>) -> anyhow::Result<()> {
     let file = match &cli.config {
         Some(path) => FileConfig::load(path)?,
         None => FileConfig::default(),
     };
-    let cfg = Config::from_file_config(file.overridden_by(cli.settings()?)?)?;
+    let mut cfg = Config::from_file_config(file.overridden_by(cli.settings()?)?)?;
+    cfg.mount_stored = stored;
     if cli.check {
         let what = match &cli.config {
             Some(path) => path.display().to_string(),

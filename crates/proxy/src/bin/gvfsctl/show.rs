@@ -380,8 +380,10 @@ fn session_line(s: &gvfs_fuse::SessionInfo, resent: u64) -> String {
             }
         );
     }
-    if !s.kept_by.is_empty() && s.kept_by != "none" {
-        line += &format!("; kept by its {}", s.kept_by);
+    match s.kept_by.as_str() {
+        "" | "none" => {}
+        "fdstore" => line += "; kept in systemd's fd store",
+        holder => line += &format!("; kept by its {holder}"),
     }
     line
 }
