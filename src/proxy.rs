@@ -14,8 +14,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -574,7 +573,7 @@ impl Proxy {
         let mut cmd = if args.passed_fds.is_empty() {
             Command::new(&bin)
         } else {
-            passing_fds(&bin, &args.passed_fds)
+            process::passing_fds(&bin, &args.passed_fds)
         };
         cmd.args(args.to_args())
             .envs(args.env.iter().map(|(k, v)| (k, v)))
@@ -713,44 +712,6 @@ impl Proxy {
         }
         Ok(status)
     }
-}
-
-/// A command that runs `bin` (its arguments to be added) with `fds` as
-/// systemd passes them: fds 3 on, named in `LISTEN_FDNAMES`, counted in
-/// `LISTEN_FDS`, and `LISTEN_PID` set to the pid `bin` runs as (a shell
-/// sets it, then `exec`s `bin`).
-fn passing_fds(bin: &Path, fds: &[(String, Arc<OwnedFd>)]) -> Command {
-    let mut cmd = Command::new("/bin/sh");
-    cmd.args(["-c", r#"export LISTEN_PID=$$; exec "$0" "$@""#])
-        .arg(bin)
-        .env("LISTEN_FDS", fds.len().to_string())
-        .env(
-            "LISTEN_FDNAMES",
-            fds.iter()
-                .map(|(name, _)| name.as_str())
-                .collect::<Vec<_>>()
-                .join(":"),
-        );
-    let raw: Vec<RawFd> = fds.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
-    // SAFETY: between fork and exec the closure calls only fcntl and
-    // dup2 (async-signal-safe) and allocates nothing (`raw` is moved in,
-    // and only read).
-    unsafe {
-        cmd.pre_exec(move || {
-            // Each first to a number above those it goes to, so none is
-            // overwritten before it is moved; dup2 then clears
-            // close-on-exec on fds 3 on.
-            let floor = 3 + raw.len() as RawFd;
-            for (i, &fd) in raw.iter().enumerate() {
-                let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, floor);
-                if high < 0 || libc::dup2(high, 3 + i as RawFd) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    cmd
 }
 
 impl Drop for Proxy {
