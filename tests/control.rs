@@ -174,3 +174,13 @@ fn learned_without_a_file_cache_is_refused() -> Result<()> {
     ensure!(err.contains("held_blocks, learned"), "{err}");
     Ok(())
 }
+
+#[test]
+fn a_log_written_to_a_pipe_carries_no_colour_codes() -> Result<()> {
+    let origin = tempfile::tempdir()?;
+    let p = Proxy::spawn(ProxyArgs::dir(origin.path()).env("RUST_LOG", "info"))?;
+    let log = p.output();
+    ensure!(log.contains("serving"), "no log line: {log}");
+    ensure!(!log.contains('\u{1b}'), "escape codes in the log: {log:?}");
+    Ok(())
+}

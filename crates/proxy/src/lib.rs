@@ -19,6 +19,7 @@ pub mod ext_server;
 mod ext_server_class;
 pub mod front;
 pub mod handover;
+pub mod logs;
 pub mod metrics;
 pub mod notify;
 pub mod plan;

@@ -134,8 +134,12 @@ fn mbit_to_bps(mbit: f64) -> anyhow::Result<u64> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Colours only on a terminal, and not with NO_COLOR (no-color.org).
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(colours)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),

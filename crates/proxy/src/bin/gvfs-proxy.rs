@@ -152,10 +152,7 @@ fn main() -> ExitCode {
         .clone()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .unwrap_or_else(|| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .init();
+    gvfs_proxy::logs::init(&filter);
     passed.log();
     match real_main(cli, passed.stored) {
         Ok(()) => ExitCode::SUCCESS,
