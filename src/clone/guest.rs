@@ -59,7 +59,7 @@ pub mod files;
 
 pub use crate::debian_kernel::kit_dir;
 pub use files::GoldenSize;
-pub use golden::{CONFIG, DISK, FILES, MEM, STATE, VmConfig, build_golden, create_overlay};
+pub use golden::{Booted, CONFIG, DISK, FILES, MEM, STATE, VmConfig, build_golden, create_overlay};
 pub use kit::{GuestKit, INIT, KIT_STAMP};
 pub use qemu::{Qmp, RamMapping, serial_ticks};
 pub use resume::{Live, Resumed, Watch, resume_clone, resume_live};

@@ -206,6 +206,49 @@ pub fn build_golden(
     Ok(config)
 }
 
+/// A golden VM booted for `gvfsctl vm save`: its RAM in a file, shared,
+/// its console and sockets in a directory. Killed on drop.
+pub struct Booted {
+    vm: Qemu,
+}
+
+impl Booted {
+    /// Boots `kit` with `cmdline`, `ram_mib` of RAM in `mem` (shared) and
+    /// the disk `disk` (qcow2), its files in `dir` (`qmp.sock`,
+    /// `serial.log`, `req.sock`); returns once it has ticked three times.
+    pub fn start(
+        kit: &GuestKit,
+        dir: &Path,
+        ram_mib: u64,
+        cmdline: &str,
+        mem: &Path,
+        disk: &Path,
+    ) -> Result<Self> {
+        let machine = Machine {
+            kit,
+            ram_mib,
+            cmdline,
+            mem,
+            mapping: RamMapping::Shared,
+            disk,
+            incoming: false,
+        };
+        let mut vm = Qemu::start(&machine, dir)?;
+        vm.wait_for_tick(|n| n >= 3, BOOT_TIMEOUT)?;
+        Ok(Self { vm })
+    }
+
+    /// Its QMP socket.
+    pub fn qmp_path(&self) -> &Path {
+        self.vm.qmp_path()
+    }
+
+    /// Waits at most `within` for QEMU to exit (killing it after).
+    pub fn wait_exit(&mut self, within: Duration) -> Result<()> {
+        self.vm.wait_exit(within)
+    }
+}
+
 /// Runs `qemu-img ARGS PATHS`.
 fn qemu_img(args: &[&str], paths: &[&Path]) -> Result<()> {
     run_ok(

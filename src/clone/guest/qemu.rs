@@ -129,6 +129,11 @@ impl Qemu {
         })
     }
 
+    /// Its QMP socket's path.
+    pub(super) fn qmp_path(&self) -> &Path {
+        &self.qmp
+    }
+
     /// Connects to its QMP socket (QEMU creates it as it starts).
     pub(super) fn qmp(&mut self) -> Result<Qmp> {
         let deadline = Instant::now() + QMP_TIMEOUT;

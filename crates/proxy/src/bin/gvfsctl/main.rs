@@ -20,7 +20,10 @@ use meta::{MetaCmd, meta};
 mod no_huge_pages;
 
 mod show;
+
+mod vm;
 use show::{NOT_UNDERSTOOD, print_stats, print_status, wait_for_job};
+use vm::VmCmd;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -28,10 +31,10 @@ use show::{NOT_UNDERSTOOD, print_stats, print_status, wait_for_job};
     version,
     about = "Control a running gvfs-proxy (status, stats, writeback, flush, learned, unmount); make a site CA and \
 node certificates (ca); make and show metadata files (meta); run a VM monitor for lazy clones \
-(no-huge-pages)",
+(no-huge-pages); save, clone and list VMs (vm)",
     after_help = "Without --control, gvfsctl uses the only gvfs-proxy control socket in \
 $XDG_RUNTIME_DIR (or /tmp); with several proxies running, name one with --control. \
-`ca`, `meta` and `no-huge-pages` work locally and need no proxy."
+`ca`, `meta`, `no-huge-pages` and `vm` work locally and need no proxy."
 )]
 struct Cli {
     /// The proxy's control socket (printed by gvfs-proxy at start).
@@ -114,6 +117,13 @@ enum Cmd {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<std::ffi::OsString>,
     },
+    /// Clone VMs: save a running QEMU as a golden image, start clones of
+    /// it (lazily through a gvfs mount, or copy-first), list golden
+    /// images (runs locally; no proxy needed).
+    Vm {
+        #[command(subcommand)]
+        cmd: VmCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -156,6 +166,13 @@ enum CaCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::Vm { cmd } = cli.cmd {
+        // A clone exits with its QEMU's status.
+        return vm::vm(cmd).unwrap_or_else(|e| {
+            eprintln!("gvfsctl: error: {e:#}");
+            ExitCode::FAILURE
+        });
+    }
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -226,7 +243,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 done["open"].as_u64().unwrap_or(0)
             );
         }
-        Cmd::Ca { .. } | Cmd::Meta { .. } | Cmd::NoHugePages { .. } => {
+        Cmd::Ca { .. } | Cmd::Meta { .. } | Cmd::NoHugePages { .. } | Cmd::Vm { .. } => {
             unreachable!("local commands are handled before the control socket lookup")
         }
     }
