@@ -20,7 +20,8 @@
 //! run's), `lazy busy,lazy busy learned,lazy neighbour,lazy neighbour
 //! quiet`, `lazy restart` (only when named: guests left running while
 //! their node and LAN proxies restart; `GVFS_RESTART_GUESTS` (8),
-//! `GVFS_RESTART_KILLS` (10), `GVFS_RESTART_STOPS` (10),
+//! `GVFS_RESTART_KILLS` (10), `GVFS_RESTART_EARLY_KILLS` (3, while the
+//! guests start), `GVFS_RESTART_STOPS` (10),
 //! `GVFS_RESTART_MAX_WAIT_SECS` (10), and `GVFS_PREV_BIN`, an older
 //! `gvfs-proxy` the node runs until the hot upgrade), and the dedup ones, `s1
 //! dedup,s2 dedup,s3 dedup,lazy s2 dedup`; `lazy` alone is every lazy one,
@@ -69,6 +70,7 @@ fn main() -> Result<()> {
     let r = &mut s.restart;
     r.guests = env_u64("GVFS_RESTART_GUESTS", r.guests as u64)? as usize;
     r.kills = env_u64("GVFS_RESTART_KILLS", r.kills as u64)? as usize;
+    r.early_kills = env_u64("GVFS_RESTART_EARLY_KILLS", r.early_kills as u64)? as usize;
     r.stops = env_u64("GVFS_RESTART_STOPS", r.stops as u64)? as usize;
     r.max_wait = Duration::from_secs(env_u64("GVFS_RESTART_MAX_WAIT_SECS", r.max_wait.as_secs())?);
     let only_some = std::env::var_os("GVFS_CLONE_SCENARIOS").is_some();

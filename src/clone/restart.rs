@@ -6,7 +6,9 @@
 //! [`RestartPlan::mbit`], so the node is still fetching the memory image
 //! when the first restarts come), a node behind it, and
 //! [`RestartPlan::guests`] lazy clones of image 1 through the node's mount,
-//! all left running. Then, each after a wait drawn from the plan's seed:
+//! all left running; while they are cloned and resumed, the node proxy is
+//! killed -9 and started again [`RestartPlan::early_kills`] times (its
+//! fetches under way). Then, each after a wait drawn from the plan's seed:
 //! the node proxy killed -9 and the same command started again
 //! ([`RestartPlan::kills`] times), stopped with SIGTERM and started again
 //! (`stops`), replaced by `gvfs-proxy --take-over` (`upgrades`; from the
@@ -34,10 +36,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 
-use super::bench::{Bench, Node, Restart, at_once, node_ip, wire};
+use super::bench::{Bench, Restart, at_once, node_ip, wire};
 use super::guest::{MEM, STATE, Watch, serial_ticks};
 use super::images::zstd_size;
-use super::procedure::{LiveClone, Timing, clone_live};
+use super::procedure::{LiveClone, Procedure, Timing, clone_live};
 use super::report::CloneRecord;
 use super::scenario::{Dedup, MIB, RestartPlan, Scenario};
 use crate::Stats;
@@ -48,6 +50,10 @@ const TICK_POLL: Duration = Duration::from_millis(20);
 /// How long after a restart the guests may take to tick on before the
 /// run fails.
 const TICK_ON_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long after the clones start the first early kill may come: past
+/// their copies of small files from the mount.
+const EARLY_KILL_AFTER: Duration = Duration::from_secs(2);
 
 /// How long a guest may take to answer a request after a restart.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
@@ -135,6 +141,9 @@ pub struct RestartTotals {
     pub wan_bytes: u64,
     /// The median gap between two ticks while nothing restarted, seconds.
     pub quiet_gap_secs: f64,
+    /// The kill -9s of the node while the guests were being cloned: how
+    /// long each restart took, seconds.
+    pub early_kills: Vec<f64>,
 }
 
 /// Stamps a guest's ticks as they appear in its serial log.
@@ -210,7 +219,41 @@ impl Bench<'_> {
             },
         )?;
         let label = Scenario::LazyRestart.label();
-        let (timings, mut guests) = self.start_guests(&node, plan.guests, &wan)?;
+        let mut totals = RestartTotals::default();
+        let mut draw = 0;
+        // The guests start while the node is killed -9 (the early kills):
+        // their resumes and the node's fetches are under way.
+        let procedure = node.lazy(1)?;
+        let (started, early) = {
+            let this = &*self;
+            std::thread::scope(|scope| {
+                let clones = scope.spawn(|| this.start_guests(&procedure, plan.guests, &wan));
+                let mut early = Vec::new();
+                for _ in 0..plan.early_kills {
+                    // Past the clones' copies from the mount: this process
+                    // must hold no file of a mount its next proxy serves
+                    // when it starts that proxy (its exec would wait).
+                    std::thread::sleep(EARLY_KILL_AFTER + wait_before(plan, draw));
+                    draw += 1;
+                    if clones.is_finished() {
+                        break;
+                    }
+                    add_counts(&mut totals, &node.proxy.stats(), &lan.proxy.stats());
+                    let began = Instant::now();
+                    if let Err(e) = node.restart(Restart::Kill) {
+                        early.push(Err(e));
+                        break;
+                    }
+                    early.push(Ok(began.elapsed().as_secs_f64()));
+                }
+                let started = clones
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the clones' thread panicked")));
+                (started, early)
+            })
+        };
+        let (timings, mut guests) = started?;
+        totals.early_kills = early.into_iter().collect::<Result<Vec<_>>>()?;
         let mut records = Vec::new();
         for (i, t) in timings.iter().enumerate() {
             t.log(label, i + 1, 1, wire(&wan));
@@ -219,8 +262,7 @@ impl Bench<'_> {
         let logs: Vec<TickLog> = guests.iter().map(TickLog::new).collect();
         let stop = AtomicBool::new(false);
         let mut steps = Vec::new();
-        let mut totals = RestartTotals::default();
-        let mut draw = 0;
+        let mut whole = false;
         let result = std::thread::scope(|scope| {
             for log in &logs {
                 let stop = &stop;
@@ -234,10 +276,14 @@ impl Bench<'_> {
                     let waited = Instant::now();
                     std::thread::sleep(wait);
                     quiet.extend(gaps_between(&logs, waited, Instant::now()));
-                    let mem_whole = node
-                        .proxy
-                        .stats()
-                        .is_ok_and(|v| v.file_cache.counts.files_complete >= 2);
+                    // Counted by the process that completed it: once whole,
+                    // whole (the file cache keeps it).
+                    whole = whole
+                        || node
+                            .proxy
+                            .stats()
+                            .is_ok_and(|v| v.file_cache.counts.files_complete >= 2);
+                    let mem_whole = whole;
                     add_counts(&mut totals, &node.proxy.stats(), &lan.proxy.stats());
                     let began = Instant::now();
                     match action {
@@ -305,14 +351,13 @@ impl Bench<'_> {
         Ok((records, steps, totals))
     }
 
-    /// `n` lazy clones of image 1 through `node`, at once, left running.
+    /// `n` lazy clones as `procedure` says, at once, left running.
     fn start_guests(
         &self,
-        node: &Node,
+        procedure: &Procedure,
         n: usize,
         wan: &gvfs_wanlink::WanLink,
     ) -> Result<(Vec<Timing>, Vec<LiveClone>)> {
-        let procedure = node.lazy(1)?;
         let timeout = self.settings.clone_timeout;
         let bytes = || wire(wan);
         let guests: Vec<usize> = (0..n).collect();
@@ -321,7 +366,7 @@ impl Bench<'_> {
                 bytes: Some(&bytes),
                 ..Watch::default()
             };
-            clone_live(&self.kit, &procedure, self.work.path(), timeout, watch)
+            clone_live(&self.kit, procedure, self.work.path(), timeout, watch)
         })?;
         let (timings, live) = started.into_iter().unzip();
         Ok((timings, live))
@@ -329,11 +374,15 @@ impl Bench<'_> {
 }
 
 /// The wait before restart `i`: from 0.2 s to the plan's longest, drawn
-/// from its seed.
+/// from its seed (splitmix64).
 fn wait_before(plan: &RestartPlan, i: u64) -> Duration {
-    let mut b = [0u8; 8];
-    crate::data::fill_at(plan.seed, i * 8, &mut b);
-    let unit = (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64;
+    let mut z = plan
+        .seed
+        .wrapping_add(i.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
     Duration::from_secs_f64(0.2 + unit * (plan.max_wait.as_secs_f64() - 0.2).max(0.0))
 }
 
@@ -433,6 +482,15 @@ pub fn restarts_markdown(steps: &[RestartStep], totals: &RestartTotals) -> Strin
         );
     }
     let m = |n: u64| n as f64 / MIB as f64;
+    if !totals.early_kills.is_empty() {
+        let longest = totals.early_kills.iter().copied().fold(0.0, f64::max);
+        out += &format!(
+            "\nBefore these, the node was killed -9 {} times while the guests were being cloned \
+             and resumed (its fetches under way), each started again at once (the longest \
+             restart {longest:.2} s); every clone ran and answered (the clone rows).\n",
+            totals.early_kills.len()
+        );
+    }
     out += &format!(
         "\nA tick every {:.2} s (median) while nothing restarted. The node received {:.1} MiB \
          for the memory image and device state over all its processes ({:.2}x their {:.1} MiB \

@@ -173,6 +173,9 @@ impl Settings {
 pub struct RestartPlan {
     /// Guests cloned lazily through the node, all running throughout.
     pub guests: usize,
+    /// Kill -9s of the node proxy while the guests are being cloned and
+    /// resumed (its fetches under way), each followed by the same command.
+    pub early_kills: usize,
     /// Kill -9s of the node proxy, each followed by the same command.
     pub kills: usize,
     /// SIGTERMs of the node proxy, each followed by the same command.
@@ -197,6 +200,7 @@ impl RestartPlan {
     pub fn quick() -> Self {
         Self {
             guests: 1,
+            early_kills: 0,
             kills: 1,
             stops: 1,
             upgrades: 1,
@@ -208,11 +212,13 @@ impl RestartPlan {
         }
     }
 
-    /// The benchmark's: eight guests; ten kill -9s, ten graceful restarts,
-    /// a hot upgrade, a LAN kill and an image-server kill.
+    /// The benchmark's: eight guests; three kill -9s while they start, ten
+    /// kill -9s, ten graceful restarts, a hot upgrade, a LAN kill and an
+    /// image-server kill.
     pub fn bench() -> Self {
         Self {
             guests: 8,
+            early_kills: 3,
             kills: 10,
             stops: 10,
             upgrades: 1,
