@@ -104,8 +104,10 @@ pub struct RestartStep {
     pub action: String,
     /// Seconds waited since the previous restart settled.
     pub waited_secs: f64,
-    /// Whether the node held the whole memory image when it began.
-    pub mem_whole: bool,
+    /// What the node had received for the memory image and device state
+    /// when it began (over all its processes), in percent of their
+    /// compressed size: under 100, its fetch was under way.
+    pub fetched_pct: f64,
     /// Seconds the restart took: from the signal to the new proxy ready.
     pub restart_secs: f64,
     /// The longest gap between two ticks of any guest across it, seconds.
@@ -219,7 +221,11 @@ impl Bench<'_> {
             },
         )?;
         let label = Scenario::LazyRestart.label();
-        let mut totals = RestartTotals::default();
+        let golden = self.golden(1);
+        let mut totals = RestartTotals {
+            image_zstd: zstd_size(&golden.join(MEM))? + zstd_size(&golden.join(STATE))?,
+            ..RestartTotals::default()
+        };
         let mut draw = 0;
         // The guests start while the node is killed -9 (the early kills):
         // their resumes and the node's fetches are under way.
@@ -238,7 +244,7 @@ impl Bench<'_> {
                     if clones.is_finished() {
                         break;
                     }
-                    add_counts(&mut totals, &node.proxy.stats(), &lan.proxy.stats());
+                    add_node(&mut totals, &node.proxy.stats());
                     let began = Instant::now();
                     if let Err(e) = node.restart(Restart::Kill) {
                         early.push(Err(e));
@@ -262,7 +268,6 @@ impl Bench<'_> {
         let logs: Vec<TickLog> = guests.iter().map(TickLog::new).collect();
         let stop = AtomicBool::new(false);
         let mut steps = Vec::new();
-        let mut whole = false;
         let result = std::thread::scope(|scope| {
             for log in &logs {
                 let stop = &stop;
@@ -276,15 +281,16 @@ impl Bench<'_> {
                     let waited = Instant::now();
                     std::thread::sleep(wait);
                     quiet.extend(gaps_between(&logs, waited, Instant::now()));
-                    // Counted by the process that completed it: once whole,
-                    // whole (the file cache keeps it).
-                    whole = whole
-                        || node
-                            .proxy
-                            .stats()
-                            .is_ok_and(|v| v.file_cache.counts.files_complete >= 2);
-                    let mem_whole = whole;
-                    add_counts(&mut totals, &node.proxy.stats(), &lan.proxy.stats());
+                    let now = node.proxy.stats();
+                    let fetched = totals.node_wire + count(&now, "wire_bytes");
+                    let fetched_pct = 100.0 * fetched as f64 / totals.image_zstd.max(1) as f64;
+                    // Each process counts from its start: add what the one
+                    // about to go counted.
+                    match action {
+                        Action::KillLan => add_lan(&mut totals, &lan.proxy.stats()),
+                        Action::KillServer => {}
+                        _ => add_node(&mut totals, &now),
+                    }
                     let began = Instant::now();
                     match action {
                         Action::KillNode => node.restart(Restart::Kill)?,
@@ -299,7 +305,7 @@ impl Bench<'_> {
                     let mut step = RestartStep {
                         action: action.label().to_owned(),
                         waited_secs: wait.as_secs_f64(),
-                        mem_whole,
+                        fetched_pct,
                         restart_secs: (ready - began).as_secs_f64(),
                         stall_secs: stall.as_secs_f64(),
                         lost: 0,
@@ -319,11 +325,11 @@ impl Bench<'_> {
                         .sum::<usize>()
                         - steps.iter().map(|s: &RestartStep| s.wrong).sum::<usize>();
                     eprintln!(
-                        "{label}: {} after {:.1} s (memory image {}): ready in {:.2} s, longest \
-                         tick gap {:.2} s, {} lost, {} wrong ticks, {}/{} answered",
+                        "{label}: {} after {:.1} s (the node had {:.0}% of the image): ready in \
+                         {:.2} s, longest tick gap {:.2} s, {} lost, {} wrong ticks, {}/{} answered",
                         step.action,
                         step.waited_secs,
-                        if mem_whole { "whole" } else { "partial" },
+                        step.fetched_pct,
                         step.restart_secs,
                         step.stall_secs,
                         step.lost,
@@ -340,10 +346,9 @@ impl Bench<'_> {
             stop.store(true, Ordering::Relaxed);
             steps_run
         });
-        add_counts(&mut totals, &node.proxy.stats(), &lan.proxy.stats());
+        add_node(&mut totals, &node.proxy.stats());
+        add_lan(&mut totals, &lan.proxy.stats());
         totals.wan_bytes = wire(&wan);
-        let golden = self.golden(1);
-        totals.image_zstd = zstd_size(&golden.join(MEM))? + zstd_size(&golden.join(STATE))?;
         for g in guests {
             g.guest.quit();
         }
@@ -386,19 +391,25 @@ fn wait_before(plan: &RestartPlan, i: u64) -> Duration {
     Duration::from_secs_f64(0.2 + unit * (plan.max_wait.as_secs_f64() - 0.2).max(0.0))
 }
 
-/// Adds what the node's and the LAN proxy's file caches kept and fetched
-/// again, as their processes now count it (each process counts from its
-/// start: read just before it is restarted, and at the end).
-fn add_counts(totals: &mut RestartTotals, node: &Result<Stats>, lan: &Result<Stats>) {
-    let count = |s: &Result<Stats>, key: &str| {
-        s.as_ref()
-            .ok()
-            .and_then(|v| v.json()["file_cache"][key].as_u64())
-            .unwrap_or(0)
-    };
+/// The counter `key` of a proxy's file cache in `stats` (0 without).
+fn count(stats: &Result<Stats>, key: &str) -> u64 {
+    stats
+        .as_ref()
+        .ok()
+        .and_then(|v| v.json()["file_cache"][key].as_u64())
+        .unwrap_or(0)
+}
+
+/// Adds what a node process counted from its start (read just before it
+/// is replaced, and at the end) to the totals.
+fn add_node(totals: &mut RestartTotals, node: &Result<Stats>) {
     totals.node_refetched += count(node, "refetched_bytes");
-    totals.node_wire += count(node, "wire_bytes");
     totals.node_kept += count(node, "kept_bytes");
+    totals.node_wire += count(node, "wire_bytes");
+}
+
+/// The same for a LAN proxy process.
+fn add_lan(totals: &mut RestartTotals, lan: &Result<Stats>) {
     totals.lan_refetched += count(lan, "refetched_bytes");
     totals.lan_kept += count(lan, "kept_bytes");
 }
@@ -465,15 +476,15 @@ pub fn restarts_markdown(steps: &[RestartStep], totals: &RestartTotals) -> Strin
     let mut out = String::from(
         "\nRestarts under running lazy clones (`src/clone/restart.rs`; stall: the longest gap \
          between two ticks of any guest across the restart):\n\n\
-         | restart | waited s | memory image | ready s | stall s | lost | wrong ticks | answered |\n\
-         |---|---:|---|---:|---:|---:|---:|---:|\n",
+         | restart | waited s | node had fetched | ready s | stall s | lost | wrong ticks | answered |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for s in steps {
         out += &format!(
-            "| {} | {:.1} | {} | {:.2} | {:.2} | {} | {} | {} |\n",
+            "| {} | {:.1} | {:.0}% | {:.2} | {:.2} | {} | {} | {} |\n",
             s.action,
             s.waited_secs,
-            if s.mem_whole { "whole" } else { "partial" },
+            s.fetched_pct,
             s.restart_secs,
             s.stall_secs,
             s.lost,
