@@ -1,6 +1,6 @@
 //! An unmodified QEMU (`qemu-system-x86_64 -accel tcg`) running a VM whose
 //! RAM and disk are files on the proxy's FUSE mount (`gvfs-proxy --mount`),
-//! as README's "A FUSE mount" shows and PEERS.md's QEMU sections describe:
+//! as the guide's "A FUSE mount" (docs/guide/first-proxy.md) shows and PEERS.md's QEMU sections describe:
 //!
 //! - *Shared RAM and a qcow2 disk*: guest RAM is `memory-backend-file` on
 //!   the mount with `share=on` (QEMU maps the file `MAP_SHARED`), the disk a

@@ -5,7 +5,7 @@
 //! `gvfs-proxy` package, which it runs through the test harness
 //! (`gvfs_testbed::proxy`, which looks for them beside the example, in
 //! `target/<profile>/`). So an example first runs `cargo build
-//! --workspace --bins` in the same profile, as CI and the README do (a
+//! --workspace --bins` in the same profile, as CI and the guide do (a
 //! no-op when they are up to date; building only `-p gvfs-proxy` would
 //! unify features differently and rebuild them each time). `GVFS_EXAMPLE_BUILD=0` skips that and uses the binaries already
 //! there (the tests do: CI builds them first).

@@ -104,7 +104,7 @@ impl FileCache {
                         file = %f.path.display(),
                         "file cache: write-back conflict: the file changed at the origin \
                          since this proxy fetched it; its local writes are kept here and \
-                         not written over the origin's (see the README: \"write-back \
+                         not written over the origin's (see docs/guide/operations.md: \"write-back \
                          conflicts\")"
                     );
                     stored = Err(FileCacheError::WriteBackConflict {

@@ -205,7 +205,7 @@ gvfs_nfs::counters! {
         /// or not trusted.
         meta_rejected,
         /// Of those, the ones not trusted: writable by someone who may not
-        /// write the file they describe (see the README's rule).
+        /// write the file they describe (see the rule in docs/guide/site.md).
         meta_untrusted,
         /// READs of compress-and-copy files served from the file cache.
         copy_reads,
