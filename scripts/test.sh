@@ -25,10 +25,11 @@ sudo_ apt-get update -qq
 # chart needs a TTF font. The kernel NFS client suite (tests/kernel.rs) boots
 # the same kernel and busybox, with a mount helper built by `gcc -static`.
 # The FUSE front end's tests (tests/fuse_*.rs) mount through /dev/fuse and
-# clear mounts with fusermount3 (Debian's fuse3).
+# clear mounts with fusermount3 (Debian's fuse3). The guide's test
+# (tests/guide.rs) reads the metrics endpoint with curl.
 sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${backports[@]}" \
   nfs-ganesha nfs-ganesha-vfs libnfs-utils qemu-utils qemu-block-extra \
-  qemu-system-x86 busybox-static e2fsprogs fonts-dejavu-core gcc libc6-dev fuse3 >/dev/null
+  qemu-system-x86 busybox-static e2fsprogs fonts-dejavu-core gcc libc6-dev fuse3 curl >/dev/null
 
 # No new import circle between a crate's files and no new source file over
 # 800 lines (scripts/check-structure.known lists the old ones; it only shrinks).
