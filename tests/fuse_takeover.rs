@@ -244,6 +244,31 @@ print("read", flush=True)
 sys.stdin.readline()
 "#;
 
+/// An origin with an 8 MiB file `memory` of random bytes (`seed`), a
+/// cache directory, a directory for outputs and a mount point.
+struct Memory {
+    origin: tempfile::TempDir,
+    cache: tempfile::TempDir,
+    out: tempfile::TempDir,
+    bytes: Vec<u8>,
+    mnt: MountPoint,
+}
+
+impl Memory {
+    fn new(seed: u64) -> Result<Self> {
+        let origin = tempfile::tempdir()?;
+        let bytes = random_bytes(seed, 8 * MIB);
+        fs::write(origin.path().join("memory"), &bytes)?;
+        Ok(Self {
+            origin,
+            cache: tempfile::tempdir()?,
+            out: tempfile::tempdir()?,
+            bytes,
+            mnt: MountPoint::new()?,
+        })
+    }
+}
+
 /// [`MAPPER`] on `memory` (`len` bytes) in `mnt`, writing into `got`,
 /// once it has read the first half.
 fn start_mapper(mnt: &MountPoint, len: usize, got: &Path) -> Result<Reader> {
@@ -262,12 +287,13 @@ fn start_mapper(mnt: &MountPoint, len: usize, got: &Path) -> Result<Reader> {
 #[test]
 fn a_stop_with_a_file_mapped_is_a_pause_and_the_next_proxy_goes_on() -> Result<()> {
     require_fuse!();
-    let origin = tempfile::tempdir()?;
-    let cache = tempfile::tempdir()?;
-    let out = tempfile::tempdir()?;
-    let bytes = random_bytes(72, 8 * MIB);
-    fs::write(origin.path().join("memory"), &bytes)?;
-    let mnt = MountPoint::new()?;
+    let Memory {
+        origin,
+        cache,
+        out,
+        bytes,
+        mnt,
+    } = Memory::new(72)?;
     let args = ProxyArgs::dir(origin.path()).cache_dir(cache.path());
     let mut p = mounted(args.clone(), &mnt)?;
     let got = out.path().join("got");
@@ -383,12 +409,13 @@ fn stores(n: &Notice) -> bool {
 #[test]
 fn under_systemd_the_fd_store_keeps_the_connection_and_no_keeper_runs() -> Result<()> {
     require_fuse!();
-    let origin = tempfile::tempdir()?;
-    let cache = tempfile::tempdir()?;
-    let out = tempfile::tempdir()?;
-    let bytes = random_bytes(73, 8 * MIB);
-    fs::write(origin.path().join("memory"), &bytes)?;
-    let mnt = MountPoint::new()?;
+    let Memory {
+        origin,
+        cache,
+        out,
+        bytes,
+        mnt,
+    } = Memory::new(73)?;
     let systemd = FakeSystemd::bind()?;
     let args = systemd.args(ProxyArgs::dir(origin.path()).cache_dir(cache.path()), 4);
     let state = state_of(cache.path());
@@ -487,12 +514,13 @@ fn under_systemd_the_fd_store_keeps_the_connection_and_no_keeper_runs() -> Resul
 #[test]
 fn a_hot_upgrade_takes_the_mount_over_without_unmounting() -> Result<()> {
     require_fuse!();
-    let origin = tempfile::tempdir()?;
-    let cache = tempfile::tempdir()?;
-    let out = tempfile::tempdir()?;
-    let bytes = random_bytes(73, 8 * MIB);
-    fs::write(origin.path().join("memory"), &bytes)?;
-    let mnt = MountPoint::new()?;
+    let Memory {
+        origin,
+        cache,
+        out,
+        bytes,
+        mnt,
+    } = Memory::new(73)?;
     // --take-over finds the running proxy by its control socket.
     let args = ProxyArgs::dir(origin.path())
         .cache_dir(cache.path())

@@ -23,6 +23,7 @@ pub mod logs;
 pub mod metrics;
 pub mod notify;
 pub mod plan;
+pub mod qmp;
 mod ready;
 pub mod server;
 pub mod shutdown;

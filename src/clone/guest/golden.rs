@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::files::{GoldenSize, write_disk_files};
 use super::kit::GuestKit;
 use super::limits::{QMP_TIMEOUT, TOOL_TIMEOUT};
-use super::qemu::{Machine, Qemu, RamMapping, set_ignore_shared, wait_migration};
+use super::qemu::{Machine, Qemu, RamMapping};
 use crate::process::run_ok;
 
 /// Seconds QEMU may take to boot a golden guest to its third tick.
@@ -182,13 +182,13 @@ pub fn build_golden(
     );
     let mut qmp = vm.qmp()?;
     qmp.execute("stop", None)?;
-    set_ignore_shared(&mut qmp)?;
+    qmp.ignore_shared()?;
     let state = dir.join(STATE);
     qmp.execute(
         "migrate",
         Some(json!({"uri": format!("exec:cat > '{}'", state.display())})),
     )?;
-    wait_migration(&mut qmp, "migrate")?;
+    qmp.wait_migration("migrate", QMP_TIMEOUT)?;
     // The counter stood where the last complete line says when it stopped.
     let last_tick = vm.ticks()?.last().map_or(ticks, |t| t.0);
     qmp.execute("quit", None).ok();

@@ -4,18 +4,18 @@
 //! its serial lines read back, and its QMP socket ([`Qmp`]).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read as _, Write};
+use std::io::{Read as _, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
-use serde_json::{Value, json};
+use anyhow::{Context, Result, bail};
 
 use super::kit::GuestKit;
 use super::limits::QMP_TIMEOUT;
 use crate::process;
+pub use gvfs_proxy::qmp::Qmp;
 
 /// How QEMU maps guest RAM from its memory file
 /// (`memory-backend-file`'s options).
@@ -136,19 +136,8 @@ impl Qemu {
 
     /// Connects to its QMP socket (QEMU creates it as it starts).
     pub(super) fn qmp(&mut self) -> Result<Qmp> {
-        let deadline = Instant::now() + QMP_TIMEOUT;
-        loop {
-            if let Ok(s) = UnixStream::connect(&self.qmp) {
-                return Qmp::handshake(s);
-            }
-            self.check_alive()?;
-            ensure!(
-                Instant::now() < deadline,
-                "no QMP socket from QEMU: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let path = self.qmp.clone();
+        Qmp::connect_within(&path, QMP_TIMEOUT, || self.check_alive())
     }
 
     pub(super) fn check_alive(&mut self) -> Result<()> {
@@ -281,86 +270,6 @@ impl Drop for Qemu {
             self.child.kill().ok();
             self.child.wait().ok();
         }
-    }
-}
-
-/// A QMP connection: one JSON command per line, events skipped.
-pub struct Qmp {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-}
-
-impl Qmp {
-    /// Reads QEMU's greeting on `stream` (a connected QMP socket) and
-    /// enters command mode (`qmp_capabilities`).
-    pub fn handshake(stream: UnixStream) -> Result<Self> {
-        stream.set_read_timeout(Some(QMP_TIMEOUT))?;
-        stream.set_write_timeout(Some(QMP_TIMEOUT))?;
-        let writer = stream.try_clone()?;
-        let mut qmp = Self {
-            reader: BufReader::new(stream),
-            writer,
-        };
-        let greeting = qmp.read_message()?;
-        ensure!(
-            greeting.get("QMP").is_some(),
-            "not a QMP greeting: {greeting}"
-        );
-        qmp.execute("qmp_capabilities", None)?;
-        Ok(qmp)
-    }
-
-    fn read_message(&mut self) -> Result<Value> {
-        let mut line = String::new();
-        // A QMP message is a line of JSON; QEMU's are small.
-        let n = (&mut self.reader)
-            .take(1 << 20)
-            .read_line(&mut line)
-            .context("reading from QMP")?;
-        ensure!(n > 0, "QEMU closed its QMP socket");
-        serde_json::from_str(&line).with_context(|| format!("QMP sent {line:?}"))
-    }
-
-    /// Runs `command`; returns its `return` value.
-    pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value> {
-        let mut msg = json!({ "execute": command });
-        if let Some(a) = arguments {
-            msg["arguments"] = a;
-        }
-        writeln!(self.writer, "{msg}").context("writing to QMP")?;
-        loop {
-            let reply = self.read_message()?;
-            if let Some(r) = reply.get("return") {
-                return Ok(r.clone());
-            }
-            if let Some(e) = reply.get("error") {
-                bail!("QMP {command}: {e}");
-            }
-        }
-    }
-}
-
-/// Leaves the shared RAM (the `mem` file) out of the migration stream.
-pub(super) fn set_ignore_shared(qmp: &mut Qmp) -> Result<()> {
-    qmp.execute(
-        "migrate-set-capabilities",
-        Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]})),
-    )?;
-    Ok(())
-}
-
-/// Polls `query-migrate` until the migration `what` completes.
-pub(super) fn wait_migration(qmp: &mut Qmp, what: &str) -> Result<()> {
-    let deadline = Instant::now() + QMP_TIMEOUT;
-    loop {
-        let r = qmp.execute("query-migrate", None)?;
-        match r["status"].as_str() {
-            Some("completed") => return Ok(()),
-            Some("failed") | Some("cancelled") => bail!("{what} failed: {r}"),
-            _ => {}
-        }
-        ensure!(Instant::now() < deadline, "{what} did not complete: {r}");
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

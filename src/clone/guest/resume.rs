@@ -13,7 +13,7 @@ use serde_json::json;
 use super::golden::{CONFIG, DISK, STATE, VmConfig};
 use super::kit::GuestKit;
 use super::limits::QMP_TIMEOUT;
-use super::qemu::{Machine, Qemu, Qmp, RamMapping, set_ignore_shared, wait_migration};
+use super::qemu::{Machine, Qemu, Qmp, RamMapping};
 
 /// What the harness watches while a clone resumes; every part optional.
 #[derive(Default, Clone, Copy)]
@@ -85,12 +85,12 @@ pub fn resume_live(
     };
     let mut vm = Qemu::start(&machine, dir)?;
     let mut qmp = vm.qmp()?;
-    set_ignore_shared(&mut qmp)?;
+    qmp.ignore_shared()?;
     qmp.execute(
         "migrate-incoming",
         Some(json!({"uri": format!("exec:cat '{}'", dir.join(STATE).display())})),
     )?;
-    wait_migration(&mut qmp, "migrate-incoming")?;
+    qmp.wait_migration("migrate-incoming", QMP_TIMEOUT)?;
     let incoming_secs = start.elapsed().as_secs_f64();
     if let Some(resuming) = watch.resuming {
         resuming();

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use serde_json::json;
 
+use super::files::{copy_sparse, run_tool};
 use super::machine::{DISK, MEM, Machine, STATE, qmp_socket};
-use super::qmp::{Qmp, exec_uri};
-use super::{copy_sparse, run_tool};
+use gvfs_proxy::qmp::{Qmp, exec_uri};
 
 /// How long QEMU may take to make its QMP socket.
 const QMP_START: Duration = Duration::from_secs(30);

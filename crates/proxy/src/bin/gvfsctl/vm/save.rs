@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
+use super::files::{copy_sparse, human, run_tool};
 use super::machine::{self, DISK, MACHINE, MEM, STATE};
-use super::qmp::{Qmp, exec_uri};
-use super::{copy_sparse, run_tool};
+use gvfs_proxy::qmp::{Qmp, exec_uri};
 
 /// How long the device state may take to save.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -97,7 +97,7 @@ pub(super) fn save(
         qemu,
         dir.display(),
         start.elapsed().as_secs_f64(),
-        super::human(parsed.machine.ram_bytes),
+        human(parsed.machine.ram_bytes),
         match (&parsed.disk_path, copy_disk) {
             (Some(_), true) => format!(", {DISK}"),
             (Some(d), false) => format!(" (disk kept at {})", d.display()),

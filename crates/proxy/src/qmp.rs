@@ -1,5 +1,5 @@
 //! A QMP client: QEMU's JSON monitor on a Unix socket, one command per
-//! line, events skipped. Every read and write has a timeout, and a reply
+//! line, events skipped (`gvfsctl vm`, and the clone harness). Every read and write has a timeout, and a reply
 //! line is read at most 1 MiB long.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,14 +17,14 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_LINE: u64 = 1 << 20;
 
 /// A QMP connection in command mode.
-pub(super) struct Qmp {
+pub struct Qmp {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
 }
 
 impl Qmp {
     /// Connects to the QMP socket at `path` and enters command mode.
-    pub(super) fn connect(path: &Path) -> anyhow::Result<Self> {
+    pub fn connect(path: &Path) -> anyhow::Result<Self> {
         let stream = UnixStream::connect(path)
             .with_context(|| format!("connecting to QEMU's QMP socket {}", path.display()))?;
         Self::handshake(stream)
@@ -32,7 +32,7 @@ impl Qmp {
 
     /// Connects to `path` once QEMU has made it, within `within`;
     /// `alive` says whether QEMU still runs.
-    pub(super) fn connect_within(
+    pub fn connect_within(
         path: &Path,
         within: Duration,
         mut alive: impl FnMut() -> anyhow::Result<()>,
@@ -52,7 +52,9 @@ impl Qmp {
         }
     }
 
-    fn handshake(stream: UnixStream) -> anyhow::Result<Self> {
+    /// Reads QEMU's greeting on `stream` (a connected QMP socket) and
+    /// enters command mode.
+    pub fn handshake(stream: UnixStream) -> anyhow::Result<Self> {
         stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
         stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
         let writer = stream.try_clone()?;
@@ -70,7 +72,7 @@ impl Qmp {
     }
 
     /// The pid of the process on the other end (QEMU).
-    pub(super) fn peer_pid(&self) -> anyhow::Result<i32> {
+    pub fn peer_pid(&self) -> anyhow::Result<i32> {
         let cred = rustix::net::sockopt::socket_peercred(&self.writer)
             .context("asking the QMP socket for QEMU's pid")?;
         Ok(cred.pid.as_raw_nonzero().get())
@@ -87,11 +89,7 @@ impl Qmp {
     }
 
     /// Runs `command`; returns its `return` value.
-    pub(super) fn execute(
-        &mut self,
-        command: &str,
-        arguments: Option<Value>,
-    ) -> anyhow::Result<Value> {
+    pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> anyhow::Result<Value> {
         let mut msg = json!({ "execute": command });
         if let Some(a) = arguments {
             msg["arguments"] = a;
@@ -109,7 +107,7 @@ impl Qmp {
     }
 
     /// Leaves shared RAM (the memory file) out of migration streams.
-    pub(super) fn ignore_shared(&mut self) -> anyhow::Result<()> {
+    pub fn ignore_shared(&mut self) -> anyhow::Result<()> {
         self.execute(
             "migrate-set-capabilities",
             Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]})),
@@ -118,7 +116,7 @@ impl Qmp {
     }
 
     /// Waits (at most `within`) until the migration under way completes.
-    pub(super) fn wait_migration(&mut self, what: &str, within: Duration) -> anyhow::Result<()> {
+    pub fn wait_migration(&mut self, what: &str, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
         loop {
             let r = self.execute("query-migrate", None)?;
@@ -138,7 +136,7 @@ impl Qmp {
 
 /// `exec:` migration URI text for `cmd PATH`, the path quoted for the
 /// shell QEMU runs it with.
-pub(super) fn exec_uri(cmd: &str, path: &Path) -> anyhow::Result<String> {
+pub fn exec_uri(cmd: &str, path: &Path) -> anyhow::Result<String> {
     let p = path.display().to_string();
     ensure!(
         !p.contains('\''),
