@@ -36,6 +36,11 @@ sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${backports[@]}
 python3 scripts/check-structure.py
 # The protocol core stays sans-IO: it builds without its tokio side.
 cargo check --locked -p gvfs-nfs --no-default-features
+# The previous code commit's gvfs-proxy, for the hot upgrade from it in the
+# quick clone run (built first: this commit's build then redoes only what
+# changed).
+GVFS_PREV_BIN=$(scripts/build-prev.sh)
+export GVFS_PREV_BIN
 # The integration tests run the real gvfs-proxy binary: build it first.
 cargo build --locked --workspace --bins
 cargo test --locked --workspace "$@"

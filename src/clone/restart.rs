@@ -12,7 +12,8 @@
 //! the node proxy killed -9 and the same command started again
 //! ([`RestartPlan::kills`] times), stopped with SIGTERM and started again
 //! (`stops`), replaced by `gvfs-proxy --take-over` (`upgrades`; from the
-//! binary `GVFS_PREV_BIN` names, when set, for the first one), the LAN
+//! binary `GVFS_PREV_BIN` names, when set, for the first one: the test
+//! script builds the previous code commit's, `scripts/build-prev.sh`), the LAN
 //! proxy killed -9 and started again on the same port (`lan_kills`), and
 //! the image server's proxy likewise (`server_kills`).
 //!
