@@ -45,8 +45,9 @@ pub(super) fn clone(a: CloneArgs) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let dir = std::path::absolute(&a.dir)?;
     let machine = Machine::load(&dir)?;
+    let qemu = qemu_program(&machine.qemu)?;
     if !a.copy {
-        lazy_possible(&dir, &machine.qemu)?;
+        lazy_possible(&dir, &qemu)?;
     }
     let work = work_dir(a.work.as_deref(), &dir)?;
     std::fs::copy(dir.join(STATE), work.join(STATE))
@@ -84,12 +85,12 @@ pub(super) fn clone(a: CloneArgs) -> anyhow::Result<ExitCode> {
     };
     args.extend(["-incoming".into(), "defer".into()]);
     let mut cmd = if a.copy {
-        Command::new(&machine.qemu)
+        Command::new(&qemu)
     } else {
         // QEMU's huge-page advice would make Linux read the mapped image
         // 4 MiB around each first fault.
         let mut c = Command::new(std::env::current_exe()?);
-        c.args(["no-huge-pages", "--"]).arg(&machine.qemu);
+        c.args(["no-huge-pages", "--"]).arg(&qemu);
         c
     };
     let log = std::fs::File::create(work.join("qemu.log"))?;
@@ -98,9 +99,7 @@ pub(super) fn clone(a: CloneArgs) -> anyhow::Result<ExitCode> {
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    let mut qemu = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", machine.qemu))?;
+    let mut qemu = cmd.spawn().with_context(|| format!("starting {qemu}"))?;
     let resumed = (|| {
         let log = || std::fs::read_to_string(work.join("qemu.log")).unwrap_or_default();
         let mut qmp = Qmp::connect_within(&qmp_path, QMP_START, || match qemu.try_wait()? {
@@ -151,6 +150,26 @@ pub(super) fn clone(a: CloneArgs) -> anyhow::Result<ExitCode> {
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1);
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+/// The program a clone runs for the golden VM's `qemu`: a golden image
+/// comes from an image server, so only its name is taken, and only a
+/// `qemu-system-*` one, found on this host's PATH (never a path the image
+/// names).
+fn qemu_program(qemu: &str) -> anyhow::Result<String> {
+    let name = Path::new(qemu)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    ensure!(
+        name.starts_with("qemu-system-")
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+        "the golden image names {qemu:?} as its QEMU: a clone runs only a qemu-system-* \
+         program from PATH"
+    );
+    Ok(name.to_string())
 }
 
 /// Fails, saying what to do, unless a lazy clone of `dir` can be made:
@@ -238,6 +257,16 @@ fn work_dir(given: Option<&Path>, image: &Path) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clone_runs_only_a_qemu_system_program_by_name() {
+        assert_eq!(
+            qemu_program("/usr/bin/qemu-system-x86_64").unwrap(),
+            "qemu-system-x86_64"
+        );
+        assert!(qemu_program("/bin/sh").is_err());
+        assert!(qemu_program("qemu-system-x86_64;rm").is_err());
+    }
 
     #[test]
     fn a_path_is_on_the_gvfs_mount_it_is_under() {
